@@ -1,0 +1,38 @@
+/* ctl.c - the reserved .kcachefs/ directory at the mount root: read-only statistics.
+ * The directory and its files are virtual; nothing under it touches the backing store. */
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "fs.h"
+
+void kc_ctl_attr(struct kc_fs *fs, const struct kc_inode *in, struct stat *st)
+{
+	memset(st, 0, sizeof(*st));
+	st->st_ino = in->virt == KC_VIRT_CTL_DIR ? 2 : 3; /* shown by stat(1) only */
+	st->st_uid = getuid();
+	st->st_gid = getgid();
+	if (in->virt == KC_VIRT_CTL_DIR) {
+		st->st_mode = S_IFDIR | 0555;
+		st->st_nlink = 2;
+	} else {
+		st->st_mode = S_IFREG | 0444;
+		st->st_nlink = 1;
+		st->st_size = 0; /* read with direct I/O: the size is what read returns */
+	}
+	st->st_mtim = st->st_ctim = st->st_atim = fs->started;
+}
+
+char *kc_ctl_stats_text(struct kc_fs *fs, size_t *len)
+{
+	struct kc_stats_gauges g;
+	kc_cache_gauges(&fs->cache, &g);
+	size_t need = kc_stats_render(&fs->cache.stats, &g, NULL, 0) + 1;
+	char *buf = malloc(need);
+	if (!buf)
+		return NULL;
+	*len = kc_stats_render(&fs->cache.stats, &g, buf, need);
+	if (*len >= need)
+		*len = need - 1;
+	return buf;
+}

@@ -1,0 +1,177 @@
+/* inode.c - see inode.h */
+#define _GNU_SOURCE
+#include "inode.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <search.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static int inode_cmp(const void *a, const void *b)
+{
+	const struct kc_inode *x = a, *y = b;
+	if (x->dev != y->dev)
+		return x->dev < y->dev ? -1 : 1;
+	if (x->ino != y->ino)
+		return x->ino < y->ino ? -1 : 1;
+	return 0;
+}
+
+static void init_virtual(struct kc_inode *in, enum kc_virtual v, mode_t type)
+{
+	memset(in, 0, sizeof(*in));
+	in->fd = -1;
+	in->parent_fd = -1;
+	in->virt = v;
+	in->type = type;
+	in->nlookup = 1;
+}
+
+int kc_inode_table_init(struct kc_inode_table *t, int root_fd)
+{
+	struct stat st;
+
+	memset(t, 0, sizeof(*t));
+	pthread_mutex_init(&t->lock, NULL);
+	init_virtual(&t->ctl_dir, KC_VIRT_CTL_DIR, S_IFDIR);
+	init_virtual(&t->stats, KC_VIRT_STATS, S_IFREG);
+	init_virtual(&t->root, KC_VIRT_NONE, S_IFDIR);
+	t->root.nlookup = 2;
+	t->root.fd = fcntl(root_fd, F_DUPFD_CLOEXEC, 0);
+	if (t->root.fd < 0 || fstat(t->root.fd, &st) != 0)
+		return -errno;
+	t->root.dev = st.st_dev;
+	t->root.ino = st.st_ino;
+	return 0;
+}
+
+static void free_inode(void *p)
+{
+	struct kc_inode *in = p;
+	close(in->fd);
+	if (in->parent_fd >= 0)
+		close(in->parent_fd);
+	free(in);
+}
+
+void kc_inode_table_destroy(struct kc_inode_table *t)
+{
+	tdestroy(t->tree, free_inode);
+	t->tree = NULL;
+	if (t->root.fd >= 0)
+		close(t->root.fd);
+	t->root.fd = -1;
+	pthread_mutex_destroy(&t->lock);
+}
+
+struct kc_inode *kc_inode_get(struct kc_inode_table *t, fuse_ino_t ino)
+{
+	return ino == FUSE_ROOT_ID ? &t->root : (struct kc_inode *)(uintptr_t)ino;
+}
+
+fuse_ino_t kc_inode_ino(struct kc_inode_table *t, const struct kc_inode *in)
+{
+	return in == &t->root ? FUSE_ROOT_ID : (fuse_ino_t)(uintptr_t)in;
+}
+
+struct kc_inode *kc_inode_ref(struct kc_inode_table *t, int fd, const struct stat *st, int *err)
+{
+	struct kc_inode key = {.dev = st->st_dev, .ino = st->st_ino};
+
+	if (st->st_dev == t->root.dev && st->st_ino == t->root.ino) {
+		close(fd);
+		pthread_mutex_lock(&t->lock);
+		t->root.nlookup++;
+		pthread_mutex_unlock(&t->lock);
+		return &t->root;
+	}
+	pthread_mutex_lock(&t->lock);
+	struct kc_inode **found = tfind(&key, &t->tree, inode_cmp);
+	if (found) {
+		struct kc_inode *in = *found;
+		in->nlookup++;
+		pthread_mutex_unlock(&t->lock);
+		close(fd);
+		return in;
+	}
+	struct kc_inode *in = calloc(1, sizeof(*in));
+	if (!in || !tsearch(in, &t->tree, inode_cmp)) {
+		pthread_mutex_unlock(&t->lock);
+		free(in);
+		close(fd);
+		*err = -ENOMEM;
+		return NULL;
+	}
+	in->fd = fd;
+	in->dev = st->st_dev;
+	in->ino = st->st_ino;
+	in->type = st->st_mode & S_IFMT;
+	in->nlookup = 1;
+	in->parent_fd = -1;
+	t->count++;
+	pthread_mutex_unlock(&t->lock);
+	return in;
+}
+
+struct kc_inode *kc_inode_find(struct kc_inode_table *t, dev_t dev, ino_t ino)
+{
+	struct kc_inode key = {.dev = dev, .ino = ino};
+	if (dev == t->root.dev && ino == t->root.ino)
+		return &t->root;
+	pthread_mutex_lock(&t->lock);
+	struct kc_inode **found = tfind(&key, &t->tree, inode_cmp);
+	pthread_mutex_unlock(&t->lock);
+	return found ? *found : NULL;
+}
+
+void kc_inode_place(struct kc_inode_table *t, struct kc_inode *in, const struct kc_inode *parent,
+		    const char *name, int staging)
+{
+	if (in == &t->root || in->virt)
+		return;
+	int entry = 0, parent_fd = -1;
+	enum kc_role role = KC_ROLE_PLAIN;
+	if (in->type == S_IFDIR)
+		entry = kc_name_classify(name, NULL) == KC_NAME_ENTRY;
+	else if (parent->entry && in->type == S_IFREG)
+		role = kc_name_role(name);
+	if (kc_role_is_staged(role))
+		parent_fd = fcntl(parent->fd, F_DUPFD_CLOEXEC, 0);
+
+	pthread_mutex_lock(&t->lock);
+	int old = in->parent_fd;
+	in->entry = entry;
+	in->role = role;
+	in->parent_fd = parent_fd;
+	in->staging = staging;
+	pthread_mutex_unlock(&t->lock);
+	if (old >= 0)
+		close(old);
+}
+
+void kc_inode_forget(struct kc_inode_table *t, struct kc_inode *in, uint64_t n)
+{
+	if (in->virt)
+		return;
+	pthread_mutex_lock(&t->lock);
+	in->nlookup = in->nlookup > n ? in->nlookup - n : 0;
+	int gone = in->nlookup == 0 && in != &t->root;
+	if (gone) {
+		tdelete(in, &t->tree, inode_cmp);
+		t->count--;
+	}
+	pthread_mutex_unlock(&t->lock);
+	if (gone)
+		free_inode(in);
+}
+
+int kc_inode_entry_fd(struct kc_inode_table *t, struct kc_inode *in, enum kc_role *role)
+{
+	pthread_mutex_lock(&t->lock);
+	int fd = in->parent_fd >= 0 ? fcntl(in->parent_fd, F_DUPFD_CLOEXEC, 0) : -1;
+	*role = in->role;
+	pthread_mutex_unlock(&t->lock);
+	return fd;
+}

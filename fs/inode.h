@@ -1,0 +1,75 @@
+/* inode.h - the FUSE inode table: one struct per backing object the kernel knows.
+ *
+ * Shape after libfuse's example/passthrough_ll.c: each inode holds an O_PATH fd on its
+ * backing object (so it follows renames and keeps the backing inode number from being
+ * reused), is keyed by (st_dev, st_ino), and lives while the kernel's lookup count is
+ * above zero. The fuse_ino_t the kernel sees is the struct's address; FUSE_ROOT_ID is the
+ * root. Two virtual inodes (.kcachefs and .kcachefs/stats) have fd -1 and are never freed.
+ */
+#ifndef KC_INODE_H
+#define KC_INODE_H
+
+#define FUSE_USE_VERSION 312
+#include <fuse_lowlevel.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <sys/stat.h>
+
+#include "name.h"
+
+enum kc_virtual { KC_VIRT_NONE = 0, KC_VIRT_CTL_DIR, KC_VIRT_STATS };
+
+struct kc_inode {
+	int fd;              /* O_PATH on the backing object; -1 for virtual inodes */
+	dev_t dev;
+	ino_t ino;
+	mode_t type;         /* S_IFMT bits */
+	uint64_t nlookup;    /* kernel references; guarded by the table lock */
+	enum kc_virtual virt;
+	/* Role in the cache, refreshed at lookup, create and rename (table lock): */
+	int entry;           /* a directory that is a kernel entry */
+	enum kc_role role;   /* a file's role inside its entry */
+	int parent_fd;       /* staged roles: O_PATH fd of the entry directory, else -1 */
+	int staging;         /* an uncommitted stage temporary */
+};
+
+struct kc_inode_table {
+	pthread_mutex_t lock;
+	void *tree;          /* tsearch tree of struct kc_inode *, keyed by (dev, ino) */
+	uint64_t count;
+	struct kc_inode root, ctl_dir, stats;
+};
+
+/* Set up with root_fd (O_PATH or O_RDONLY on the backing root; the table dups it).
+ * Returns 0 or -errno. */
+int kc_inode_table_init(struct kc_inode_table *t, int root_fd);
+/* Free every inode (after the session ended). */
+void kc_inode_table_destroy(struct kc_inode_table *t);
+
+/* The inode behind a kernel ino (FUSE_ROOT_ID or an address this table handed out). */
+struct kc_inode *kc_inode_get(struct kc_inode_table *t, fuse_ino_t ino);
+fuse_ino_t kc_inode_ino(struct kc_inode_table *t, const struct kc_inode *in);
+
+/* Find or create the inode of the object behind fd (O_PATH, consumed: kept or closed) with
+ * attributes st, and count one kernel reference. Returns the inode, or NULL with -errno in
+ * *err. */
+struct kc_inode *kc_inode_ref(struct kc_inode_table *t, int fd, const struct stat *st,
+			      int *err);
+
+/* Find the inode of (dev, ino) if the kernel knows it; no reference is taken, so use it
+ * only under the guarantee that the kernel still holds one (e.g. inside a request on it). */
+struct kc_inode *kc_inode_find(struct kc_inode_table *t, dev_t dev, ino_t ino);
+
+/* Record where an inode now lives: directory name (entry flag), or file name inside a
+ * parent (role, and parent_fd dup'ed for staged roles). staging marks a stage temporary. */
+void kc_inode_place(struct kc_inode_table *t, struct kc_inode *in, const struct kc_inode *parent,
+		    const char *name, int staging);
+
+/* For a file with a staged role: a new fd (caller closes) on its entry directory, and the
+ * role. Returns -1 (role untouched or KC_ROLE_PLAIN) for any other inode. */
+int kc_inode_entry_fd(struct kc_inode_table *t, struct kc_inode *in, enum kc_role *role);
+
+/* Drop n kernel references; frees the inode at zero. */
+void kc_inode_forget(struct kc_inode_table *t, struct kc_inode *in, uint64_t n);
+
+#endif

@@ -1,0 +1,240 @@
+/* main.c - kcachefs [options] BACKING_DIR MOUNTPOINT
+ *
+ * Option parsing is libfuse's (fuse_opt_parse for the mount's -o options, then
+ * fuse_parse_cmdline for -f, -d, -s and the mountpoint), so the program is mountable from
+ * fstab through mount.fuse3. Exit status: 0 after a clean unmount, 1 on a start-up error,
+ * 2 on a usage error.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <limits.h>
+#include <openssl/crypto.h>
+#include <openssl/opensslv.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "fs.h"
+#include "kc_build.h"
+#include "log.h"
+
+struct kc_opts {
+	char *backing;
+	char *nvcc, *arch, *flags, *log_level;
+	unsigned jobs, compile_timeout;
+	unsigned long max_source_size;
+	int autocompile;
+};
+
+#define OPT(t, p) {t, offsetof(struct kc_opts, p), 1}
+static const struct fuse_opt kc_opt_spec[] = {
+	OPT("nvcc=%s", nvcc),
+	OPT("arch=%s", arch),
+	OPT("flags=%s", flags),
+	OPT("jobs=%u", jobs),
+	OPT("compile_timeout=%u", compile_timeout),
+	OPT("max_source_size=%lu", max_source_size),
+	OPT("log_level=%s", log_level),
+	OPT("autocompile", autocompile),
+	FUSE_OPT_END,
+};
+
+static int opt_proc(void *data, const char *arg, int key, struct fuse_args *outargs)
+{
+	struct kc_opts *o = data;
+	(void)outargs;
+	if (key == FUSE_OPT_KEY_NONOPT && !o->backing) {
+		o->backing = strdup(arg);
+		return 0; /* consumed: the next non-option is the mountpoint */
+	}
+	return 1;
+}
+
+static void usage(const char *prog)
+{
+	printf("usage: %s [options] BACKING_DIR MOUNTPOINT\n\n"
+	       "A self-populating cache of compiled CUDA kernels: the first open of\n"
+	       "kernel.<name>.<hash>/kernel.cubin compiles the staged kernel.cu with the staged\n"
+	       "kernel.flags, once, while concurrent openers wait.\n\n"
+	       "kcachefs options:\n"
+	       "    -o nvcc=PATH           compiler (default $CUDA_HOME/bin/nvcc, nvcc on PATH,\n"
+	       "                           /usr/local/cuda/bin/nvcc)\n"
+	       "    -o arch=sm_XY[a]       target (default: the node's GPU, else %s)\n"
+	       "    -o flags='A B'         arguments added to every compile (blank separated;\n"
+	       "                           escape commas as \\,)\n"
+	       "    -o jobs=N              concurrent compiles (default: online CPUs)\n"
+	       "    -o compile_timeout=S   kill a compile after S seconds (default %d)\n"
+	       "    -o autocompile         compile entries that have kernel.cu but no kernel.flags\n"
+	       "    -o max_source_size=B   largest kernel.cu/kernel.flags accepted (default %u)\n"
+	       "    -o log_level=LEVEL     error, warning, info (default) or debug\n\n",
+	       prog, KC_DEFAULT_ARCH, KC_DEFAULT_COMPILE_TIMEOUT, KC_DEFAULT_MAX_SOURCE);
+	fuse_cmdline_help();
+	fuse_lowlevel_help();
+}
+
+static void version(void)
+{
+	printf("kcachefs %s\n", KC_VERSION);
+	printf("libfuse %s (built against %s)\n", fuse_pkgversion(), KC_FUSE_VERSION);
+	printf("OpenSSL %s (built against %s)\n", OpenSSL_version(OPENSSL_VERSION_STRING),
+	       OPENSSL_VERSION_TEXT);
+	printf("CUDA %s (built against %s)\n", KC_CUDA_VERSION, KC_CUDA_HOME);
+}
+
+/* Refuse a mountpoint inside the backing directory or the reverse: the daemon would read
+ * its own mount (and wait on itself), or show its tree inside itself. */
+static int check_overlap(const char *backing, const char *mnt)
+{
+	char a[PATH_MAX], b[PATH_MAX];
+	if (!realpath(backing, a) || !realpath(mnt, b))
+		return 0; /* reported by whoever opens them */
+	size_t la = strlen(a), lb = strlen(b);
+	int nested = (strncmp(a, b, lb) == 0 && (a[lb] == '/' || a[lb] == '\0' || lb == 1)) ||
+		     (strncmp(a, b, la) == 0 && (b[la] == '/' || b[la] == '\0' || la == 1));
+	if (nested) {
+		fprintf(stderr, "kcachefs: backing directory %s and mountpoint %s overlap\n", a, b);
+		return -1;
+	}
+	return 0;
+}
+
+/* One O_PATH fd per known inode: allow as many as the hard limit permits. */
+static void raise_fd_limit(void)
+{
+	struct rlimit rl;
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+		rl.rlim_cur = rl.rlim_max;
+		setrlimit(RLIMIT_NOFILE, &rl);
+	}
+}
+
+int main(int argc, char *argv[])
+{
+	struct fuse_args args = FUSE_ARGS_INIT(argc, argv);
+	struct fuse_cmdline_opts cmd = {0};
+	struct kc_opts o = {0};
+	struct kc_fs *fs = NULL;
+	enum kc_log_level level = KC_LOG_INFO;
+	char why[1024];
+	int ret = 1;
+
+	if (fuse_opt_parse(&args, &o, kc_opt_spec, opt_proc) != 0)
+		return 2;
+	if (fuse_parse_cmdline(&args, &cmd) != 0)
+		return 2;
+	if (cmd.show_help) {
+		usage(argv[0]);
+		ret = 0;
+		goto out_args;
+	}
+	if (cmd.show_version) {
+		version();
+		ret = 0;
+		goto out_args;
+	}
+	if (!o.backing || !cmd.mountpoint) {
+		fprintf(stderr, "usage: %s [options] BACKING_DIR MOUNTPOINT (see --help)\n", argv[0]);
+		ret = 2;
+		goto out_args;
+	}
+	if (o.log_level && kc_log_level_parse(o.log_level, &level) != 0) {
+		fprintf(stderr, "kcachefs: log_level=%s: use error, warning, info or debug\n",
+			o.log_level);
+		ret = 2;
+		goto out_args;
+	}
+	kc_log_init(0, cmd.debug ? KC_LOG_DEBUG : level);
+	if (check_overlap(o.backing, cmd.mountpoint) != 0)
+		goto out_args;
+
+	fs = calloc(1, sizeof(*fs));
+	if (!fs)
+		goto out_args;
+	clock_gettime(CLOCK_REALTIME, &fs->started);
+	fs->cfg.nvcc = o.nvcc;
+	fs->cfg.arch = o.arch;
+	fs->cfg.flags = o.flags;
+	fs->cfg.jobs = o.jobs;
+	fs->cfg.compile_timeout = o.compile_timeout;
+	fs->cfg.autocompile = o.autocompile;
+	fs->cfg.max_source_size = o.max_source_size;
+	o.nvcc = o.arch = o.flags = NULL;
+	if (kc_config_resolve(&fs->cfg, why, sizeof(why)) != 0) {
+		fprintf(stderr, "kcachefs: %s\n", why);
+		goto out_cfg;
+	}
+	if (kc_store_open(&fs->store, o.backing, why, sizeof(why)) != 0) {
+		fprintf(stderr, "kcachefs: %s\n", why);
+		goto out_cfg;
+	}
+	raise_fd_limit();
+	if (kc_inode_table_init(&fs->inodes, fs->store.root_fd) != 0)
+		goto out_store;
+
+	/* The kernel checks permissions against the owners and modes we store. */
+	fuse_opt_add_arg(&args, "-odefault_permissions");
+	fs->se = fuse_session_new(&args, &kc_fs_ops, sizeof(kc_fs_ops), fs);
+	if (!fs->se)
+		goto out_inodes;
+	if (fuse_set_signal_handlers(fs->se) != 0)
+		goto out_session;
+	if (fuse_session_mount(fs->se, cmd.mountpoint) != 0)
+		goto out_signals;
+	kc_log(KC_LOG_INFO, "serving %s on %s: compiler %s, arch %s%s, jobs %u, timeout %u s",
+	       fs->store.root_path, cmd.mountpoint, fs->cfg.compiler_id, fs->cfg.arch,
+	       fs->cfg.arch_detected ? " (detected)" : "", fs->cfg.jobs, fs->cfg.compile_timeout);
+	if (fuse_daemonize(cmd.foreground) != 0)
+		goto out_unmount;
+	if (!cmd.foreground)
+		kc_log_init(1, cmd.debug ? KC_LOG_DEBUG : level);
+	/* Threads start after daemonizing (fork keeps only the calling thread). */
+	if (kc_cache_init(&fs->cache, &fs->cfg, &fs->store) != 0 ||
+	    kc_notifier_start(&fs->notifier, fs->se) != 0) {
+		kc_log(KC_LOG_ERR, "cannot start worker threads");
+		goto out_cache;
+	}
+
+	if (cmd.singlethread) {
+		ret = fuse_session_loop(fs->se);
+	} else {
+		struct fuse_loop_config *lc = fuse_loop_cfg_create();
+		fuse_loop_cfg_set_clone_fd(lc, (unsigned)cmd.clone_fd);
+		fuse_loop_cfg_set_idle_threads(lc, cmd.max_idle_threads);
+		fuse_loop_cfg_set_max_threads(lc, cmd.max_threads);
+		ret = fuse_session_loop_mt(fs->se, lc);
+		fuse_loop_cfg_destroy(lc);
+	}
+	ret = ret == 0 ? 0 : 1;
+	kc_log(KC_LOG_INFO, "unmounting %s", cmd.mountpoint);
+
+out_cache:
+	/* In-flight compilers are killed; their waiters are answered EIO. */
+	kc_cache_shutdown(&fs->cache);
+	kc_notifier_stop(&fs->notifier);
+out_unmount:
+	fuse_session_unmount(fs->se);
+out_signals:
+	fuse_remove_signal_handlers(fs->se);
+out_session:
+	fuse_session_destroy(fs->se);
+out_inodes:
+	kc_inode_table_destroy(&fs->inodes);
+out_store:
+	kc_store_close(&fs->store);
+out_cfg:
+	kc_config_free(&fs->cfg);
+	free(fs);
+out_args:
+	free(cmd.mountpoint);
+	free(o.backing);
+	free(o.nvcc);
+	free(o.arch);
+	free(o.flags);
+	free(o.log_level);
+	fuse_opt_free_args(&args);
+	return ret;
+}

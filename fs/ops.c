@@ -1,0 +1,964 @@
+/* ops.c - the FUSE low-level operations: translate each request into calls on the backing
+ * store (an O_PATH fd per inode, *at() system calls) and on the kernel cache (src/cache.h).
+ *
+ * Kernel-entry rules live in the core; what is here is the FUSE side of them:
+ *  - lookup of kernel.cubin in an entry is the single-flight point. A lookup that must wait
+ *    for a compile is not answered in its worker thread: the request is parked as a waiter
+ *    and answered from the compile thread (or with EINTR if its process is being killed),
+ *    so waiters hold no FUSE thread and the size the kernel learns is the compiled size;
+ *  - kernel.cu, kernel.flags and kernel.cubin opened for writing in an entry go to a private
+ *    stage temporary per open, committed at close (flush) or by rename;
+ *  - published cubins get long entry/attr timeouts and keep_cache; recipe files timeout 0.
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include "fs.h"
+#include "log.h"
+
+enum fh_kind { FH_PLAIN, FH_STAGE, FH_STATS };
+
+struct kc_fh {
+	enum fh_kind kind;
+	int fd;              /* reads and writes go here */
+	/* FH_STAGE: */
+	enum kc_role role;
+	int entry_fd;        /* the entry directory (owned) */
+	char tmpname[64];    /* the stage temporary in the store's tmp/; "" once committed */
+	int dirty;           /* written (or truncated) since the last commit */
+	int done;            /* committed or refused: nothing left to commit */
+	/* FH_STATS: */
+	char *buf;
+	size_t len;
+};
+
+struct dir_item {
+	ino_t ino;
+	unsigned char type;
+	char *name;
+};
+
+struct kc_dh {
+	int fd;              /* O_RDONLY on the directory (fsyncdir), -1 for virtual */
+	struct dir_item *items;
+	size_t n;
+};
+
+struct cubin_waiter {
+	struct kc_waiter base;
+	fuse_req_t req;
+	struct kc_inode *parent;
+};
+
+static struct kc_fs *fs_of(fuse_req_t req)
+{
+	return fuse_req_userdata(req);
+}
+
+static struct kc_inode *inode_of(fuse_req_t req, fuse_ino_t ino)
+{
+	return kc_inode_get(&fs_of(req)->inodes, ino);
+}
+
+static struct kc_fh *fh_of(struct fuse_file_info *fi)
+{
+	return (struct kc_fh *)(uintptr_t)fi->fh;
+}
+
+static int is_ctl_name(struct kc_fs *fs, struct kc_inode *parent, const char *name)
+{
+	return parent == &fs->inodes.root && strcmp(name, KC_CTL_NAME) == 0;
+}
+
+/* Names that no request may create, remove or rename: the control directory. */
+static int reserved(struct kc_fs *fs, struct kc_inode *parent, const char *name)
+{
+	return parent->virt || is_ctl_name(fs, parent, name);
+}
+
+static double timeout_for(const struct kc_inode *in)
+{
+	if (in->staging || in->role == KC_ROLE_SOURCE || in->role == KC_ROLE_FLAGS ||
+	    in->role == KC_ROLE_LOG)
+		return 0.0;
+	if (in->role == KC_ROLE_CUBIN)
+		return KC_TIMEOUT_PUBLISHED;
+	return KC_TIMEOUT_PLAIN;
+}
+
+static void proc_path(int fd, char buf[32])
+{
+	kc_fd_path(fd, buf);
+}
+
+static void own_by_caller(fuse_req_t req, int dirfd, const char *name, int flags)
+{
+	if (geteuid() != 0)
+		return;
+	const struct fuse_ctx *ctx = fuse_req_ctx(req);
+	if (fchownat(dirfd, name, ctx->uid, ctx->gid, flags) != 0)
+		kc_log(KC_LOG_DEBUG, "chown %s: %s", name, strerror(errno));
+}
+
+/* Look name up in parent on the backing store and take a kernel reference. */
+static int do_lookup(struct kc_fs *fs, struct kc_inode *parent, const char *name,
+		     struct fuse_entry_param *e)
+{
+	struct stat st;
+	int err = 0;
+
+	memset(e, 0, sizeof(*e));
+	int fd = openat(parent->fd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	if (fstatat(fd, "", &st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) != 0) {
+		err = -errno;
+		close(fd);
+		return err;
+	}
+	struct kc_inode *in = kc_inode_ref(&fs->inodes, fd, &st, &err);
+	if (!in)
+		return err;
+	kc_inode_place(&fs->inodes, in, parent, name, 0);
+	e->ino = kc_inode_ino(&fs->inodes, in);
+	e->attr = st;
+	e->attr_timeout = e->entry_timeout = timeout_for(in);
+	return 0;
+}
+
+static void reply_lookup(fuse_req_t req, struct kc_inode *parent, const char *name)
+{
+	struct fuse_entry_param e;
+	int err = do_lookup(fs_of(req), parent, name, &e);
+	if (err)
+		fuse_reply_err(req, -err);
+	else
+		fuse_reply_entry(req, &e);
+}
+
+static void reply_virtual_entry(fuse_req_t req, struct kc_inode *in)
+{
+	struct fuse_entry_param e = {0};
+	e.ino = kc_inode_ino(&fs_of(req)->inodes, in);
+	kc_ctl_attr(fs_of(req), in, &e.attr);
+	e.attr_timeout = e.entry_timeout = KC_TIMEOUT_PLAIN;
+	fuse_reply_entry(req, &e);
+}
+
+/* ---- waiting for a compile without holding a worker thread ---- */
+
+/* Nonzero if thread tid has SIGKILL pending, i.e. its process is being killed (a fatal
+ * signal with default action is turned into SIGKILL for every thread by the kernel). */
+static int being_killed(pid_t tid)
+{
+	char path[64], line[256];
+	int killed = 0;
+
+	snprintf(path, sizeof(path), "/proc/%d/status", (int)tid);
+	FILE *f = fopen(path, "re");
+	if (!f)
+		return 1; /* gone already */
+	while (fgets(line, sizeof(line), f)) {
+		unsigned long long mask;
+		if ((sscanf(line, "SigPnd: %llx", &mask) == 1 ||
+		     sscanf(line, "ShdPnd: %llx", &mask) == 1) &&
+		    (mask & (1ull << (9 - 1))))
+			killed = 1;
+	}
+	fclose(f);
+	return killed;
+}
+
+/* A parked lookup was interrupted. Only a dying process is let go (EINTR): a stat() that
+ * fails with EINTR on an ordinary signal would surprise every client. */
+static void waiter_interrupted(fuse_req_t req, void *data)
+{
+	struct cubin_waiter *w = data;
+	struct kc_fs *fs = fs_of(req);
+
+	if (!being_killed(fuse_req_ctx(req)->pid))
+		return;
+	if (kc_flight_cancel(&fs->cache.flights, &w->base)) {
+		fuse_reply_err(req, EINTR);
+		free(w);
+	}
+}
+
+static void cubin_ready(struct kc_waiter *base, int result);
+
+/* Run the cache lookup for w; replies unless the waiter was parked. */
+static void lookup_cubin(struct cubin_waiter *w)
+{
+	struct kc_fs *fs = fs_of(w->req);
+	int r = kc_cache_lookup_cubin(&fs->cache, w->parent->fd, &w->base);
+	if (r == KC_PENDING)
+		return;
+	fuse_req_interrupt_func(w->req, NULL, NULL);
+	if (r < 0)
+		fuse_reply_err(w->req, -r);
+	else
+		reply_lookup(w->req, w->parent, KC_CUBIN_NAME);
+	free(w);
+}
+
+static void cubin_ready(struct kc_waiter *base, int result)
+{
+	struct cubin_waiter *w = (struct cubin_waiter *)base;
+	if (result == -EAGAIN) { /* recipe changed under the compile: look again */
+		lookup_cubin(w);
+		return;
+	}
+	if (result < 0)
+		fuse_reply_err(w->req, -result);
+	else
+		reply_lookup(w->req, w->parent, KC_CUBIN_NAME);
+	free(w);
+}
+
+static void kc_lookup(fuse_req_t req, fuse_ino_t parent_ino, const char *name)
+{
+	struct kc_fs *fs = fs_of(req);
+	struct kc_inode *parent = inode_of(req, parent_ino);
+
+	if (is_ctl_name(fs, parent, name))
+		return reply_virtual_entry(req, &fs->inodes.ctl_dir);
+	if (parent->virt) {
+		if (parent->virt == KC_VIRT_CTL_DIR && strcmp(name, KC_CTL_STATS) == 0)
+			return reply_virtual_entry(req, &fs->inodes.stats);
+		return (void)fuse_reply_err(req, ENOENT);
+	}
+	if (parent->entry && strcmp(name, KC_CUBIN_NAME) == 0) {
+		struct cubin_waiter *w = calloc(1, sizeof(*w));
+		if (!w)
+			return (void)fuse_reply_err(req, ENOMEM);
+		w->base.done = cubin_ready;
+		w->req = req;
+		w->parent = parent;
+		/* Registered before the waiter is queued: an interrupt that comes first finds
+		 * nothing to cancel, one that comes later cancels under the table lock. */
+		fuse_req_interrupt_func(req, waiter_interrupted, w);
+		return lookup_cubin(w);
+	}
+	reply_lookup(req, parent, name);
+}
+
+static void kc_forget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup)
+{
+	kc_inode_forget(&fs_of(req)->inodes, inode_of(req, ino), nlookup);
+	fuse_reply_none(req);
+}
+
+static void kc_forget_multi(fuse_req_t req, size_t count, struct fuse_forget_data *forgets)
+{
+	for (size_t i = 0; i < count; i++)
+		kc_inode_forget(&fs_of(req)->inodes, inode_of(req, forgets[i].ino),
+				forgets[i].nlookup);
+	fuse_reply_none(req);
+}
+
+/* ---- attributes ---- */
+
+static void kc_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	struct kc_inode *in = inode_of(req, ino);
+	struct stat st;
+
+	if (in->virt) {
+		kc_ctl_attr(fs_of(req), in, &st);
+		return (void)fuse_reply_attr(req, &st, KC_TIMEOUT_PLAIN);
+	}
+	int r = fi && fh_of(fi)->kind == FH_STAGE
+			? fstat(fh_of(fi)->fd, &st)
+			: fstatat(in->fd, "", &st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW);
+	if (r != 0)
+		return (void)fuse_reply_err(req, errno);
+	fuse_reply_attr(req, &st, timeout_for(in));
+}
+
+static void kc_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to_set,
+		       struct fuse_file_info *fi)
+{
+	struct kc_inode *in = inode_of(req, ino);
+	struct kc_fh *fh = fi ? fh_of(fi) : NULL;
+	char path[32];
+	int r = 0;
+
+	if (in->virt)
+		return (void)fuse_reply_err(req, EPERM);
+	proc_path(in->fd, path);
+	if (to_set & FUSE_SET_ATTR_MODE)
+		r = fh && fh->kind != FH_STATS ? fchmod(fh->fd, attr->st_mode)
+					       : chmod(path, attr->st_mode);
+	if (!r && (to_set & (FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID))) {
+		uid_t uid = (to_set & FUSE_SET_ATTR_UID) ? attr->st_uid : (uid_t)-1;
+		gid_t gid = (to_set & FUSE_SET_ATTR_GID) ? attr->st_gid : (gid_t)-1;
+		r = fchownat(in->fd, "", uid, gid, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW);
+	}
+	if (!r && (to_set & FUSE_SET_ATTR_SIZE)) {
+		if (fh && fh->kind == FH_STAGE) {
+			r = ftruncate(fh->fd, attr->st_size);
+			fh->dirty = 1;
+		} else if (kc_role_is_staged(in->role) && !in->staging) {
+			errno = EPERM; /* a staged file or published cubin changes only by staging */
+			r = -1;
+		} else {
+			r = fh ? ftruncate(fh->fd, attr->st_size) : truncate(path, attr->st_size);
+		}
+	}
+	if (!r && (to_set & (FUSE_SET_ATTR_ATIME | FUSE_SET_ATTR_MTIME))) {
+		struct timespec tv[2] = {{.tv_nsec = UTIME_OMIT}, {.tv_nsec = UTIME_OMIT}};
+		if (to_set & FUSE_SET_ATTR_ATIME_NOW)
+			tv[0].tv_nsec = UTIME_NOW;
+		else if (to_set & FUSE_SET_ATTR_ATIME)
+			tv[0] = attr->st_atim;
+		if (to_set & FUSE_SET_ATTR_MTIME_NOW)
+			tv[1].tv_nsec = UTIME_NOW;
+		else if (to_set & FUSE_SET_ATTR_MTIME)
+			tv[1] = attr->st_mtim;
+		r = fh && fh->kind != FH_STATS ? futimens(fh->fd, tv)
+					       : utimensat(AT_FDCWD, path, tv, 0);
+	}
+	if (r != 0)
+		return (void)fuse_reply_err(req, errno);
+	kc_getattr(req, ino, fi);
+}
+
+/* ---- namespace ---- */
+
+static void kc_mkdir(fuse_req_t req, fuse_ino_t parent_ino, const char *name, mode_t mode)
+{
+	struct kc_fs *fs = fs_of(req);
+	struct kc_inode *parent = inode_of(req, parent_ino);
+	const char *why = NULL;
+
+	if (reserved(fs, parent, name))
+		return (void)fuse_reply_err(req, is_ctl_name(fs, parent, name) ? EEXIST : EPERM);
+	if (kc_name_classify(name, &why) == KC_NAME_BAD_ENTRY) {
+		kc_log(KC_LOG_WARN, "mkdir '%s' refused: not a valid kernel entry name (%s)", name,
+		       why);
+		return (void)fuse_reply_err(req, EINVAL);
+	}
+	if (mkdirat(parent->fd, name, mode) != 0)
+		return (void)fuse_reply_err(req, errno);
+	own_by_caller(req, parent->fd, name, AT_SYMLINK_NOFOLLOW);
+	reply_lookup(req, parent, name);
+}
+
+static void kc_symlink(fuse_req_t req, const char *link, fuse_ino_t parent_ino, const char *name)
+{
+	struct kc_fs *fs = fs_of(req);
+	struct kc_inode *parent = inode_of(req, parent_ino);
+
+	if (reserved(fs, parent, name))
+		return (void)fuse_reply_err(req, EPERM);
+	if (symlinkat(link, parent->fd, name) != 0)
+		return (void)fuse_reply_err(req, errno);
+	own_by_caller(req, parent->fd, name, AT_SYMLINK_NOFOLLOW);
+	reply_lookup(req, parent, name);
+}
+
+static void kc_readlink(fuse_req_t req, fuse_ino_t ino)
+{
+	struct kc_inode *in = inode_of(req, ino);
+	char buf[PATH_MAX + 1];
+	if (in->virt)
+		return (void)fuse_reply_err(req, EINVAL);
+	ssize_t n = readlinkat(in->fd, "", buf, sizeof(buf) - 1);
+	if (n < 0)
+		return (void)fuse_reply_err(req, errno);
+	buf[n] = '\0';
+	fuse_reply_readlink(req, buf);
+}
+
+static void kc_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent_ino, const char *name)
+{
+	struct kc_fs *fs = fs_of(req);
+	struct kc_inode *in = inode_of(req, ino);
+	struct kc_inode *newparent = inode_of(req, newparent_ino);
+	char path[32];
+
+	/* A second name would give one file two roles; staged files enter only by staging. */
+	if (in->virt || reserved(fs, newparent, name) ||
+	    (newparent->entry && kc_role_is_staged(kc_name_role(name))) ||
+	    kc_role_is_staged(in->role))
+		return (void)fuse_reply_err(req, EPERM);
+	proc_path(in->fd, path);
+	if (linkat(AT_FDCWD, path, newparent->fd, name, AT_SYMLINK_FOLLOW) != 0)
+		return (void)fuse_reply_err(req, errno);
+	reply_lookup(req, newparent, name);
+}
+
+/* A recipe file left an entry: drop what was compiled from it. */
+static void recipe_removed(fuse_req_t req, fuse_ino_t entry_ino, struct kc_inode *entry,
+			   const char *name)
+{
+	struct kc_fs *fs = fs_of(req);
+	enum kc_role role = kc_name_role(name);
+	if (!entry->entry || (role != KC_ROLE_SOURCE && role != KC_ROLE_FLAGS))
+		return;
+	if (kc_cache_unstage(&fs->cache, entry->fd))
+		kc_notifier_inval_entry(&fs->notifier, entry_ino, KC_CUBIN_NAME);
+}
+
+static void kc_unlink(fuse_req_t req, fuse_ino_t parent_ino, const char *name)
+{
+	struct kc_fs *fs = fs_of(req);
+	struct kc_inode *parent = inode_of(req, parent_ino);
+
+	if (reserved(fs, parent, name))
+		return (void)fuse_reply_err(req, EPERM);
+	if (unlinkat(parent->fd, name, 0) != 0)
+		return (void)fuse_reply_err(req, errno);
+	recipe_removed(req, parent_ino, parent, name);
+	fuse_reply_err(req, 0);
+}
+
+static void kc_rmdir(fuse_req_t req, fuse_ino_t parent_ino, const char *name)
+{
+	struct kc_fs *fs = fs_of(req);
+	struct kc_inode *parent = inode_of(req, parent_ino);
+
+	if (reserved(fs, parent, name))
+		return (void)fuse_reply_err(req, is_ctl_name(fs, parent, name) ? EBUSY : EPERM);
+	fuse_reply_err(req, unlinkat(parent->fd, name, AT_REMOVEDIR) == 0 ? 0 : errno);
+}
+
+/* After a successful rename: the moved inode's role follows its new name. */
+static void replace_role(struct kc_fs *fs, struct kc_inode *newparent, const char *newname)
+{
+	struct stat st;
+	if (fstatat(newparent->fd, newname, &st, AT_SYMLINK_NOFOLLOW) != 0)
+		return;
+	struct kc_inode *in = kc_inode_find(&fs->inodes, st.st_dev, st.st_ino);
+	if (in)
+		kc_inode_place(&fs->inodes, in, newparent, newname, 0);
+}
+
+static void kc_rename(fuse_req_t req, fuse_ino_t parent_ino, const char *name,
+		      fuse_ino_t newparent_ino, const char *newname, unsigned int flags)
+{
+	struct kc_fs *fs = fs_of(req);
+	struct kc_inode *parent = inode_of(req, parent_ino);
+	struct kc_inode *newparent = inode_of(req, newparent_ino);
+	enum kc_role role = newparent->entry ? kc_name_role(newname) : KC_ROLE_PLAIN;
+	const char *why = NULL;
+	struct stat st;
+	int err = 0;
+
+	if (reserved(fs, parent, name) || reserved(fs, newparent, newname))
+		return (void)fuse_reply_err(req, EPERM);
+	if (fstatat(parent->fd, name, &st, AT_SYMLINK_NOFOLLOW) != 0)
+		return (void)fuse_reply_err(req, errno);
+	if (S_ISREG(st.st_mode) && kc_role_is_staged(role)) {
+		/* Renaming a file onto kernel.cu/.flags/.cubin stages it. */
+		struct stat tst;
+		if (flags & RENAME_EXCHANGE)
+			err = -EPERM;
+		else if ((flags & RENAME_NOREPLACE) &&
+			 fstatat(newparent->fd, newname, &tst, AT_SYMLINK_NOFOLLOW) == 0)
+			err = -EEXIST;
+		else
+			err = kc_cache_stage(&fs->cache, role, parent->fd, name, newparent->fd);
+	} else if (S_ISDIR(st.st_mode) &&
+		   kc_name_classify(newname, &why) == KC_NAME_BAD_ENTRY) {
+		kc_log(KC_LOG_WARN, "rename to '%s' refused: not a valid kernel entry name (%s)",
+		       newname, why);
+		err = -EINVAL;
+	} else if (renameat2(parent->fd, name, newparent->fd, newname, flags) != 0) {
+		err = -errno;
+	}
+	if (err)
+		return (void)fuse_reply_err(req, -err);
+	if (parent != newparent || strcmp(name, newname) != 0)
+		recipe_removed(req, parent_ino, parent, name);
+	replace_role(fs, newparent, newname);
+	if (flags & RENAME_EXCHANGE)
+		replace_role(fs, parent, name);
+	fuse_reply_err(req, 0);
+}
+
+/* ---- files ---- */
+
+static void fh_free(struct kc_fs *fs, struct kc_fh *fh)
+{
+	if (fh->kind == FH_STAGE) {
+		if (fh->tmpname[0])
+			unlinkat(fs->store.tmp_fd, fh->tmpname, 0);
+		if (fh->entry_fd >= 0)
+			close(fh->entry_fd);
+	}
+	if (fh->fd >= 0)
+		close(fh->fd);
+	free(fh->buf);
+	free(fh);
+}
+
+/* Copy all bytes of src into dst from offset 0. Returns 0 or -errno. */
+static int copy_bytes(int src, int dst)
+{
+	char buf[65536];
+	off_t off = 0;
+	for (;;) {
+		ssize_t n = pread(src, buf, sizeof(buf), off);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			return -errno;
+		if (n == 0)
+			return 0;
+		if (pwrite(dst, buf, (size_t)n, off) != n)
+			return errno ? -errno : -EIO;
+		off += n;
+	}
+}
+
+/* Give fh a fresh stage temporary, seeded with the bytes of seed_fd if it is >= 0. */
+static int stage_begin(struct kc_fs *fs, struct kc_fh *fh, int seed_fd, mode_t mode)
+{
+	int fd = kc_store_tmpfile(&fs->store, mode & 07777, fh->tmpname);
+	if (fd < 0)
+		return fd;
+	int err = seed_fd >= 0 ? copy_bytes(seed_fd, fd) : 0;
+	if (err) {
+		close(fd);
+		unlinkat(fs->store.tmp_fd, fh->tmpname, 0);
+		fh->tmpname[0] = '\0';
+		return err;
+	}
+	if (fh->fd >= 0)
+		close(fh->fd);
+	fh->fd = fd;
+	fh->done = 0;
+	return 0;
+}
+
+/* Commit the stage temporary into the entry. Returns 0 or -errno (EEXIST, EINVAL...). */
+static int stage_commit(struct kc_fs *fs, struct kc_fh *fh)
+{
+	if (fh->done || !fh->tmpname[0])
+		return 0;
+	int err = kc_cache_stage(&fs->cache, fh->role, fs->store.tmp_fd, fh->tmpname, fh->entry_fd);
+	if (err)
+		unlinkat(fs->store.tmp_fd, fh->tmpname, 0);
+	fh->tmpname[0] = '\0';
+	fh->done = 1;
+	fh->dirty = 0;
+	return err;
+}
+
+static struct kc_fh *fh_new(enum fh_kind kind, int fd)
+{
+	struct kc_fh *fh = calloc(1, sizeof(*fh));
+	if (fh) {
+		fh->kind = kind;
+		fh->fd = fd;
+		fh->entry_fd = -1;
+	}
+	return fh;
+}
+
+static void kc_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	struct kc_fs *fs = fs_of(req);
+	struct kc_inode *in = inode_of(req, ino);
+	int writing = (fi->flags & O_ACCMODE) != O_RDONLY;
+	char path[32];
+	enum kc_role role;
+
+	if (in->virt == KC_VIRT_CTL_DIR)
+		return (void)fuse_reply_err(req, EISDIR);
+	if (in->virt == KC_VIRT_STATS) {
+		if (writing)
+			return (void)fuse_reply_err(req, EACCES);
+		struct kc_fh *fh = fh_new(FH_STATS, -1);
+		if (!fh || !(fh->buf = kc_ctl_stats_text(fs, &fh->len))) {
+			free(fh);
+			return (void)fuse_reply_err(req, ENOMEM);
+		}
+		fi->fh = (uintptr_t)fh;
+		fi->direct_io = 1;
+		return (void)fuse_reply_open(req, fi);
+	}
+	proc_path(in->fd, path);
+	int entry_fd = writing ? kc_inode_entry_fd(&fs->inodes, in, &role) : -1;
+	if (entry_fd >= 0) {
+		/* A staged file opened for writing: write a private copy, commit at close. */
+		struct kc_fh *fh = fh_new(FH_STAGE, -1);
+		struct stat st;
+		int seed = (fi->flags & O_TRUNC) ? -1 : open(path, O_RDONLY | O_CLOEXEC);
+		int err = !fh ? -ENOMEM : fstatat(in->fd, "", &st, AT_EMPTY_PATH) ? -errno : 0;
+		if (!err) {
+			fh->role = role;
+			fh->entry_fd = entry_fd;
+			fh->dirty = (fi->flags & O_TRUNC) != 0;
+			err = stage_begin(fs, fh, seed, st.st_mode | 0600);
+		}
+		if (seed >= 0)
+			close(seed);
+		if (err) {
+			if (fh)
+				fh_free(fs, fh);
+			else
+				close(entry_fd);
+			return (void)fuse_reply_err(req, -err);
+		}
+		fi->fh = (uintptr_t)fh;
+		return (void)fuse_reply_open(req, fi);
+	}
+	int fd = open(path, (fi->flags & ~(O_CREAT | O_EXCL | O_NOCTTY | O_NOFOLLOW)) | O_CLOEXEC);
+	if (fd < 0)
+		return (void)fuse_reply_err(req, errno);
+	struct kc_fh *fh = fh_new(FH_PLAIN, fd);
+	if (!fh) {
+		close(fd);
+		return (void)fuse_reply_err(req, ENOMEM);
+	}
+	fi->fh = (uintptr_t)fh;
+	if (in->role == KC_ROLE_CUBIN && !in->staging)
+		fi->keep_cache = 1; /* published: immutable, so cached pages stay valid */
+	fuse_reply_open(req, fi);
+}
+
+static void kc_create(fuse_req_t req, fuse_ino_t parent_ino, const char *name, mode_t mode,
+		      struct fuse_file_info *fi)
+{
+	struct kc_fs *fs = fs_of(req);
+	struct kc_inode *parent = inode_of(req, parent_ino);
+	enum kc_role role = parent->entry ? kc_name_role(name) : KC_ROLE_PLAIN;
+	struct fuse_entry_param e = {0};
+	struct kc_fh *fh;
+	struct stat st;
+	char path[32];
+	int err = 0;
+
+	if (reserved(fs, parent, name))
+		return (void)fuse_reply_err(req, is_ctl_name(fs, parent, name) ? EEXIST : EPERM);
+	if (kc_role_is_staged(role)) {
+		/* New kernel.cu/.flags/.cubin: the inode is the stage temporary until commit. */
+		fh = fh_new(FH_STAGE, -1);
+		if (!fh)
+			return (void)fuse_reply_err(req, ENOMEM);
+		fh->role = role;
+		fh->entry_fd = fcntl(parent->fd, F_DUPFD_CLOEXEC, 0);
+		err = fh->entry_fd < 0 ? -errno : stage_begin(fs, fh, -1, mode);
+		if (!err)
+			own_by_caller(req, fs->store.tmp_fd, fh->tmpname, 0);
+	} else {
+		int fd = openat(parent->fd, name, (fi->flags | O_CREAT | O_CLOEXEC) & ~O_NOFOLLOW,
+				mode);
+		if (fd < 0)
+			return (void)fuse_reply_err(req, errno);
+		own_by_caller(req, parent->fd, name, AT_SYMLINK_NOFOLLOW);
+		fh = fh_new(FH_PLAIN, fd);
+		if (!fh) {
+			close(fd);
+			return (void)fuse_reply_err(req, ENOMEM);
+		}
+	}
+	int pfd = -1;
+	if (!err) {
+		proc_path(fh->fd, path);
+		pfd = open(path, O_PATH | O_CLOEXEC);
+		if (pfd < 0 || fstat(fh->fd, &st) != 0)
+			err = -errno;
+	}
+	struct kc_inode *in = NULL;
+	if (!err)
+		in = kc_inode_ref(&fs->inodes, pfd, &st, &err);
+	else if (pfd >= 0)
+		close(pfd);
+	if (!in) {
+		fh_free(fs, fh);
+		return (void)fuse_reply_err(req, -err);
+	}
+	kc_inode_place(&fs->inodes, in, parent, name, fh->kind == FH_STAGE);
+	e.ino = kc_inode_ino(&fs->inodes, in);
+	e.attr = st;
+	e.attr_timeout = e.entry_timeout = timeout_for(in);
+	fi->fh = (uintptr_t)fh;
+	if (fuse_reply_create(req, &e, fi) != 0) {
+		kc_inode_forget(&fs->inodes, in, 1);
+		fh_free(fs, fh);
+	}
+}
+
+static void kc_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+		    struct fuse_file_info *fi)
+{
+	struct kc_fh *fh = fh_of(fi);
+	(void)ino;
+	if (fh->kind == FH_STATS) {
+		size_t start = (size_t)off < fh->len ? (size_t)off : fh->len;
+		size_t n = fh->len - start < size ? fh->len - start : size;
+		return (void)fuse_reply_buf(req, fh->buf + start, n);
+	}
+	struct fuse_bufvec buf = FUSE_BUFVEC_INIT(size);
+	buf.buf[0].flags = FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK;
+	buf.buf[0].fd = fh->fd;
+	buf.buf[0].pos = off;
+	fuse_reply_data(req, &buf, FUSE_BUF_SPLICE_MOVE);
+}
+
+static void kc_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *in_buf, off_t off,
+			 struct fuse_file_info *fi)
+{
+	struct kc_fs *fs = fs_of(req);
+	struct kc_fh *fh = fh_of(fi);
+	(void)ino;
+
+	if (fh->kind == FH_STATS)
+		return (void)fuse_reply_err(req, EBADF);
+	if (fh->kind == FH_STAGE && fh->done) {
+		/* Written again after its commit: stage a new version from the committed bytes. */
+		struct stat st;
+		int err = fstat(fh->fd, &st) ? -errno : stage_begin(fs, fh, fh->fd, st.st_mode);
+		if (err)
+			return (void)fuse_reply_err(req, -err);
+	}
+	struct fuse_bufvec out = FUSE_BUFVEC_INIT(fuse_buf_size(in_buf));
+	out.buf[0].flags = FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK;
+	out.buf[0].fd = fh->fd;
+	out.buf[0].pos = off;
+	ssize_t n = fuse_buf_copy(&out, in_buf, 0);
+	if (n < 0)
+		return (void)fuse_reply_err(req, (int)-n);
+	fh->dirty = 1;
+	fuse_reply_write(req, (size_t)n);
+}
+
+static void kc_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	struct kc_fh *fh = fh_of(fi);
+	int err = 0;
+	(void)ino;
+	/* close() of a written stage commits it, and its error (EEXIST, EINVAL) is close()'s.
+	 * An unwritten one waits for release: the shell's "> file" closes a dup'ed descriptor
+	 * before anything is written, and a forked child closes inherited ones. */
+	if (fh->kind == FH_STAGE && !fh->done && fh->dirty)
+		err = stage_commit(fs_of(req), fh);
+	fuse_reply_err(req, -err);
+}
+
+static void kc_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	struct kc_fs *fs = fs_of(req);
+	struct kc_fh *fh = fh_of(fi);
+	(void)ino;
+	if (fh->kind == FH_STAGE && !fh->done) {
+		int err = stage_commit(fs, fh);
+		if (err)
+			kc_log(KC_LOG_INFO, "stage committed at release refused: %s", strerror(-err));
+	}
+	fh_free(fs, fh);
+	fuse_reply_err(req, 0);
+}
+
+static void kc_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi)
+{
+	struct kc_fh *fh = fh_of(fi);
+	(void)ino;
+	if (fh->kind == FH_STATS)
+		return (void)fuse_reply_err(req, 0);
+	int r = datasync ? fdatasync(fh->fd) : fsync(fh->fd);
+	fuse_reply_err(req, r == 0 ? 0 : errno);
+}
+
+/* ---- directories ---- */
+
+static void dh_clear(struct kc_dh *dh)
+{
+	for (size_t i = 0; i < dh->n; i++)
+		free(dh->items[i].name);
+	free(dh->items);
+	dh->items = NULL;
+	dh->n = 0;
+}
+
+static int dh_add(struct kc_dh *dh, size_t *cap, const char *name, ino_t ino, unsigned char type)
+{
+	if (dh->n == *cap) {
+		size_t ncap = *cap ? *cap * 2 : 32;
+		struct dir_item *items = realloc(dh->items, ncap * sizeof(*items));
+		if (!items)
+			return -ENOMEM;
+		dh->items = items;
+		*cap = ncap;
+	}
+	char *copy = strdup(name);
+	if (!copy)
+		return -ENOMEM;
+	dh->items[dh->n++] = (struct dir_item){ino, type, copy};
+	return 0;
+}
+
+/* Read the whole directory now (a snapshot, as POSIX allows between rewinds) and add the
+ * virtual names: .kcachefs at the root, kernel.cubin in an entry whose recipe is staged. */
+static int dh_fill(struct kc_fs *fs, struct kc_inode *in, struct kc_dh *dh)
+{
+	size_t cap = 0;
+	int err = 0, has_cubin = 0;
+
+	dh_clear(dh);
+	if (in->virt) {
+		if (dh_add(dh, &cap, ".", 2, DT_DIR) || dh_add(dh, &cap, "..", 1, DT_DIR) ||
+		    dh_add(dh, &cap, KC_CTL_STATS, 3, DT_REG))
+			return -ENOMEM;
+		return 0;
+	}
+	int fd = fcntl(dh->fd, F_DUPFD_CLOEXEC, 0);
+	DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+	if (!d) {
+		err = -errno;
+		if (fd >= 0)
+			close(fd);
+		return err;
+	}
+	rewinddir(d);
+	for (;;) {
+		errno = 0;
+		struct dirent *de = readdir(d);
+		if (!de) {
+			err = errno ? -errno : 0;
+			break;
+		}
+		if (in == &fs->inodes.root && strcmp(de->d_name, KC_STATE_DIR) == 0)
+			continue; /* the store's state directory; .kcachefs is added below */
+		if (strcmp(de->d_name, KC_CUBIN_NAME) == 0)
+			has_cubin = 1;
+		if ((err = dh_add(dh, &cap, de->d_name, de->d_ino, de->d_type)) != 0)
+			break;
+	}
+	closedir(d);
+	if (!err && in == &fs->inodes.root)
+		err = dh_add(dh, &cap, KC_CTL_NAME, 2, DT_DIR);
+	if (!err && in->entry && !has_cubin && kc_cache_cubin_pending(&fs->cache, in->fd))
+		err = dh_add(dh, &cap, KC_CUBIN_NAME, in->ino ^ 0x5a5a5a5aULL, DT_REG);
+	return err;
+}
+
+static void kc_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	struct kc_inode *in = inode_of(req, ino);
+	char path[32];
+	struct kc_dh *dh = calloc(1, sizeof(*dh));
+
+	if (!dh)
+		return (void)fuse_reply_err(req, ENOMEM);
+	dh->fd = -1;
+	if (!in->virt) {
+		proc_path(in->fd, path);
+		dh->fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		if (dh->fd < 0) {
+			int err = errno;
+			free(dh);
+			return (void)fuse_reply_err(req, err);
+		}
+	}
+	fi->fh = (uintptr_t)dh;
+	fuse_reply_open(req, fi);
+}
+
+static void kc_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+		       struct fuse_file_info *fi)
+{
+	struct kc_dh *dh = (struct kc_dh *)(uintptr_t)fi->fh;
+	char *buf;
+	size_t used = 0;
+
+	if (off == 0) {
+		int err = dh_fill(fs_of(req), inode_of(req, ino), dh);
+		if (err)
+			return (void)fuse_reply_err(req, -err);
+	}
+	buf = malloc(size);
+	if (!buf)
+		return (void)fuse_reply_err(req, ENOMEM);
+	for (size_t i = (size_t)off; i < dh->n; i++) {
+		struct stat st = {.st_ino = dh->items[i].ino,
+				  .st_mode = (mode_t)dh->items[i].type << 12};
+		size_t n = fuse_add_direntry(req, buf + used, size - used, dh->items[i].name, &st,
+					     (off_t)(i + 1));
+		if (n > size - used)
+			break;
+		used += n;
+	}
+	fuse_reply_buf(req, buf, used);
+	free(buf);
+}
+
+static void kc_releasedir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	struct kc_dh *dh = (struct kc_dh *)(uintptr_t)fi->fh;
+	(void)ino;
+	dh_clear(dh);
+	if (dh->fd >= 0)
+		close(dh->fd);
+	free(dh);
+	fuse_reply_err(req, 0);
+}
+
+static void kc_fsyncdir(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi)
+{
+	struct kc_dh *dh = (struct kc_dh *)(uintptr_t)fi->fh;
+	(void)ino;
+	if (dh->fd < 0)
+		return (void)fuse_reply_err(req, 0);
+	int r = datasync ? fdatasync(dh->fd) : fsync(dh->fd);
+	fuse_reply_err(req, r == 0 ? 0 : errno);
+}
+
+static void kc_statfs(fuse_req_t req, fuse_ino_t ino)
+{
+	struct statvfs sv;
+	(void)ino;
+	if (fstatvfs(fs_of(req)->store.root_fd, &sv) != 0)
+		return (void)fuse_reply_err(req, errno);
+	fuse_reply_statfs(req, &sv);
+}
+
+static void kc_init(void *userdata, struct fuse_conn_info *conn)
+{
+	(void)userdata;
+	/* O_TRUNC reaches open() instead of a separate setattr: a stage knows it starts empty. */
+	if (conn->capable & FUSE_CAP_ATOMIC_O_TRUNC)
+		conn->want |= FUSE_CAP_ATOMIC_O_TRUNC;
+	/* Writes go through to the backing file at once: sizes are never stale. */
+	conn->want &= ~FUSE_CAP_WRITEBACK_CACHE;
+}
+
+const struct fuse_lowlevel_ops kc_fs_ops = {
+	.init = kc_init,
+	.lookup = kc_lookup,
+	.forget = kc_forget,
+	.forget_multi = kc_forget_multi,
+	.getattr = kc_getattr,
+	.setattr = kc_setattr,
+	.readlink = kc_readlink,
+	.mkdir = kc_mkdir,
+	.symlink = kc_symlink,
+	.link = kc_link,
+	.unlink = kc_unlink,
+	.rmdir = kc_rmdir,
+	.rename = kc_rename,
+	.open = kc_open,
+	.create = kc_create,
+	.read = kc_read,
+	.write_buf = kc_write_buf,
+	.flush = kc_flush,
+	.release = kc_release,
+	.fsync = kc_fsync,
+	.opendir = kc_opendir,
+	.readdir = kc_readdir,
+	.releasedir = kc_releasedir,
+	.fsyncdir = kc_fsyncdir,
+	.statfs = kc_statfs,
+};

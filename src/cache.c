@@ -1,0 +1,512 @@
+/* cache.c - see cache.h */
+#define _GNU_SOURCE
+#include "cache.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <search.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "compile.h"
+#include "log.h"
+#include "recipe.h"
+
+struct verified {
+	dev_t dev;
+	ino_t ino;
+	struct timespec ctime;
+	off_t size;
+};
+
+struct compile_job {
+	struct kc_cache *c;
+	struct kc_flight_key key;
+	int entry_fd;
+	struct kc_recipe recipe;
+};
+
+static int verified_cmp(const void *a, const void *b)
+{
+	const struct verified *x = a, *y = b;
+	if (x->dev != y->dev)
+		return x->dev < y->dev ? -1 : 1;
+	if (x->ino != y->ino)
+		return x->ino < y->ino ? -1 : 1;
+	return 0;
+}
+
+static int is_verified(struct kc_cache *c, const struct stat *st)
+{
+	struct verified key = {.dev = st->st_dev, .ino = st->st_ino};
+	pthread_mutex_lock(&c->verified_lock);
+	struct verified **v = tfind(&key, &c->verified, verified_cmp);
+	int ok = v && (*v)->ctime.tv_sec == st->st_ctim.tv_sec &&
+		 (*v)->ctime.tv_nsec == st->st_ctim.tv_nsec && (*v)->size == st->st_size;
+	pthread_mutex_unlock(&c->verified_lock);
+	return ok;
+}
+
+static void mark_verified(struct kc_cache *c, const struct stat *st)
+{
+	struct verified *n = malloc(sizeof(*n));
+	if (!n)
+		return;
+	*n = (struct verified){st->st_dev, st->st_ino, st->st_ctim, st->st_size};
+	pthread_mutex_lock(&c->verified_lock);
+	struct verified **v = tsearch(n, &c->verified, verified_cmp);
+	if (v && *v != n) {
+		**v = *n;
+		free(n);
+	} else if (!v) {
+		free(n);
+	}
+	pthread_mutex_unlock(&c->verified_lock);
+}
+
+/* The entry's path relative to the backing root, for log lines. */
+static void entry_label(struct kc_cache *c, int entry_fd, char *buf, size_t len)
+{
+	char link[32], path[4096];
+	kc_fd_path(entry_fd, link);
+	ssize_t n = readlink(link, path, sizeof(path) - 1);
+	if (n < 0) {
+		snprintf(buf, len, "(unknown entry)");
+		return;
+	}
+	path[n] = '\0';
+	size_t rl = strlen(c->store->root_path);
+	const char *rel = strncmp(path, c->store->root_path, rl) == 0 ? path + rl : path;
+	snprintf(buf, len, "%.*s", (int)(len > 1 ? len - 1 : 0), *rel ? rel : "/");
+}
+
+int kc_cache_init(struct kc_cache *c, const struct kc_config *cfg, struct kc_store *store)
+{
+	memset(c, 0, sizeof(*c));
+	c->cfg = cfg;
+	c->store = store;
+	kc_flight_table_init(&c->flights);
+	pthread_mutex_init(&c->publish_lock, NULL);
+	pthread_mutex_init(&c->verified_lock, NULL);
+	c->pool = kc_pool_create(cfg->jobs);
+	return c->pool ? 0 : -errno;
+}
+
+void kc_cache_shutdown(struct kc_cache *c)
+{
+	kc_compile_shutdown();
+	if (c->pool)
+		kc_pool_destroy(c->pool);
+	c->pool = NULL;
+	tdestroy(c->verified, free);
+	c->verified = NULL;
+	kc_flight_table_destroy(&c->flights);
+}
+
+/* Remove entry/kernel.cubin if it is still the file st describes. */
+static void unlink_if_same(int entry_fd, const struct stat *st)
+{
+	struct stat now;
+	if (fstatat(entry_fd, KC_CUBIN_NAME, &now, AT_SYMLINK_NOFOLLOW) == 0 &&
+	    now.st_ino == st->st_ino && now.st_dev == st->st_dev)
+		unlinkat(entry_fd, KC_CUBIN_NAME, 0);
+}
+
+/* Check the published cubin against its record. Returns 0 (serve it), -ENOENT (none, or a
+ * bad one was removed so that the recipe is compiled again), -EIO (bad, cannot rebuild). */
+static int check_published(struct kc_cache *c, int entry_fd)
+{
+	struct stat st;
+	struct kc_record rec;
+	char label[512], sha[KC_SHA256_HEXLEN + 1];
+	uint64_t size = 0;
+	int fd = openat(entry_fd, KC_CUBIN_NAME, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+
+	if (fd < 0)
+		return errno == ENOENT ? -ENOENT : -EIO;
+	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+		close(fd);
+		return -EIO;
+	}
+	if (is_verified(c, &st)) {
+		close(fd);
+		return 0;
+	}
+	int err = kc_record_read(fd, &rec);
+	if (err == -ENODATA) { /* placed by a client outside the mount's staging: as is */
+		close(fd);
+		mark_verified(c, &st);
+		return 0;
+	}
+	const char *bad = NULL;
+	if (err)
+		bad = "its integrity record is unreadable";
+	else if (kc_sha256_fd(fd, sha, &size) != 0)
+		bad = "it cannot be read";
+	else if (size != rec.size || (uint64_t)st.st_size != rec.size)
+		bad = "its size differs from the recorded size";
+	else if (strcmp(sha, rec.sha256) != 0)
+		bad = "its SHA-256 differs from the recorded one";
+	close(fd);
+	entry_label(c, entry_fd, label, sizeof(label));
+	if (!bad && rec.origin == KC_ORIGIN_COMPILED) {
+		struct kc_recipe r;
+		if (kc_recipe_load(entry_fd, c->cfg, &r) == 0) {
+			int stale = strcmp(r.hash, rec.recipe) != 0;
+			kc_recipe_free(&r);
+			if (stale) {
+				kc_log(KC_LOG_INFO,
+				       "%s: cubin was compiled from another recipe, compiler or "
+				       "arch; compiling again", label);
+				unlink_if_same(entry_fd, &st);
+				return -ENOENT;
+			}
+		}
+	}
+	if (!bad) {
+		mark_verified(c, &st);
+		return 0;
+	}
+	atomic_fetch_add(&c->stats.corrupt, 1);
+	if (kc_recipe_present(entry_fd, c->cfg)) {
+		kc_log(KC_LOG_ERR, "%s: published cubin is corrupt (%s); removed, compiling again",
+		       label, bad);
+		unlink_if_same(entry_fd, &st);
+		return -ENOENT;
+	}
+	kc_log(KC_LOG_ERR, "%s: published cubin is corrupt (%s) and has no recipe: refused",
+	       label, bad);
+	return -EIO;
+}
+
+static void write_log(struct kc_cache *c, int entry_fd, const char *head, const char *body,
+		      size_t body_len)
+{
+	size_t hl = strlen(head);
+	char *buf = malloc(hl + body_len + 1);
+	if (!buf)
+		return;
+	memcpy(buf, head, hl);
+	if (body_len)
+		memcpy(buf + hl, body, body_len);
+	int err = kc_store_write_atomic(c->store, entry_fd, KC_LOG_NAME, buf, hl + body_len);
+	if (err)
+		kc_log(KC_LOG_WARN, "cannot write kernel.log: %s", strerror(-err));
+	free(buf);
+}
+
+/* Move a compiled, checked cubin from scratch into the entry. Returns 0, -EAGAIN (the
+ * recipe changed meanwhile: nothing published) or -EIO. */
+static int publish(struct compile_job *j, int scratch_fd, const char *label, uint64_t *bytes)
+{
+	struct kc_cache *c = j->c;
+	struct kc_record rec = {.origin = KC_ORIGIN_COMPILED};
+	struct kc_recipe now;
+	int fd = openat(scratch_fd, KC_CUBIN_NAME, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+	int err;
+
+	if (fd < 0)
+		return -EIO;
+	err = kc_sha256_fd(fd, rec.sha256, &rec.size);
+	strcpy(rec.recipe, j->recipe.hash);
+	if (!err)
+		err = kc_record_write(fd, &rec);
+	if (!err && (fchmod(fd, 0444) != 0 || fsync(fd) != 0))
+		err = -errno;
+	close(fd);
+	if (err) {
+		kc_log(KC_LOG_ERR, "%s: cannot prepare cubin for publishing: %s", label,
+		       strerror(-err));
+		return -EIO;
+	}
+	*bytes = rec.size;
+	pthread_mutex_lock(&c->publish_lock);
+	err = kc_recipe_load(j->entry_fd, c->cfg, &now);
+	if (!err) {
+		if (strcmp(now.hash, j->recipe.hash) != 0)
+			err = -EAGAIN;
+		kc_recipe_free(&now);
+	} else {
+		err = -EAGAIN;
+	}
+	if (!err && renameat2(scratch_fd, KC_CUBIN_NAME, j->entry_fd, KC_CUBIN_NAME,
+			      RENAME_NOREPLACE) != 0)
+		err = errno == EEXIST ? 0 : -errno; /* EEXIST: a client published first */
+	pthread_mutex_unlock(&c->publish_lock);
+	if (err == -EAGAIN) {
+		kc_log(KC_LOG_INFO, "%s: recipe changed during the compile; result discarded",
+		       label);
+		return err;
+	}
+	if (err) {
+		kc_log(KC_LOG_ERR, "%s: cannot publish cubin: %s", label, strerror(-err));
+		return -EIO;
+	}
+	kc_store_sync_dir(j->entry_fd);
+	kc_store_clear_rejected(j->entry_fd);
+	return 0;
+}
+
+static int run_compile(struct compile_job *j)
+{
+	struct kc_cache *c = j->c;
+	const struct kc_config *cfg = c->cfg;
+	struct kc_argv args = {0}, eflags = {0};
+	struct kc_compile_outcome out;
+	char label[512], why[512], head[1024], scratch[4200];
+	uint64_t bytes = 0;
+	int result;
+
+	entry_label(c, j->entry_fd, label, sizeof(label));
+	if (kc_flags_parse(j->recipe.flags, j->recipe.flags_len, &eflags, why, sizeof(why))) {
+		snprintf(head, sizeof(head), "kcachefs: kernel.flags %s\n", why);
+		write_log(c, j->entry_fd, head, NULL, 0);
+		kc_store_mark_rejected(j->entry_fd, j->recipe.hash);
+		atomic_fetch_add(&c->stats.compile_failures, 1);
+		kc_log(KC_LOG_WARN, "compile %s: %s", label, why);
+		return -EIO;
+	}
+	if (kc_argv_extend(&args, &cfg->mount_flags) || kc_argv_extend(&args, &eflags) ||
+	    (!kc_flags_have_arch(&args) &&
+	     (snprintf(why, sizeof(why), "--gpu-architecture=%s", cfg->arch),
+	      kc_argv_push(&args, why)))) {
+		kc_argv_free(&args);
+		kc_argv_free(&eflags);
+		return -EIO;
+	}
+	kc_argv_free(&eflags);
+
+	int scratch_fd = kc_store_scratch(c->store, scratch, sizeof(scratch));
+	if (scratch_fd < 0) {
+		kc_log(KC_LOG_ERR, "compile %s: cannot create scratch directory: %s", label,
+		       strerror(-scratch_fd));
+		kc_argv_free(&args);
+		atomic_fetch_add(&c->stats.compile_failures, 1);
+		return -EIO;
+	}
+	struct kc_compile_spec spec = {
+		.nvcc = cfg->nvcc, .args = &args, .source = j->recipe.source,
+		.source_len = j->recipe.source_len, .scratch = scratch, .scratch_fd = scratch_fd,
+		.timeout_s = cfg->compile_timeout,
+	};
+	if (kc_compile_run(&spec, &out) != 0) {
+		out.status = KC_COMPILE_TRANSIENT;
+		snprintf(out.why, sizeof(out.why), "out of memory");
+	}
+	kc_argv_free(&args);
+	atomic_fetch_add(&c->stats.compile_usec, (uint64_t)(out.seconds * 1e6));
+
+	result = -EIO;
+	if (out.status == KC_COMPILE_OK) {
+		result = publish(j, scratch_fd, label, &bytes);
+		if (result == 0) {
+			atomic_fetch_add(&c->stats.compiles, 1);
+			atomic_fetch_add(&c->stats.published_bytes, bytes);
+		}
+	}
+	if (result != 0 && result != -EAGAIN)
+		atomic_fetch_add(&c->stats.compile_failures, 1);
+	const char *kind = out.status == KC_COMPILE_OK
+				   ? (result == 0 ? "published" : "not published")
+				   : out.status == KC_COMPILE_REJECTED ? "rejected" : "failed";
+	snprintf(head, sizeof(head), "kcachefs: compile %s: %s (%s) in %.2f s with %s, arch %s\n",
+		 label, kind, out.why, out.seconds, cfg->nvcc, cfg->arch);
+	if (result != -EAGAIN)
+		write_log(c, j->entry_fd, head, out.log, out.log_len);
+	if (out.status == KC_COMPILE_REJECTED)
+		kc_store_mark_rejected(j->entry_fd, j->recipe.hash);
+	kc_log(result == 0 ? KC_LOG_INFO : KC_LOG_WARN, "%.*s", (int)strlen(head) - 1, head + 10);
+	kc_compile_outcome_free(&out);
+	close(scratch_fd);
+	kc_store_remove_tree(scratch);
+	return result;
+}
+
+static void compile_job(void *arg)
+{
+	struct compile_job *j = arg;
+	int result = run_compile(j);
+	kc_flight_finish(&j->c->flights, &j->key, result);
+	close(j->entry_fd);
+	kc_recipe_free(&j->recipe);
+	free(j);
+}
+
+struct recheck_arg {
+	int entry_fd;
+};
+
+static int recheck_published(void *arg)
+{
+	struct recheck_arg *r = arg;
+	struct stat st;
+	return fstatat(r->entry_fd, KC_CUBIN_NAME, &st, AT_SYMLINK_NOFOLLOW) == 0 ? 1 : 0;
+}
+
+int kc_cache_lookup_cubin(struct kc_cache *c, int entry_fd, struct kc_waiter *w)
+{
+	struct stat est;
+	char label[512];
+
+	if (fstat(entry_fd, &est) != 0)
+		return -errno;
+	for (int attempt = 0; attempt < 4; attempt++) {
+		int err = check_published(c, entry_fd);
+		if (err == 0) {
+			atomic_fetch_add(&c->stats.hits, 1);
+			return 0;
+		}
+		if (err != -ENOENT)
+			return err;
+
+		struct compile_job *j = calloc(1, sizeof(*j));
+		if (!j)
+			return -ENOMEM;
+		err = kc_recipe_load(entry_fd, c->cfg, &j->recipe);
+		if (err) {
+			free(j);
+			if (err == -ENOENT)
+				return -ENOENT;
+			entry_label(c, entry_fd, label, sizeof(label));
+			kc_log(KC_LOG_WARN, "%s: cannot read recipe: %s", label, strerror(-err));
+			return -EIO;
+		}
+		if (kc_store_is_rejected(entry_fd, j->recipe.hash)) {
+			kc_recipe_free(&j->recipe);
+			free(j);
+			atomic_fetch_add(&c->stats.rejected_lookups, 1);
+			return -EIO;
+		}
+		struct kc_flight_key key = {est.st_dev, est.st_ino};
+		struct recheck_arg ra = {entry_fd};
+		int r = kc_flight_join(&c->flights, &key, w, recheck_published, &ra);
+		if (r != KC_FLIGHT_LEADER) {
+			kc_recipe_free(&j->recipe);
+			free(j);
+		}
+		if (r == KC_FLIGHT_JOINED) {
+			atomic_fetch_add(&c->stats.waits, 1);
+			return KC_PENDING;
+		}
+		if (r < 0)
+			return r;
+		if (r != KC_FLIGHT_LEADER)
+			continue; /* published meanwhile: verify it */
+		atomic_fetch_add(&c->stats.misses, 1);
+		j->c = c;
+		j->key = key;
+		j->entry_fd = fcntl(entry_fd, F_DUPFD_CLOEXEC, 0);
+		if (j->entry_fd < 0 || kc_pool_submit(c->pool, compile_job, j) != 0) {
+			if (j->entry_fd >= 0)
+				close(j->entry_fd);
+			kc_recipe_free(&j->recipe);
+			free(j);
+			kc_flight_finish(&c->flights, &key, -EIO);
+		}
+		return KC_PENDING;
+	}
+	return -EIO;
+}
+
+int kc_cache_stage(struct kc_cache *c, enum kc_role role, int src_dir, const char *src_name,
+		   int entry_fd)
+{
+	static const char *const names[] = {[KC_ROLE_SOURCE] = KC_SOURCE_NAME,
+					    [KC_ROLE_FLAGS] = KC_FLAGS_NAME,
+					    [KC_ROLE_CUBIN] = KC_CUBIN_NAME};
+	char label[512], why[512];
+	struct stat st;
+	int err = 0;
+
+	if (!kc_role_is_staged(role))
+		return -EINVAL;
+	entry_label(c, entry_fd, label, sizeof(label));
+	int fd = openat(src_dir, src_name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+		close(fd);
+		return -EINVAL;
+	}
+	if (role != KC_ROLE_CUBIN && (size_t)st.st_size > c->cfg->max_source_size) {
+		kc_log(KC_LOG_WARN, "%s: %s refused: %lld bytes exceed max_source_size %zu", label,
+		       names[role], (long long)st.st_size, c->cfg->max_source_size);
+		err = -EFBIG;
+	} else if (role == KC_ROLE_FLAGS) {
+		char *buf = malloc((size_t)st.st_size + 1);
+		ssize_t n = buf ? pread(fd, buf, (size_t)st.st_size, 0) : -1;
+		struct kc_argv parsed = {0};
+		if (n < 0) {
+			err = buf ? -errno : -ENOMEM;
+		} else if (kc_flags_parse(buf, (size_t)n, &parsed, why, sizeof(why)) != 0) {
+			char head[600];
+			snprintf(head, sizeof(head), "kcachefs: kernel.flags %s\n", why);
+			write_log(c, entry_fd, head, NULL, 0);
+			kc_log(KC_LOG_WARN, "%s: kernel.flags %s", label, why);
+			err = -EINVAL;
+		}
+		kc_argv_free(&parsed);
+		free(buf);
+	} else if (role == KC_ROLE_CUBIN) {
+		struct kc_record rec = {.origin = KC_ORIGIN_CLIENT};
+		if (kc_cubin_check(fd, why, sizeof(why)) != 0) {
+			kc_log(KC_LOG_WARN, "%s: kernel.cubin refused: %s", label, why);
+			err = -EINVAL;
+		} else if ((err = kc_sha256_fd(fd, rec.sha256, &rec.size)) == 0) {
+			err = kc_record_write(fd, &rec);
+		}
+	}
+	close(fd);
+	if (!err) {
+		pthread_mutex_lock(&c->publish_lock);
+		err = kc_store_commit(src_dir, src_name, entry_fd, names[role]);
+		pthread_mutex_unlock(&c->publish_lock);
+		if (err == -EEXIST)
+			kc_log(KC_LOG_INFO, "%s: %s refused: other bytes are already staged", label,
+			       names[role]);
+	}
+	if (err < 0) {
+		atomic_fetch_add(&c->stats.stage_refusals, 1);
+		return err;
+	}
+	atomic_fetch_add(&c->stats.stages, 1);
+	return 0;
+}
+
+int kc_cache_unstage(struct kc_cache *c, int entry_fd)
+{
+	struct kc_record rec;
+	int removed = 0;
+
+	pthread_mutex_lock(&c->publish_lock);
+	int fd = openat(entry_fd, KC_CUBIN_NAME, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd >= 0) {
+		if (kc_record_read(fd, &rec) == 0 && rec.origin == KC_ORIGIN_COMPILED)
+			removed = unlinkat(entry_fd, KC_CUBIN_NAME, 0) == 0;
+		close(fd);
+	}
+	pthread_mutex_unlock(&c->publish_lock);
+	kc_store_clear_rejected(entry_fd);
+	return removed;
+}
+
+int kc_cache_cubin_pending(struct kc_cache *c, int entry_fd)
+{
+	struct kc_recipe r;
+	if (!kc_recipe_present(entry_fd, c->cfg))
+		return 0;
+	if (kc_recipe_load(entry_fd, c->cfg, &r) != 0)
+		return 0;
+	int rejected = kc_store_is_rejected(entry_fd, r.hash);
+	kc_recipe_free(&r);
+	return !rejected;
+}
+
+void kc_cache_gauges(struct kc_cache *c, struct kc_stats_gauges *g)
+{
+	kc_pool_load(c->pool, &g->queued, &g->inflight);
+	g->flights = kc_flight_count(&c->flights);
+}

@@ -1,0 +1,68 @@
+/* cache.h - the kernel cache: lookup of an entry's cubin with verification, the
+ * single-flight compile of a staged recipe, publishing, and staging of client files.
+ *
+ * This is the whole behaviour of a kernel entry without FUSE: fs/ translates requests into
+ * these calls. Entry directories are passed as fds on the backing store (O_PATH allowed).
+ */
+#ifndef KC_CACHE_H
+#define KC_CACHE_H
+
+#include <pthread.h>
+
+#include "config.h"
+#include "flight.h"
+#include "name.h"
+#include "pool.h"
+#include "stats.h"
+#include "store.h"
+
+#define KC_PENDING 1 /* lookup result: the waiter will be called */
+
+struct kc_cache {
+	const struct kc_config *cfg; /* borrowed, outlives the cache */
+	struct kc_store *store;      /* borrowed, outlives the cache */
+	struct kc_flight_table flights;
+	struct kc_pool *pool;        /* cfg->jobs compile workers */
+	struct kc_stats stats;
+	pthread_mutex_t publish_lock; /* orders publishes against recipe removal */
+	pthread_mutex_t verified_lock;
+	void *verified;              /* tsearch tree: cubins whose record matched */
+};
+
+/* Start the compile workers. Returns 0 or -errno. */
+int kc_cache_init(struct kc_cache *c, const struct kc_config *cfg, struct kc_store *store);
+
+/* Kill running compilers, fail queued compiles (their waiters get -EIO), stop workers. */
+void kc_cache_shutdown(struct kc_cache *c);
+
+/* Look up kernel.cubin in an entry.
+ * Returns 0 when a published, verified cubin is there (the caller stats it);
+ * KC_PENDING when w was queued on a compile (w->done is called later with 0 when published,
+ * -EIO when the compile failed, -EAGAIN when the recipe changed during the compile and the
+ * lookup must be repeated); -ENOENT when nothing is published and no recipe is staged;
+ * -EIO when the cubin is corrupt and cannot be rebuilt, or the recipe was rejected by this
+ * compiler before (see kernel.log). */
+int kc_cache_lookup_cubin(struct kc_cache *c, int entry_fd, struct kc_waiter *w);
+
+/* Commit a staged file src_dir/src_name into the entry as role's name (kernel.cu,
+ * kernel.flags or kernel.cubin), atomically. Returns 0 when stored or when the same bytes
+ * were already there (src is then removed); -EEXIST when other bytes are stored (nothing
+ * changes); -EINVAL for refused flags or a cubin that is not a complete CUDA ELF (the
+ * reason is logged and, for flags, written to kernel.log); -EFBIG for a source or flags
+ * file over max_source_size; other -errno. */
+int kc_cache_stage(struct kc_cache *c, enum kc_role role, int src_dir, const char *src_name,
+		   int entry_fd);
+
+/* After kernel.cu or kernel.flags left the entry: remove a cubin the mount compiled from
+ * it and forget a rejection. Returns 1 if a cubin was removed (the caller invalidates the
+ * kernel's caches of it), else 0. */
+int kc_cache_unstage(struct kc_cache *c, int entry_fd);
+
+/* Nonzero if the entry would show a kernel.cubin that is not published yet: a recipe is
+ * staged and was not rejected. For readdir. */
+int kc_cache_cubin_pending(struct kc_cache *c, int entry_fd);
+
+/* Sample the gauges for statistics. */
+void kc_cache_gauges(struct kc_cache *c, struct kc_stats_gauges *g);
+
+#endif

@@ -1,0 +1,319 @@
+/* compile.c - see compile.h */
+#define _GNU_SOURCE
+#include "compile.h"
+
+#include <elf.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/pidfd.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "log.h"
+
+#define LOG_MAX (1u << 20)
+#define MAX_RUNNING 256
+#ifndef EM_CUDA
+#define EM_CUDA 190
+#endif
+
+static pthread_mutex_t running_lock = PTHREAD_MUTEX_INITIALIZER;
+static pid_t running[MAX_RUNNING];
+static int shutting_down;
+
+static int track(pid_t pid)
+{
+	pthread_mutex_lock(&running_lock);
+	int ok = !shutting_down;
+	for (int i = 0; ok && i < MAX_RUNNING; i++) {
+		if (running[i] == 0) {
+			running[i] = pid;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&running_lock);
+	return ok;
+}
+
+static void untrack(pid_t pid)
+{
+	pthread_mutex_lock(&running_lock);
+	for (int i = 0; i < MAX_RUNNING; i++)
+		if (running[i] == pid)
+			running[i] = 0;
+	pthread_mutex_unlock(&running_lock);
+}
+
+void kc_compile_shutdown(void)
+{
+	pthread_mutex_lock(&running_lock);
+	shutting_down = 1;
+	for (int i = 0; i < MAX_RUNNING; i++)
+		if (running[i] > 0)
+			kill(-running[i], SIGKILL);
+	pthread_mutex_unlock(&running_lock);
+}
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static int write_all(int fd, const char *p, size_t len)
+{
+	while (len > 0) {
+		ssize_t n = write(fd, p, len);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			return -errno;
+		p += n;
+		len -= (size_t)n;
+	}
+	return 0;
+}
+
+static void read_log(int dirfd, struct kc_compile_outcome *out)
+{
+	int fd = openat(dirfd, "compile.log", O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return;
+	out->log = malloc(LOG_MAX + 1);
+	if (out->log) {
+		ssize_t n = pread(fd, out->log, LOG_MAX, 0);
+		out->log_len = n > 0 ? (size_t)n : 0;
+		out->log[out->log_len] = '\0';
+	}
+	close(fd);
+}
+
+int kc_cubin_check(int fd, char *why, size_t whylen)
+{
+	Elf64_Ehdr eh;
+	struct stat st;
+
+	if (fstat(fd, &st) != 0) {
+		snprintf(why, whylen, "cannot stat cubin: %s", strerror(errno));
+		return -EINVAL;
+	}
+	if (st.st_size == 0) {
+		snprintf(why, whylen, "cubin is empty");
+		return -EINVAL;
+	}
+	if (pread(fd, &eh, sizeof(eh), 0) != (ssize_t)sizeof(eh) ||
+	    memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0 || eh.e_ident[EI_CLASS] != ELFCLASS64) {
+		snprintf(why, whylen, "cubin is not a 64-bit ELF file (%lld bytes)",
+			 (long long)st.st_size);
+		return -EINVAL;
+	}
+	if (eh.e_machine != EM_CUDA) {
+		snprintf(why, whylen, "ELF machine is %u, not EM_CUDA", eh.e_machine);
+		return -EINVAL;
+	}
+	unsigned long long sh_end = eh.e_shoff + (unsigned long long)eh.e_shnum * eh.e_shentsize;
+	unsigned long long ph_end = eh.e_phoff + (unsigned long long)eh.e_phnum * eh.e_phentsize;
+	if (sh_end > (unsigned long long)st.st_size || ph_end > (unsigned long long)st.st_size) {
+		snprintf(why, whylen, "cubin is truncated (%lld bytes, headers need %llu)",
+			 (long long)st.st_size, sh_end > ph_end ? sh_end : ph_end);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+static int low_on_space(const char *dir)
+{
+	struct statvfs sv;
+	if (statvfs(dir, &sv) != 0)
+		return 0;
+	return (unsigned long long)sv.f_bavail * sv.f_frsize < (8ull << 20) ||
+	       (sv.f_files > 0 && sv.f_favail < 16);
+}
+
+/* Spawn the compiler; returns its pid or -errno. */
+static pid_t spawn_compiler(const struct kc_compile_spec *spec, char *const argv[])
+{
+	char env_path[4096], env_tmp[4200], env_home[4200], env_cuda[4200];
+	char *envp[8];
+	int ne = 0;
+	const char *home = getenv("HOME");
+	const char *cuda = getenv("CUDA_HOME");
+	const char *slash = strrchr(spec->nvcc, '/');
+	posix_spawn_file_actions_t fa;
+	posix_spawnattr_t attr;
+	sigset_t none, all;
+	char logpath[4200];
+	pid_t pid;
+
+	snprintf(env_path, sizeof(env_path), "PATH=%.*s:/usr/local/bin:/usr/bin:/bin",
+		 slash ? (int)(slash - spec->nvcc) : 0, spec->nvcc);
+	snprintf(env_tmp, sizeof(env_tmp), "TMPDIR=%s", spec->scratch);
+	snprintf(env_home, sizeof(env_home), "HOME=%s", home ? home : "/");
+	envp[ne++] = env_path;
+	envp[ne++] = env_tmp;
+	envp[ne++] = env_home;
+	envp[ne++] = "LC_ALL=C";
+	if (cuda) {
+		snprintf(env_cuda, sizeof(env_cuda), "CUDA_HOME=%s", cuda);
+		envp[ne++] = env_cuda;
+	}
+	envp[ne] = NULL;
+
+	snprintf(logpath, sizeof(logpath), "%s/compile.log", spec->scratch);
+	posix_spawn_file_actions_init(&fa);
+	posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+	posix_spawn_file_actions_addopen(&fa, 1, logpath, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+	posix_spawn_file_actions_adddup2(&fa, 1, 2);
+	posix_spawn_file_actions_addchdir_np(&fa, spec->scratch);
+	posix_spawnattr_init(&attr);
+	sigemptyset(&none);
+	sigfillset(&all);
+	posix_spawnattr_setsigmask(&attr, &none);
+	posix_spawnattr_setsigdefault(&attr, &all);
+	posix_spawnattr_setpgroup(&attr, 0);
+	posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK |
+						POSIX_SPAWN_SETSIGDEF);
+	int err = posix_spawn(&pid, spec->nvcc, &fa, &attr, argv, envp);
+	posix_spawn_file_actions_destroy(&fa);
+	posix_spawnattr_destroy(&attr);
+	return err ? -err : pid;
+}
+
+/* Wait for pid with a timeout; kills its group on timeout. Returns 0 with *status, or
+ * -ETIMEDOUT (killed and reaped). */
+static int wait_compiler(pid_t pid, unsigned timeout_s, int *status)
+{
+	int pfd = pidfd_open(pid, 0);
+	int timed_out = 0;
+
+	if (pfd >= 0) {
+		struct pollfd p = {.fd = pfd, .events = POLLIN};
+		double deadline = now_s() + timeout_s;
+		for (;;) {
+			double left = deadline - now_s();
+			if (left <= 0) {
+				timed_out = 1;
+				break;
+			}
+			int r = poll(&p, 1, left > 1e6 ? 1000000000 : (int)(left * 1000) + 1);
+			if (r > 0)
+				break;
+			if (r < 0 && errno != EINTR)
+				break;
+		}
+		close(pfd);
+	}
+	if (timed_out)
+		kill(-pid, SIGKILL);
+	while (waitpid(pid, status, 0) < 0 && errno == EINTR)
+		;
+	/* Reap the group: no compiler helper (cicc, ptxas) outlives its nvcc. */
+	kill(-pid, SIGKILL);
+	return timed_out ? -ETIMEDOUT : 0;
+}
+
+int kc_compile_run(const struct kc_compile_spec *spec, struct kc_compile_outcome *out)
+{
+	char src[4200], cubin[4200];
+	struct kc_argv argv = {0};
+	int status = 0;
+
+	memset(out, 0, sizeof(*out));
+	out->status = KC_COMPILE_TRANSIENT;
+	pthread_mutex_lock(&running_lock);
+	int stopping = shutting_down;
+	pthread_mutex_unlock(&running_lock);
+	if (stopping) {
+		snprintf(out->why, sizeof(out->why), "daemon is shutting down");
+		return 0;
+	}
+	snprintf(src, sizeof(src), "%s/kernel.cu", spec->scratch);
+	snprintf(cubin, sizeof(cubin), "%s/kernel.cubin", spec->scratch);
+
+	int fd = openat(spec->scratch_fd, "kernel.cu", O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC,
+			0600);
+	int err = fd < 0 ? -errno : write_all(fd, spec->source, spec->source_len);
+	if (fd >= 0)
+		close(fd);
+	if (err) {
+		snprintf(out->why, sizeof(out->why), "cannot write scratch source: %s", strerror(-err));
+		return 0;
+	}
+	if (kc_argv_push(&argv, spec->nvcc) || kc_argv_push(&argv, src) ||
+	    kc_argv_push(&argv, "-cubin") || kc_argv_push(&argv, "-o") ||
+	    kc_argv_push(&argv, cubin) || kc_argv_extend(&argv, spec->args)) {
+		kc_argv_free(&argv);
+		return -ENOMEM;
+	}
+
+	double t0 = now_s();
+	pid_t pid = spawn_compiler(spec, argv.v);
+	kc_argv_free(&argv);
+	if (pid < 0) {
+		snprintf(out->why, sizeof(out->why), "compiler %s cannot run: %s", spec->nvcc,
+			 strerror((int)-pid));
+		return 0;
+	}
+	if (!track(pid)) {
+		kill(-pid, SIGKILL);
+		snprintf(out->why, sizeof(out->why), "daemon is shutting down");
+	}
+	int w = wait_compiler(pid, spec->timeout_s, &status);
+	untrack(pid);
+	out->seconds = now_s() - t0;
+	read_log(spec->scratch_fd, out);
+
+	if (out->why[0])
+		return 0;
+	if (w == -ETIMEDOUT) {
+		snprintf(out->why, sizeof(out->why), "timed out after %u s and was killed",
+			 spec->timeout_s);
+		return 0;
+	}
+	if (WIFSIGNALED(status)) {
+		snprintf(out->why, sizeof(out->why), "compiler killed by signal %d (%s)",
+			 WTERMSIG(status), strsignal(WTERMSIG(status)));
+		return 0;
+	}
+	if (WEXITSTATUS(status) != 0) {
+		int space = low_on_space(spec->scratch) ||
+			    (out->log && strstr(out->log, "No space left on device"));
+		snprintf(out->why, sizeof(out->why), "compiler exited with status %d%s",
+			 WEXITSTATUS(status), space ? " (out of disk space)" : "");
+		out->status = space ? KC_COMPILE_TRANSIENT : KC_COMPILE_REJECTED;
+		return 0;
+	}
+	fd = openat(spec->scratch_fd, "kernel.cubin", O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+	if (fd < 0) {
+		snprintf(out->why, sizeof(out->why), "compiler exited 0 but wrote no cubin");
+		return 0;
+	}
+	char why[200];
+	err = kc_cubin_check(fd, why, sizeof(why));
+	close(fd);
+	if (err) {
+		snprintf(out->why, sizeof(out->why), "compiler exited 0 but %s", why);
+		return 0;
+	}
+	out->status = KC_COMPILE_OK;
+	snprintf(out->why, sizeof(out->why), "ok");
+	return 0;
+}
+
+void kc_compile_outcome_free(struct kc_compile_outcome *out)
+{
+	free(out->log);
+	out->log = NULL;
+	out->log_len = 0;
+}

@@ -1,0 +1,52 @@
+/* compile.h - the nvcc compile driver: one compiler run as a child process.
+ *
+ * argv only, never a shell; the child runs in its own process group in a private scratch
+ * directory, with a scrubbed environment, its output captured to a log, and is killed
+ * (the whole group) when it exceeds the timeout or the daemon shuts down.
+ */
+#ifndef KC_COMPILE_H
+#define KC_COMPILE_H
+
+#include <stddef.h>
+
+#include "flags.h"
+
+enum kc_compile_status {
+	KC_COMPILE_OK,        /* a complete CUDA ELF is at <scratch>/kernel.cubin */
+	KC_COMPILE_REJECTED,  /* the compiler ran and reported errors: remember it */
+	KC_COMPILE_TRANSIENT, /* killed, timed out, out of space, not runnable, bad output */
+};
+
+struct kc_compile_spec {
+	const char *nvcc;          /* absolute path */
+	const struct kc_argv *args; /* arguments after "<src> -cubin -o <out>" */
+	const char *source;        /* bytes written to <scratch>/kernel.cu */
+	size_t source_len;
+	const char *scratch;       /* absolute path of an empty private directory */
+	int scratch_fd;            /* fd on that directory */
+	unsigned timeout_s;
+};
+
+struct kc_compile_outcome {
+	enum kc_compile_status status;
+	char *log;      /* the compiler's stdout+stderr (at most 1 MiB), owned, NUL-terminated */
+	size_t log_len;
+	double seconds; /* wall time of the compiler run */
+	char why[256];  /* one line: "exit status 1", "killed by signal 9", ... */
+};
+
+/* Run the compiler. Always fills out (out->log may be NULL when nothing was printed) and
+ * returns 0; -ENOMEM only when the outcome cannot be described. Free with
+ * kc_compile_outcome_free. */
+int kc_compile_run(const struct kc_compile_spec *spec, struct kc_compile_outcome *out);
+void kc_compile_outcome_free(struct kc_compile_outcome *out);
+
+/* Check that fd holds a complete CUDA ELF (magic, EM_CUDA, section and program header
+ * tables inside the file). Returns 0 or -EINVAL with why filled. */
+int kc_cubin_check(int fd, char *why, size_t whylen);
+
+/* Kill every running compiler and make later kc_compile_run calls fail (transient) at
+ * once: used at shutdown so that waiters get EIO instead of waiting. */
+void kc_compile_shutdown(void);
+
+#endif

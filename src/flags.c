@@ -1,0 +1,308 @@
+/* flags.c - see flags.h */
+#include "flags.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#define FLAG_LINE_MAX 4096
+
+int kc_argv_push(struct kc_argv *a, const char *arg)
+{
+	if (a->n + 2 > a->cap) {
+		size_t cap = a->cap ? a->cap * 2 : 16;
+		char **v = realloc(a->v, cap * sizeof(*v));
+		if (!v)
+			return -ENOMEM;
+		a->v = v;
+		a->cap = cap;
+	}
+	char *copy = strdup(arg);
+	if (!copy)
+		return -ENOMEM;
+	a->v[a->n++] = copy;
+	a->v[a->n] = NULL;
+	return 0;
+}
+
+int kc_argv_extend(struct kc_argv *a, const struct kc_argv *src)
+{
+	for (size_t i = 0; i < src->n; i++) {
+		int err = kc_argv_push(a, src->v[i]);
+		if (err)
+			return err;
+	}
+	return 0;
+}
+
+void kc_argv_free(struct kc_argv *a)
+{
+	for (size_t i = 0; i < a->n; i++)
+		free(a->v[i]);
+	free(a->v);
+	a->v = NULL;
+	a->n = a->cap = 0;
+}
+
+static int starts(const char *s, const char *prefix)
+{
+	return strncmp(s, prefix, strlen(prefix)) == 0;
+}
+
+static int refuse(char *why, size_t whylen, const char *arg, const char *reason)
+{
+	snprintf(why, whylen, "flag '%s' refused: %s", arg, reason);
+	return -EINVAL;
+}
+
+/* Arguments allowed exactly as written. */
+static const char *const exact_ok[] = {
+	"--expt-relaxed-constexpr", "--expt-extended-lambda", "--extended-lambda",
+	"-lineinfo", "--generate-line-info", "-use_fast_math", "--use_fast_math",
+	"-G", "--device-debug", "-g", "--debug", "-w", "--disable-warnings", "--restrict",
+	"-restrict", "--resource-usage", "-res-usage", "--extra-device-vectorization",
+	"-Wno-deprecated-gpu-targets", "--Wno-deprecated-gpu-targets", "--display-error-number",
+	"--no-display-error-number", "-O0", "-O1", "-O2", "-O3", "-std=c++11", "-std=c++14",
+	"-std=c++17", "-std=c++20", "--std=c++11", "--std=c++14", "--std=c++17", "--std=c++20",
+	"-rdc=false", "--relocatable-device-code=false", NULL,
+};
+
+/* Arguments allowed with any value after the prefix (value checked separately where
+ * it names a path). */
+static const char *const prefix_ok[] = {
+	"-D", "--define-macro=", "-U", "--undefine-macro=", "--diag-suppress=",
+	"-diag-suppress=", "--diag-warn=", "--diag-error=", "--maxrregcount=", "-maxrregcount=",
+	"--ftz=", "-ftz=", "--prec-div=", "-prec-div=", "--prec-sqrt=", "-prec-sqrt=", "--fmad=",
+	"-fmad=", "--Werror=", "-Werror=", "--threads=", "-t=", "--optimize=", "-dopt=",
+	"--dopt=", NULL,
+};
+
+static const struct {
+	const char *prefix;
+	const char *reason;
+} refused[] = {
+	{"-o", "names an output (the mount chooses where the cubin goes)"},
+	{"--output-file", "names an output (the mount chooses where the cubin goes)"},
+	{"-odir", "names an output directory"},
+	{"--output-directory", "names an output directory"},
+	{"-ccbin", "picks a host compiler"},
+	{"--compiler-bindir", "picks a host compiler"},
+	{"--run", "runs a program"},
+	{"-run", "runs a program"},
+	{"--keep", "writes intermediate files"},
+	{"-keep", "writes intermediate files"},
+	{"-save-temps", "writes intermediate files"},
+	{"--options-file", "reads arguments from a file"},
+	{"-optf", "reads arguments from a file"},
+	{"@", "reads arguments from a file"},
+	{"-Xlinker", "passes options to the linker"},
+	{"--linker-options", "passes options to the linker"},
+	{"-l", "links a library"},
+	{"-L", "adds a library path"},
+	{"-M", "writes dependency files"},
+	{"--dependency-output", "writes dependency files"},
+	{"--generate-dependencies", "writes dependency files"},
+	{"--pre-include", "includes a file outside the entry"},
+	{"-include", "includes a file outside the entry"},
+	{"--dryrun", "changes what the compiler does"},
+	{"-cubin", "the output kind is the mount's"},
+	{"--cubin", "the output kind is the mount's"},
+	{"-ptx", "the output kind is the mount's"},
+	{"-fatbin", "the output kind is the mount's"},
+	{"-c", "the output kind is the mount's"},
+	{"-E", "the output kind is the mount's"},
+};
+
+/* Host-compiler options accepted inside --compiler-options= / -Xcompiler=. */
+static int host_option_ok(const char *opt)
+{
+	static const char *const bad_prefixes[] = {"-fplugin", "-wrapper", "-specs", "-B",
+						   "-Wl,", "-Wa,", "-Wp,", "-o", "-x",
+						   "-fdump", "-save-temps", "-M", "@",
+						   "-fprofile", "-include", "-imacros", "-iplugin",
+						   NULL};
+	for (int i = 0; bad_prefixes[i]; i++)
+		if (starts(opt, bad_prefixes[i]))
+			return 0;
+	if (opt[0] != '-')
+		return 0;
+	if (starts(opt, "-f") || starts(opt, "-W") || starts(opt, "-O") || starts(opt, "-D") ||
+	    starts(opt, "-U") || starts(opt, "-std=") || starts(opt, "-march=") ||
+	    starts(opt, "-mtune=") || strcmp(opt, "-m64") == 0 || strcmp(opt, "-pthread") == 0 ||
+	    strcmp(opt, "-g") == 0 || strcmp(opt, "-w") == 0)
+		return 1;
+	return 0;
+}
+
+static int check_host_options(const char *arg, const char *list, char *why, size_t whylen)
+{
+	char buf[FLAG_LINE_MAX];
+	char *save = NULL;
+
+	if (strlen(list) >= sizeof(buf))
+		return refuse(why, whylen, arg, "too long");
+	strcpy(buf, list);
+	for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+		if (!host_option_ok(t)) {
+			char reason[256];
+			snprintf(reason, sizeof(reason), "host compiler option '%.100s' is not allowed",
+				 t);
+			return refuse(why, whylen, arg, reason);
+		}
+	}
+	return 0;
+}
+
+static int check_ptxas_options(const char *arg, const char *list, char *why, size_t whylen)
+{
+	char buf[FLAG_LINE_MAX];
+	char *save = NULL;
+
+	if (strlen(list) >= sizeof(buf))
+		return refuse(why, whylen, arg, "too long");
+	strcpy(buf, list);
+	for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+		if (starts(t, "-o") || starts(t, "--output") || starts(t, "--input-as-string") ||
+		    starts(t, "-ias") || starts(t, "--options-file") || t[0] != '-')
+			return refuse(why, whylen, arg, "ptxas option names a file");
+	}
+	return 0;
+}
+
+static int check_include_dir(const char *arg, const char *dir, char *why, size_t whylen)
+{
+	struct stat st;
+	if (dir[0] != '/')
+		return refuse(why, whylen, arg, "include directories must be absolute paths");
+	if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+		return refuse(why, whylen, arg, "include directory does not exist");
+	return 0;
+}
+
+static int check_arch(const char *arg, const char *val, char *why, size_t whylen)
+{
+	/* sm_90, sm_90a, sm_100f, compute_90 ... */
+	const char *p = val;
+	if (starts(p, "sm_"))
+		p += 3;
+	else if (starts(p, "compute_"))
+		p += 8;
+	else
+		return refuse(why, whylen, arg, "architecture must look like sm_90a");
+	if (*p < '0' || *p > '9')
+		return refuse(why, whylen, arg, "architecture must look like sm_90a");
+	while (*p >= '0' && *p <= '9')
+		p++;
+	if (*p == 'a' || *p == 'f')
+		p++;
+	if (*p)
+		return refuse(why, whylen, arg, "architecture must look like sm_90a");
+	return 0;
+}
+
+int kc_flag_check(const char *arg, char *why, size_t whylen)
+{
+	if (arg[0] == '\0')
+		return refuse(why, whylen, arg, "empty argument");
+	if (strlen(arg) >= FLAG_LINE_MAX)
+		return refuse(why, whylen, arg, "too long");
+	for (const char *p = arg; *p; p++)
+		if ((unsigned char)*p < 0x20 || *p == 0x7f)
+			return refuse(why, whylen, arg, "control character");
+	for (int i = 0; exact_ok[i]; i++)
+		if (strcmp(arg, exact_ok[i]) == 0)
+			return 0;
+	for (int i = 0; prefix_ok[i]; i++)
+		if (starts(arg, prefix_ok[i]) && arg[strlen(prefix_ok[i])] != '\0')
+			return 0;
+	if (starts(arg, "-I") && arg[2])
+		return check_include_dir(arg, arg + 2, why, whylen);
+	if (starts(arg, "--include-path="))
+		return check_include_dir(arg, arg + strlen("--include-path="), why, whylen);
+	if (starts(arg, "--gpu-architecture="))
+		return check_arch(arg, arg + strlen("--gpu-architecture="), why, whylen);
+	if (starts(arg, "-arch="))
+		return check_arch(arg, arg + strlen("-arch="), why, whylen);
+	if (starts(arg, "--compiler-options="))
+		return check_host_options(arg, arg + strlen("--compiler-options="), why, whylen);
+	if (starts(arg, "-Xcompiler="))
+		return check_host_options(arg, arg + strlen("-Xcompiler="), why, whylen);
+	if (starts(arg, "--ptxas-options="))
+		return check_ptxas_options(arg, arg + strlen("--ptxas-options="), why, whylen);
+	if (starts(arg, "-Xptxas="))
+		return check_ptxas_options(arg, arg + strlen("-Xptxas="), why, whylen);
+	for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++)
+		if (starts(arg, refused[i].prefix))
+			return refuse(why, whylen, arg, refused[i].reason);
+	if (arg[0] != '-')
+		return refuse(why, whylen, arg, "extra input files are not allowed");
+	return refuse(why, whylen, arg, "not on the allow-list");
+}
+
+int kc_flags_parse(const char *buf, size_t len, struct kc_argv *out, char *why, size_t whylen)
+{
+	char line[FLAG_LINE_MAX + 1];
+	size_t pos = 0;
+
+	if (memchr(buf, '\0', len)) {
+		snprintf(why, whylen, "kernel.flags refused: holds a NUL byte");
+		return -EINVAL;
+	}
+	while (pos < len) {
+		const char *nl = memchr(buf + pos, '\n', len - pos);
+		size_t end = nl ? (size_t)(nl - buf) : len;
+		size_t b = pos, e = end;
+		while (b < e && (buf[b] == ' ' || buf[b] == '\t'))
+			b++;
+		while (e > b && (buf[e - 1] == ' ' || buf[e - 1] == '\t' || buf[e - 1] == '\r'))
+			e--;
+		pos = end + 1;
+		if (e == b)
+			continue;
+		if (e - b > FLAG_LINE_MAX) {
+			snprintf(why, whylen, "kernel.flags refused: a line is longer than %d bytes",
+				 FLAG_LINE_MAX);
+			kc_argv_free(out);
+			return -EINVAL;
+		}
+		memcpy(line, buf + b, e - b);
+		line[e - b] = '\0';
+		int err = kc_flag_check(line, why, whylen);
+		if (!err)
+			err = kc_argv_push(out, line);
+		if (err) {
+			kc_argv_free(out);
+			return err;
+		}
+	}
+	return 0;
+}
+
+int kc_flags_split(const char *str, struct kc_argv *out, char *why, size_t whylen)
+{
+	char *copy = strdup(str);
+	char *save = NULL;
+	int err = 0;
+
+	if (!copy)
+		return -ENOMEM;
+	for (char *t = strtok_r(copy, " \t", &save); t && !err; t = strtok_r(NULL, " \t", &save)) {
+		err = kc_flag_check(t, why, whylen);
+		if (!err)
+			err = kc_argv_push(out, t);
+	}
+	free(copy);
+	if (err)
+		kc_argv_free(out);
+	return err;
+}
+
+int kc_flags_have_arch(const struct kc_argv *args)
+{
+	for (size_t i = 0; i < args->n; i++)
+		if (starts(args->v[i], "--gpu-architecture=") || starts(args->v[i], "-arch="))
+			return 1;
+	return 0;
+}

@@ -1,0 +1,43 @@
+/* flags.h - compiler arguments: the argv container, the kernel.flags reader and the
+ * allow-list every argument must pass before it reaches the compiler.
+ *
+ * The allow-list admits what JIT clients (DeepGEMM, see DESIGN.md) pass: language and
+ * optimisation switches, macros, existing include directories, diagnostics, ptxas options
+ * and vetted host-compiler options. It refuses anything that names an output, picks a host
+ * compiler, runs a program, reads more options from a file, or changes what is produced.
+ */
+#ifndef KC_FLAGS_H
+#define KC_FLAGS_H
+
+#include <stddef.h>
+
+/* A NULL-terminated, heap-owned argument vector. Zero-initialise before first use. */
+struct kc_argv {
+	char **v; /* v[n] == NULL; owned, each string owned */
+	size_t n;
+	size_t cap;
+};
+
+/* Append a copy of arg. Returns 0 or -ENOMEM. */
+int kc_argv_push(struct kc_argv *a, const char *arg);
+/* Append copies of every string of src. Returns 0 or -ENOMEM. */
+int kc_argv_extend(struct kc_argv *a, const struct kc_argv *src);
+void kc_argv_free(struct kc_argv *a);
+
+/* Check one argument against the allow-list. Returns 0 if allowed; -EINVAL if refused, with
+ * a one-line reason (naming the argument) written to why[0..whylen). */
+int kc_flag_check(const char *arg, char *why, size_t whylen);
+
+/* Read a kernel.flags buffer: one argument per line, surrounding blanks and empty lines
+ * ignored, '\r' before '\n' tolerated. Every argument is checked with kc_flag_check; the
+ * first refusal makes it return -EINVAL with the reason in why (out is then freed). A NUL
+ * byte or a line longer than 4096 bytes is refused too. Returns 0, -EINVAL or -ENOMEM. */
+int kc_flags_parse(const char *buf, size_t len, struct kc_argv *out, char *why, size_t whylen);
+
+/* Split a mount option value (arguments separated by blanks) and check each as above. */
+int kc_flags_split(const char *str, struct kc_argv *out, char *why, size_t whylen);
+
+/* Nonzero if args already choose a target architecture (-arch=, --gpu-architecture=). */
+int kc_flags_have_arch(const struct kc_argv *args);
+
+#endif

@@ -1,0 +1,113 @@
+/* flight.c - see flight.h */
+#include "flight.h"
+
+#include <errno.h>
+#include <stdlib.h>
+
+struct kc_flight {
+	struct kc_flight *next;
+	struct kc_flight_key key;
+	struct kc_waiter *waiters;
+};
+
+void kc_flight_table_init(struct kc_flight_table *t)
+{
+	pthread_mutex_init(&t->lock, NULL);
+	t->head = NULL;
+	t->count = 0;
+}
+
+void kc_flight_table_destroy(struct kc_flight_table *t)
+{
+	pthread_mutex_destroy(&t->lock);
+}
+
+static struct kc_flight **find(struct kc_flight_table *t, const struct kc_flight_key *key)
+{
+	struct kc_flight **p = &t->head;
+	while (*p && ((*p)->key.dev != key->dev || (*p)->key.ino != key->ino))
+		p = &(*p)->next;
+	return p;
+}
+
+int kc_flight_join(struct kc_flight_table *t, const struct kc_flight_key *key,
+		   struct kc_waiter *w, int (*recheck)(void *arg), void *arg)
+{
+	int ret;
+
+	pthread_mutex_lock(&t->lock);
+	struct kc_flight **p = find(t, key);
+	if (*p) {
+		w->next = (*p)->waiters;
+		(*p)->waiters = w;
+		ret = KC_FLIGHT_JOINED;
+	} else if (recheck && (ret = recheck(arg)) != 0) {
+		/* already done: nothing queued */
+	} else {
+		struct kc_flight *f = malloc(sizeof(*f));
+		if (!f) {
+			ret = -ENOMEM;
+		} else {
+			f->key = *key;
+			f->next = t->head;
+			w->next = NULL;
+			f->waiters = w;
+			t->head = f;
+			t->count++;
+			ret = KC_FLIGHT_LEADER;
+		}
+	}
+	pthread_mutex_unlock(&t->lock);
+	return ret;
+}
+
+unsigned kc_flight_finish(struct kc_flight_table *t, const struct kc_flight_key *key,
+			  int result)
+{
+	struct kc_waiter *w = NULL;
+	unsigned n = 0;
+
+	pthread_mutex_lock(&t->lock);
+	struct kc_flight **p = find(t, key);
+	struct kc_flight *f = *p;
+	if (f) {
+		*p = f->next;
+		w = f->waiters;
+		t->count--;
+	}
+	pthread_mutex_unlock(&t->lock);
+	free(f);
+	while (w) {
+		struct kc_waiter *next = w->next;
+		w->done(w, result);
+		w = next;
+		n++;
+	}
+	return n;
+}
+
+int kc_flight_cancel(struct kc_flight_table *t, struct kc_waiter *w)
+{
+	int found = 0;
+
+	pthread_mutex_lock(&t->lock);
+	for (struct kc_flight *f = t->head; f && !found; f = f->next) {
+		for (struct kc_waiter **p = &f->waiters; *p; p = &(*p)->next) {
+			if (*p == w) {
+				*p = w->next;
+				found = 1;
+				break;
+			}
+		}
+	}
+	pthread_mutex_unlock(&t->lock);
+	return found;
+}
+
+unsigned kc_flight_count(struct kc_flight_table *t)
+{
+	pthread_mutex_lock(&t->lock);
+	unsigned n = t->count;
+	pthread_mutex_unlock(&t->lock);
+	return n;
+}

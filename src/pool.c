@@ -1,0 +1,114 @@
+/* pool.c - see pool.h */
+#include "pool.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+
+struct job {
+	struct job *next;
+	kc_job_fn fn;
+	void *arg;
+};
+
+struct kc_pool {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	struct job *head, *tail;
+	unsigned queued, running, nthreads;
+	int stopping;
+	pthread_t threads[];
+};
+
+static void *worker(void *arg)
+{
+	struct kc_pool *p = arg;
+
+	pthread_mutex_lock(&p->lock);
+	for (;;) {
+		while (!p->head && !p->stopping)
+			pthread_cond_wait(&p->cond, &p->lock);
+		struct job *j = p->head;
+		if (!j)
+			break;
+		p->head = j->next;
+		if (!p->head)
+			p->tail = NULL;
+		p->queued--;
+		p->running++;
+		pthread_mutex_unlock(&p->lock);
+		j->fn(j->arg);
+		free(j);
+		pthread_mutex_lock(&p->lock);
+		p->running--;
+	}
+	pthread_mutex_unlock(&p->lock);
+	return NULL;
+}
+
+struct kc_pool *kc_pool_create(unsigned n)
+{
+	if (n == 0)
+		n = 1;
+	struct kc_pool *p = calloc(1, sizeof(*p) + n * sizeof(pthread_t));
+	if (!p)
+		return NULL;
+	pthread_mutex_init(&p->lock, NULL);
+	pthread_cond_init(&p->cond, NULL);
+	for (unsigned i = 0; i < n; i++) {
+		if (pthread_create(&p->threads[i], NULL, worker, p) != 0) {
+			p->nthreads = i;
+			kc_pool_destroy(p);
+			errno = EAGAIN;
+			return NULL;
+		}
+	}
+	p->nthreads = n;
+	return p;
+}
+
+int kc_pool_submit(struct kc_pool *p, kc_job_fn fn, void *arg)
+{
+	struct job *j = malloc(sizeof(*j));
+	if (!j)
+		return -ENOMEM;
+	j->fn = fn;
+	j->arg = arg;
+	j->next = NULL;
+	pthread_mutex_lock(&p->lock);
+	if (p->stopping) {
+		pthread_mutex_unlock(&p->lock);
+		free(j);
+		return -ESHUTDOWN;
+	}
+	if (p->tail)
+		p->tail->next = j;
+	else
+		p->head = j;
+	p->tail = j;
+	p->queued++;
+	pthread_cond_signal(&p->cond);
+	pthread_mutex_unlock(&p->lock);
+	return 0;
+}
+
+void kc_pool_load(struct kc_pool *p, unsigned *queued, unsigned *running)
+{
+	pthread_mutex_lock(&p->lock);
+	*queued = p->queued;
+	*running = p->running;
+	pthread_mutex_unlock(&p->lock);
+}
+
+void kc_pool_destroy(struct kc_pool *p)
+{
+	pthread_mutex_lock(&p->lock);
+	p->stopping = 1;
+	pthread_cond_broadcast(&p->cond);
+	pthread_mutex_unlock(&p->lock);
+	for (unsigned i = 0; i < p->nthreads; i++)
+		pthread_join(p->threads[i], NULL);
+	pthread_cond_destroy(&p->cond);
+	pthread_mutex_destroy(&p->lock);
+	free(p);
+}

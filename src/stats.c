@@ -1,0 +1,46 @@
+/* stats.c - see stats.h */
+#include "stats.h"
+
+#include <stdio.h>
+
+struct metric {
+	const char *name, *type, *help;
+};
+
+size_t kc_stats_render(const struct kc_stats *s, const struct kc_stats_gauges *g, char *buf,
+		       size_t len)
+{
+	static const struct metric m[] = {
+		{"kcachefs_hits_total", "counter", "Cubin lookups served from a published cubin."},
+		{"kcachefs_misses_total", "counter", "Cubin lookups that started a compile."},
+		{"kcachefs_waits_total", "counter", "Cubin lookups that waited for a compile in flight."},
+		{"kcachefs_compiles_total", "counter", "Compiler runs that published a cubin."},
+		{"kcachefs_compile_failures_total", "counter", "Compiler runs that failed."},
+		{"kcachefs_rejected_lookups_total", "counter", "Lookups refused by a remembered compile rejection."},
+		{"kcachefs_corrupt_cubins_total", "counter", "Published cubins whose SHA-256 did not match."},
+		{"kcachefs_published_bytes_total", "counter", "Bytes of cubins published by compiles."},
+		{"kcachefs_compile_seconds_total", "counter", "Wall time of all compiler runs."},
+		{"kcachefs_stages_total", "counter", "Staged files committed (kernel.cu, kernel.flags, kernel.cubin)."},
+		{"kcachefs_stage_refusals_total", "counter", "Staged files refused."},
+		{"kcachefs_compiles_in_flight", "gauge", "Compiler runs in progress."},
+		{"kcachefs_compiles_queued", "gauge", "Compiles waiting for a job slot."},
+		{"kcachefs_flights", "gauge", "Entries with a compile in flight or queued."},
+	};
+	double v[] = {
+		(double)s->hits, (double)s->misses, (double)s->waits, (double)s->compiles,
+		(double)s->compile_failures, (double)s->rejected_lookups, (double)s->corrupt,
+		(double)s->published_bytes, (double)s->compile_usec / 1e6, (double)s->stages,
+		(double)s->stage_refusals, g->inflight, g->queued, g->flights,
+	};
+	size_t used = 0;
+
+	for (size_t i = 0; i < sizeof(m) / sizeof(m[0]); i++) {
+		char *dst = used < len ? buf + used : NULL;
+		int n = snprintf(dst, dst ? len - used : 0,
+				 "# HELP %s %s\n# TYPE %s %s\n%s %.*f\n", m[i].name, m[i].help,
+				 m[i].name, m[i].type, m[i].name,
+				 i == 8 ? 6 : 0, v[i]);
+		used += (size_t)n;
+	}
+	return used;
+}

@@ -1,0 +1,39 @@
+/* stats.h - the mount's counters and their text form.
+ *
+ * The text is the Prometheus text exposition format (version 0.0.4): "# HELP"/"# TYPE"
+ * lines and one "name value" line per metric, which people read with cat and a node
+ * exporter's textfile collector or a scrape job reads as is.
+ */
+#ifndef KC_STATS_H
+#define KC_STATS_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct kc_stats {
+	atomic_uint_fast64_t hits;             /* cubin lookups served from a published cubin */
+	atomic_uint_fast64_t misses;           /* cubin lookups that started a compile */
+	atomic_uint_fast64_t waits;            /* cubin lookups that joined a compile in flight */
+	atomic_uint_fast64_t compiles;         /* compiler runs that published a cubin */
+	atomic_uint_fast64_t compile_failures; /* compiler runs that failed, any cause */
+	atomic_uint_fast64_t rejected_lookups; /* lookups refused by a remembered rejection */
+	atomic_uint_fast64_t corrupt;          /* published cubins failing their SHA-256 */
+	atomic_uint_fast64_t published_bytes;  /* bytes of cubins published by compiles */
+	atomic_uint_fast64_t compile_usec;     /* wall time of all compiler runs, microseconds */
+	atomic_uint_fast64_t stages;           /* kernel.cu/.flags/.cubin committed */
+	atomic_uint_fast64_t stage_refusals;   /* stages refused (EEXIST, EINVAL, EFBIG) */
+};
+
+/* Gauges sampled when the text is made. */
+struct kc_stats_gauges {
+	unsigned inflight; /* compiles running */
+	unsigned queued;   /* compiles waiting for a job slot */
+	unsigned flights;  /* entries with a compile in flight or queued */
+};
+
+/* Render into buf (NUL-terminated, truncated to len). Returns the length it needed. */
+size_t kc_stats_render(const struct kc_stats *s, const struct kc_stats_gauges *g, char *buf,
+		       size_t len);
+
+#endif

@@ -1,0 +1,310 @@
+/* store.c - see store.h */
+#define _GNU_SOURCE
+#include "store.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/xattr.h>
+#include <unistd.h>
+
+#include "log.h"
+
+#define RECORD_XATTR "user.kcachefs.record"
+#define REJECTED_XATTR "user.kcachefs.rejected"
+
+static atomic_uint_fast64_t tmp_counter;
+
+void kc_fd_path(int fd, char buf[32])
+{
+	snprintf(buf, 32, "/proc/self/fd/%d", fd);
+}
+
+static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+	(void)st;
+	(void)ftw;
+	if (flag == FTW_DP)
+		return rmdir(path) == 0 || errno == ENOENT ? 0 : -1;
+	return unlink(path) == 0 || errno == ENOENT ? 0 : -1;
+}
+
+int kc_store_remove_tree(const char *path)
+{
+	if (nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS) != 0)
+		return errno == ENOENT ? 0 : -errno;
+	return 0;
+}
+
+/* Empty the directory dirpath (keep it), or create it. Returns an fd on it or -errno. */
+static int fresh_dir(int parent, const char *name, const char *dirpath)
+{
+	if (kc_store_remove_tree(dirpath) != 0)
+		kc_log(KC_LOG_WARN, "cannot clean %s: %s", dirpath, strerror(errno));
+	if (mkdirat(parent, name, 0700) != 0 && errno != EEXIST)
+		return -errno;
+	int fd = openat(parent, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+	return fd < 0 ? -errno : fd;
+}
+
+static int fail(char *why, size_t whylen, int err, const char *fmt, const char *arg)
+{
+	char msg[512];
+	snprintf(msg, sizeof(msg), fmt, arg);
+	snprintf(why, whylen, "%s: %s", msg, strerror(-err));
+	return err;
+}
+
+int kc_store_open(struct kc_store *s, const char *path, char *why, size_t whylen)
+{
+	char sub[4096];
+	int state = -1, err;
+
+	memset(s, 0, sizeof(*s));
+	s->root_fd = s->tmp_fd = s->scratch_fd = s->lock_fd = -1;
+	s->root_path = realpath(path, NULL);
+	if (!s->root_path)
+		return fail(why, whylen, -errno, "backing directory %s", path);
+	s->root_fd = open(s->root_path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (s->root_fd < 0) {
+		err = fail(why, whylen, -errno, "backing directory %s", s->root_path);
+		goto out;
+	}
+	if (mkdirat(s->root_fd, KC_STATE_DIR, 0700) != 0 && errno != EEXIST) {
+		err = fail(why, whylen, -errno, "cannot create %s/" KC_STATE_DIR, s->root_path);
+		goto out;
+	}
+	state = openat(s->root_fd, KC_STATE_DIR, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+	if (state < 0) {
+		err = fail(why, whylen, -errno, "cannot open %s/" KC_STATE_DIR, s->root_path);
+		goto out;
+	}
+	s->lock_fd = openat(state, "lock", O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+	if (s->lock_fd < 0) {
+		err = fail(why, whylen, -errno, "cannot open %s/" KC_STATE_DIR "/lock", s->root_path);
+		goto out;
+	}
+	if (flock(s->lock_fd, LOCK_EX | LOCK_NB) != 0) {
+		err = fail(why, whylen, errno == EWOULDBLOCK ? -EBUSY : -errno,
+			   "another kcachefs already serves %s", s->root_path);
+		goto out;
+	}
+	snprintf(sub, sizeof(sub), "%s/" KC_STATE_DIR "/tmp", s->root_path);
+	s->tmp_fd = fresh_dir(state, "tmp", sub);
+	snprintf(sub, sizeof(sub), "%s/" KC_STATE_DIR "/scratch", s->root_path);
+	s->scratch_fd = fresh_dir(state, "scratch", sub);
+	if (s->tmp_fd < 0 || s->scratch_fd < 0) {
+		err = fail(why, whylen, s->tmp_fd < 0 ? s->tmp_fd : s->scratch_fd,
+			   "cannot prepare %s/" KC_STATE_DIR, s->root_path);
+		goto out;
+	}
+	/* Integrity records need user xattrs: probe once, refuse clearly if absent. */
+	char name[64];
+	int probe = kc_store_tmpfile(s, 0600, name);
+	if (probe < 0) {
+		err = fail(why, whylen, probe, "cannot write in %s", s->root_path);
+		goto out;
+	}
+	err = fsetxattr(probe, RECORD_XATTR, "probe", 5, 0) == 0 ? 0 : -errno;
+	close(probe);
+	unlinkat(s->tmp_fd, name, 0);
+	if (err) {
+		err = fail(why, whylen, err, "backing filesystem of %s needs user extended attributes",
+			   s->root_path);
+		goto out;
+	}
+	close(state);
+	return 0;
+out:
+	if (state >= 0)
+		close(state);
+	kc_store_close(s);
+	return err;
+}
+
+void kc_store_close(struct kc_store *s)
+{
+	int *fds[] = {&s->root_fd, &s->tmp_fd, &s->scratch_fd, &s->lock_fd};
+	for (unsigned i = 0; i < 4; i++) {
+		if (*fds[i] >= 0)
+			close(*fds[i]);
+		*fds[i] = -1;
+	}
+	free(s->root_path);
+	s->root_path = NULL;
+}
+
+int kc_store_tmpfile(struct kc_store *s, mode_t mode, char name[64])
+{
+	for (;;) {
+		snprintf(name, 64, "t%d.%llu", (int)getpid(),
+			 (unsigned long long)atomic_fetch_add(&tmp_counter, 1));
+		int fd = openat(s->tmp_fd, name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, mode);
+		if (fd >= 0 || errno != EEXIST)
+			return fd < 0 ? -errno : fd;
+	}
+}
+
+int kc_store_scratch(struct kc_store *s, char *path, size_t pathlen)
+{
+	char name[64];
+	for (;;) {
+		snprintf(name, sizeof(name), "c%d.%llu", (int)getpid(),
+			 (unsigned long long)atomic_fetch_add(&tmp_counter, 1));
+		if (mkdirat(s->scratch_fd, name, 0700) == 0)
+			break;
+		if (errno != EEXIST)
+			return -errno;
+	}
+	snprintf(path, pathlen, "%s/" KC_STATE_DIR "/scratch/%s", s->root_path, name);
+	int fd = openat(s->scratch_fd, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	return fd < 0 ? -errno : fd;
+}
+
+int kc_store_same_bytes(int a, int b)
+{
+	struct stat sa, sb;
+	char ba[65536], bb[65536];
+	off_t off = 0;
+
+	if (fstat(a, &sa) != 0 || fstat(b, &sb) != 0)
+		return -errno;
+	if (sa.st_size != sb.st_size)
+		return 0;
+	while (off < sa.st_size) {
+		ssize_t na = pread(a, ba, sizeof(ba), off);
+		ssize_t nb = pread(b, bb, sizeof(bb), off);
+		if (na < 0 || nb < 0)
+			return -errno;
+		if (na != nb || memcmp(ba, bb, (size_t)na) != 0)
+			return 0;
+		if (na == 0)
+			return 0; /* shrank under us */
+		off += na;
+	}
+	return 1;
+}
+
+int kc_store_commit(int src_dir, const char *src_name, int dst_dir, const char *dst_name)
+{
+	if (renameat2(src_dir, src_name, dst_dir, dst_name, RENAME_NOREPLACE) == 0)
+		return 0;
+	if (errno != EEXIST)
+		return -errno;
+	int a = openat(src_dir, src_name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+	int b = openat(dst_dir, dst_name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+	int same = (a < 0 || b < 0) ? -errno : kc_store_same_bytes(a, b);
+	if (a >= 0)
+		close(a);
+	if (b >= 0)
+		close(b);
+	if (same < 0)
+		return same;
+	if (!same)
+		return -EEXIST;
+	if (unlinkat(src_dir, src_name, 0) != 0 && errno != ENOENT)
+		return -errno;
+	return 1;
+}
+
+int kc_store_write_atomic(struct kc_store *s, int dir, const char *name, const void *buf,
+			  size_t len)
+{
+	char tmp[64];
+	int fd = kc_store_tmpfile(s, 0644, tmp);
+	const char *p = buf;
+	int err = 0;
+
+	if (fd < 0)
+		return fd;
+	while (len > 0) {
+		ssize_t n = write(fd, p, len);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0) {
+			err = -errno;
+			break;
+		}
+		p += n;
+		len -= (size_t)n;
+	}
+	close(fd);
+	if (!err && renameat(s->tmp_fd, tmp, dir, name) != 0)
+		err = -errno;
+	if (err)
+		unlinkat(s->tmp_fd, tmp, 0);
+	return err;
+}
+
+int kc_store_sync_dir(int dir)
+{
+	char path[32];
+	kc_fd_path(dir, path);
+	int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	int err = fsync(fd) == 0 ? 0 : -errno;
+	close(fd);
+	return err;
+}
+
+int kc_record_write(int fd, const struct kc_record *rec)
+{
+	char path[32], val[256];
+	int n = snprintf(val, sizeof(val), "v1 %s %llu %s %s", rec->sha256,
+			 (unsigned long long)rec->size, rec->recipe[0] ? rec->recipe : "-",
+			 rec->origin == KC_ORIGIN_COMPILED ? "compiled" : "client");
+	kc_fd_path(fd, path);
+	return setxattr(path, RECORD_XATTR, val, (size_t)n, 0) == 0 ? 0 : -errno;
+}
+
+int kc_record_read(int fd, struct kc_record *rec)
+{
+	char path[32], val[256], origin[16];
+	unsigned long long size;
+
+	kc_fd_path(fd, path);
+	ssize_t n = getxattr(path, RECORD_XATTR, val, sizeof(val) - 1);
+	if (n < 0)
+		return errno == ENODATA ? -ENODATA : -errno;
+	val[n] = '\0';
+	if (sscanf(val, "v1 %64s %llu %64s %15s", rec->sha256, &size, rec->recipe, origin) != 4 ||
+	    strlen(rec->sha256) != KC_SHA256_HEXLEN)
+		return -EINVAL;
+	rec->size = size;
+	if (strcmp(rec->recipe, "-") == 0)
+		rec->recipe[0] = '\0';
+	rec->origin = strcmp(origin, "compiled") == 0 ? KC_ORIGIN_COMPILED : KC_ORIGIN_CLIENT;
+	return 0;
+}
+
+int kc_store_mark_rejected(int dir, const char *recipe_hex)
+{
+	char path[32];
+	kc_fd_path(dir, path);
+	return setxattr(path, REJECTED_XATTR, recipe_hex, strlen(recipe_hex), 0) == 0 ? 0 : -errno;
+}
+
+int kc_store_is_rejected(int dir, const char *recipe_hex)
+{
+	char path[32], val[KC_SHA256_HEXLEN + 1];
+	kc_fd_path(dir, path);
+	ssize_t n = getxattr(path, REJECTED_XATTR, val, sizeof(val) - 1);
+	if (n <= 0)
+		return 0;
+	val[n] = '\0';
+	return strcmp(val, recipe_hex) == 0;
+}
+
+void kc_store_clear_rejected(int dir)
+{
+	char path[32];
+	kc_fd_path(dir, path);
+	removexattr(path, REJECTED_XATTR);
+}

@@ -1,0 +1,91 @@
+/* store.h - the backing store on local disk.
+ *
+ * Layout under BACKING_DIR: the client-visible tree itself, plus the reserved state
+ * directory .kcachefs/ (never shown through the mount) holding
+ *   lock      flock'ed by the one daemon serving this backing directory,
+ *   tmp/      stage and publish temporaries (same filesystem as the tree: rename is atomic),
+ *   scratch/  one private directory per running compile.
+ * tmp/ and scratch/ are emptied at every start (crash recovery: nothing stays in progress).
+ *
+ * Integrity records live in extended attributes, written on the temporary before it is
+ * renamed into place, so a published file and its record appear atomically:
+ *   user.kcachefs.record on kernel.cubin: "v1 <sha256-hex> <size> <recipe-hex|-> <origin>"
+ *   user.kcachefs.rejected on an entry directory: the recipe hash the compiler rejected.
+ */
+#ifndef KC_STORE_H
+#define KC_STORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "hash.h"
+
+#define KC_STATE_DIR ".kcachefs"
+
+struct kc_store {
+	char *root_path; /* absolute, resolved; owned */
+	int root_fd;     /* O_RDONLY|O_DIRECTORY on BACKING_DIR */
+	int tmp_fd;      /* .kcachefs/tmp */
+	int scratch_fd;  /* .kcachefs/scratch */
+	int lock_fd;     /* .kcachefs/lock, flock'ed exclusively */
+};
+
+/* Open (creating the state directory if needed) and recover the backing store at path.
+ * Errors: -ENOENT/-ENOTDIR (path is not a directory), -EBUSY (another daemon holds the
+ * lock), -ENOTSUP (the filesystem has no user extended attributes), -EROFS, other -errno;
+ * *why gets a line for the operator. */
+int kc_store_open(struct kc_store *s, const char *path, char *why, size_t whylen);
+void kc_store_close(struct kc_store *s);
+
+/* Create a new empty temporary in tmp/ (O_RDWR, mode). name receives its name in tmp/.
+ * Returns the fd (owned by the caller) or -errno. */
+int kc_store_tmpfile(struct kc_store *s, mode_t mode, char name[64]);
+
+/* Create a fresh empty scratch directory; path receives its absolute path. Returns an
+ * O_RDONLY|O_DIRECTORY fd on it or -errno. Remove it with kc_store_remove_tree. */
+int kc_store_scratch(struct kc_store *s, char *path, size_t pathlen);
+
+/* Remove a directory tree by absolute path (no symlinks followed). Returns 0 or -errno. */
+int kc_store_remove_tree(const char *path);
+
+/* Publish-if-absent-or-identical: rename src_dir/src_name to dst_dir/dst_name unless the
+ * destination exists. If it exists with the same bytes, src is removed and 1 is returned
+ * (nothing changed); with other bytes, -EEXIST is returned and both stay as they were.
+ * Returns 0 when src took the name, or another -errno. */
+int kc_store_commit(int src_dir, const char *src_name, int dst_dir, const char *dst_name);
+
+/* 1 if the files behind fds a and b hold the same bytes, 0 if not, -errno on read error. */
+int kc_store_same_bytes(int a, int b);
+
+/* Write buf to dir/name atomically (temp in tmp/ + rename over). Returns 0 or -errno. */
+int kc_store_write_atomic(struct kc_store *s, int dir, const char *name, const void *buf,
+			  size_t len);
+
+/* Path "/proc/self/fd/N" for fd, for calls that need a path (xattrs on O_PATH fds). */
+void kc_fd_path(int fd, char buf[32]);
+
+/* fsync a directory given by any fd (O_PATH allowed). Returns 0 or -errno. */
+int kc_store_sync_dir(int dir);
+
+enum kc_origin { KC_ORIGIN_COMPILED, KC_ORIGIN_CLIENT };
+
+struct kc_record {
+	char sha256[KC_SHA256_HEXLEN + 1];
+	uint64_t size;
+	char recipe[KC_SHA256_HEXLEN + 1]; /* "" for client-published */
+	enum kc_origin origin;
+};
+
+/* Attach rec to the file behind fd (any fd, O_PATH allowed). Returns 0 or -errno. */
+int kc_record_write(int fd, const struct kc_record *rec);
+/* Read the record of the file behind fd. Returns 0, -ENODATA (none), -EINVAL (garbled). */
+int kc_record_read(int fd, struct kc_record *rec);
+
+/* Rejection marker on an entry directory (fd of the directory, O_PATH allowed). */
+int kc_store_mark_rejected(int dir, const char *recipe_hex);
+/* 1 if dir carries a rejection for exactly recipe_hex, else 0. */
+int kc_store_is_rejected(int dir, const char *recipe_hex);
+void kc_store_clear_rejected(int dir);
+
+#endif

@@ -1,0 +1,23 @@
+#include "tap.h"
+
+#include <stdio.h>
+
+static int tap_n, tap_failed;
+
+void tap_check(int cond, const char *what, const char *file, int line)
+{
+	tap_n++;
+	if (cond) {
+		printf("ok %d - %s\n", tap_n, what);
+	} else {
+		tap_failed++;
+		printf("not ok %d - %s (%s:%d)\n", tap_n, what, file, line);
+	}
+	fflush(stdout);
+}
+
+int tap_done(void)
+{
+	printf("1..%d\n", tap_n);
+	return tap_failed ? 1 : 0;
+}
