@@ -1,2 +1,322 @@
+/* test_flight.c - the single-flight table. */
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "flight.h"
 #include "tap.h"
-int main(void){ CHECK(1,"placeholder"); return tap_done(); }
+
+struct test_waiter {
+	struct kc_waiter w; /* first: done gets &w */
+	int calls;
+	int result;
+};
+
+static void tw_done(struct kc_waiter *w, int result)
+{
+	struct test_waiter *t = (struct test_waiter *)w;
+	t->calls++;
+	t->result = result;
+}
+
+static void tw_init(struct test_waiter *t)
+{
+	memset(t, 0, sizeof(*t));
+	t->w.done = tw_done;
+	t->result = 12345;
+}
+
+static int recheck_calls;
+static int recheck_value(void *arg)
+{
+	recheck_calls++;
+	return *(int *)arg;
+}
+
+static void test_basic(void)
+{
+	struct kc_flight_table t;
+	struct kc_flight_key a = {.dev = 1, .ino = 100}, b = {.dev = 1, .ino = 200};
+	struct kc_flight_key a_other_dev = {.dev = 2, .ino = 100};
+	struct test_waiter w[6];
+	int zero = 0;
+
+	for (int i = 0; i < 6; i++)
+		tw_init(&w[i]);
+	kc_flight_table_init(&t);
+	CHECK(kc_flight_count(&t) == 0, "new table has no flights");
+
+	recheck_calls = 0;
+	CHECK(kc_flight_join(&t, &a, &w[0].w, recheck_value, &zero) == KC_FLIGHT_LEADER,
+	      "first join is the leader");
+	CHECK(recheck_calls == 1, "recheck runs when no flight exists");
+	CHECK(kc_flight_count(&t) == 1, "one flight");
+	CHECK(kc_flight_join(&t, &a, &w[1].w, recheck_value, &zero) == KC_FLIGHT_JOINED,
+	      "second join for the same key joins");
+	CHECK(kc_flight_join(&t, &a, &w[2].w, NULL, NULL) == KC_FLIGHT_JOINED,
+	      "third join (no recheck) joins");
+	CHECK(recheck_calls == 1, "recheck does not run when the flight exists");
+	CHECK(kc_flight_count(&t) == 1, "still one flight");
+
+	CHECK(kc_flight_join(&t, &b, &w[3].w, NULL, NULL) == KC_FLIGHT_LEADER,
+	      "another key gets its own leader");
+	CHECK(kc_flight_join(&t, &a_other_dev, &w[4].w, NULL, NULL) == KC_FLIGHT_LEADER,
+	      "same inode on another device is another key");
+	CHECK(kc_flight_count(&t) == 3, "three flights");
+
+	CHECK(kc_flight_finish(&t, &a, -EIO) == 3, "finish returns the number of waiters");
+	CHECK(w[0].calls == 1 && w[1].calls == 1 && w[2].calls == 1,
+	      "every waiter of the flight called exactly once");
+	CHECK(w[0].result == -EIO && w[1].result == -EIO && w[2].result == -EIO,
+	      "every waiter got the result");
+	CHECK(w[3].calls == 0 && w[4].calls == 0, "waiters of other flights not called");
+	CHECK(kc_flight_count(&t) == 2, "two flights after one finished");
+	CHECK(kc_flight_finish(&t, &a, 0) == 0, "finishing it again serves nobody");
+	CHECK(w[0].calls == 1, "no second call after a second finish");
+
+	/* after finish a new join is leader again */
+	tw_init(&w[0]);
+	recheck_calls = 0;
+	CHECK(kc_flight_join(&t, &a, &w[0].w, recheck_value, &zero) == KC_FLIGHT_LEADER,
+	      "join after finish is leader again");
+	CHECK(recheck_calls == 1, "recheck runs again for the new flight");
+	CHECK(kc_flight_finish(&t, &a, 0) == 1 && w[0].calls == 1 && w[0].result == 0,
+	      "the new flight finishes with its one waiter");
+
+	CHECK(kc_flight_finish(&t, &b, 7) == 1 && w[3].result == 7, "finish the second key");
+	CHECK(kc_flight_finish(&t, &a_other_dev, 8) == 1 && w[4].result == 8,
+	      "finish the other-device key");
+	CHECK(kc_flight_count(&t) == 0, "no flights left");
+	kc_flight_table_destroy(&t);
+}
+
+static void test_recheck(void)
+{
+	struct kc_flight_table t;
+	struct kc_flight_key a = {.dev = 3, .ino = 1};
+	struct test_waiter w, w2;
+	int seven = 7, minus = -ENOENT, zero = 0;
+
+	kc_flight_table_init(&t);
+	tw_init(&w);
+	tw_init(&w2);
+	CHECK(kc_flight_join(&t, &a, &w.w, recheck_value, &seven) == 7,
+	      "recheck's nonzero value is returned");
+	CHECK(kc_flight_count(&t) == 0, "no flight created when recheck says done");
+	CHECK(kc_flight_cancel(&t, &w.w) == 0, "waiter was not queued");
+	CHECK(kc_flight_join(&t, &a, &w.w, recheck_value, &minus) == -ENOENT,
+	      "recheck's negative value is returned");
+	CHECK(kc_flight_count(&t) == 0, "still no flight");
+	CHECK(kc_flight_finish(&t, &a, 0) == 0 && w.calls == 0, "nothing to finish, no call");
+
+	CHECK(kc_flight_join(&t, &a, &w.w, recheck_value, &zero) == KC_FLIGHT_LEADER,
+	      "recheck zero: leader");
+	CHECK(kc_flight_join(&t, &a, &w2.w, recheck_value, &seven) == KC_FLIGHT_JOINED,
+	      "a flight exists: joined even though recheck would say done");
+	CHECK(kc_flight_finish(&t, &a, 0) == 2, "both served");
+	kc_flight_table_destroy(&t);
+}
+
+static void test_cancel(void)
+{
+	struct kc_flight_table t;
+	struct kc_flight_key a = {.dev = 4, .ino = 1}, b = {.dev = 4, .ino = 2};
+	struct test_waiter w[5];
+
+	for (int i = 0; i < 5; i++)
+		tw_init(&w[i]);
+	kc_flight_table_init(&t);
+	CHECK(kc_flight_join(&t, &a, &w[0].w, NULL, NULL) == KC_FLIGHT_LEADER, "cancel: leader");
+	kc_flight_join(&t, &a, &w[1].w, NULL, NULL);
+	kc_flight_join(&t, &a, &w[2].w, NULL, NULL);
+	kc_flight_join(&t, &a, &w[3].w, NULL, NULL);
+	CHECK(kc_flight_join(&t, &b, &w[4].w, NULL, NULL) == KC_FLIGHT_LEADER, "cancel: other key");
+
+	CHECK(kc_flight_cancel(&t, &w[2].w) == 1, "cancel a waiter in the middle");
+	CHECK(kc_flight_cancel(&t, &w[2].w) == 0, "cancel it twice: 0");
+	CHECK(kc_flight_cancel(&t, &w[0].w) == 1, "cancel the first waiter");
+	CHECK(kc_flight_cancel(&t, &w[4].w) == 1, "cancel the only waiter of another flight");
+	CHECK(kc_flight_count(&t) == 2, "cancel does not end flights");
+
+	CHECK(kc_flight_finish(&t, &a, 5) == 2, "finish serves only the waiters left");
+	CHECK(w[1].calls == 1 && w[3].calls == 1 && w[1].result == 5 && w[3].result == 5,
+	      "remaining waiters called once with the result");
+	CHECK(w[0].calls == 0 && w[2].calls == 0, "cancelled waiters never called");
+	CHECK(kc_flight_cancel(&t, &w[1].w) == 0, "cancel after being served: 0");
+	CHECK(kc_flight_finish(&t, &b, 5) == 0 && w[4].calls == 0,
+	      "finishing a flight whose waiter left serves nobody");
+	CHECK(kc_flight_count(&t) == 0, "cancel: no flights left");
+
+	struct test_waiter never;
+	tw_init(&never);
+	CHECK(kc_flight_cancel(&t, &never.w) == 0, "cancel a waiter never queued: 0");
+	kc_flight_table_destroy(&t);
+}
+
+/* A waiter that frees itself (here: marks itself dead) inside done must not break the walk. */
+struct self_free_waiter {
+	struct kc_waiter w;
+	int *calls;
+};
+
+static void sf_done(struct kc_waiter *w, int result)
+{
+	struct self_free_waiter *s = (struct self_free_waiter *)w;
+	(void)result;
+	(*s->calls)++;
+	memset(w, 0xa5, sizeof(*s)); /* scribble over it, as free + reuse would */
+}
+
+static void test_free_in_done(void)
+{
+	struct kc_flight_table t;
+	struct kc_flight_key a = {.dev = 5, .ino = 1};
+	struct self_free_waiter s[4];
+	int calls = 0;
+
+	kc_flight_table_init(&t);
+	for (int i = 0; i < 4; i++) {
+		s[i].w.done = sf_done;
+		s[i].calls = &calls;
+		kc_flight_join(&t, &a, &s[i].w, NULL, NULL);
+	}
+	CHECK(kc_flight_finish(&t, &a, 0) == 4 && calls == 4,
+	      "waiters may be destroyed inside done");
+	kc_flight_table_destroy(&t);
+}
+
+/* Threaded: NTHREADS join one key at once while a finisher keeps finishing it. */
+#define NTHREADS 32
+#define ROUNDS 50
+
+struct mt_waiter {
+	struct kc_waiter w;
+	atomic_int calls;
+	atomic_int result; /* the finish number that served it */
+	int join_ret;
+};
+
+static struct kc_flight_table mt_table;
+static const struct kc_flight_key mt_key = {.dev = 9, .ino = 9};
+static struct mt_waiter mt_w[NTHREADS];
+static atomic_int mt_served;  /* done calls */
+static atomic_int mt_joined;  /* joins returned */
+static pthread_barrier_t mt_barrier;
+
+static void mt_done(struct kc_waiter *w, int result)
+{
+	struct mt_waiter *m = (struct mt_waiter *)w;
+	atomic_store(&m->result, result);
+	atomic_fetch_add(&m->calls, 1);
+	atomic_fetch_add(&mt_served, 1);
+}
+
+static void *mt_joiner(void *arg)
+{
+	struct mt_waiter *m = arg;
+	pthread_barrier_wait(&mt_barrier);
+	m->join_ret = kc_flight_join(&mt_table, &mt_key, &m->w, NULL, NULL);
+	atomic_fetch_add(&mt_joined, 1);
+	return NULL;
+}
+
+struct mt_finisher {
+	unsigned total;   /* sum of finish returns */
+	int finishes;     /* finish calls that served someone */
+	int last_id;
+};
+
+static void *mt_finish(void *arg)
+{
+	struct mt_finisher *f = arg;
+	int id = 1;
+	pthread_barrier_wait(&mt_barrier);
+	/* finish until every joiner has joined and every waiter has been served */
+	while (atomic_load(&mt_joined) < NTHREADS || atomic_load(&mt_served) < NTHREADS) {
+		unsigned n = kc_flight_finish(&mt_table, &mt_key, id);
+		if (n) {
+			f->total += n;
+			f->finishes++;
+			id++;
+		} else {
+			sched_yield();
+		}
+	}
+	f->last_id = id;
+	return NULL;
+}
+
+static void test_threads(void)
+{
+	int ok_once = 1, ok_leaders = 1, ok_total = 1, ok_ret = 1, ok_empty = 1;
+	int total_leaders = 0, total_finishes = 0;
+
+	for (int round = 0; round < ROUNDS; round++) {
+		pthread_t th[NTHREADS], fin;
+		struct mt_finisher f = {0};
+		int leaders_of[NTHREADS + 2] = {0};
+
+		kc_flight_table_init(&mt_table);
+		pthread_barrier_init(&mt_barrier, NULL, NTHREADS + 1);
+		atomic_store(&mt_served, 0);
+		atomic_store(&mt_joined, 0);
+		for (int i = 0; i < NTHREADS; i++) {
+			memset(&mt_w[i], 0, sizeof(mt_w[i]));
+			mt_w[i].w.done = mt_done;
+		}
+		for (int i = 0; i < NTHREADS; i++)
+			pthread_create(&th[i], NULL, mt_joiner, &mt_w[i]);
+		pthread_create(&fin, NULL, mt_finish, &f);
+		for (int i = 0; i < NTHREADS; i++)
+			pthread_join(th[i], NULL);
+		pthread_join(fin, NULL);
+
+		int leaders = 0;
+		for (int i = 0; i < NTHREADS; i++) {
+			int calls = atomic_load(&mt_w[i].calls);
+			int id = atomic_load(&mt_w[i].result);
+			if (calls != 1)
+				ok_once = 0;
+			if (mt_w[i].join_ret != KC_FLIGHT_LEADER && mt_w[i].join_ret != KC_FLIGHT_JOINED)
+				ok_ret = 0;
+			if (mt_w[i].join_ret == KC_FLIGHT_LEADER) {
+				leaders++;
+				if (id >= 1 && id <= NTHREADS)
+					leaders_of[id]++;
+			}
+		}
+		/* each finish that served someone ended a flight that had exactly one leader */
+		for (int id = 1; id < f.last_id; id++)
+			if (leaders_of[id] != 1)
+				ok_leaders = 0;
+		if (leaders != f.finishes)
+			ok_leaders = 0;
+		if (f.total != NTHREADS || atomic_load(&mt_served) != NTHREADS)
+			ok_total = 0;
+		if (kc_flight_count(&mt_table) != 0)
+			ok_empty = 0;
+		total_leaders += leaders;
+		total_finishes += f.finishes;
+		pthread_barrier_destroy(&mt_barrier);
+		kc_flight_table_destroy(&mt_table);
+	}
+	CHECK(ok_ret, "threads: every join returned LEADER or JOINED");
+	CHECK(ok_once, "threads: every waiter called exactly once");
+	CHECK(ok_leaders, "threads: exactly one leader per flight");
+	CHECK(ok_total, "threads: finish counts add up to the number of waiters");
+	CHECK(ok_empty, "threads: no flight left behind");
+	printf("# %d rounds: %d flights, %d leaders\n", ROUNDS, total_finishes, total_leaders);
+}
+
+int main(void)
+{
+	test_basic();
+	test_recheck();
+	test_cancel();
+	test_free_in_done();
+	test_threads();
+	return tap_done();
+}
