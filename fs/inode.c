@@ -97,6 +97,14 @@ struct kc_inode *kc_inode_ref(struct kc_inode_table *t, int fd, const struct sta
 		return in;
 	}
 	struct kc_inode *in = calloc(1, sizeof(*in));
+	if (in) {
+		in->fd = fd;
+		in->dev = st->st_dev; /* the tree key: set before tsearch orders by it */
+		in->ino = st->st_ino;
+		in->type = st->st_mode & S_IFMT;
+		in->nlookup = 1;
+		in->parent_fd = -1;
+	}
 	if (!in || !tsearch(in, &t->tree, inode_cmp)) {
 		pthread_mutex_unlock(&t->lock);
 		free(in);
@@ -104,12 +112,6 @@ struct kc_inode *kc_inode_ref(struct kc_inode_table *t, int fd, const struct sta
 		*err = -ENOMEM;
 		return NULL;
 	}
-	in->fd = fd;
-	in->dev = st->st_dev;
-	in->ino = st->st_ino;
-	in->type = st->st_mode & S_IFMT;
-	in->nlookup = 1;
-	in->parent_fd = -1;
 	t->count++;
 	pthread_mutex_unlock(&t->lock);
 	return in;
@@ -158,10 +160,10 @@ void kc_inode_forget(struct kc_inode_table *t, struct kc_inode *in, uint64_t n)
 	pthread_mutex_lock(&t->lock);
 	in->nlookup = in->nlookup > n ? in->nlookup - n : 0;
 	int gone = in->nlookup == 0 && in != &t->root;
-	if (gone) {
-		tdelete(in, &t->tree, inode_cmp);
+	if (gone && !tdelete(in, &t->tree, inode_cmp))
+		gone = 0; /* not in the tree: never free what the tree might still reach */
+	if (gone)
 		t->count--;
-	}
 	pthread_mutex_unlock(&t->lock);
 	if (gone)
 		free_inode(in);

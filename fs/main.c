@@ -10,6 +10,7 @@
 #include <limits.h>
 #include <openssl/crypto.h>
 #include <openssl/opensslv.h>
+#include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -203,12 +204,15 @@ int main(int argc, char *argv[])
 	} else {
 		struct fuse_loop_config *lc = fuse_loop_cfg_create();
 		fuse_loop_cfg_set_clone_fd(lc, (unsigned)cmd.clone_fd);
-		fuse_loop_cfg_set_idle_threads(lc, cmd.max_idle_threads);
+		if (cmd.max_idle_threads != UINT_MAX) /* UINT_MAX: not given, keep libfuse's */
+			fuse_loop_cfg_set_idle_threads(lc, cmd.max_idle_threads);
 		fuse_loop_cfg_set_max_threads(lc, cmd.max_threads);
 		ret = fuse_session_loop_mt(fs->se, lc);
 		fuse_loop_cfg_destroy(lc);
 	}
-	ret = ret == 0 ? 0 : 1;
+	/* libfuse reports the signal that ended the loop; a stop by SIGTERM, SIGINT or SIGHUP
+	 * (systemd, Ctrl-C) is a clean exit. */
+	ret = (ret == 0 || ret == SIGTERM || ret == SIGINT || ret == SIGHUP) ? 0 : 1;
 	kc_log(KC_LOG_INFO, "unmounting %s", cmd.mountpoint);
 
 out_cache:

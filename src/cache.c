@@ -318,7 +318,7 @@ static int run_compile(struct compile_job *j)
 		write_log(c, j->entry_fd, head, out.log, out.log_len);
 	if (out.status == KC_COMPILE_REJECTED)
 		kc_store_mark_rejected(j->entry_fd, j->recipe.hash);
-	kc_log(result == 0 ? KC_LOG_INFO : KC_LOG_WARN, "%.*s", (int)strlen(head) - 1, head + 10);
+	kc_log(result == 0 ? KC_LOG_INFO : KC_LOG_WARN, "%.*s", (int)strlen(head) - 11, head + 10);
 	kc_compile_outcome_free(&out);
 	close(scratch_fd);
 	kc_store_remove_tree(scratch);
@@ -464,9 +464,18 @@ int kc_cache_stage(struct kc_cache *c, enum kc_role role, int src_dir, const cha
 		pthread_mutex_lock(&c->publish_lock);
 		err = kc_store_commit(src_dir, src_name, entry_fd, names[role]);
 		pthread_mutex_unlock(&c->publish_lock);
-		if (err == -EEXIST)
+		if (err == -EEXIST && role == KC_ROLE_CUBIN) {
+			/* Racing ranks compile the same recipe; nvcc's output can differ run to
+			 * run (anonymous-namespace names). The first published cubin stays, the
+			 * later one is discarded, and the rename succeeds as it would locally. */
+			unlinkat(src_dir, src_name, 0);
+			kc_log(KC_LOG_INFO, "%s: kernel.cubin already published; other bytes discarded",
+			       label);
+			err = 0;
+		} else if (err == -EEXIST) {
 			kc_log(KC_LOG_INFO, "%s: %s refused: other bytes are already staged", label,
 			       names[role]);
+		}
 	}
 	if (err < 0) {
 		atomic_fetch_add(&c->stats.stage_refusals, 1);

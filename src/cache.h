@@ -46,8 +46,9 @@ int kc_cache_lookup_cubin(struct kc_cache *c, int entry_fd, struct kc_waiter *w)
 
 /* Commit a staged file src_dir/src_name into the entry as role's name (kernel.cu,
  * kernel.flags or kernel.cubin), atomically. Returns 0 when stored or when the same bytes
- * were already there (src is then removed); -EEXIST when other bytes are stored (nothing
- * changes); -EINVAL for refused flags or a cubin that is not a complete CUDA ELF (the
+ * were already there (src is then removed); for kernel.cubin also when other bytes are
+ * published (they stay; src is removed: racing compiles of one recipe need not be
+ * byte-identical); -EEXIST when other source or flags bytes are stored (nothing changes); -EINVAL for refused flags or a cubin that is not a complete CUDA ELF (the
  * reason is logged and, for flags, written to kernel.log); -EFBIG for a source or flags
  * file over max_source_size; other -errno. */
 int kc_cache_stage(struct kc_cache *c, enum kc_role role, int src_dir, const char *src_name,

@@ -34,10 +34,11 @@ static int shutting_down;
 static int track(pid_t pid)
 {
 	pthread_mutex_lock(&running_lock);
-	int ok = !shutting_down;
-	for (int i = 0; ok && i < MAX_RUNNING; i++) {
+	int ok = 0;
+	for (int i = 0; !shutting_down && i < MAX_RUNNING; i++) {
 		if (running[i] == 0) {
 			running[i] = pid;
+			ok = 1;
 			break;
 		}
 	}
@@ -213,6 +214,23 @@ static int wait_compiler(pid_t pid, unsigned timeout_s, int *status)
 				break;
 		}
 		close(pfd);
+	} else {
+		/* No pidfd (kernel < 5.3, or out of descriptors): poll the child instead. */
+		double deadline = now_s() + timeout_s;
+		for (;;) {
+			pid_t r = waitpid(pid, status, WNOHANG);
+			if (r == pid) {
+				kill(-pid, SIGKILL);
+				return 0;
+			}
+			if (r < 0 && errno != EINTR)
+				break;
+			if (now_s() >= deadline) {
+				timed_out = 1;
+				break;
+			}
+			usleep(10000);
+		}
 	}
 	if (timed_out)
 		kill(-pid, SIGKILL);
@@ -267,7 +285,8 @@ int kc_compile_run(const struct kc_compile_spec *spec, struct kc_compile_outcome
 	}
 	if (!track(pid)) {
 		kill(-pid, SIGKILL);
-		snprintf(out->why, sizeof(out->why), "daemon is shutting down");
+		snprintf(out->why, sizeof(out->why), "daemon is shutting down or runs %d compiles",
+			 MAX_RUNNING);
 	}
 	int w = wait_compiler(pid, spec->timeout_s, &status);
 	untrack(pid);

@@ -126,7 +126,9 @@ static int host_option_ok(const char *opt)
 	for (int i = 0; bad_prefixes[i]; i++)
 		if (starts(opt, bad_prefixes[i]))
 			return 0;
-	if (opt[0] != '-')
+	if (opt[0] != '-' || strchr(opt, '\\'))
+		return 0; /* nvcc turns "\\," into a comma inside one host option */
+	if (strcmp(opt, "-Wl") == 0 || strcmp(opt, "-Wa") == 0 || strcmp(opt, "-Wp") == 0)
 		return 0;
 	if (starts(opt, "-f") || starts(opt, "-W") || starts(opt, "-O") || starts(opt, "-D") ||
 	    starts(opt, "-U") || starts(opt, "-std=") || starts(opt, "-march=") ||
@@ -248,6 +250,7 @@ int kc_flags_parse(const char *buf, size_t len, struct kc_argv *out, char *why, 
 
 	if (memchr(buf, '\0', len)) {
 		snprintf(why, whylen, "kernel.flags refused: holds a NUL byte");
+		kc_argv_free(out);
 		return -EINVAL;
 	}
 	while (pos < len) {

@@ -275,12 +275,18 @@ int kc_record_read(int fd, struct kc_record *rec)
 		return errno == ENODATA ? -ENODATA : -errno;
 	val[n] = '\0';
 	if (sscanf(val, "v1 %64s %llu %64s %15s", rec->sha256, &size, rec->recipe, origin) != 4 ||
-	    strlen(rec->sha256) != KC_SHA256_HEXLEN)
+	    strlen(rec->sha256) != KC_SHA256_HEXLEN ||
+	    strspn(rec->sha256, "0123456789abcdef") != KC_SHA256_HEXLEN)
 		return -EINVAL;
 	rec->size = size;
 	if (strcmp(rec->recipe, "-") == 0)
 		rec->recipe[0] = '\0';
-	rec->origin = strcmp(origin, "compiled") == 0 ? KC_ORIGIN_COMPILED : KC_ORIGIN_CLIENT;
+	if (strcmp(origin, "compiled") == 0)
+		rec->origin = KC_ORIGIN_COMPILED;
+	else if (strcmp(origin, "client") == 0)
+		rec->origin = KC_ORIGIN_CLIENT;
+	else
+		return -EINVAL;
 	return 0;
 }
 

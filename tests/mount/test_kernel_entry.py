@@ -1,0 +1,235 @@
+"""Kernel entries: stage a recipe, the first open compiles, everyone reads one compile's
+bytes, failures are EIO with a log, and staged files are immutable."""
+import errno
+import hashlib
+import mmap
+import os
+import shutil
+import subprocess
+import time
+
+import pytest
+
+from conftest import (EM_CUDA, elf_machine, elf_symbols, entry_name, read_result, run_parallel,
+                      sample, write_script)
+
+
+def test_open_compiles_a_valid_cuda_elf(mount_factory):
+    m = mount_factory()
+    src, flags = sample("vector_add")
+    entry = m.stage("vector_add", src, flags)
+    data = (entry / "kernel.cubin").read_bytes()
+    assert elf_machine(data) == EM_CUDA
+    assert "vector_add" in elf_symbols(data)
+    backing = m.backing / entry.relative_to(m.mnt)
+    assert (backing / "kernel.cubin").read_bytes() == data
+    assert "published" in (entry / "kernel.log").read_text()
+    s = m.stats()
+    assert s["compiles_total"] == 1 and s["misses_total"] == 1
+    assert s["published_bytes_total"] == len(data)
+
+
+def test_header_heavy_kernel_compiles(mount_factory):
+    m = mount_factory()
+    src, flags = sample("block_sum")
+    data = (m.stage("block_sum", src, flags) / "kernel.cubin").read_bytes()
+    assert "block_sum" in elf_symbols(data)
+    assert m.stats()["compile_seconds_total"] > 0
+
+
+def test_16_openers_one_compile_identical_bytes(mount_factory, counting_nvcc):
+    make, calls = counting_nvcc
+    m = mount_factory(["nvcc=%s" % make(delay=1)])
+    src, flags = sample("saxpy")
+    entry = m.stage("saxpy", src, flags)
+    results = run_parallel(16, lambda i, p: read_result(p), str(entry / "kernel.cubin"))
+    assert all(r[0] == "ok" for r in results), results
+    assert len({r[1] for r in results}) == 1, "openers read different bytes"
+    assert all(r[2] == r[3] > 0 for r in results), "fstat size differs from bytes read"
+    assert calls() == 1
+    s = m.stats()
+    assert s["compiles_total"] == 1
+    assert s["misses_total"] == 1
+    # Later opens are hits or kernel-cached: never another compile.
+    assert read_result(entry / "kernel.cubin")[1] == results[0][1]
+    assert calls() == 1
+
+
+def test_failing_source_gives_eio_to_all_and_keeps_log(mount_factory, counting_nvcc):
+    make, calls = counting_nvcc
+    m = mount_factory(["nvcc=%s" % make(delay=1)])
+    src, flags = sample("broken")
+    entry = m.stage("broken", src, flags)
+    results = run_parallel(8, lambda i, p: read_result(p), str(entry / "kernel.cubin"))
+    assert results == [("err", errno.EIO)] * 8
+    log = (entry / "kernel.log").read_text()
+    assert "rejected" in log and "undefined_symbol_kcachefs_test" in log
+    assert not (m.backing / entry.relative_to(m.mnt) / "kernel.cubin").exists()
+    assert calls() == 1
+    # A re-open does not run the compiler again on the same failing recipe.
+    for _ in range(3):
+        assert read_result(entry / "kernel.cubin") == ("err", errno.EIO)
+    assert calls() == 1
+    s = m.stats()
+    assert s["compile_failures_total"] == 1 and s["compiles_total"] == 0
+    assert s["rejected_lookups_total"] >= 3
+    # Re-staging a fixed source (remove the recipe, stage again) compiles it.
+    (entry / "kernel.cu").unlink()
+    (entry / "kernel.cu").write_bytes(sample("vector_add")[0])
+    assert read_result(entry / "kernel.cubin")[0] == "ok"
+    assert calls() == 2
+
+
+def test_timeout_is_a_passing_failure(mount_factory, tmp_path):
+    """A compile killed by compile_timeout gives EIO; the next open compiles again."""
+    first = tmp_path / "first-call-done"
+    nvcc = write_script(tmp_path / "nvcc-hangs-once",
+                        'case "$*" in *-cubin*) if [ ! -e %s ]; then touch %s; exec sleep 60; fi;; esac\n'
+                        'exec /usr/local/cuda/bin/nvcc "$@"\n' % (first, first))
+    m = mount_factory(["nvcc=%s" % nvcc, "compile_timeout=2"])
+    entry = m.stage("vector_add", *sample("vector_add"))
+    assert read_result(entry / "kernel.cubin") == ("err", errno.EIO)
+    assert "timed out" in (entry / "kernel.log").read_text()
+    assert subprocess.run(["pgrep", "-f", "exec sleep 60|sleep 60"], capture_output=True).returncode != 0
+    assert read_result(entry / "kernel.cubin")[0] == "ok"
+    assert m.stats()["compiles_total"] == 1
+
+
+def test_nothing_staged_is_enoent(mount_factory):
+    m = mount_factory()
+    entry = m.mnt / "cache" / entry_name("empty", b"")
+    entry.mkdir(parents=True)
+    assert read_result(entry / "kernel.cubin") == ("err", errno.ENOENT)
+    # Source without flags: a plain entry (older DeepGEMM compiles for itself).
+    (entry / "kernel.cu").write_bytes(sample("vector_add")[0])
+    assert read_result(entry / "kernel.cubin") == ("err", errno.ENOENT)
+    assert sorted(os.listdir(entry)) == ["kernel.cu"]
+    # Once the flags arrive, kernel.cubin is listed and opens.
+    (entry / "kernel.flags").write_bytes(b"-O3\n")
+    assert "kernel.cubin" in os.listdir(entry)
+    assert read_result(entry / "kernel.cubin")[0] == "ok"
+    assert m.stats()["compiles_total"] == 1
+
+
+def test_autocompile_compiles_source_without_flags(mount_factory):
+    m = mount_factory(["autocompile"])
+    src = sample("vector_add")[0]
+    entry = m.stage("vector_add", src, flags=None)
+    data = (entry / "kernel.cubin").read_bytes()
+    assert "vector_add" in elf_symbols(data)
+
+
+def test_restaging_same_bytes_is_noop_other_bytes_eexist(mount_factory):
+    m = mount_factory()
+    src, flags = sample("vector_add")
+    entry = m.stage("vector_add", src, flags)
+    cubin = (entry / "kernel.cubin").read_bytes()
+    (entry / "kernel.cu").write_bytes(src)  # same bytes: fine
+    (entry / "kernel.flags").write_bytes(flags)
+    with pytest.raises(OSError) as e:
+        (entry / "kernel.cu").write_bytes(src + b"// changed\n")
+    assert e.value.errno == errno.EEXIST
+    with pytest.raises(OSError) as e:
+        (entry / "kernel.flags").write_bytes(b"-O0\n")
+    assert e.value.errno == errno.EEXIST
+    # Renaming other bytes into place is refused the same way, and the file stays.
+    tmp = entry.parent / "tmp-source"
+    tmp.write_bytes(b"// other\n")
+    with pytest.raises(OSError) as e:
+        os.rename(tmp, entry / "kernel.cu")
+    assert e.value.errno == errno.EEXIST
+    assert tmp.read_bytes() == b"// other\n"
+    # Renaming identical bytes succeeds and consumes the source name.
+    tmp.write_bytes(src)
+    os.rename(tmp, entry / "kernel.cu")
+    assert not tmp.exists()
+    assert (entry / "kernel.cu").read_bytes() == src
+    assert (entry / "kernel.cubin").read_bytes() == cubin
+    # A published cubin is immutable.
+    with pytest.raises(OSError) as e:
+        os.truncate(entry / "kernel.cubin", 0)
+    assert e.value.errno == errno.EPERM
+    with pytest.raises(OSError) as e:
+        (entry / "kernel.cubin").write_bytes(b"\x7fELF garbage")
+    assert e.value.errno == errno.EINVAL
+    # Another valid cubin over it: the published one stays (racing ranks' publishes).
+    other = sample_cubin(m, "saxpy")
+    (entry / "kernel.cubin").write_bytes(other)
+    assert (entry / "kernel.cubin").read_bytes() == cubin
+    assert (m.backing / entry.relative_to(m.mnt) / "kernel.cubin").read_bytes() == cubin
+    assert m.stats()["compiles_total"] == 2
+
+
+def sample_cubin(m, name):
+    """Compile a sample kernel through the mount and return its cubin bytes."""
+    return (m.stage(name, *sample(name)) / "kernel.cubin").read_bytes()
+
+
+def test_refused_flags(mount_factory):
+    m = mount_factory()
+    src = sample("vector_add")[0]
+    entry = m.mnt / "cache" / entry_name("vector_add", src, b"bad")
+    entry.mkdir(parents=True)
+    (entry / "kernel.cu").write_bytes(src)
+    for bad in (b"-ccbin=/bin/sh\n", b"-o\n/tmp/x\n", b"--run\n", b"@/etc/passwd\n"):
+        with pytest.raises(OSError) as e:
+            (entry / "kernel.flags").write_bytes(bad)
+        assert e.value.errno == errno.EINVAL
+        assert "refused" in (entry / "kernel.log").read_text()
+    assert not (entry / "kernel.flags").exists()
+    assert read_result(entry / "kernel.cubin") == ("err", errno.ENOENT)
+
+
+def test_client_published_cubin_is_served_as_is(mount_factory, tmp_path):
+    m = mount_factory()
+    src = sample("saxpy")[0]
+    (tmp_path / "s.cu").write_bytes(src)
+    out = tmp_path / "saxpy.cubin"
+    subprocess.run(["/usr/local/cuda/bin/nvcc", str(tmp_path / "s.cu"), "-cubin", "-o", str(out),
+                    "--gpu-architecture=sm_90a"], check=True)
+    entry = m.mnt / "cache" / entry_name("saxpy", src)
+    entry.mkdir(parents=True)
+    (entry / "kernel.cu").write_bytes(src)
+    (entry / "kernel.cubin").write_bytes(out.read_bytes())
+    assert (entry / "kernel.cubin").read_bytes() == out.read_bytes()
+    assert m.stats()["compiles_total"] == 0
+    # A non-ELF or truncated cubin is refused at close and never published.
+    other = m.mnt / "cache" / entry_name("other", b"x")
+    other.mkdir()
+    for bad in (b"not an elf file at all" * 10, out.read_bytes()[: out.stat().st_size // 2]):
+        with pytest.raises(OSError) as e:
+            (other / "kernel.cubin").write_bytes(bad)
+        assert e.value.errno == errno.EINVAL
+    # An empty one (created, never written) is refused when its last descriptor closes.
+    open(other / "kernel.cubin", "wb").close()
+    time.sleep(0.5)
+    assert not (m.backing / other.relative_to(m.mnt) / "kernel.cubin").exists()
+    assert read_result(other / "kernel.cubin") == ("err", errno.ENOENT)
+    assert "kernel.cubin refused" in m.daemon_log()
+
+
+@pytest.mark.parametrize("reader", ["cat", "cp", "mmap", "python", "stat"])
+def test_first_reader_sees_full_size(mount_factory, tmp_path, reader):
+    m = mount_factory()
+    src, flags = sample("vector_add")
+    entry = m.stage("vector_add", src, flags)
+    cubin = entry / "kernel.cubin"
+    if reader == "cat":
+        data = subprocess.run(["cat", str(cubin)], capture_output=True, check=True).stdout
+    elif reader == "cp":
+        subprocess.run(["cp", str(cubin), str(tmp_path / "copy")], check=True)
+        data = (tmp_path / "copy").read_bytes()
+    elif reader == "mmap":
+        with open(cubin, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            with mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ) as mm:
+                data = bytes(mm[:])
+    elif reader == "python":
+        with open(cubin, "rb") as f:
+            data = f.read()
+    else:
+        size = os.stat(cubin).st_size
+        data = cubin.read_bytes()
+        assert size == len(data)
+    expected = (m.backing / entry.relative_to(m.mnt) / "kernel.cubin").read_bytes()
+    assert len(expected) > 0 and data == expected

@@ -1,0 +1,110 @@
+"""Waiters hold no FUSE worker thread: with 64 openers parked on one slow compile, the
+rest of the mount keeps answering (DESIGN.md, point 4)."""
+import errno
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from conftest import read_result, sample, write_script
+
+OPENER = """
+import os, sys
+try:
+    with open(sys.argv[1], 'rb') as f:
+        data = f.read()
+    print('ok', len(data))
+except OSError as e:
+    print('err', e.errno)
+"""
+
+
+def start_openers(path, n):
+    return [subprocess.Popen([sys.executable, "-c", OPENER, str(path)], stdout=subprocess.PIPE,
+                             text=True) for _ in range(n)]
+
+
+def slow_nvcc(tmp_path, release):
+    """A compiler that blocks until the file `release` exists, then runs nvcc."""
+    return write_script(tmp_path / "nvcc-gated",
+                        'case "$*" in *-cubin*) while [ ! -e %s ]; do sleep 0.05; done;; esac\n'
+                        'exec /usr/local/cuda/bin/nvcc "$@"\n' % release)
+
+
+def test_64_waiters_do_not_starve_the_mount(mount_factory, tmp_path):
+    release = tmp_path / "release"
+    m = mount_factory(["nvcc=%s" % slow_nvcc(tmp_path, release), "jobs=2"])
+    src, flags = sample("vector_add")
+    release.write_text("open")
+    other = m.stage("saxpy", *sample("saxpy"))
+    other_cubin = (other / "kernel.cubin").read_bytes()  # published before the gate closes
+    release.unlink()
+    plain = other.parent / "plain"
+    plain.mkdir()
+    (plain / "data").write_bytes(b"x" * 100000)
+
+    entry = m.stage("vector_add", src, flags)
+    openers = start_openers(entry / "kernel.cubin", 64)
+    try:
+        deadline = time.monotonic() + 60
+        while m.stats()["flights"] < 1:
+            assert time.monotonic() < deadline, "compile never started"
+            time.sleep(0.05)
+        # While 64 openers wait, everything else answers.
+        for i in range(200):
+            os.stat(other / "kernel.cubin")
+            assert len(os.listdir(m.mnt / "cache")) == 3
+            assert (plain / "data").read_bytes() == b"x" * 100000
+            (plain / ("new%d" % i)).write_text("y")
+            assert (other / "kernel.cubin").read_bytes() == other_cubin
+        s = m.stats()
+        assert s["flights"] == 1, "the compile should still be gated"
+        assert all(p.poll() is None for p in openers), "an opener returned before the compile"
+        assert s["waits_total"] + s["misses_total"] >= 2
+    finally:
+        release.write_text("go")
+    outs = [p.communicate(timeout=120)[0].split() for p in openers]
+    assert all(o[0] == "ok" and int(o[1]) > 0 for o in outs), outs
+    assert len({o[1] for o in outs}) == 1
+    assert m.stats()["compiles_total"] == 2
+
+
+def test_killed_waiter_leaves_others_unaffected(mount_factory, tmp_path):
+    release = tmp_path / "release"
+    m = mount_factory(["nvcc=%s" % slow_nvcc(tmp_path, release)])
+    entry = m.stage("vector_add", *sample("vector_add"))
+    openers = start_openers(entry / "kernel.cubin", 4)
+    try:
+        deadline = time.monotonic() + 60
+        while m.stats()["flights"] < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        time.sleep(0.5)
+        openers[0].send_signal(signal.SIGKILL)
+        # The killed one goes away while the compile is still gated.
+        assert openers[0].wait(timeout=20) == -signal.SIGKILL
+        assert all(p.poll() is None for p in openers[1:])
+    finally:
+        release.write_text("go")
+    outs = [p.communicate(timeout=120)[0].split() for p in openers[1:]]
+    assert all(o[0] == "ok" for o in outs), outs
+    assert m.stats()["compiles_total"] == 1
+
+
+def test_unmount_during_compile_answers_waiters(mount_factory, tmp_path):
+    """Stopping the daemon kills its compiler: waiters get an error, not a hang."""
+    release = tmp_path / "release"
+    m = mount_factory(["nvcc=%s" % slow_nvcc(tmp_path, release)])
+    entry = m.stage("vector_add", *sample("vector_add"))
+    openers = start_openers(entry / "kernel.cubin", 4)
+    deadline = time.monotonic() + 60
+    while m.stats()["flights"] < 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    m.proc.send_signal(signal.SIGTERM)
+    outs = [p.communicate(timeout=60)[0].split() for p in openers]
+    assert all(o[0] == "err" for o in outs), outs
+    assert m.proc.wait(timeout=30) == 0
+    assert not any(p.name.startswith("c") for p in (m.backing / ".kcachefs" / "scratch").iterdir())
+    assert not (m.backing / entry.relative_to(m.mnt) / "kernel.cubin").exists()
