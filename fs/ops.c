@@ -623,8 +623,10 @@ static void kc_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 		return (void)fuse_reply_err(req, ENOMEM);
 	}
 	fi->fh = (uintptr_t)fh;
-	if (in->role == KC_ROLE_CUBIN && !in->staging)
+	if (in->role == KC_ROLE_CUBIN && !in->staging) {
 		fi->keep_cache = 1; /* published: immutable, so cached pages stay valid */
+		atomic_fetch_add(&fs->cache.stats.cubin_opens, 1);
+	}
 	fuse_reply_open(req, fi);
 }
 

@@ -2,6 +2,7 @@
 #include "stats.h"
 
 #include <stdio.h>
+#include <string.h>
 
 struct metric {
 	const char *name, *type, *help;
@@ -14,6 +15,7 @@ size_t kc_stats_render(const struct kc_stats *s, const struct kc_stats_gauges *g
 		{"kcachefs_hits_total", "counter", "Cubin lookups served from a published cubin."},
 		{"kcachefs_misses_total", "counter", "Cubin lookups that started a compile."},
 		{"kcachefs_waits_total", "counter", "Cubin lookups that waited for a compile in flight."},
+		{"kcachefs_cubin_opens_total", "counter", "Opens of published cubins."},
 		{"kcachefs_compiles_total", "counter", "Compiler runs that published a cubin."},
 		{"kcachefs_compile_failures_total", "counter", "Compiler runs that failed."},
 		{"kcachefs_rejected_lookups_total", "counter", "Lookups refused by a remembered compile rejection."},
@@ -27,7 +29,8 @@ size_t kc_stats_render(const struct kc_stats *s, const struct kc_stats_gauges *g
 		{"kcachefs_flights", "gauge", "Entries with a compile in flight or queued."},
 	};
 	double v[] = {
-		(double)s->hits, (double)s->misses, (double)s->waits, (double)s->compiles,
+		(double)s->hits, (double)s->misses, (double)s->waits, (double)s->cubin_opens,
+		(double)s->compiles,
 		(double)s->compile_failures, (double)s->rejected_lookups, (double)s->corrupt,
 		(double)s->published_bytes, (double)s->compile_usec / 1e6, (double)s->stages,
 		(double)s->stage_refusals, g->inflight, g->queued, g->flights,
@@ -39,7 +42,7 @@ size_t kc_stats_render(const struct kc_stats *s, const struct kc_stats_gauges *g
 		int n = snprintf(dst, dst ? len - used : 0,
 				 "# HELP %s %s\n# TYPE %s %s\n%s %.*f\n", m[i].name, m[i].help,
 				 m[i].name, m[i].type, m[i].name,
-				 i == 8 ? 6 : 0, v[i]);
+				 strcmp(m[i].name, "kcachefs_compile_seconds_total") == 0 ? 6 : 0, v[i]);
 		used += (size_t)n;
 	}
 	return used;

@@ -3,6 +3,10 @@
  * The text is the Prometheus text exposition format (version 0.0.4): "# HELP"/"# TYPE"
  * lines and one "name value" line per metric, which people read with cat and a node
  * exporter's textfile collector or a scrape job reads as is.
+ *
+ * Lookups are counted as the daemon sees them: the kernel merges concurrent lookups of one
+ * name into one request (the others wait in the kernel) and caches published cubins, so
+ * opens, which always reach the daemon, are counted separately.
  */
 #ifndef KC_STATS_H
 #define KC_STATS_H
@@ -15,6 +19,7 @@ struct kc_stats {
 	atomic_uint_fast64_t hits;             /* cubin lookups served from a published cubin */
 	atomic_uint_fast64_t misses;           /* cubin lookups that started a compile */
 	atomic_uint_fast64_t waits;            /* cubin lookups that joined a compile in flight */
+	atomic_uint_fast64_t cubin_opens;      /* opens of published cubins */
 	atomic_uint_fast64_t compiles;         /* compiler runs that published a cubin */
 	atomic_uint_fast64_t compile_failures; /* compiler runs that failed, any cause */
 	atomic_uint_fast64_t rejected_lookups; /* lookups refused by a remembered rejection */
