@@ -138,26 +138,16 @@ static int host_option_ok(const char *opt)
 	return 0;
 }
 
-static int check_host_options(const char *arg, const char *list, char *why, size_t whylen)
+static int ptxas_option_ok(const char *opt)
 {
-	char buf[FLAG_LINE_MAX];
-	char *save = NULL;
-
-	if (strlen(list) >= sizeof(buf))
-		return refuse(why, whylen, arg, "too long");
-	strcpy(buf, list);
-	for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-		if (!host_option_ok(t)) {
-			char reason[256];
-			snprintf(reason, sizeof(reason), "host compiler option '%.100s' is not allowed",
-				 t);
-			return refuse(why, whylen, arg, reason);
-		}
-	}
-	return 0;
+	return opt[0] == '-' && !strchr(opt, '\\') && !starts(opt, "-o") &&
+	       !starts(opt, "--output") && !starts(opt, "--input-as-string") &&
+	       !starts(opt, "-ias") && !starts(opt, "--options-file");
 }
 
-static int check_ptxas_options(const char *arg, const char *list, char *why, size_t whylen)
+/* Check each comma-separated item of list (the value of arg) with item_ok. */
+static int check_list(const char *arg, const char *list, int (*item_ok)(const char *),
+		      const char *tool, char *why, size_t whylen)
 {
 	char buf[FLAG_LINE_MAX];
 	char *save = NULL;
@@ -166,9 +156,11 @@ static int check_ptxas_options(const char *arg, const char *list, char *why, siz
 		return refuse(why, whylen, arg, "too long");
 	strcpy(buf, list);
 	for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-		if (starts(t, "-o") || starts(t, "--output") || starts(t, "--input-as-string") ||
-		    starts(t, "-ias") || starts(t, "--options-file") || t[0] != '-')
-			return refuse(why, whylen, arg, "ptxas option names a file");
+		if (!item_ok(t)) {
+			char reason[256];
+			snprintf(reason, sizeof(reason), "%s option '%.100s' is not allowed", tool, t);
+			return refuse(why, whylen, arg, reason);
+		}
 	}
 	return 0;
 }
@@ -227,14 +219,19 @@ int kc_flag_check(const char *arg, char *why, size_t whylen)
 		return check_arch(arg, arg + strlen("--gpu-architecture="), why, whylen);
 	if (starts(arg, "-arch="))
 		return check_arch(arg, arg + strlen("-arch="), why, whylen);
-	if (starts(arg, "--compiler-options="))
-		return check_host_options(arg, arg + strlen("--compiler-options="), why, whylen);
-	if (starts(arg, "-Xcompiler="))
-		return check_host_options(arg, arg + strlen("-Xcompiler="), why, whylen);
-	if (starts(arg, "--ptxas-options="))
-		return check_ptxas_options(arg, arg + strlen("--ptxas-options="), why, whylen);
-	if (starts(arg, "-Xptxas="))
-		return check_ptxas_options(arg, arg + strlen("-Xptxas="), why, whylen);
+	static const struct {
+		const char *prefix, *tool;
+		int (*ok)(const char *);
+	} lists[] = {
+		{"--compiler-options=", "host compiler", host_option_ok},
+		{"-Xcompiler=", "host compiler", host_option_ok},
+		{"--ptxas-options=", "ptxas", ptxas_option_ok},
+		{"-Xptxas=", "ptxas", ptxas_option_ok},
+	};
+	for (size_t i = 0; i < sizeof(lists) / sizeof(lists[0]); i++)
+		if (starts(arg, lists[i].prefix))
+			return check_list(arg, arg + strlen(lists[i].prefix), lists[i].ok,
+					  lists[i].tool, why, whylen);
 	for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++)
 		if (starts(arg, refused[i].prefix))
 			return refuse(why, whylen, arg, refused[i].reason);

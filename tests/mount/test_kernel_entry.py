@@ -37,12 +37,19 @@ def test_header_heavy_kernel_compiles(mount_factory):
     assert m.stats()["compile_seconds_total"] > 0
 
 
-def test_16_openers_one_compile_identical_bytes(mount_factory, counting_nvcc):
+def race_openers(mount_factory, counting_nvcc, kernel, n):
+    """Mount with a compiler that counts its runs and takes a second longer, stage kernel,
+    and open its kernel.cubin from n processes at once. Returns (mount, entry, results,
+    calls) where calls() counts compiler runs."""
     make, calls = counting_nvcc
     m = mount_factory(["nvcc=%s" % make(delay=1)])
-    src, flags = sample("saxpy")
-    entry = m.stage("saxpy", src, flags)
-    results = run_parallel(16, lambda i, p: read_result(p), str(entry / "kernel.cubin"))
+    entry = m.stage(kernel, *sample(kernel))
+    results = run_parallel(n, lambda i, p: read_result(p), str(entry / "kernel.cubin"))
+    return m, entry, results, calls
+
+
+def test_16_openers_one_compile_identical_bytes(mount_factory, counting_nvcc):
+    m, entry, results, calls = race_openers(mount_factory, counting_nvcc, "saxpy", 16)
     assert all(r[0] == "ok" for r in results), results
     assert len({r[1] for r in results}) == 1, "openers read different bytes"
     assert all(r[2] == r[3] > 0 for r in results), "fstat size differs from bytes read"
@@ -56,11 +63,7 @@ def test_16_openers_one_compile_identical_bytes(mount_factory, counting_nvcc):
 
 
 def test_failing_source_gives_eio_to_all_and_keeps_log(mount_factory, counting_nvcc):
-    make, calls = counting_nvcc
-    m = mount_factory(["nvcc=%s" % make(delay=1)])
-    src, flags = sample("broken")
-    entry = m.stage("broken", src, flags)
-    results = run_parallel(8, lambda i, p: read_result(p), str(entry / "kernel.cubin"))
+    m, entry, results, calls = race_openers(mount_factory, counting_nvcc, "broken", 8)
     assert results == [("err", errno.EIO)] * 8
     log = (entry / "kernel.log").read_text()
     assert "rejected" in log and "undefined_symbol_kcachefs_test" in log

@@ -25,6 +25,26 @@ def start_openers(path, n):
                              text=True) for _ in range(n)]
 
 
+def wait_for_flight(m, timeout=60):
+    """Return once a compile is in flight on mount m."""
+    deadline = time.monotonic() + timeout
+    while m.stats()["flights"] < 1:
+        assert time.monotonic() < deadline, "compile never started"
+        time.sleep(0.05)
+
+
+def gated_openers(mount_factory, tmp_path, n):
+    """A mount whose compiler waits for the file `release`, a staged entry, and n openers
+    of its kernel.cubin already waiting on the compile. Returns (mount, entry, openers,
+    release)."""
+    release = tmp_path / "release"
+    m = mount_factory(["nvcc=%s" % slow_nvcc(tmp_path, release)])
+    entry = m.stage("vector_add", *sample("vector_add"))
+    openers = start_openers(entry / "kernel.cubin", n)
+    wait_for_flight(m)
+    return m, entry, openers, release
+
+
 def slow_nvcc(tmp_path, release):
     """A compiler that blocks until the file `release` exists, then runs nvcc."""
     return write_script(tmp_path / "nvcc-gated",
@@ -47,10 +67,7 @@ def test_64_waiters_do_not_starve_the_mount(mount_factory, tmp_path):
     entry = m.stage("vector_add", src, flags)
     openers = start_openers(entry / "kernel.cubin", 64)
     try:
-        deadline = time.monotonic() + 60
-        while m.stats()["flights"] < 1:
-            assert time.monotonic() < deadline, "compile never started"
-            time.sleep(0.05)
+        wait_for_flight(m)
         # While 64 openers wait, everything else answers.
         for i in range(200):
             os.stat(other / "kernel.cubin")
@@ -71,15 +88,8 @@ def test_64_waiters_do_not_starve_the_mount(mount_factory, tmp_path):
 
 
 def test_killed_waiter_leaves_others_unaffected(mount_factory, tmp_path):
-    release = tmp_path / "release"
-    m = mount_factory(["nvcc=%s" % slow_nvcc(tmp_path, release)])
-    entry = m.stage("vector_add", *sample("vector_add"))
-    openers = start_openers(entry / "kernel.cubin", 4)
+    m, entry, openers, release = gated_openers(mount_factory, tmp_path, 4)
     try:
-        deadline = time.monotonic() + 60
-        while m.stats()["flights"] < 1:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
         time.sleep(0.5)
         openers[0].send_signal(signal.SIGKILL)
         # The killed one goes away while the compile is still gated.
@@ -94,14 +104,7 @@ def test_killed_waiter_leaves_others_unaffected(mount_factory, tmp_path):
 
 def test_unmount_during_compile_answers_waiters(mount_factory, tmp_path):
     """Stopping the daemon kills its compiler: waiters get an error, not a hang."""
-    release = tmp_path / "release"
-    m = mount_factory(["nvcc=%s" % slow_nvcc(tmp_path, release)])
-    entry = m.stage("vector_add", *sample("vector_add"))
-    openers = start_openers(entry / "kernel.cubin", 4)
-    deadline = time.monotonic() + 60
-    while m.stats()["flights"] < 1:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    m, entry, openers, release = gated_openers(mount_factory, tmp_path, 4)
     m.proc.send_signal(signal.SIGTERM)
     outs = [p.communicate(timeout=60)[0].split() for p in openers]
     assert all(o[0] == "err" for o in outs), outs
