@@ -36,10 +36,15 @@ struct kc_fh {
 	char tmpname[64];    /* the stage temporary in the store's tmp/; "" once committed */
 	int dirty;           /* written (or truncated) since the last commit */
 	int done;            /* committed or refused: nothing left to commit */
+	pid_t writer_tid;    /* the last thread that wrote, and its process */
+	pid_t writer_tgid;
 	/* FH_STATS: */
 	char *buf;
 	size_t len;
 };
+
+static int prepare_write(struct kc_fs *fs, struct kc_inode *in, struct kc_fh *fh);
+static void note_writer(fuse_req_t req, struct kc_fh *fh);
 
 struct dir_item {
 	ino_t ino;
@@ -83,6 +88,13 @@ static int is_ctl_name(struct kc_fs *fs, struct kc_inode *parent, const char *na
 static int reserved(struct kc_fs *fs, struct kc_inode *parent, const char *name)
 {
 	return parent->virt || is_ctl_name(fs, parent, name);
+}
+
+/* kernel.cu, kernel.flags or kernel.cubin inside an entry: only regular files staged
+ * through the mount may carry these names. */
+static int staged_name(const struct kc_inode *parent, const char *name)
+{
+	return parent->entry && kc_role_is_staged(kc_name_role(name));
 }
 
 static double timeout_for(const struct kc_inode *in)
@@ -304,9 +316,13 @@ static void kc_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to
 		r = fchownat(in->fd, "", uid, gid, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW);
 	}
 	if (!r && (to_set & FUSE_SET_ATTR_SIZE)) {
-		if (fh && fh->kind == FH_STAGE) {
+		int err = fh ? prepare_write(fs_of(req), in, fh) : 0;
+		if (err) {
+			errno = -err;
+			r = -1;
+		} else if (fh && fh->kind == FH_STAGE) {
 			r = ftruncate(fh->fd, attr->st_size);
-			fh->dirty = 1;
+			note_writer(req, fh);
 		} else if (kc_role_is_staged(in->role) && !in->staging) {
 			errno = EPERM; /* a staged file or published cubin changes only by staging */
 			r = -1;
@@ -347,6 +363,8 @@ static void kc_mkdir(fuse_req_t req, fuse_ino_t parent_ino, const char *name, mo
 		       why);
 		return (void)fuse_reply_err(req, EINVAL);
 	}
+	if (staged_name(parent, name))
+		return (void)fuse_reply_err(req, EPERM);
 	if (mkdirat(parent->fd, name, mode) != 0)
 		return (void)fuse_reply_err(req, errno);
 	own_by_caller(req, parent->fd, name, AT_SYMLINK_NOFOLLOW);
@@ -358,7 +376,7 @@ static void kc_symlink(fuse_req_t req, const char *link, fuse_ino_t parent_ino, 
 	struct kc_fs *fs = fs_of(req);
 	struct kc_inode *parent = inode_of(req, parent_ino);
 
-	if (reserved(fs, parent, name))
+	if (reserved(fs, parent, name) || staged_name(parent, name))
 		return (void)fuse_reply_err(req, EPERM);
 	if (symlinkat(link, parent->fd, name) != 0)
 		return (void)fuse_reply_err(req, errno);
@@ -387,8 +405,7 @@ static void kc_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent_ino, co
 	char path[32];
 
 	/* A second name would give one file two roles; staged files enter only by staging. */
-	if (in->virt || reserved(fs, newparent, name) ||
-	    (newparent->entry && kc_role_is_staged(kc_name_role(name))) ||
+	if (in->virt || reserved(fs, newparent, name) || staged_name(newparent, name) ||
 	    kc_role_is_staged(in->role))
 		return (void)fuse_reply_err(req, EPERM);
 	proc_path(in->fd, path);
@@ -432,15 +449,30 @@ static void kc_rmdir(fuse_req_t req, fuse_ino_t parent_ino, const char *name)
 	fuse_reply_err(req, unlinkat(parent->fd, name, AT_REMOVEDIR) == 0 ? 0 : errno);
 }
 
-/* After a successful rename: the moved inode's role follows its new name. */
-static void replace_role(struct kc_fs *fs, struct kc_inode *newparent, const char *newname)
+/* Refresh the role of the known inode at parent/name, if any. */
+static struct kc_inode *replace_one(struct kc_fs *fs, struct kc_inode *parent, const char *name)
 {
 	struct stat st;
-	if (fstatat(newparent->fd, newname, &st, AT_SYMLINK_NOFOLLOW) != 0)
-		return;
+	if (fstatat(parent->fd, name, &st, AT_SYMLINK_NOFOLLOW) != 0)
+		return NULL;
 	struct kc_inode *in = kc_inode_find(&fs->inodes, st.st_dev, st.st_ino);
 	if (in)
-		kc_inode_place(&fs->inodes, in, newparent, newname, 0);
+		kc_inode_place(&fs->inodes, in, parent, name, 0);
+	return in;
+}
+
+/* After a successful rename: the moved inode's role follows its new name, and when a
+ * directory moved, so do the roles of the files it holds that the kernel knows (a
+ * directory renamed into an entry makes its kernel.cu staged, and the reverse). */
+static void replace_role(struct kc_fs *fs, struct kc_inode *newparent, const char *newname)
+{
+	static const char *const staged[] = {KC_SOURCE_NAME, KC_FLAGS_NAME, KC_CUBIN_NAME,
+					     KC_LOG_NAME};
+	struct kc_inode *in = replace_one(fs, newparent, newname);
+	if (!in || in->type != S_IFDIR)
+		return;
+	for (unsigned i = 0; i < sizeof(staged) / sizeof(staged[0]); i++)
+		replace_one(fs, in, staged[i]);
 }
 
 static void kc_rename(fuse_req_t req, fuse_ino_t parent_ino, const char *name,
@@ -488,6 +520,32 @@ static void kc_rename(fuse_req_t req, fuse_ino_t parent_ino, const char *name,
 
 /* ---- files ---- */
 
+/* The process (thread group) of thread tid, or tid itself if it is gone. */
+static pid_t tgid_of(pid_t tid)
+{
+	char path[64], line[128];
+	pid_t tgid = tid;
+	snprintf(path, sizeof(path), "/proc/%d/status", (int)tid);
+	FILE *f = fopen(path, "re");
+	if (!f)
+		return tid;
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "Tgid: %d", &tgid) == 1)
+			break;
+	fclose(f);
+	return tgid;
+}
+
+static void note_writer(fuse_req_t req, struct kc_fh *fh)
+{
+	pid_t tid = fuse_req_ctx(req)->pid;
+	if (tid != fh->writer_tid) {
+		fh->writer_tid = tid;
+		fh->writer_tgid = tgid_of(tid);
+	}
+	fh->dirty = 1;
+}
+
 static void fh_free(struct kc_fs *fs, struct kc_fh *fh)
 {
 	if (fh->kind == FH_STAGE) {
@@ -521,13 +579,27 @@ static int copy_bytes(int src, int dst)
 	}
 }
 
-/* Give fh a fresh stage temporary, seeded with the bytes of seed_fd if it is >= 0. */
+/* Give fh a fresh stage temporary, seeded with the bytes of the file behind seed_fd (any
+ * fd, write-only too) if it is >= 0. */
 static int stage_begin(struct kc_fs *fs, struct kc_fh *fh, int seed_fd, mode_t mode)
 {
+	char path[32];
+	int seed = -1;
+	if (seed_fd >= 0) {
+		proc_path(seed_fd, path);
+		seed = open(path, O_RDONLY | O_CLOEXEC);
+		if (seed < 0)
+			return -errno;
+	}
 	int fd = kc_store_tmpfile(&fs->store, mode & 07777, fh->tmpname);
-	if (fd < 0)
+	if (fd < 0) {
+		if (seed >= 0)
+			close(seed);
 		return fd;
-	int err = seed_fd >= 0 ? copy_bytes(seed_fd, fd) : 0;
+	}
+	int err = seed >= 0 ? copy_bytes(seed, fd) : 0;
+	if (seed >= 0)
+		close(seed);
 	if (err) {
 		close(fd);
 		unlinkat(fs->store.tmp_fd, fh->tmpname, 0);
@@ -553,6 +625,32 @@ static int stage_commit(struct kc_fs *fs, struct kc_fh *fh)
 	fh->done = 1;
 	fh->dirty = 0;
 	return err;
+}
+
+/* Before bytes change through fh: a committed stage starts a new version from the
+ * committed bytes, and a plain descriptor on a file that has since become a staged file
+ * (its directory was renamed into an entry) becomes a stage, so that nothing staged ever
+ * changes in place. Returns 0 or -errno. */
+static int prepare_write(struct kc_fs *fs, struct kc_inode *in, struct kc_fh *fh)
+{
+	if (fh->kind == FH_PLAIN) {
+		enum kc_role role;
+		int entry_fd = kc_inode_entry_fd(&fs->inodes, in, &role);
+		if (entry_fd < 0 || in->staging) {
+			if (entry_fd >= 0)
+				close(entry_fd);
+			return 0;
+		}
+		fh->kind = FH_STAGE;
+		fh->role = role;
+		fh->entry_fd = entry_fd;
+		fh->done = 1;
+	}
+	if (fh->kind == FH_STAGE && fh->done) {
+		struct stat st;
+		return fstat(fh->fd, &st) ? -errno : stage_begin(fs, fh, fh->fd, st.st_mode);
+	}
+	return 0;
 }
 
 static struct kc_fh *fh_new(enum fh_kind kind, int fd)
@@ -624,6 +722,25 @@ static void kc_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	}
 	fi->fh = (uintptr_t)fh;
 	if (in->role == KC_ROLE_CUBIN && !in->staging) {
+		/* Checked against its record before it is served (cheap unless it changed). */
+		int entry_fd = kc_inode_entry_fd(&fs->inodes, in, &role);
+		int err = kc_cache_verify_open(&fs->cache, fd, entry_fd);
+		if (err) {
+			struct stat est;
+			struct kc_inode *entry = entry_fd >= 0 && fstat(entry_fd, &est) == 0
+							 ? kc_inode_find(&fs->inodes, est.st_dev, est.st_ino)
+							 : NULL;
+			if (entry)
+				kc_notifier_inval_entry(&fs->notifier,
+							kc_inode_ino(&fs->inodes, entry), KC_CUBIN_NAME);
+		}
+		if (entry_fd >= 0)
+			close(entry_fd);
+		if (err) {
+			close(fd);
+			free(fh);
+			return (void)fuse_reply_err(req, -err);
+		}
 		fi->keep_cache = 1; /* published: immutable, so cached pages stay valid */
 		atomic_fetch_add(&fs->cache.stats.cubin_opens, 1);
 	}
@@ -715,17 +832,12 @@ static void kc_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *in_
 {
 	struct kc_fs *fs = fs_of(req);
 	struct kc_fh *fh = fh_of(fi);
-	(void)ino;
 
 	if (fh->kind == FH_STATS)
 		return (void)fuse_reply_err(req, EBADF);
-	if (fh->kind == FH_STAGE && fh->done) {
-		/* Written again after its commit: stage a new version from the committed bytes. */
-		struct stat st;
-		int err = fstat(fh->fd, &st) ? -errno : stage_begin(fs, fh, fh->fd, st.st_mode);
-		if (err)
-			return (void)fuse_reply_err(req, -err);
-	}
+	int err = prepare_write(fs, inode_of(req, ino), fh);
+	if (err)
+		return (void)fuse_reply_err(req, -err);
 	struct fuse_bufvec out = FUSE_BUFVEC_INIT(fuse_buf_size(in_buf));
 	out.buf[0].flags = FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK;
 	out.buf[0].fd = fh->fd;
@@ -733,7 +845,8 @@ static void kc_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *in_
 	ssize_t n = fuse_buf_copy(&out, in_buf, 0);
 	if (n < 0)
 		return (void)fuse_reply_err(req, (int)-n);
-	fh->dirty = 1;
+	if (fh->kind == FH_STAGE)
+		note_writer(req, fh);
 	fuse_reply_write(req, (size_t)n);
 }
 
@@ -742,10 +855,12 @@ static void kc_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	struct kc_fh *fh = fh_of(fi);
 	int err = 0;
 	(void)ino;
-	/* close() of a written stage commits it, and its error (EEXIST, EINVAL) is close()'s.
-	 * An unwritten one waits for release: the shell's "> file" closes a dup'ed descriptor
-	 * before anything is written, and a forked child closes inherited ones. */
-	if (fh->kind == FH_STAGE && !fh->done && fh->dirty)
+	/* close() by the process that wrote the stage commits it, and the commit's error
+	 * (EEXIST, EINVAL) is close()'s. Other closes do not: a child that exec()s or exits
+	 * closes its inherited copy while the writer is still writing. What no writer's close
+	 * committed is committed at release (the last close). */
+	if (fh->kind == FH_STAGE && !fh->done && fh->dirty &&
+	    tgid_of(fuse_req_ctx(req)->pid) == fh->writer_tgid)
 		err = stage_commit(fs_of(req), fh);
 	fuse_reply_err(req, -err);
 }
@@ -935,6 +1050,10 @@ static void kc_init(void *userdata, struct fuse_conn_info *conn)
 		conn->want |= FUSE_CAP_ATOMIC_O_TRUNC;
 	/* Writes go through to the backing file at once: sizes are never stale. */
 	conn->want &= ~FUSE_CAP_WRITEBACK_CACHE;
+	/* Lookups in one directory run in parallel: a cubin lookup parked on its compile must
+	 * not block other lookups and readdir in that entry. */
+	if (conn->capable & FUSE_CAP_PARALLEL_DIROPS)
+		conn->want |= FUSE_CAP_PARALLEL_DIROPS;
 }
 
 const struct fuse_lowlevel_ops kc_fs_ops = {

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "compile.h"
@@ -27,7 +28,22 @@ struct compile_job {
 	struct kc_flight_key key;
 	int entry_fd;
 	struct kc_recipe recipe;
+	int transient; /* set by run_compile: the failure had a passing cause */
 };
+
+struct holdoff {
+	struct holdoff *next;
+	struct kc_flight_key key;
+	char recipe[KC_SHA256_HEXLEN + 1];
+	double until; /* CLOCK_MONOTONIC seconds */
+};
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
 
 static int verified_cmp(const void *a, const void *b)
 {
@@ -91,6 +107,7 @@ int kc_cache_init(struct kc_cache *c, const struct kc_config *cfg, struct kc_sto
 	kc_flight_table_init(&c->flights);
 	pthread_mutex_init(&c->publish_lock, NULL);
 	pthread_mutex_init(&c->verified_lock, NULL);
+	pthread_mutex_init(&c->holdoff_lock, NULL);
 	c->pool = kc_pool_create(cfg->jobs);
 	return c->pool ? 0 : -errno;
 }
@@ -103,6 +120,11 @@ void kc_cache_shutdown(struct kc_cache *c)
 	c->pool = NULL;
 	tdestroy(c->verified, free);
 	c->verified = NULL;
+	while (c->holdoffs) {
+		struct holdoff *h = c->holdoffs;
+		c->holdoffs = h->next;
+		free(h);
+	}
 	kc_flight_table_destroy(&c->flights);
 }
 
@@ -115,14 +137,60 @@ static void unlink_if_same(int entry_fd, const struct stat *st)
 		unlinkat(entry_fd, KC_CUBIN_NAME, 0);
 }
 
-/* Check the published cubin against its record. Returns 0 (serve it), -ENOENT (none, or a
- * bad one was removed so that the recipe is compiled again), -EIO (bad, cannot rebuild). */
+/* Check the cubin behind fd (stat st) against its integrity record; good results are
+ * remembered per (inode, ctime, size). Returns NULL when it may be served, else why not. */
+static const char *cubin_problem(struct kc_cache *c, int fd, const struct stat *st,
+				 struct kc_record *rec)
+{
+	char sha[KC_SHA256_HEXLEN + 1];
+	uint64_t size = 0;
+
+	if (is_verified(c, st))
+		return NULL;
+	int err = kc_record_read(fd, rec);
+	if (err == -ENODATA) { /* placed by a client outside the mount's staging: as is */
+		rec->origin = KC_ORIGIN_CLIENT;
+		rec->recipe[0] = '\0';
+		mark_verified(c, st);
+		return NULL;
+	}
+	if (err)
+		return "its integrity record is unreadable";
+	if (kc_sha256_fd(fd, sha, &size) != 0)
+		return "it cannot be read";
+	if (size != rec->size || (uint64_t)st->st_size != rec->size)
+		return "its size differs from the recorded size";
+	if (strcmp(sha, rec->sha256) != 0)
+		return "its SHA-256 differs from the recorded one";
+	mark_verified(c, st);
+	return NULL;
+}
+
+/* A bad published cubin: removed when the entry can compile it again (-ENOENT), else
+ * refused (-EIO). Never served. */
+static int cubin_bad(struct kc_cache *c, int entry_fd, const struct stat *st, const char *why)
+{
+	char label[512];
+
+	entry_label(c, entry_fd, label, sizeof(label));
+	atomic_fetch_add(&c->stats.corrupt, 1);
+	if (kc_recipe_present(entry_fd, c->cfg)) {
+		kc_log(KC_LOG_ERR, "%s: published cubin is corrupt (%s); removed, compiling again",
+		       label, why);
+		unlink_if_same(entry_fd, st);
+		return -ENOENT;
+	}
+	kc_log(KC_LOG_ERR, "%s: published cubin is corrupt (%s) and has no recipe: refused",
+	       label, why);
+	return -EIO;
+}
+
+/* Check the published cubin of an entry. Returns 0 (serve it), -ENOENT (none, or a bad or
+ * stale one was removed so that the recipe is compiled again), -EIO (bad, cannot rebuild). */
 static int check_published(struct kc_cache *c, int entry_fd)
 {
 	struct stat st;
 	struct kc_record rec;
-	char label[512], sha[KC_SHA256_HEXLEN + 1];
-	uint64_t size = 0;
 	int fd = openat(entry_fd, KC_CUBIN_NAME, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
 
 	if (fd < 0)
@@ -135,29 +203,18 @@ static int check_published(struct kc_cache *c, int entry_fd)
 		close(fd);
 		return 0;
 	}
-	int err = kc_record_read(fd, &rec);
-	if (err == -ENODATA) { /* placed by a client outside the mount's staging: as is */
-		close(fd);
-		mark_verified(c, &st);
-		return 0;
-	}
-	const char *bad = NULL;
-	if (err)
-		bad = "its integrity record is unreadable";
-	else if (kc_sha256_fd(fd, sha, &size) != 0)
-		bad = "it cannot be read";
-	else if (size != rec.size || (uint64_t)st.st_size != rec.size)
-		bad = "its size differs from the recorded size";
-	else if (strcmp(sha, rec.sha256) != 0)
-		bad = "its SHA-256 differs from the recorded one";
+	const char *bad = cubin_problem(c, fd, &st, &rec);
 	close(fd);
-	entry_label(c, entry_fd, label, sizeof(label));
-	if (!bad && rec.origin == KC_ORIGIN_COMPILED) {
+	if (bad)
+		return cubin_bad(c, entry_fd, &st, bad);
+	if (rec.origin == KC_ORIGIN_COMPILED) {
 		struct kc_recipe r;
 		if (kc_recipe_load(entry_fd, c->cfg, &r) == 0) {
 			int stale = strcmp(r.hash, rec.recipe) != 0;
 			kc_recipe_free(&r);
 			if (stale) {
+				char label[512];
+				entry_label(c, entry_fd, label, sizeof(label));
 				kc_log(KC_LOG_INFO,
 				       "%s: cubin was compiled from another recipe, compiler or "
 				       "arch; compiling again", label);
@@ -166,20 +223,60 @@ static int check_published(struct kc_cache *c, int entry_fd)
 			}
 		}
 	}
-	if (!bad) {
-		mark_verified(c, &st);
+	return 0;
+}
+
+int kc_cache_verify_open(struct kc_cache *c, int fd, int entry_fd)
+{
+	struct stat st;
+	struct kc_record rec;
+
+	if (fstat(fd, &st) != 0)
+		return -EIO;
+	const char *bad = cubin_problem(c, fd, &st, &rec);
+	if (!bad)
 		return 0;
-	}
-	atomic_fetch_add(&c->stats.corrupt, 1);
-	if (kc_recipe_present(entry_fd, c->cfg)) {
-		kc_log(KC_LOG_ERR, "%s: published cubin is corrupt (%s); removed, compiling again",
-		       label, bad);
-		unlink_if_same(entry_fd, &st);
-		return -ENOENT;
-	}
-	kc_log(KC_LOG_ERR, "%s: published cubin is corrupt (%s) and has no recipe: refused",
-	       label, bad);
+	if (entry_fd >= 0)
+		cubin_bad(c, entry_fd, &st, bad);
 	return -EIO;
+}
+
+/* Passing failures are held off briefly: the kernel queues concurrent lookups of one name
+ * and sends them one after another, and each would otherwise start its own compile. */
+static int held_off(struct kc_cache *c, const struct kc_flight_key *key, const char *recipe)
+{
+	double now = now_s();
+	int found = 0;
+
+	pthread_mutex_lock(&c->holdoff_lock);
+	for (struct holdoff **p = &c->holdoffs; *p;) {
+		struct holdoff *h = *p;
+		if (h->until <= now) {
+			*p = h->next;
+			free(h);
+			continue;
+		}
+		if (h->key.dev == key->dev && h->key.ino == key->ino &&
+		    strcmp(h->recipe, recipe) == 0)
+			found = 1;
+		p = &h->next;
+	}
+	pthread_mutex_unlock(&c->holdoff_lock);
+	return found;
+}
+
+static void hold_off(struct kc_cache *c, const struct kc_flight_key *key, const char *recipe)
+{
+	struct holdoff *h = malloc(sizeof(*h));
+	if (!h)
+		return;
+	h->key = *key;
+	snprintf(h->recipe, sizeof(h->recipe), "%s", recipe);
+	h->until = now_s() + KC_RETRY_HOLDOFF;
+	pthread_mutex_lock(&c->holdoff_lock);
+	h->next = c->holdoffs;
+	c->holdoffs = h;
+	pthread_mutex_unlock(&c->holdoff_lock);
 }
 
 static void write_log(struct kc_cache *c, int entry_fd, const char *head, const char *body,
@@ -318,6 +415,7 @@ static int run_compile(struct compile_job *j)
 		write_log(c, j->entry_fd, head, out.log, out.log_len);
 	if (out.status == KC_COMPILE_REJECTED)
 		kc_store_mark_rejected(j->entry_fd, j->recipe.hash);
+	j->transient = out.status != KC_COMPILE_REJECTED && result == -EIO;
 	kc_log(result == 0 ? KC_LOG_INFO : KC_LOG_WARN, "%.*s", (int)strlen(head) - 11, head + 10);
 	kc_compile_outcome_free(&out);
 	close(scratch_fd);
@@ -329,6 +427,8 @@ static void compile_job(void *arg)
 {
 	struct compile_job *j = arg;
 	int result = run_compile(j);
+	if (j->transient)
+		hold_off(j->c, &j->key, j->recipe.hash);
 	kc_flight_finish(&j->c->flights, &j->key, result);
 	close(j->entry_fd);
 	kc_recipe_free(&j->recipe);
@@ -374,13 +474,14 @@ int kc_cache_lookup_cubin(struct kc_cache *c, int entry_fd, struct kc_waiter *w)
 			kc_log(KC_LOG_WARN, "%s: cannot read recipe: %s", label, strerror(-err));
 			return -EIO;
 		}
-		if (kc_store_is_rejected(entry_fd, j->recipe.hash)) {
+		struct kc_flight_key key = {est.st_dev, est.st_ino};
+		if (kc_store_is_rejected(entry_fd, j->recipe.hash) ||
+		    held_off(c, &key, j->recipe.hash)) {
 			kc_recipe_free(&j->recipe);
 			free(j);
 			atomic_fetch_add(&c->stats.rejected_lookups, 1);
 			return -EIO;
 		}
-		struct kc_flight_key key = {est.st_dev, est.st_ino};
 		struct recheck_arg ra = {entry_fd};
 		int r = kc_flight_join(&c->flights, &key, w, recheck_published, &ra);
 		if (r != KC_FLIGHT_LEADER) {

@@ -27,7 +27,14 @@ struct kc_cache {
 	pthread_mutex_t publish_lock; /* orders publishes against recipe removal */
 	pthread_mutex_t verified_lock;
 	void *verified;              /* tsearch tree: cubins whose record matched */
+	pthread_mutex_t holdoff_lock;
+	struct holdoff *holdoffs;    /* recent passing failures, see KC_RETRY_HOLDOFF */
 };
+
+/* Seconds after a compile failed for a passing cause (timeout, killed, out of space) during
+ * which lookups of that recipe get EIO without compiling again. Lookups queued behind the
+ * failed one get its result instead of each running the compiler in turn. */
+#define KC_RETRY_HOLDOFF 2.0
 
 /* Start the compile workers. Returns 0 or -errno. */
 int kc_cache_init(struct kc_cache *c, const struct kc_config *cfg, struct kc_store *store);
@@ -43,6 +50,12 @@ void kc_cache_shutdown(struct kc_cache *c);
  * -EIO when the cubin is corrupt and cannot be rebuilt, or the recipe was rejected by this
  * compiler before (see kernel.log). */
 int kc_cache_lookup_cubin(struct kc_cache *c, int entry_fd, struct kc_waiter *w);
+
+/* Check an open published cubin (fd) against its record before it is served; cheap when
+ * the inode's ctime and size are those verified before. Returns 0, or -EIO when it is
+ * corrupt: then, if entry_fd >= 0 and the entry has a recipe, the cubin is removed so that
+ * the next lookup compiles it again (the caller invalidates the kernel's entry). */
+int kc_cache_verify_open(struct kc_cache *c, int fd, int entry_fd);
 
 /* Commit a staged file src_dir/src_name into the entry as role's name (kernel.cu,
  * kernel.flags or kernel.cubin), atomically. Returns 0 when stored or when the same bytes

@@ -283,6 +283,12 @@ int kc_compile_run(const struct kc_compile_spec *spec, struct kc_compile_outcome
 			 strerror((int)-pid));
 		return 0;
 	}
+	/* Recorded so that a daemon restarted after a crash can kill this group (store.c). */
+	fd = openat(spec->scratch_fd, "pgid", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	if (fd >= 0) {
+		dprintf(fd, "%d\n", (int)pid);
+		close(fd);
+	}
 	if (!track(pid)) {
 		kill(-pid, SIGKILL);
 		snprintf(out->why, sizeof(out->why), "daemon is shutting down or runs %d compiles",
@@ -306,11 +312,17 @@ int kc_compile_run(const struct kc_compile_spec *spec, struct kc_compile_outcome
 		return 0;
 	}
 	if (WEXITSTATUS(status) != 0) {
+		/* Rejected only when the compiler said why: an "error" in its output, with disk
+		 * space to spare. A full disk can also leave no log at all, and nvcc frees its
+		 * temporaries before it exits, so free space alone is not proof. */
 		int space = low_on_space(spec->scratch) ||
 			    (out->log && strstr(out->log, "No space left on device"));
+		int reported = out->log && strstr(out->log, "error");
 		snprintf(out->why, sizeof(out->why), "compiler exited with status %d%s",
-			 WEXITSTATUS(status), space ? " (out of disk space)" : "");
-		out->status = space ? KC_COMPILE_TRANSIENT : KC_COMPILE_REJECTED;
+			 WEXITSTATUS(status),
+			 space ? " (out of disk space)"
+			       : reported ? "" : " without reporting an error");
+		out->status = space || !reported ? KC_COMPILE_TRANSIENT : KC_COMPILE_REJECTED;
 		return 0;
 	}
 	fd = openat(spec->scratch_fd, "kernel.cubin", O_RDONLY | O_CLOEXEC | O_NOFOLLOW);

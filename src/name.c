@@ -31,8 +31,10 @@ enum kc_name_kind kc_name_classify(const char *name, const char **why)
 	size_t len = strlen(name);
 	const size_t plen = sizeof(ENTRY_PREFIX) - 1;
 
-	if (len <= plen || strncmp(name, ENTRY_PREFIX, plen) != 0)
+	if (len < plen || strncmp(name, ENTRY_PREFIX, plen) != 0)
 		return KC_NAME_PLAIN;
+	if (len == plen)
+		return bad(why, "empty kernel name and hash");
 	if (kc_name_role(name) != KC_ROLE_PLAIN)
 		return KC_NAME_PLAIN; /* a file name such as kernel.cu used as a directory */
 	if (len > NAME_MAX)

@@ -2,7 +2,9 @@
 #define _GNU_SOURCE
 #include "store.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <signal.h>
 #include <fcntl.h>
 #include <ftw.h>
 #include <stdatomic.h>
@@ -40,6 +42,45 @@ int kc_store_remove_tree(const char *path)
 	if (nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS) != 0)
 		return errno == ENOENT ? 0 : -errno;
 	return 0;
+}
+
+/* A compile of a daemon that died keeps running (its own process group, reparented).
+ * Each scratch directory records its compiler's process group in "pgid": kill the group
+ * if its leader still works in that directory. */
+static void kill_orphan_compiles(const char *scratch_path)
+{
+	DIR *d = opendir(scratch_path);
+	struct dirent *de;
+
+	if (!d)
+		return;
+	while ((de = readdir(d)) != NULL) {
+		char path[4400], cwd[4400], link[64], buf[32];
+		if (de->d_name[0] == '.')
+			continue;
+		snprintf(path, sizeof(path), "%.4096s/%.255s/pgid", scratch_path, de->d_name);
+		FILE *f = fopen(path, "re");
+		int pgid = 0;
+		if (!f)
+			continue;
+		if (!fgets(buf, sizeof(buf), f) || sscanf(buf, "%d", &pgid) != 1)
+			pgid = 0;
+		fclose(f);
+		if (pgid <= 1)
+			continue;
+		snprintf(link, sizeof(link), "/proc/%d/cwd", pgid);
+		ssize_t n = readlink(link, cwd, sizeof(cwd) - 1);
+		if (n < 0)
+			continue;
+		cwd[n] = '\0';
+		snprintf(path, sizeof(path), "%.4096s/%.255s", scratch_path, de->d_name);
+		if (strncmp(cwd, path, strlen(path)) == 0) {
+			kc_log(KC_LOG_WARN, "killing compiler process group %d left by a previous daemon",
+			       pgid);
+			kill(-pgid, SIGKILL);
+		}
+	}
+	closedir(d);
 }
 
 /* Empty the directory dirpath (keep it), or create it. Returns an fd on it or -errno. */
@@ -98,6 +139,7 @@ int kc_store_open(struct kc_store *s, const char *path, char *why, size_t whylen
 	snprintf(sub, sizeof(sub), "%s/" KC_STATE_DIR "/tmp", s->root_path);
 	s->tmp_fd = fresh_dir(state, "tmp", sub);
 	snprintf(sub, sizeof(sub), "%s/" KC_STATE_DIR "/scratch", s->root_path);
+	kill_orphan_compiles(sub);
 	s->scratch_fd = fresh_dir(state, "scratch", sub);
 	if (s->tmp_fd < 0 || s->scratch_fd < 0) {
 		err = fail(why, whylen, s->tmp_fd < 0 ? s->tmp_fd : s->scratch_fd,

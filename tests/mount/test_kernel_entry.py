@@ -84,17 +84,27 @@ def test_failing_source_gives_eio_to_all_and_keeps_log(mount_factory, counting_n
 
 
 def test_timeout_is_a_passing_failure(mount_factory, tmp_path):
-    """A compile killed by compile_timeout gives EIO; the next open compiles again."""
-    first = tmp_path / "first-call-done"
+    """A compile killed by compile_timeout gives EIO to every waiter from one compiler run
+    (openers queued behind it are held off briefly); a later open compiles again."""
+    calls = tmp_path / "calls"
     nvcc = write_script(tmp_path / "nvcc-hangs-once",
-                        'case "$*" in *-cubin*) if [ ! -e %s ]; then touch %s; exec sleep 60; fi;; esac\n'
-                        'exec /usr/local/cuda/bin/nvcc "$@"\n' % (first, first))
+                        'case "$*" in *-cubin*) echo run >> %s\n'
+                        '  if [ ! -e %s.done ]; then touch %s.done; exec sleep 60; fi;; esac\n'
+                        'exec /usr/local/cuda/bin/nvcc "$@"\n' % (calls, calls, calls))
     m = mount_factory(["nvcc=%s" % nvcc, "compile_timeout=2"])
     entry = m.stage("vector_add", *sample("vector_add"))
-    assert read_result(entry / "kernel.cubin") == ("err", errno.EIO)
+    started = time.monotonic()
+    results = run_parallel(8, lambda i, p: read_result(p), str(entry / "kernel.cubin"))
+    assert results == [("err", errno.EIO)] * 8
+    assert time.monotonic() - started < 30, "waiters were not answered promptly"
+    assert calls.read_text().count("run") == 1, "one compiler run for all waiters"
     assert "timed out" in (entry / "kernel.log").read_text()
-    assert subprocess.run(["pgrep", "-f", "exec sleep 60|sleep 60"], capture_output=True).returncode != 0
+    assert subprocess.run(["pgrep", "-x", "sleep", "-f"], capture_output=True).stdout.count(b"\n") \
+        == 0 or b"sleep 60" not in subprocess.run(["ps", "ax"], capture_output=True).stdout
+    assert not (m.backing / entry.relative_to(m.mnt) / "kernel.cubin").exists()
+    time.sleep(2.2)  # the hold-off after a passing failure
     assert read_result(entry / "kernel.cubin")[0] == "ok"
+    assert calls.read_text().count("run") == 2
     assert m.stats()["compiles_total"] == 1
 
 
