@@ -26,10 +26,29 @@ struct kc_fs {
 	struct kc_notifier notifier;
 	struct fuse_session *se;
 	struct timespec started; /* mount time, shown as .kcachefs times */
+	/* waiter.c: the sweeper of waiters interrupted by a signal their process survived */
+	pthread_t sweep_thread;
+	pthread_mutex_t sweep_lock;
+	pthread_cond_t sweep_cond;
+	int sweep_stop, sweep_started;
 };
 
 /* The low-level operations (ops.c). */
 extern const struct fuse_lowlevel_ops kc_fs_ops;
+
+/* Requests parked on a compile (waiter.c). */
+
+/* Park a getattr (fi NULL) or an open (fi its file info) of a pending cubin inode until
+ * the entry's compile ends; answered with kc_reply_published_* or the compile's error. */
+void kc_park(fuse_req_t req, struct kc_inode *pending, struct fuse_file_info *fi);
+/* Start/stop the thread that lets go of parked waiters whose process is killed after an
+ * interrupt it survived. Start returns 0 or -errno. */
+int kc_sweeper_start(struct kc_fs *fs);
+void kc_sweeper_stop(struct kc_fs *fs);
+
+/* Answers for a pending inode once its entry's cubin is published (ops.c). */
+void kc_reply_published_attr(fuse_req_t req, struct kc_inode *pending);
+void kc_reply_published_open(fuse_req_t req, struct kc_inode *pending, struct fuse_file_info *fi);
 
 /* .kcachefs control directory (ctl.c). */
 #define KC_CTL_NAME ".kcachefs"

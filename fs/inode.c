@@ -16,7 +16,7 @@ static int inode_cmp(const void *a, const void *b)
 		return x->dev < y->dev ? -1 : 1;
 	if (x->ino != y->ino)
 		return x->ino < y->ino ? -1 : 1;
-	return 0;
+	return x->pending - y->pending;
 }
 
 static void init_virtual(struct kc_inode *in, enum kc_virtual v, mode_t type)
@@ -76,19 +76,12 @@ fuse_ino_t kc_inode_ino(struct kc_inode_table *t, const struct kc_inode *in)
 	return in == &t->root ? FUSE_ROOT_ID : (fuse_ino_t)(uintptr_t)in;
 }
 
-struct kc_inode *kc_inode_ref(struct kc_inode_table *t, int fd, const struct stat *st, int *err)
+/* Find or create the inode for key (fd is consumed), counting one kernel reference. */
+static struct kc_inode *ref_key(struct kc_inode_table *t, const struct kc_inode *key, int fd,
+				mode_t type, int *err)
 {
-	struct kc_inode key = {.dev = st->st_dev, .ino = st->st_ino};
-
-	if (st->st_dev == t->root.dev && st->st_ino == t->root.ino) {
-		close(fd);
-		pthread_mutex_lock(&t->lock);
-		t->root.nlookup++;
-		pthread_mutex_unlock(&t->lock);
-		return &t->root;
-	}
 	pthread_mutex_lock(&t->lock);
-	struct kc_inode **found = tfind(&key, &t->tree, inode_cmp);
+	struct kc_inode **found = tfind(key, &t->tree, inode_cmp);
 	if (found) {
 		struct kc_inode *in = *found;
 		in->nlookup++;
@@ -99,9 +92,10 @@ struct kc_inode *kc_inode_ref(struct kc_inode_table *t, int fd, const struct sta
 	struct kc_inode *in = calloc(1, sizeof(*in));
 	if (in) {
 		in->fd = fd;
-		in->dev = st->st_dev; /* the tree key: set before tsearch orders by it */
-		in->ino = st->st_ino;
-		in->type = st->st_mode & S_IFMT;
+		in->dev = key->dev; /* the tree key: set before tsearch orders by it */
+		in->ino = key->ino;
+		in->pending = key->pending;
+		in->type = type;
 		in->nlookup = 1;
 		in->parent_fd = -1;
 	}
@@ -114,6 +108,40 @@ struct kc_inode *kc_inode_ref(struct kc_inode_table *t, int fd, const struct sta
 	}
 	t->count++;
 	pthread_mutex_unlock(&t->lock);
+	return in;
+}
+
+struct kc_inode *kc_inode_ref(struct kc_inode_table *t, int fd, const struct stat *st, int *err)
+{
+	struct kc_inode key = {.dev = st->st_dev, .ino = st->st_ino};
+
+	if (st->st_dev == t->root.dev && st->st_ino == t->root.ino) {
+		close(fd);
+		pthread_mutex_lock(&t->lock);
+		t->root.nlookup++;
+		pthread_mutex_unlock(&t->lock);
+		return &t->root;
+	}
+	return ref_key(t, &key, fd, st->st_mode & S_IFMT, err);
+}
+
+struct kc_inode *kc_inode_ref_pending(struct kc_inode_table *t, int entry_fd,
+				      const struct stat *entry_st, int *err)
+{
+	struct kc_inode key = {.dev = entry_st->st_dev, .ino = entry_st->st_ino, .pending = 1};
+	int fd = fcntl(entry_fd, F_DUPFD_CLOEXEC, 0);
+	if (fd < 0) {
+		*err = -errno;
+		return NULL;
+	}
+	struct kc_inode *in = ref_key(t, &key, fd, S_IFREG, err);
+	if (in) {
+		pthread_mutex_lock(&t->lock);
+		in->role = KC_ROLE_CUBIN;
+		if (in->parent_fd < 0)
+			in->parent_fd = fcntl(entry_fd, F_DUPFD_CLOEXEC, 0);
+		pthread_mutex_unlock(&t->lock);
+	}
 	return in;
 }
 
@@ -131,7 +159,7 @@ struct kc_inode *kc_inode_find(struct kc_inode_table *t, dev_t dev, ino_t ino)
 void kc_inode_place(struct kc_inode_table *t, struct kc_inode *in, const struct kc_inode *parent,
 		    const char *name, int staging)
 {
-	if (in == &t->root || in->virt)
+	if (in == &t->root || in->virt || in->pending)
 		return;
 	int entry = 0, parent_fd = -1;
 	enum kc_role role = KC_ROLE_PLAIN;

@@ -31,6 +31,8 @@ struct kc_inode {
 	enum kc_role role;   /* a file's role inside its entry */
 	int parent_fd;       /* staged roles: O_PATH fd of the entry directory, else -1 */
 	int staging;         /* an uncommitted stage temporary */
+	int pending;         /* the kernel.cubin of entry (dev, ino) before it is published:
+			      * fd and parent_fd are the entry directory (see ops.c) */
 };
 
 struct kc_inode_table {
@@ -55,6 +57,11 @@ fuse_ino_t kc_inode_ino(struct kc_inode_table *t, const struct kc_inode *in);
  * *err. */
 struct kc_inode *kc_inode_ref(struct kc_inode_table *t, int fd, const struct stat *st,
 			      int *err);
+
+/* Find or create the pending-cubin inode of the entry directory behind entry_fd (stat
+ * entry_st), and count one kernel reference. Returns it, or NULL with -errno in *err. */
+struct kc_inode *kc_inode_ref_pending(struct kc_inode_table *t, int entry_fd,
+				      const struct stat *entry_st, int *err);
 
 /* Find the inode of (dev, ino) if the kernel knows it; no reference is taken, so use it
  * only under the guarantee that the kernel still holds one (e.g. inside a request on it). */

@@ -58,12 +58,6 @@ struct kc_dh {
 	size_t n;
 };
 
-struct cubin_waiter {
-	struct kc_waiter base;
-	fuse_req_t req;
-	struct kc_inode *parent;
-};
-
 static struct kc_fs *fs_of(fuse_req_t req)
 {
 	return fuse_req_userdata(req);
@@ -166,74 +160,31 @@ static void reply_virtual_entry(fuse_req_t req, struct kc_inode *in)
 	fuse_reply_entry(req, &e);
 }
 
-/* ---- waiting for a compile without holding a worker thread ---- */
-
-/* Nonzero if thread tid has SIGKILL pending, i.e. its process is being killed (a fatal
- * signal with default action is turned into SIGKILL for every thread by the kernel). */
-static int being_killed(pid_t tid)
+/* The entry for a kernel.cubin that is staged but not compiled yet: a pending inode with
+ * timeouts 0, so the kernel asks again (getattr, which waits in waiter.c) before it uses
+ * the placeholder size, and finds the published inode at the next lookup. */
+static void reply_pending_entry(fuse_req_t req, struct kc_inode *entry)
 {
-	char path[64], line[256];
-	int killed = 0;
-
-	snprintf(path, sizeof(path), "/proc/%d/status", (int)tid);
-	FILE *f = fopen(path, "re");
-	if (!f)
-		return 1; /* gone already */
-	while (fgets(line, sizeof(line), f)) {
-		unsigned long long mask;
-		if ((sscanf(line, "SigPnd: %llx", &mask) == 1 ||
-		     sscanf(line, "ShdPnd: %llx", &mask) == 1) &&
-		    (mask & (1ull << (9 - 1))))
-			killed = 1;
-	}
-	fclose(f);
-	return killed;
-}
-
-/* A parked lookup was interrupted. Only a dying process is let go (EINTR): a stat() that
- * fails with EINTR on an ordinary signal would surprise every client. */
-static void waiter_interrupted(fuse_req_t req, void *data)
-{
-	struct cubin_waiter *w = data;
 	struct kc_fs *fs = fs_of(req);
+	struct fuse_entry_param e = {0};
+	struct stat est;
+	int err = 0;
 
-	if (!being_killed(fuse_req_ctx(req)->pid))
-		return;
-	if (kc_flight_cancel(&fs->cache.flights, &w->base)) {
-		fuse_reply_err(req, EINTR);
-		free(w);
-	}
-}
-
-static void cubin_ready(struct kc_waiter *base, int result);
-
-/* Run the cache lookup for w; replies unless the waiter was parked. */
-static void lookup_cubin(struct cubin_waiter *w)
-{
-	struct kc_fs *fs = fs_of(w->req);
-	int r = kc_cache_lookup_cubin(&fs->cache, w->parent->fd, &w->base);
-	if (r == KC_PENDING)
-		return;
-	fuse_req_interrupt_func(w->req, NULL, NULL);
-	if (r < 0)
-		fuse_reply_err(w->req, -r);
-	else
-		reply_lookup(w->req, w->parent, KC_CUBIN_NAME);
-	free(w);
-}
-
-static void cubin_ready(struct kc_waiter *base, int result)
-{
-	struct cubin_waiter *w = (struct cubin_waiter *)base;
-	if (result == -EAGAIN) { /* recipe changed under the compile: look again */
-		lookup_cubin(w);
-		return;
-	}
-	if (result < 0)
-		fuse_reply_err(w->req, -result);
-	else
-		reply_lookup(w->req, w->parent, KC_CUBIN_NAME);
-	free(w);
+	if (fstat(entry->fd, &est) != 0)
+		return (void)fuse_reply_err(req, errno);
+	struct kc_inode *in = kc_inode_ref_pending(&fs->inodes, entry->fd, &est, &err);
+	if (!in)
+		return (void)fuse_reply_err(req, -err);
+	e.ino = kc_inode_ino(&fs->inodes, in);
+	e.attr.st_ino = est.st_ino ^ 0x5a5a5a5aULL;
+	e.attr.st_mode = S_IFREG | 0444;
+	e.attr.st_nlink = 1;
+	e.attr.st_uid = est.st_uid;
+	e.attr.st_gid = est.st_gid;
+	e.attr.st_mtim = e.attr.st_ctim = e.attr.st_atim = est.st_mtim;
+	e.attr_timeout = e.entry_timeout = 0;
+	if (fuse_reply_entry(req, &e) != 0)
+		kc_inode_forget(&fs->inodes, in, 1);
 }
 
 static void kc_lookup(fuse_req_t req, fuse_ino_t parent_ino, const char *name)
@@ -249,16 +200,12 @@ static void kc_lookup(fuse_req_t req, fuse_ino_t parent_ino, const char *name)
 		return (void)fuse_reply_err(req, ENOENT);
 	}
 	if (parent->entry && strcmp(name, KC_CUBIN_NAME) == 0) {
-		struct cubin_waiter *w = calloc(1, sizeof(*w));
-		if (!w)
-			return (void)fuse_reply_err(req, ENOMEM);
-		w->base.done = cubin_ready;
-		w->req = req;
-		w->parent = parent;
-		/* Registered before the waiter is queued: an interrupt that comes first finds
-		 * nothing to cancel, one that comes later cancels under the table lock. */
-		fuse_req_interrupt_func(req, waiter_interrupted, w);
-		return lookup_cubin(w);
+		/* Published: the real file. Staged: start its compile, answer pending now. */
+		int r = kc_cache_lookup_cubin(&fs->cache, parent->fd, NULL);
+		if (r == KC_PENDING)
+			return reply_pending_entry(req, parent);
+		if (r < 0)
+			return (void)fuse_reply_err(req, -r);
 	}
 	reply_lookup(req, parent, name);
 }
@@ -288,7 +235,9 @@ static void kc_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 		kc_ctl_attr(fs_of(req), in, &st);
 		return (void)fuse_reply_attr(req, &st, KC_TIMEOUT_PLAIN);
 	}
-	int r = fi && fh_of(fi)->kind == FH_STAGE
+	if (in->pending && !fi)
+		return kc_park(req, in, NULL); /* answered with the compiled size */
+	int r = fi && (fh_of(fi)->kind == FH_STAGE || in->pending)
 			? fstat(fh_of(fi)->fd, &st)
 			: fstatat(in->fd, "", &st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW);
 	if (r != 0)
@@ -304,7 +253,7 @@ static void kc_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to
 	char path[32];
 	int r = 0;
 
-	if (in->virt)
+	if (in->virt || (in->pending && !fh))
 		return (void)fuse_reply_err(req, EPERM);
 	proc_path(in->fd, path);
 	if (to_set & FUSE_SET_ATTR_MODE)
@@ -664,6 +613,92 @@ static struct kc_fh *fh_new(enum fh_kind kind, int fd)
 	return fh;
 }
 
+/* Open a staged file for writing: a private stage, seeded with the bytes of seed_fd
+ * unless O_TRUNC, committed at close. Consumes entry_fd. Replies. */
+static void open_stage(fuse_req_t req, struct fuse_file_info *fi, enum kc_role role,
+		       int entry_fd, int seed_fd)
+{
+	struct kc_fs *fs = fs_of(req);
+	struct kc_fh *fh = fh_new(FH_STAGE, -1);
+	struct stat st;
+	int err = !fh ? -ENOMEM : fstat(seed_fd, &st) ? -errno : 0;
+
+	if (!err) {
+		fh->role = role;
+		fh->entry_fd = entry_fd;
+		fh->dirty = (fi->flags & O_TRUNC) != 0;
+		err = stage_begin(fs, fh, (fi->flags & O_TRUNC) ? -1 : seed_fd, st.st_mode | 0600);
+	}
+	if (err) {
+		if (fh)
+			fh_free(fs, fh);
+		else
+			close(entry_fd);
+		return (void)fuse_reply_err(req, -err);
+	}
+	fi->fh = (uintptr_t)fh;
+	fuse_reply_open(req, fi);
+}
+
+/* Serve a published cubin opened as fd (consumed), checked against its record first.
+ * keep_cache: the kernel's pages of this inode stay valid (immutable). Replies. */
+static void open_cubin(fuse_req_t req, struct kc_inode *in, int fd, struct fuse_file_info *fi,
+		       int keep_cache)
+{
+	struct kc_fs *fs = fs_of(req);
+	enum kc_role role;
+	int entry_fd = kc_inode_entry_fd(&fs->inodes, in, &role);
+	int err = kc_cache_verify_open(&fs->cache, fd, entry_fd);
+	struct kc_fh *fh = err ? NULL : fh_new(FH_PLAIN, fd);
+
+	if (err && entry_fd >= 0) { /* make the next open look it up (and compile) again */
+		struct stat est;
+		struct kc_inode *entry = fstat(entry_fd, &est) == 0
+						 ? kc_inode_find(&fs->inodes, est.st_dev, est.st_ino)
+						 : NULL;
+		if (entry)
+			kc_notifier_inval_entry(&fs->notifier, kc_inode_ino(&fs->inodes, entry),
+						KC_CUBIN_NAME);
+	}
+	if (entry_fd >= 0)
+		close(entry_fd);
+	if (!fh) {
+		close(fd);
+		return (void)fuse_reply_err(req, err ? -err : ENOMEM);
+	}
+	fi->fh = (uintptr_t)fh;
+	fi->keep_cache = keep_cache;
+	atomic_fetch_add(&fs->cache.stats.cubin_opens, 1);
+	fuse_reply_open(req, fi);
+}
+
+void kc_reply_published_attr(fuse_req_t req, struct kc_inode *pending)
+{
+	struct stat st;
+	if (fstatat(pending->fd, KC_CUBIN_NAME, &st, AT_SYMLINK_NOFOLLOW) != 0)
+		return (void)fuse_reply_err(req, errno == ENOENT ? EIO : errno);
+	fuse_reply_attr(req, &st, 0);
+}
+
+void kc_reply_published_open(fuse_req_t req, struct kc_inode *pending, struct fuse_file_info *fi)
+{
+	int fd = openat(pending->fd, KC_CUBIN_NAME, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0)
+		return (void)fuse_reply_err(req, errno == ENOENT ? EIO : errno);
+	if ((fi->flags & O_ACCMODE) != O_RDONLY) {
+		int entry_fd = fcntl(pending->fd, F_DUPFD_CLOEXEC, 0);
+		if (entry_fd < 0) {
+			close(fd);
+			return (void)fuse_reply_err(req, errno);
+		}
+		open_stage(req, fi, KC_ROLE_CUBIN, entry_fd, fd);
+		close(fd);
+		return;
+	}
+	/* Pages of the pending inode were never filled: nothing stale to keep or drop. */
+	open_cubin(req, pending, fd, fi, 0);
+}
+
 static void kc_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
 	struct kc_fs *fs = fs_of(req);
@@ -686,64 +721,31 @@ static void kc_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 		fi->direct_io = 1;
 		return (void)fuse_reply_open(req, fi);
 	}
+	if (in->pending)
+		return kc_park(req, in, fi); /* opened once the compile is published */
 	proc_path(in->fd, path);
 	int entry_fd = writing ? kc_inode_entry_fd(&fs->inodes, in, &role) : -1;
 	if (entry_fd >= 0) {
-		/* A staged file opened for writing: write a private copy, commit at close. */
-		struct kc_fh *fh = fh_new(FH_STAGE, -1);
-		struct stat st;
-		int seed = (fi->flags & O_TRUNC) ? -1 : open(path, O_RDONLY | O_CLOEXEC);
-		int err = !fh ? -ENOMEM : fstatat(in->fd, "", &st, AT_EMPTY_PATH) ? -errno : 0;
-		if (!err) {
-			fh->role = role;
-			fh->entry_fd = entry_fd;
-			fh->dirty = (fi->flags & O_TRUNC) != 0;
-			err = stage_begin(fs, fh, seed, st.st_mode | 0600);
+		int seed = open(path, O_RDONLY | O_CLOEXEC);
+		if (seed < 0) {
+			close(entry_fd);
+			return (void)fuse_reply_err(req, errno);
 		}
-		if (seed >= 0)
-			close(seed);
-		if (err) {
-			if (fh)
-				fh_free(fs, fh);
-			else
-				close(entry_fd);
-			return (void)fuse_reply_err(req, -err);
-		}
-		fi->fh = (uintptr_t)fh;
-		return (void)fuse_reply_open(req, fi);
+		open_stage(req, fi, role, entry_fd, seed);
+		close(seed);
+		return;
 	}
 	int fd = open(path, (fi->flags & ~(O_CREAT | O_EXCL | O_NOCTTY | O_NOFOLLOW)) | O_CLOEXEC);
 	if (fd < 0)
 		return (void)fuse_reply_err(req, errno);
+	if (in->role == KC_ROLE_CUBIN && !in->staging)
+		return open_cubin(req, in, fd, fi, 1);
 	struct kc_fh *fh = fh_new(FH_PLAIN, fd);
 	if (!fh) {
 		close(fd);
 		return (void)fuse_reply_err(req, ENOMEM);
 	}
 	fi->fh = (uintptr_t)fh;
-	if (in->role == KC_ROLE_CUBIN && !in->staging) {
-		/* Checked against its record before it is served (cheap unless it changed). */
-		int entry_fd = kc_inode_entry_fd(&fs->inodes, in, &role);
-		int err = kc_cache_verify_open(&fs->cache, fd, entry_fd);
-		if (err) {
-			struct stat est;
-			struct kc_inode *entry = entry_fd >= 0 && fstat(entry_fd, &est) == 0
-							 ? kc_inode_find(&fs->inodes, est.st_dev, est.st_ino)
-							 : NULL;
-			if (entry)
-				kc_notifier_inval_entry(&fs->notifier,
-							kc_inode_ino(&fs->inodes, entry), KC_CUBIN_NAME);
-		}
-		if (entry_fd >= 0)
-			close(entry_fd);
-		if (err) {
-			close(fd);
-			free(fh);
-			return (void)fuse_reply_err(req, -err);
-		}
-		fi->keep_cache = 1; /* published: immutable, so cached pages stay valid */
-		atomic_fetch_add(&fs->cache.stats.cubin_opens, 1);
-	}
 	fuse_reply_open(req, fi);
 }
 

@@ -489,7 +489,8 @@ int kc_cache_lookup_cubin(struct kc_cache *c, int entry_fd, struct kc_waiter *w)
 			free(j);
 		}
 		if (r == KC_FLIGHT_JOINED) {
-			atomic_fetch_add(&c->stats.waits, 1);
+			if (w)
+				atomic_fetch_add(&c->stats.waits, 1);
 			return KC_PENDING;
 		}
 		if (r < 0)

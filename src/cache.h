@@ -42,13 +42,14 @@ int kc_cache_init(struct kc_cache *c, const struct kc_config *cfg, struct kc_sto
 /* Kill running compilers, fail queued compiles (their waiters get -EIO), stop workers. */
 void kc_cache_shutdown(struct kc_cache *c);
 
-/* Look up kernel.cubin in an entry.
+/* Look up kernel.cubin in an entry, starting its compile if it must be compiled.
  * Returns 0 when a published, verified cubin is there (the caller stats it);
- * KC_PENDING when w was queued on a compile (w->done is called later with 0 when published,
- * -EIO when the compile failed, -EAGAIN when the recipe changed during the compile and the
- * lookup must be repeated); -ENOENT when nothing is published and no recipe is staged;
- * -EIO when the cubin is corrupt and cannot be rebuilt, or the recipe was rejected by this
- * compiler before (see kernel.log). */
+ * KC_PENDING when a compile is in flight: w (if not NULL) was queued on it, and w->done is
+ * called later with 0 when published, -EIO when the compile failed, -EAGAIN when the recipe
+ * changed during the compile and the lookup must be repeated; -ENOENT when nothing is
+ * published and no recipe is staged; -EIO when the cubin is corrupt and cannot be rebuilt,
+ * or the recipe was rejected by this compiler before (see kernel.log), or failed for a
+ * passing cause less than KC_RETRY_HOLDOFF seconds ago. */
 int kc_cache_lookup_cubin(struct kc_cache *c, int entry_fd, struct kc_waiter *w);
 
 /* Check an open published cubin (fd) against its record before it is served; cheap when

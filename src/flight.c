@@ -38,8 +38,10 @@ int kc_flight_join(struct kc_flight_table *t, const struct kc_flight_key *key,
 	pthread_mutex_lock(&t->lock);
 	struct kc_flight **p = find(t, key);
 	if (*p) {
-		w->next = (*p)->waiters;
-		(*p)->waiters = w;
+		if (w) {
+			w->next = (*p)->waiters;
+			(*p)->waiters = w;
+		}
 		ret = KC_FLIGHT_JOINED;
 	} else if (recheck && (ret = recheck(arg)) != 0) {
 		/* already done: nothing queued */
@@ -50,7 +52,8 @@ int kc_flight_join(struct kc_flight_table *t, const struct kc_flight_key *key,
 		} else {
 			f->key = *key;
 			f->next = t->head;
-			w->next = NULL;
+			if (w)
+				w->next = NULL;
 			f->waiters = w;
 			t->head = f;
 			t->count++;
@@ -102,6 +105,44 @@ int kc_flight_cancel(struct kc_flight_table *t, struct kc_waiter *w)
 	}
 	pthread_mutex_unlock(&t->lock);
 	return found;
+}
+
+int kc_flight_flag(struct kc_flight_table *t, struct kc_waiter *w)
+{
+	int found = 0;
+
+	pthread_mutex_lock(&t->lock);
+	for (struct kc_flight *f = t->head; f && !found; f = f->next)
+		for (struct kc_waiter *q = f->waiters; q; q = q->next)
+			if (q == w) {
+				w->flagged = 1;
+				found = 1;
+				break;
+			}
+	pthread_mutex_unlock(&t->lock);
+	return found;
+}
+
+struct kc_waiter *kc_flight_sweep(struct kc_flight_table *t,
+				  int (*pred)(struct kc_waiter *w, void *arg), void *arg)
+{
+	struct kc_waiter *out = NULL;
+
+	pthread_mutex_lock(&t->lock);
+	for (struct kc_flight *f = t->head; f; f = f->next) {
+		for (struct kc_waiter **p = &f->waiters; *p;) {
+			struct kc_waiter *w = *p;
+			if (w->flagged && pred(w, arg)) {
+				*p = w->next;
+				w->next = out;
+				out = w;
+			} else {
+				p = &w->next;
+			}
+		}
+	}
+	pthread_mutex_unlock(&t->lock);
+	return out;
 }
 
 unsigned kc_flight_count(struct kc_flight_table *t)

@@ -20,6 +20,7 @@ typedef void (*kc_waiter_fn)(struct kc_waiter *w, int result);
 struct kc_waiter {
 	struct kc_waiter *next; /* owned by the table while queued */
 	kc_waiter_fn done;
+	int flagged;            /* set by kc_flight_flag, read by kc_flight_sweep */
 };
 
 struct kc_flight_key {
@@ -43,6 +44,7 @@ void kc_flight_table_destroy(struct kc_flight_table *t);
 /* Queue w on the flight for key. If none is in flight, recheck(arg) runs under the table
  * lock (it sees every publish that a finished flight made); a nonzero return is passed
  * back and w is not queued. Otherwise a flight is created with w as its first waiter.
+ * w may be NULL: then nothing is queued, only a missing flight is created.
  * Returns KC_FLIGHT_JOINED, KC_FLIGHT_LEADER (the caller must start the work and call
  * kc_flight_finish), recheck's value, or -ENOMEM. */
 int kc_flight_join(struct kc_flight_table *t, const struct kc_flight_key *key,
@@ -56,6 +58,15 @@ unsigned kc_flight_finish(struct kc_flight_table *t, const struct kc_flight_key 
 /* Remove w from whichever flight holds it. Returns 1 if it was queued (its done will not
  * be called), 0 if it had already been served or was never queued. */
 int kc_flight_cancel(struct kc_flight_table *t, struct kc_waiter *w);
+
+/* Flag w if it is queued (under the table lock, so w cannot be served meanwhile).
+ * Returns 1 if flagged, 0 if w had already been served. */
+int kc_flight_flag(struct kc_flight_table *t, struct kc_waiter *w);
+
+/* Remove every flagged waiter for which pred(w, arg) is nonzero and return them as a list
+ * linked by next (their done is not called; the caller owns them). */
+struct kc_waiter *kc_flight_sweep(struct kc_flight_table *t,
+				  int (*pred)(struct kc_waiter *w, void *arg), void *arg);
 
 /* Number of flights now (for statistics). */
 unsigned kc_flight_count(struct kc_flight_table *t);

@@ -13,6 +13,7 @@ import pytest
     ("kernel.ge.mm.0123456789abcdef", "a dot in the name"),
     ("kernel.gémm.0123456789abcdef", "UTF-8 in the name"),
     ("kernel.gemm.0123456789abcdeg", "not hex"),
+    ("kernel.", "nothing after the prefix"),
 ])
 def test_bad_entry_names_are_einval(mount_factory, name, why):
     m = mount_factory()

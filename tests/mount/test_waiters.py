@@ -68,8 +68,10 @@ def test_64_waiters_do_not_starve_the_mount(mount_factory, tmp_path):
     openers = start_openers(entry / "kernel.cubin", 64)
     try:
         wait_for_flight(m)
-        # While 64 openers wait, everything else answers.
+        # While 64 openers wait, everything else answers, in the same entry too.
         for i in range(200):
+            assert os.stat(entry / "kernel.cu").st_size == len(src)
+            assert "kernel.cubin" in os.listdir(entry)
             os.stat(other / "kernel.cubin")
             assert len(os.listdir(m.mnt / "cache")) == 3
             assert (plain / "data").read_bytes() == b"x" * 100000
@@ -78,7 +80,7 @@ def test_64_waiters_do_not_starve_the_mount(mount_factory, tmp_path):
         s = m.stats()
         assert s["flights"] == 1, "the compile should still be gated"
         assert all(p.poll() is None for p in openers), "an opener returned before the compile"
-        assert s["waits_total"] + s["misses_total"] >= 2
+        assert s["waits_total"] >= 64, "each opener is its own parked request"
     finally:
         release.write_text("go")
     outs = [p.communicate(timeout=120)[0].split() for p in openers]
@@ -87,17 +89,42 @@ def test_64_waiters_do_not_starve_the_mount(mount_factory, tmp_path):
     assert m.stats()["compiles_total"] == 2
 
 
-def test_killed_waiter_leaves_others_unaffected(mount_factory, tmp_path):
-    m, entry, openers, release = gated_openers(mount_factory, tmp_path, 4)
+HANDLER = """
+import os, signal, sys, time
+signal.signal(signal.SIGTERM, lambda *a: sys.stdout.write('term\\n') or sys.stdout.flush())
+try:
+    with open(sys.argv[1], 'rb') as f:
+        data = f.read()
+    print('ok', len(data))
+except OSError as e:
+    print('err', e.errno)
+"""
+
+
+def test_killed_waiters_leave_others_unaffected(mount_factory, tmp_path):
+    """Every waiter is its own request: any one of them can be killed at once, also after
+    a signal it survived (SIGTERM caught by a handler, then SIGKILL)."""
+    m, entry, openers, release = gated_openers(mount_factory, tmp_path, 6)
+    survivor = subprocess.Popen([sys.executable, "-c", HANDLER, str(entry / "kernel.cubin")],
+                                stdout=subprocess.PIPE, text=True)
     try:
+        deadline = time.monotonic() + 30
+        while m.stats()["waits_total"] < 7:
+            assert time.monotonic() < deadline, m.stats()
+            time.sleep(0.05)
+        for victim in (openers[3], openers[0]):
+            victim.send_signal(signal.SIGKILL)
+            assert victim.wait(timeout=10) == -signal.SIGKILL
+        survivor.send_signal(signal.SIGTERM)  # caught: it keeps waiting
         time.sleep(0.5)
-        openers[0].send_signal(signal.SIGKILL)
-        # The killed one goes away while the compile is still gated.
-        assert openers[0].wait(timeout=20) == -signal.SIGKILL
-        assert all(p.poll() is None for p in openers[1:])
+        assert survivor.poll() is None
+        survivor.send_signal(signal.SIGKILL)
+        assert survivor.wait(timeout=10) == -signal.SIGKILL
+        assert all(p.poll() is None for p in openers[1:3] + openers[4:])
+        assert m.stats()["flights"] == 1, "the compile is still gated"
     finally:
         release.write_text("go")
-    outs = [p.communicate(timeout=120)[0].split() for p in openers[1:]]
+    outs = [p.communicate(timeout=120)[0].split() for p in openers[1:3] + openers[4:]]
     assert all(o[0] == "ok" for o in outs), outs
     assert m.stats()["compiles_total"] == 1
 

@@ -1,0 +1,147 @@
+"""Faults found by trying to break the mount, each pinned by a test: nothing staged ever
+changes in place, nothing corrupt is served, and failures with a passing cause are not
+remembered."""
+import errno
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import elf_symbols, entry_name, read_result, sample, write_script
+
+PART_A = b'extern "C" __global__ void part_a(float *x) { x[threadIdx.x] += 1.0f; }\n'
+PART_B = b'extern "C" __global__ void part_b(float *x) { x[threadIdx.x] *= 2.0f; }\n'
+
+
+def new_entry(m, name, src):
+    entry = m.mnt / "cache" / entry_name(name, src)
+    entry.mkdir(parents=True)
+    (entry / "kernel.flags").write_bytes(b"-O3\n")
+    return entry
+
+
+def test_child_exec_while_writing_does_not_stage_half_a_source(mount_factory):
+    """A child that exec()s closes its copy of the descriptor: not the writer's close."""
+    m = mount_factory()
+    entry = new_entry(m, "two", PART_A + PART_B)
+    with open(entry / "kernel.cu", "wb", buffering=0) as f:
+        f.write(PART_A)
+        subprocess.run(["true"], check=True)
+        f.write(PART_B)
+    assert (entry / "kernel.cu").read_bytes() == PART_A + PART_B
+    symbols = elf_symbols((entry / "kernel.cubin").read_bytes())
+    assert {"part_a", "part_b"} <= symbols
+
+
+def test_staged_source_cannot_change_through_a_dup(mount_factory):
+    m = mount_factory()
+    entry = new_entry(m, "dup", PART_A)
+    fd = os.open(entry / "kernel.cu", os.O_CREAT | os.O_WRONLY, 0o644)
+    os.write(fd, PART_A)
+    fd2 = os.dup(fd)
+    os.close(fd)  # the writer's close: staged now
+    assert (entry / "kernel.cu").read_bytes() == PART_A
+    os.ftruncate(fd2, 0)  # a new version of the stage, refused at close
+    with pytest.raises(OSError) as e:
+        os.close(fd2)
+    assert e.value.errno == errno.EEXIST
+    assert (entry / "kernel.cu").read_bytes() == PART_A
+
+
+def test_directory_renamed_into_an_entry_makes_its_files_staged(mount_factory):
+    """DeepGEMM's rename of tmp/<id> into cache/: what is inside is staged from then on."""
+    m = mount_factory()
+    src, flags = sample("vector_add")
+    tmp = m.mnt / "tmp" / "123-abc"
+    tmp.mkdir(parents=True)
+    (tmp / "kernel.flags").write_bytes(flags)
+    fd = os.open(tmp / "kernel.cu", os.O_CREAT | os.O_RDWR, 0o644)
+    os.write(fd, src)
+    entry = m.mnt / "cache" / entry_name("dr", src, flags)
+    entry.parent.mkdir()
+    os.rename(tmp, entry)
+    cubin = (entry / "kernel.cubin").read_bytes()
+    with pytest.raises(OSError) as e:
+        os.truncate(entry / "kernel.cu", 10)
+    assert e.value.errno == errno.EPERM
+    os.lseek(fd, 0, 0)
+    os.write(fd, b"garbage!")
+    with pytest.raises(OSError) as e:
+        os.close(fd)
+    assert e.value.errno == errno.EEXIST
+    assert (entry / "kernel.cu").read_bytes() == src
+    assert (entry / "kernel.cubin").read_bytes() == cubin
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate"])
+def test_cubin_damaged_on_disk_is_never_served(mount_factory, damage):
+    """The kernel keeps the entry for an hour; the open checks the record anyway."""
+    m = mount_factory()
+    entry = m.stage("vector_add", *sample("vector_add"))
+    good = (entry / "kernel.cubin").read_bytes()
+    os.stat(entry / "kernel.cubin")
+    backing = m.backing / entry.relative_to(m.mnt) / "kernel.cubin"
+    os.chmod(backing, 0o644)
+    with open(backing, "r+b") as f:
+        if damage == "flip":
+            f.seek(100)
+            c = f.read(1)
+            f.seek(100)
+            f.write(bytes([c[0] ^ 0xFF]))
+        else:
+            f.truncate(len(good) // 2)
+    for _ in range(3):
+        r = read_result(entry / "kernel.cubin")
+        assert r == ("err", errno.EIO) or r[1:3] == (read_result(backing)[1], len(good)), r
+    assert m.stats()["corrupt_cubins_total"] >= 1
+    # Rebuilt from the recipe: the bytes on disk are a good cubin again.
+    assert read_result(entry / "kernel.cubin")[0] == "ok"
+    assert backing.read_bytes() == good
+
+
+def test_compiler_failing_without_an_error_message_is_not_remembered(mount_factory, tmp_path):
+    """Exit status 1 and no diagnostics (a full disk can do that): a passing failure."""
+    marker = tmp_path / "failed-once"
+    nvcc = write_script(tmp_path / "nvcc-silent-fail",
+                        'case "$*" in *-cubin*) [ -e %s ] || { touch %s; exit 1; };; esac\n'
+                        'exec /usr/local/cuda/bin/nvcc "$@"\n' % (marker, marker))
+    m = mount_factory(["nvcc=%s" % nvcc])
+    entry = m.stage("vector_add", *sample("vector_add"))
+    assert read_result(entry / "kernel.cubin") == ("err", errno.EIO)
+    assert "without reporting an error" in (entry / "kernel.log").read_text()
+    time.sleep(2.2)  # the hold-off after a passing failure
+    assert read_result(entry / "kernel.cubin")[0] == "ok"
+
+
+def test_compiler_of_a_killed_daemon_is_killed_at_restart(mount_factory, tmp_path):
+    nvcc = write_script(tmp_path / "nvcc-hangs", 'case "$*" in *-cubin*) exec sleep 1000;; esac\n'
+                        'exec /usr/local/cuda/bin/nvcc "$@"\n')
+    m = mount_factory(["nvcc=%s" % nvcc])
+    entry = m.stage("vector_add", *sample("vector_add"))
+    reader = subprocess.Popen(["cat", str(entry / "kernel.cubin")], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while b"sleep 1000" not in subprocess.run(["ps", "ax", "-o", "args"], capture_output=True).stdout:
+        assert time.monotonic() < deadline, "compiler did not start"
+        time.sleep(0.05)
+    m.kill()
+    reader.wait(timeout=30)
+    assert b"sleep 1000" in subprocess.run(["ps", "ax", "-o", "args"], capture_output=True).stdout
+    m2 = mount_factory(name="m")
+    deadline = time.monotonic() + 10
+    while b"sleep 1000" in subprocess.run(["ps", "ax", "-o", "args"], capture_output=True).stdout:
+        assert time.monotonic() < deadline, "orphaned compiler survived the restart"
+        time.sleep(0.05)
+    assert "left by a previous daemon" in m2.daemon_log()
+
+
+def test_only_staged_files_carry_staged_names(mount_factory):
+    m = mount_factory()
+    entry = new_entry(m, "names", PART_A)
+    for make in (lambda p: os.symlink("/etc/passwd", p), lambda p: os.mkdir(p)):
+        with pytest.raises(OSError) as e:
+            make(entry / "kernel.cubin")
+        assert e.value.errno == errno.EPERM
+    assert sorted(os.listdir(entry)) == ["kernel.flags"]
