@@ -8,11 +8,14 @@ scripts/setup.sh || exit 1
 
 status=0
 meson test -C build --suite unit --print-errorlogs || status=1
-/usr/bin/python3 -m pytest -p no:cacheprovider -v tests/mount "$@" || status=1
-# No test may leave a mount behind.
-if grep -q " fuse.kcachefs " /proc/mounts; then
-	echo "test.sh: kcachefs mounts left behind:" >&2
-	grep " fuse.kcachefs " /proc/mounts >&2
+base=$(mktemp -d /tmp/kcachefs-tests.XXXXXX)
+/usr/bin/python3 -m pytest -p no:cacheprovider --basetemp="$base" -v tests/mount "$@" || status=1
+# No test may leave a mount or a temp file behind.
+if awk -v b="$base" 'index($2, b) == 1 { found = 1 } END { exit !found }' /proc/mounts; then
+	echo "test.sh: mounts left behind under $base:" >&2
+	awk -v b="$base" 'index($2, b) == 1' /proc/mounts >&2
 	status=1
+else
+	rm -rf "$base"
 fi
 exit $status
