@@ -26,8 +26,7 @@
 struct kc_opts {
 	char *backing;
 	char *nvcc, *arch, *flags, *log_level;
-	unsigned jobs, compile_timeout;
-	unsigned long max_source_size;
+	char *jobs, *compile_timeout, *max_source_size; /* numbers, checked in main */
 	int autocompile;
 };
 
@@ -36,9 +35,9 @@ static const struct fuse_opt kc_opt_spec[] = {
 	OPT("nvcc=%s", nvcc),
 	OPT("arch=%s", arch),
 	OPT("flags=%s", flags),
-	OPT("jobs=%u", jobs),
-	OPT("compile_timeout=%u", compile_timeout),
-	OPT("max_source_size=%lu", max_source_size),
+	OPT("jobs=%s", jobs),
+	OPT("compile_timeout=%s", compile_timeout),
+	OPT("max_source_size=%s", max_source_size),
 	OPT("log_level=%s", log_level),
 	OPT("autocompile", autocompile),
 	FUSE_OPT_END,
@@ -103,6 +102,25 @@ static int check_overlap(const char *backing, const char *mnt)
 	return 0;
 }
 
+/* Parse a -o number in [min, max] into *out; absent (NULL) leaves *out. Returns 0, or -1
+ * after saying what is wrong. */
+static int parse_number(const char *name, const char *text, unsigned long min, unsigned long max,
+			unsigned long *out)
+{
+	char *end;
+	if (!text)
+		return 0;
+	errno = 0;
+	unsigned long v = strtoul(text, &end, 10);
+	if (errno || end == text || *end || text[0] == '-' || v < min || v > max) {
+		fprintf(stderr, "kcachefs: %s=%s: a whole number from %lu to %lu is needed\n", name,
+			text, min, max);
+		return -1;
+	}
+	*out = v;
+	return 0;
+}
+
 /* One O_PATH fd per known inode: allow as many as the hard limit permits. */
 static void raise_fd_limit(void)
 {
@@ -156,13 +174,20 @@ int main(int argc, char *argv[])
 	if (!fs)
 		goto out_args;
 	clock_gettime(CLOCK_REALTIME, &fs->started);
+	unsigned long jobs = 0, timeout = 0, max_source = 0;
+	if (parse_number("jobs", o.jobs, 1, 1024, &jobs) ||
+	    parse_number("compile_timeout", o.compile_timeout, 1, 7 * 86400, &timeout) ||
+	    parse_number("max_source_size", o.max_source_size, 1, 1ul << 30, &max_source)) {
+		ret = 2;
+		goto out_cfg;
+	}
 	fs->cfg.nvcc = o.nvcc;
 	fs->cfg.arch = o.arch;
 	fs->cfg.flags = o.flags;
-	fs->cfg.jobs = o.jobs;
-	fs->cfg.compile_timeout = o.compile_timeout;
+	fs->cfg.jobs = (unsigned)jobs;
+	fs->cfg.compile_timeout = (unsigned)timeout;
 	fs->cfg.autocompile = o.autocompile;
-	fs->cfg.max_source_size = o.max_source_size;
+	fs->cfg.max_source_size = max_source;
 	o.nvcc = o.arch = o.flags = NULL;
 	if (kc_config_resolve(&fs->cfg, why, sizeof(why)) != 0) {
 		fprintf(stderr, "kcachefs: %s\n", why);
@@ -240,6 +265,9 @@ out_args:
 	free(o.arch);
 	free(o.flags);
 	free(o.log_level);
+	free(o.jobs);
+	free(o.compile_timeout);
+	free(o.max_source_size);
 	fuse_opt_free_args(&args);
 	return ret;
 }

@@ -363,6 +363,18 @@ static void kc_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent_ino, co
 	reply_lookup(req, newparent, name);
 }
 
+/* Follow up a kc_cache_stage result r in entry entry_ino: the kernel's cached kernel.cubin
+ * goes when the recipe changed, and name (the rename target, if any) when the stored file
+ * stayed and src was consumed. Returns 0 or r's error. */
+static int staged(struct kc_fs *fs, int r, fuse_ino_t entry_ino, const char *name)
+{
+	if (r == KC_STAGE_CUBIN_REMOVED)
+		kc_notifier_inval_entry(&fs->notifier, entry_ino, KC_CUBIN_NAME);
+	if (r == KC_STAGE_KEPT && name)
+		kc_notifier_inval_entry(&fs->notifier, entry_ino, name);
+	return r < 0 ? r : 0;
+}
+
 /* A recipe file left an entry: drop what was compiled from it. */
 static void recipe_removed(fuse_req_t req, fuse_ino_t entry_ino, struct kc_inode *entry,
 			   const char *name)
@@ -448,7 +460,9 @@ static void kc_rename(fuse_req_t req, fuse_ino_t parent_ino, const char *name,
 			 fstatat(newparent->fd, newname, &tst, AT_SYMLINK_NOFOLLOW) == 0)
 			err = -EEXIST;
 		else
-			err = kc_cache_stage(&fs->cache, role, parent->fd, name, newparent->fd);
+			err = staged(fs, kc_cache_stage(&fs->cache, role, parent->fd, name,
+							newparent->fd),
+				     newparent_ino, newname);
 	} else if (S_ISDIR(st.st_mode) &&
 		   kc_name_classify(newname, &why) == KC_NAME_BAD_ENTRY) {
 		kc_log(KC_LOG_WARN, "rename to '%s' refused: not a valid kernel entry name (%s)",
@@ -565,9 +579,17 @@ static int stage_begin(struct kc_fs *fs, struct kc_fh *fh, int seed_fd, mode_t m
 /* Commit the stage temporary into the entry. Returns 0 or -errno (EEXIST, EINVAL...). */
 static int stage_commit(struct kc_fs *fs, struct kc_fh *fh)
 {
+	struct stat est;
 	if (fh->done || !fh->tmpname[0])
 		return 0;
+	struct kc_inode *entry = fstat(fh->entry_fd, &est) == 0
+					 ? kc_inode_find(&fs->inodes, est.st_dev, est.st_ino)
+					 : NULL;
 	int err = kc_cache_stage(&fs->cache, fh->role, fs->store.tmp_fd, fh->tmpname, fh->entry_fd);
+	if (entry)
+		err = staged(fs, err, kc_inode_ino(&fs->inodes, entry), NULL);
+	else if (err > 0)
+		err = 0;
 	if (err)
 		unlinkat(fs->store.tmp_fd, fh->tmpname, 0);
 	fh->tmpname[0] = '\0';
@@ -629,6 +651,7 @@ static void open_stage(fuse_req_t req, struct fuse_file_info *fi, enum kc_role r
 		fh->dirty = (fi->flags & O_TRUNC) != 0;
 		err = stage_begin(fs, fh, (fi->flags & O_TRUNC) ? -1 : seed_fd, st.st_mode | 0600);
 	}
+	fi->direct_io = 1; /* the stage's bytes stay out of the staged inode's page cache */
 	if (err) {
 		if (fh)
 			fh_free(fs, fh);
@@ -685,16 +708,6 @@ void kc_reply_published_open(fuse_req_t req, struct kc_inode *pending, struct fu
 	int fd = openat(pending->fd, KC_CUBIN_NAME, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
 	if (fd < 0)
 		return (void)fuse_reply_err(req, errno == ENOENT ? EIO : errno);
-	if ((fi->flags & O_ACCMODE) != O_RDONLY) {
-		int entry_fd = fcntl(pending->fd, F_DUPFD_CLOEXEC, 0);
-		if (entry_fd < 0) {
-			close(fd);
-			return (void)fuse_reply_err(req, errno);
-		}
-		open_stage(req, fi, KC_ROLE_CUBIN, entry_fd, fd);
-		close(fd);
-		return;
-	}
 	/* Pages of the pending inode were never filled: nothing stale to keep or drop. */
 	open_cubin(req, pending, fd, fi, 0);
 }
@@ -721,6 +734,10 @@ static void kc_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 		fi->direct_io = 1;
 		return (void)fuse_reply_open(req, fi);
 	}
+	/* A published or pending cubin is read-only: a write would reach the kernel's cached
+	 * pages and size of the published inode before any commit could refuse it. */
+	if (writing && in->role == KC_ROLE_CUBIN && !in->staging)
+		return (void)fuse_reply_err(req, EPERM);
 	if (in->pending)
 		return kc_park(req, in, fi); /* opened once the compile is published */
 	proc_path(in->fd, path);

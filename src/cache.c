@@ -375,6 +375,8 @@ static int run_compile(struct compile_job *j)
 		return -EIO;
 	}
 	kc_argv_free(&eflags);
+	char arch[32];
+	snprintf(arch, sizeof(arch), "%.31s", kc_flags_arch(&args));
 
 	int scratch_fd = kc_store_scratch(c->store, scratch, sizeof(scratch));
 	if (scratch_fd < 0) {
@@ -395,6 +397,7 @@ static int run_compile(struct compile_job *j)
 	}
 	kc_argv_free(&args);
 	atomic_fetch_add(&c->stats.compile_usec, (uint64_t)(out.seconds * 1e6));
+	kc_log(KC_LOG_DEBUG, "compile %s: compiler ran %.2f s: %s", label, out.seconds, out.why);
 
 	result = -EIO;
 	if (out.status == KC_COMPILE_OK) {
@@ -410,7 +413,7 @@ static int run_compile(struct compile_job *j)
 				   ? (result == 0 ? "published" : "not published")
 				   : out.status == KC_COMPILE_REJECTED ? "rejected" : "failed";
 	snprintf(head, sizeof(head), "kcachefs: compile %s: %s (%s) in %.2f s with %s, arch %s\n",
-		 label, kind, out.why, out.seconds, cfg->nvcc, cfg->arch);
+		 label, kind, out.why, out.seconds, cfg->nvcc, arch);
 	if (result != -EAGAIN)
 		write_log(c, j->entry_fd, head, out.log, out.log_len);
 	if (out.status == KC_COMPILE_REJECTED)
@@ -459,6 +462,10 @@ int kc_cache_lookup_cubin(struct kc_cache *c, int entry_fd, struct kc_waiter *w)
 			atomic_fetch_add(&c->stats.hits, 1);
 			return 0;
 		}
+		if (kc_log_enabled(KC_LOG_DEBUG)) {
+			entry_label(c, entry_fd, label, sizeof(label));
+			kc_log(KC_LOG_DEBUG, "%s: kernel.cubin not published", label);
+		}
 		if (err != -ENOENT)
 			return err;
 
@@ -498,6 +505,10 @@ int kc_cache_lookup_cubin(struct kc_cache *c, int entry_fd, struct kc_waiter *w)
 		if (r != KC_FLIGHT_LEADER)
 			continue; /* published meanwhile: verify it */
 		atomic_fetch_add(&c->stats.misses, 1);
+		if (kc_log_enabled(KC_LOG_DEBUG)) {
+			entry_label(c, entry_fd, label, sizeof(label));
+			kc_log(KC_LOG_DEBUG, "%s: compile queued (recipe %.16s)", label, j->recipe.hash);
+		}
 		j->c = c;
 		j->key = key;
 		j->entry_fd = fcntl(entry_fd, F_DUPFD_CLOEXEC, 0);
@@ -573,7 +584,7 @@ int kc_cache_stage(struct kc_cache *c, enum kc_role role, int src_dir, const cha
 			unlinkat(src_dir, src_name, 0);
 			kc_log(KC_LOG_INFO, "%s: kernel.cubin already published; other bytes discarded",
 			       label);
-			err = 0;
+			err = 1;
 		} else if (err == -EEXIST) {
 			kc_log(KC_LOG_INFO, "%s: %s refused: other bytes are already staged", label,
 			       names[role]);
@@ -584,6 +595,12 @@ int kc_cache_stage(struct kc_cache *c, enum kc_role role, int src_dir, const cha
 		return err;
 	}
 	atomic_fetch_add(&c->stats.stages, 1);
+	kc_log(KC_LOG_DEBUG, "%s: %s %s", label, names[role], err ? "kept (same or published)" : "staged");
+	if (err)
+		return KC_STAGE_KEPT;
+	/* A new source or flags file is a new recipe: what was compiled before is stale. */
+	if (role != KC_ROLE_CUBIN && kc_cache_unstage(c, entry_fd))
+		return KC_STAGE_CUBIN_REMOVED;
 	return 0;
 }
 

@@ -58,13 +58,19 @@ int kc_cache_lookup_cubin(struct kc_cache *c, int entry_fd, struct kc_waiter *w)
  * the next lookup compiles it again (the caller invalidates the kernel's entry). */
 int kc_cache_verify_open(struct kc_cache *c, int fd, int entry_fd);
 
+/* Results of kc_cache_stage besides 0 (src took the name): */
+#define KC_STAGE_KEPT 1          /* the stored file stayed (same bytes, or a cubin was already
+				  * published); src was removed */
+#define KC_STAGE_CUBIN_REMOVED 2 /* a new kernel.cu/.flags was placed and the cubin compiled
+				  * from the old recipe removed: invalidate the kernel's entry */
+
 /* Commit a staged file src_dir/src_name into the entry as role's name (kernel.cu,
- * kernel.flags or kernel.cubin), atomically. Returns 0 when stored or when the same bytes
- * were already there (src is then removed); for kernel.cubin also when other bytes are
- * published (they stay; src is removed: racing compiles of one recipe need not be
- * byte-identical); -EEXIST when other source or flags bytes are stored (nothing changes); -EINVAL for refused flags or a cubin that is not a complete CUDA ELF (the
- * reason is logged and, for flags, written to kernel.log); -EFBIG for a source or flags
- * file over max_source_size; other -errno. */
+ * kernel.flags or kernel.cubin), atomically. Returns 0 when src took the name,
+ * KC_STAGE_KEPT, KC_STAGE_CUBIN_REMOVED, or: -EEXIST when other source or flags bytes are
+ * stored (nothing changes; a different valid cubin over a published one is kept instead:
+ * racing compiles of one recipe need not be byte-identical); -EINVAL for refused flags or
+ * a cubin that is not a complete CUDA ELF (the reason is logged and, for flags, written to
+ * kernel.log); -EFBIG for a source or flags file over max_source_size; other -errno. */
 int kc_cache_stage(struct kc_cache *c, enum kc_role role, int src_dir, const char *src_name,
 		   int entry_fd);
 

@@ -144,7 +144,8 @@ int kc_config_resolve(struct kc_config *c, char *why, size_t whylen)
 			return -ENOMEM;
 	}
 	snprintf(arch, sizeof(arch), "-arch=%.20s", c->arch);
-	if (strlen(c->arch) > 20 || kc_flag_check(arch, why, whylen) != 0) {
+	if (strlen(c->arch) > 20 || strncmp(c->arch, "sm_", 3) != 0 ||
+	    kc_flag_check(arch, why, whylen) != 0) {
 		snprintf(why, whylen, "arch=%s: architecture must look like sm_90a", c->arch);
 		return -EINVAL;
 	}

@@ -185,10 +185,11 @@ static int check_arch(const char *arg, const char *val, char *why, size_t whylen
 		p += 8;
 	else
 		return refuse(why, whylen, arg, "architecture must look like sm_90a");
-	if (*p < '0' || *p > '9')
-		return refuse(why, whylen, arg, "architecture must look like sm_90a");
+	const char *digits = p;
 	while (*p >= '0' && *p <= '9')
 		p++;
+	if (p - digits < 2 || p - digits > 3)
+		return refuse(why, whylen, arg, "architecture must look like sm_90a");
 	if (*p == 'a' || *p == 'f')
 		p++;
 	if (*p)
@@ -299,10 +300,19 @@ int kc_flags_split(const char *str, struct kc_argv *out, char *why, size_t whyle
 	return err;
 }
 
+const char *kc_flags_arch(const struct kc_argv *args)
+{
+	const char *arch = NULL;
+	for (size_t i = 0; i < args->n; i++) {
+		if (starts(args->v[i], "--gpu-architecture="))
+			arch = args->v[i] + strlen("--gpu-architecture=");
+		else if (starts(args->v[i], "-arch="))
+			arch = args->v[i] + strlen("-arch=");
+	}
+	return arch;
+}
+
 int kc_flags_have_arch(const struct kc_argv *args)
 {
-	for (size_t i = 0; i < args->n; i++)
-		if (starts(args->v[i], "--gpu-architecture=") || starts(args->v[i], "-arch="))
-			return 1;
-	return 0;
+	return kc_flags_arch(args) != NULL;
 }

@@ -37,6 +37,10 @@ int kc_flags_parse(const char *buf, size_t len, struct kc_argv *out, char *why, 
 /* Split a mount option value (arguments separated by blanks) and check each as above. */
 int kc_flags_split(const char *str, struct kc_argv *out, char *why, size_t whylen);
 
+/* The target architecture args choose (the value of the last -arch= or
+ * --gpu-architecture=, pointing into args), or NULL. */
+const char *kc_flags_arch(const struct kc_argv *args);
+
 /* Nonzero if args already choose a target architecture (-arch=, --gpu-architecture=). */
 int kc_flags_have_arch(const struct kc_argv *args);
 

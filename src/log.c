@@ -31,6 +31,11 @@ int kc_log_level_parse(const char *word, enum kc_log_level *out)
 	return -EINVAL;
 }
 
+int kc_log_enabled(enum kc_log_level lvl)
+{
+	return lvl <= log_level;
+}
+
 void kc_log(enum kc_log_level lvl, const char *fmt, ...)
 {
 	static const int prio[] = {LOG_ERR, LOG_WARNING, LOG_INFO, LOG_DEBUG};

@@ -14,6 +14,9 @@ void kc_log_init(int use_syslog, enum kc_log_level level);
 /* Parse "error", "warning", "info" or "debug". Returns 0, or -EINVAL for another word. */
 int kc_log_level_parse(const char *word, enum kc_log_level *out);
 
+/* Nonzero if lines of level lvl are written (to skip building costly ones). */
+int kc_log_enabled(enum kc_log_level lvl);
+
 /* Write one line (printf format, no trailing newline needed) if lvl is enabled. */
 void kc_log(enum kc_log_level lvl, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));

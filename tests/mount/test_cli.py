@@ -28,6 +28,12 @@ def test_usage_errors(tmp_path):
     (tmp_path / "m").mkdir()
     r = run("-o", "log_level=loud", str(tmp_path), str(tmp_path / "m"))
     assert r.returncode == 2 and "log_level" in r.stderr
+    for bad in ("jobs=0", "jobs=x", "compile_timeout=0", "compile_timeout=-1",
+                "max_source_size=1k"):
+        (tmp_path / "b").mkdir(exist_ok=True)
+        r = run("-f", "-o", bad, str(tmp_path / "b"), str(tmp_path / "m"))
+        assert r.returncode == 2 and bad.split("=")[0] in r.stderr, bad
+    assert not os.path.ismount(tmp_path / "m")
 
 
 def test_startup_errors_are_clear(tmp_path):
@@ -36,8 +42,9 @@ def test_startup_errors_are_clear(tmp_path):
     backing.mkdir()
     r = run("-f", str(tmp_path / "missing"), str(mnt))
     assert r.returncode == 1 and "missing" in r.stderr
-    r = run("-f", "-o", "arch=gpu9000", str(backing), str(mnt))
-    assert r.returncode == 1 and "arch" in r.stderr
+    for arch in ("gpu9000", "sm_9", "compute_90", "sm_90b"):
+        r = run("-f", "-o", "arch=" + arch, str(backing), str(mnt))
+        assert r.returncode == 1 and "arch" in r.stderr, arch
     r = run("-f", "-o", "flags=-ccbin=/bin/sh", str(backing), str(mnt))
     assert r.returncode == 1 and "ccbin" in r.stderr
     r = run("-f", str(tmp_path), str(mnt))

@@ -145,3 +145,42 @@ def test_only_staged_files_carry_staged_names(mount_factory):
             make(entry / "kernel.cubin")
         assert e.value.errno == errno.EPERM
     assert sorted(os.listdir(entry)) == ["kernel.flags"]
+
+
+def test_new_flags_replace_an_autocompiled_cubin(mount_factory):
+    """Staging kernel.flags after an autocompile is a new recipe: the old cubin goes, also
+    from the kernel's caches, and the next open compiles with the flags."""
+    m = mount_factory(["autocompile"])
+    src = sample("vector_add")[0]
+    entry = m.mnt / "cache" / entry_name("auto", src)
+    entry.mkdir(parents=True)
+    (entry / "kernel.cu").write_bytes(src)
+    plain = (entry / "kernel.cubin").read_bytes()
+    os.stat(entry / "kernel.cubin")  # cached by the kernel for an hour
+    (entry / "kernel.flags").write_bytes(b"-lineinfo\n")
+    deadline = time.monotonic() + 10
+    while (entry / "kernel.cubin").read_bytes() == plain:
+        assert time.monotonic() < deadline, "the cubin of the old recipe is still served"
+        time.sleep(0.05)
+    assert m.stats()["compiles_total"] == 2
+    assert "-lineinfo" in open(m.backing / entry.relative_to(m.mnt) / "kernel.flags").read()
+
+
+def test_sigterm_during_compile_gives_every_waiter_eio(mount_factory, tmp_path):
+    release = tmp_path / "never"
+    nvcc = write_script(tmp_path / "nvcc-gated",
+                        'case "$*" in *-cubin*) while [ ! -e %s ]; do sleep 0.05; done;; esac\n'
+                        'exec /usr/local/cuda/bin/nvcc "$@"\n' % release)
+    m = mount_factory(["nvcc=%s" % nvcc])
+    entry = m.stage("vector_add", *sample("vector_add"))
+    code = "import sys\ntry:\n open(sys.argv[1],'rb').read(); print('ok')\nexcept OSError as e: print(e.errno)"
+    openers = [subprocess.Popen(["python3", "-c", code, str(entry / "kernel.cubin")],
+                                stdout=subprocess.PIPE, text=True) for _ in range(4)]
+    deadline = time.monotonic() + 30
+    while m.stats()["waits_total"] < 4:
+        assert time.monotonic() < deadline, m.stats()
+        time.sleep(0.05)
+    m.proc.send_signal(signal.SIGTERM)
+    outs = [p.communicate(timeout=60)[0].strip() for p in openers]
+    assert outs == [str(errno.EIO)] * 4, outs
+    assert m.proc.wait(timeout=30) == 0

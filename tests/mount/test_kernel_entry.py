@@ -161,13 +161,20 @@ def test_restaging_same_bytes_is_noop_other_bytes_eexist(mount_factory):
     with pytest.raises(OSError) as e:
         os.truncate(entry / "kernel.cubin", 0)
     assert e.value.errno == errno.EPERM
-    with pytest.raises(OSError) as e:
-        (entry / "kernel.cubin").write_bytes(b"\x7fELF garbage")
-    assert e.value.errno == errno.EINVAL
-    # Another valid cubin over it: the published one stays (racing ranks' publishes).
+    for flags in (os.O_WRONLY, os.O_RDWR, os.O_WRONLY | os.O_TRUNC, os.O_WRONLY | os.O_APPEND):
+        with pytest.raises(OSError) as e:
+            os.open(entry / "kernel.cubin", flags)
+        assert e.value.errno == errno.EPERM
+    # Another valid cubin renamed over it: the published one stays (racing ranks).
     other = sample_cubin(m, "saxpy")
-    (entry / "kernel.cubin").write_bytes(other)
-    assert (entry / "kernel.cubin").read_bytes() == cubin
+    (entry.parent / "other.cubin").write_bytes(other)
+    os.rename(entry.parent / "other.cubin", entry / "kernel.cubin")
+    assert not (entry.parent / "other.cubin").exists()
+    # The kernel moved its entry to the renamed file; the daemon invalidates it right after.
+    deadline = time.monotonic() + 10
+    while (entry / "kernel.cubin").read_bytes() != cubin:
+        assert time.monotonic() < deadline, "the published cubin is not served again"
+        time.sleep(0.05)
     assert (m.backing / entry.relative_to(m.mnt) / "kernel.cubin").read_bytes() == cubin
     assert m.stats()["compiles_total"] == 2
 
