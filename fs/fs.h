@@ -50,6 +50,13 @@ void kc_sweeper_stop(struct kc_fs *fs);
 void kc_reply_published_attr(fuse_req_t req, struct kc_inode *pending);
 void kc_reply_published_open(fuse_req_t req, struct kc_inode *pending, struct fuse_file_info *fi);
 
+/* Directory handles (dir.c): opendir, readdir, releasedir, fsyncdir. */
+void kc_dir_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
+void kc_dir_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+		 struct fuse_file_info *fi);
+void kc_dir_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
+void kc_dir_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi);
+
 /* .kcachefs control directory (ctl.c). */
 #define KC_CTL_NAME ".kcachefs"
 #define KC_CTL_STATS "stats"

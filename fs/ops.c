@@ -22,41 +22,8 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
-#include "fs.h"
+#include "fh.h"
 #include "log.h"
-
-enum fh_kind { FH_PLAIN, FH_STAGE, FH_STATS };
-
-struct kc_fh {
-	enum fh_kind kind;
-	int fd;              /* reads and writes go here */
-	/* FH_STAGE: */
-	enum kc_role role;
-	int entry_fd;        /* the entry directory (owned) */
-	char tmpname[64];    /* the stage temporary in the store's tmp/; "" once committed */
-	int dirty;           /* written (or truncated) since the last commit */
-	int done;            /* committed or refused: nothing left to commit */
-	pid_t writer_tid;    /* the last thread that wrote, and its process */
-	pid_t writer_tgid;
-	/* FH_STATS: */
-	char *buf;
-	size_t len;
-};
-
-static int prepare_write(struct kc_fs *fs, struct kc_inode *in, struct kc_fh *fh);
-static void note_writer(fuse_req_t req, struct kc_fh *fh);
-
-struct dir_item {
-	ino_t ino;
-	unsigned char type;
-	char *name;
-};
-
-struct kc_dh {
-	int fd;              /* O_RDONLY on the directory (fsyncdir), -1 for virtual */
-	struct dir_item *items;
-	size_t n;
-};
 
 static struct kc_fs *fs_of(fuse_req_t req)
 {
@@ -265,13 +232,13 @@ static void kc_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to
 		r = fchownat(in->fd, "", uid, gid, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW);
 	}
 	if (!r && (to_set & FUSE_SET_ATTR_SIZE)) {
-		int err = fh ? prepare_write(fs_of(req), in, fh) : 0;
+		int err = fh ? kc_stage_prepare_write(fs_of(req), in, fh) : 0;
 		if (err) {
 			errno = -err;
 			r = -1;
 		} else if (fh && fh->kind == FH_STAGE) {
 			r = ftruncate(fh->fd, attr->st_size);
-			note_writer(req, fh);
+			kc_stage_note_writer(req, fh);
 		} else if (kc_role_is_staged(in->role) && !in->staging) {
 			errno = EPERM; /* a staged file or published cubin changes only by staging */
 			r = -1;
@@ -363,18 +330,6 @@ static void kc_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent_ino, co
 	reply_lookup(req, newparent, name);
 }
 
-/* Follow up a kc_cache_stage result r in entry entry_ino: the kernel's cached kernel.cubin
- * goes when the recipe changed, and name (the rename target, if any) when the stored file
- * stayed and src was consumed. Returns 0 or r's error. */
-static int staged(struct kc_fs *fs, int r, fuse_ino_t entry_ino, const char *name)
-{
-	if (r == KC_STAGE_CUBIN_REMOVED)
-		kc_notifier_inval_entry(&fs->notifier, entry_ino, KC_CUBIN_NAME);
-	if (r == KC_STAGE_KEPT && name)
-		kc_notifier_inval_entry(&fs->notifier, entry_ino, name);
-	return r < 0 ? r : 0;
-}
-
 /* A recipe file left an entry: drop what was compiled from it. */
 static void recipe_removed(fuse_req_t req, fuse_ino_t entry_ino, struct kc_inode *entry,
 			   const char *name)
@@ -460,7 +415,7 @@ static void kc_rename(fuse_req_t req, fuse_ino_t parent_ino, const char *name,
 			 fstatat(newparent->fd, newname, &tst, AT_SYMLINK_NOFOLLOW) == 0)
 			err = -EEXIST;
 		else
-			err = staged(fs, kc_cache_stage(&fs->cache, role, parent->fd, name,
+			err = kc_stage_result(fs, kc_cache_stage(&fs->cache, role, parent->fd, name,
 							newparent->fd),
 				     newparent_ino, newname);
 	} else if (S_ISDIR(st.st_mode) &&
@@ -483,165 +438,13 @@ static void kc_rename(fuse_req_t req, fuse_ino_t parent_ino, const char *name,
 
 /* ---- files ---- */
 
-/* The process (thread group) of thread tid, or tid itself if it is gone. */
-static pid_t tgid_of(pid_t tid)
-{
-	char path[64], line[128];
-	pid_t tgid = tid;
-	snprintf(path, sizeof(path), "/proc/%d/status", (int)tid);
-	FILE *f = fopen(path, "re");
-	if (!f)
-		return tid;
-	while (fgets(line, sizeof(line), f))
-		if (sscanf(line, "Tgid: %d", &tgid) == 1)
-			break;
-	fclose(f);
-	return tgid;
-}
-
-static void note_writer(fuse_req_t req, struct kc_fh *fh)
-{
-	pid_t tid = fuse_req_ctx(req)->pid;
-	if (tid != fh->writer_tid) {
-		fh->writer_tid = tid;
-		fh->writer_tgid = tgid_of(tid);
-	}
-	fh->dirty = 1;
-}
-
-static void fh_free(struct kc_fs *fs, struct kc_fh *fh)
-{
-	if (fh->kind == FH_STAGE) {
-		if (fh->tmpname[0])
-			unlinkat(fs->store.tmp_fd, fh->tmpname, 0);
-		if (fh->entry_fd >= 0)
-			close(fh->entry_fd);
-	}
-	if (fh->fd >= 0)
-		close(fh->fd);
-	free(fh->buf);
-	free(fh);
-}
-
-/* Copy all bytes of src into dst from offset 0. Returns 0 or -errno. */
-static int copy_bytes(int src, int dst)
-{
-	char buf[65536];
-	off_t off = 0;
-	for (;;) {
-		ssize_t n = pread(src, buf, sizeof(buf), off);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0)
-			return -errno;
-		if (n == 0)
-			return 0;
-		if (pwrite(dst, buf, (size_t)n, off) != n)
-			return errno ? -errno : -EIO;
-		off += n;
-	}
-}
-
-/* Give fh a fresh stage temporary, seeded with the bytes of the file behind seed_fd (any
- * fd, write-only too) if it is >= 0. */
-static int stage_begin(struct kc_fs *fs, struct kc_fh *fh, int seed_fd, mode_t mode)
-{
-	char path[32];
-	int seed = -1;
-	if (seed_fd >= 0) {
-		proc_path(seed_fd, path);
-		seed = open(path, O_RDONLY | O_CLOEXEC);
-		if (seed < 0)
-			return -errno;
-	}
-	int fd = kc_store_tmpfile(&fs->store, mode & 07777, fh->tmpname);
-	if (fd < 0) {
-		if (seed >= 0)
-			close(seed);
-		return fd;
-	}
-	int err = seed >= 0 ? copy_bytes(seed, fd) : 0;
-	if (seed >= 0)
-		close(seed);
-	if (err) {
-		close(fd);
-		unlinkat(fs->store.tmp_fd, fh->tmpname, 0);
-		fh->tmpname[0] = '\0';
-		return err;
-	}
-	if (fh->fd >= 0)
-		close(fh->fd);
-	fh->fd = fd;
-	fh->done = 0;
-	return 0;
-}
-
-/* Commit the stage temporary into the entry. Returns 0 or -errno (EEXIST, EINVAL...). */
-static int stage_commit(struct kc_fs *fs, struct kc_fh *fh)
-{
-	struct stat est;
-	if (fh->done || !fh->tmpname[0])
-		return 0;
-	struct kc_inode *entry = fstat(fh->entry_fd, &est) == 0
-					 ? kc_inode_find(&fs->inodes, est.st_dev, est.st_ino)
-					 : NULL;
-	int err = kc_cache_stage(&fs->cache, fh->role, fs->store.tmp_fd, fh->tmpname, fh->entry_fd);
-	if (entry)
-		err = staged(fs, err, kc_inode_ino(&fs->inodes, entry), NULL);
-	else if (err > 0)
-		err = 0;
-	if (err)
-		unlinkat(fs->store.tmp_fd, fh->tmpname, 0);
-	fh->tmpname[0] = '\0';
-	fh->done = 1;
-	fh->dirty = 0;
-	return err;
-}
-
-/* Before bytes change through fh: a committed stage starts a new version from the
- * committed bytes, and a plain descriptor on a file that has since become a staged file
- * (its directory was renamed into an entry) becomes a stage, so that nothing staged ever
- * changes in place. Returns 0 or -errno. */
-static int prepare_write(struct kc_fs *fs, struct kc_inode *in, struct kc_fh *fh)
-{
-	if (fh->kind == FH_PLAIN) {
-		enum kc_role role;
-		int entry_fd = kc_inode_entry_fd(&fs->inodes, in, &role);
-		if (entry_fd < 0 || in->staging) {
-			if (entry_fd >= 0)
-				close(entry_fd);
-			return 0;
-		}
-		fh->kind = FH_STAGE;
-		fh->role = role;
-		fh->entry_fd = entry_fd;
-		fh->done = 1;
-	}
-	if (fh->kind == FH_STAGE && fh->done) {
-		struct stat st;
-		return fstat(fh->fd, &st) ? -errno : stage_begin(fs, fh, fh->fd, st.st_mode);
-	}
-	return 0;
-}
-
-static struct kc_fh *fh_new(enum fh_kind kind, int fd)
-{
-	struct kc_fh *fh = calloc(1, sizeof(*fh));
-	if (fh) {
-		fh->kind = kind;
-		fh->fd = fd;
-		fh->entry_fd = -1;
-	}
-	return fh;
-}
-
 /* Open a staged file for writing: a private stage, seeded with the bytes of seed_fd
  * unless O_TRUNC, committed at close. Consumes entry_fd. Replies. */
 static void open_stage(fuse_req_t req, struct fuse_file_info *fi, enum kc_role role,
 		       int entry_fd, int seed_fd)
 {
 	struct kc_fs *fs = fs_of(req);
-	struct kc_fh *fh = fh_new(FH_STAGE, -1);
+	struct kc_fh *fh = kc_fh_new(FH_STAGE, -1);
 	struct stat st;
 	int err = !fh ? -ENOMEM : fstat(seed_fd, &st) ? -errno : 0;
 
@@ -649,12 +452,12 @@ static void open_stage(fuse_req_t req, struct fuse_file_info *fi, enum kc_role r
 		fh->role = role;
 		fh->entry_fd = entry_fd;
 		fh->dirty = (fi->flags & O_TRUNC) != 0;
-		err = stage_begin(fs, fh, (fi->flags & O_TRUNC) ? -1 : seed_fd, st.st_mode | 0600);
+		err = kc_stage_begin(fs, fh, (fi->flags & O_TRUNC) ? -1 : seed_fd, st.st_mode | 0600);
 	}
 	fi->direct_io = 1; /* the stage's bytes stay out of the staged inode's page cache */
 	if (err) {
 		if (fh)
-			fh_free(fs, fh);
+			kc_fh_free(fs, fh);
 		else
 			close(entry_fd);
 		return (void)fuse_reply_err(req, -err);
@@ -672,7 +475,7 @@ static void open_cubin(fuse_req_t req, struct kc_inode *in, int fd, struct fuse_
 	enum kc_role role;
 	int entry_fd = kc_inode_entry_fd(&fs->inodes, in, &role);
 	int err = kc_cache_verify_open(&fs->cache, fd, entry_fd);
-	struct kc_fh *fh = err ? NULL : fh_new(FH_PLAIN, fd);
+	struct kc_fh *fh = err ? NULL : kc_fh_new(FH_PLAIN, fd);
 
 	if (err && entry_fd >= 0) { /* make the next open look it up (and compile) again */
 		struct stat est;
@@ -725,7 +528,7 @@ static void kc_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	if (in->virt == KC_VIRT_STATS) {
 		if (writing)
 			return (void)fuse_reply_err(req, EACCES);
-		struct kc_fh *fh = fh_new(FH_STATS, -1);
+		struct kc_fh *fh = kc_fh_new(FH_STATS, -1);
 		if (!fh || !(fh->buf = kc_ctl_stats_text(fs, &fh->len))) {
 			free(fh);
 			return (void)fuse_reply_err(req, ENOMEM);
@@ -757,7 +560,7 @@ static void kc_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 		return (void)fuse_reply_err(req, errno);
 	if (in->role == KC_ROLE_CUBIN && !in->staging)
 		return open_cubin(req, in, fd, fi, 1);
-	struct kc_fh *fh = fh_new(FH_PLAIN, fd);
+	struct kc_fh *fh = kc_fh_new(FH_PLAIN, fd);
 	if (!fh) {
 		close(fd);
 		return (void)fuse_reply_err(req, ENOMEM);
@@ -782,12 +585,12 @@ static void kc_create(fuse_req_t req, fuse_ino_t parent_ino, const char *name, m
 		return (void)fuse_reply_err(req, is_ctl_name(fs, parent, name) ? EEXIST : EPERM);
 	if (kc_role_is_staged(role)) {
 		/* New kernel.cu/.flags/.cubin: the inode is the stage temporary until commit. */
-		fh = fh_new(FH_STAGE, -1);
+		fh = kc_fh_new(FH_STAGE, -1);
 		if (!fh)
 			return (void)fuse_reply_err(req, ENOMEM);
 		fh->role = role;
 		fh->entry_fd = fcntl(parent->fd, F_DUPFD_CLOEXEC, 0);
-		err = fh->entry_fd < 0 ? -errno : stage_begin(fs, fh, -1, mode);
+		err = fh->entry_fd < 0 ? -errno : kc_stage_begin(fs, fh, -1, mode);
 		if (!err)
 			own_by_caller(req, fs->store.tmp_fd, fh->tmpname, 0);
 	} else {
@@ -796,7 +599,7 @@ static void kc_create(fuse_req_t req, fuse_ino_t parent_ino, const char *name, m
 		if (fd < 0)
 			return (void)fuse_reply_err(req, errno);
 		own_by_caller(req, parent->fd, name, AT_SYMLINK_NOFOLLOW);
-		fh = fh_new(FH_PLAIN, fd);
+		fh = kc_fh_new(FH_PLAIN, fd);
 		if (!fh) {
 			close(fd);
 			return (void)fuse_reply_err(req, ENOMEM);
@@ -815,7 +618,7 @@ static void kc_create(fuse_req_t req, fuse_ino_t parent_ino, const char *name, m
 	else if (pfd >= 0)
 		close(pfd);
 	if (!in) {
-		fh_free(fs, fh);
+		kc_fh_free(fs, fh);
 		return (void)fuse_reply_err(req, -err);
 	}
 	kc_inode_place(&fs->inodes, in, parent, name, fh->kind == FH_STAGE);
@@ -825,7 +628,7 @@ static void kc_create(fuse_req_t req, fuse_ino_t parent_ino, const char *name, m
 	fi->fh = (uintptr_t)fh;
 	if (fuse_reply_create(req, &e, fi) != 0) {
 		kc_inode_forget(&fs->inodes, in, 1);
-		fh_free(fs, fh);
+		kc_fh_free(fs, fh);
 	}
 }
 
@@ -854,7 +657,7 @@ static void kc_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *in_
 
 	if (fh->kind == FH_STATS)
 		return (void)fuse_reply_err(req, EBADF);
-	int err = prepare_write(fs, inode_of(req, ino), fh);
+	int err = kc_stage_prepare_write(fs, inode_of(req, ino), fh);
 	if (err)
 		return (void)fuse_reply_err(req, -err);
 	struct fuse_bufvec out = FUSE_BUFVEC_INIT(fuse_buf_size(in_buf));
@@ -865,7 +668,7 @@ static void kc_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *in_
 	if (n < 0)
 		return (void)fuse_reply_err(req, (int)-n);
 	if (fh->kind == FH_STAGE)
-		note_writer(req, fh);
+		kc_stage_note_writer(req, fh);
 	fuse_reply_write(req, (size_t)n);
 }
 
@@ -878,9 +681,8 @@ static void kc_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	 * (EEXIST, EINVAL) is close()'s. Other closes do not: a child that exec()s or exits
 	 * closes its inherited copy while the writer is still writing. What no writer's close
 	 * committed is committed at release (the last close). */
-	if (fh->kind == FH_STAGE && !fh->done && fh->dirty &&
-	    tgid_of(fuse_req_ctx(req)->pid) == fh->writer_tgid)
-		err = stage_commit(fs_of(req), fh);
+	if (fh->kind == FH_STAGE && !fh->done && fh->dirty && kc_stage_is_writer(req, fh))
+		err = kc_stage_commit(fs_of(req), fh);
 	fuse_reply_err(req, -err);
 }
 
@@ -890,11 +692,11 @@ static void kc_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 	struct kc_fh *fh = fh_of(fi);
 	(void)ino;
 	if (fh->kind == FH_STAGE && !fh->done) {
-		int err = stage_commit(fs, fh);
+		int err = kc_stage_commit(fs, fh);
 		if (err)
 			kc_log(KC_LOG_INFO, "stage committed at release refused: %s", strerror(-err));
 	}
-	fh_free(fs, fh);
+	kc_fh_free(fs, fh);
 	fuse_reply_err(req, 0);
 }
 
@@ -905,150 +707,6 @@ static void kc_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_f
 	if (fh->kind == FH_STATS)
 		return (void)fuse_reply_err(req, 0);
 	int r = datasync ? fdatasync(fh->fd) : fsync(fh->fd);
-	fuse_reply_err(req, r == 0 ? 0 : errno);
-}
-
-/* ---- directories ---- */
-
-static void dh_clear(struct kc_dh *dh)
-{
-	for (size_t i = 0; i < dh->n; i++)
-		free(dh->items[i].name);
-	free(dh->items);
-	dh->items = NULL;
-	dh->n = 0;
-}
-
-static int dh_add(struct kc_dh *dh, size_t *cap, const char *name, ino_t ino, unsigned char type)
-{
-	if (dh->n == *cap) {
-		size_t ncap = *cap ? *cap * 2 : 32;
-		struct dir_item *items = realloc(dh->items, ncap * sizeof(*items));
-		if (!items)
-			return -ENOMEM;
-		dh->items = items;
-		*cap = ncap;
-	}
-	char *copy = strdup(name);
-	if (!copy)
-		return -ENOMEM;
-	dh->items[dh->n++] = (struct dir_item){ino, type, copy};
-	return 0;
-}
-
-/* Read the whole directory now (a snapshot, as POSIX allows between rewinds) and add the
- * virtual names: .kcachefs at the root, kernel.cubin in an entry whose recipe is staged. */
-static int dh_fill(struct kc_fs *fs, struct kc_inode *in, struct kc_dh *dh)
-{
-	size_t cap = 0;
-	int err = 0, has_cubin = 0;
-
-	dh_clear(dh);
-	if (in->virt) {
-		if (dh_add(dh, &cap, ".", 2, DT_DIR) || dh_add(dh, &cap, "..", 1, DT_DIR) ||
-		    dh_add(dh, &cap, KC_CTL_STATS, 3, DT_REG))
-			return -ENOMEM;
-		return 0;
-	}
-	int fd = fcntl(dh->fd, F_DUPFD_CLOEXEC, 0);
-	DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
-	if (!d) {
-		err = -errno;
-		if (fd >= 0)
-			close(fd);
-		return err;
-	}
-	rewinddir(d);
-	for (;;) {
-		errno = 0;
-		struct dirent *de = readdir(d);
-		if (!de) {
-			err = errno ? -errno : 0;
-			break;
-		}
-		if (in == &fs->inodes.root && strcmp(de->d_name, KC_STATE_DIR) == 0)
-			continue; /* the store's state directory; .kcachefs is added below */
-		if (strcmp(de->d_name, KC_CUBIN_NAME) == 0)
-			has_cubin = 1;
-		if ((err = dh_add(dh, &cap, de->d_name, de->d_ino, de->d_type)) != 0)
-			break;
-	}
-	closedir(d);
-	if (!err && in == &fs->inodes.root)
-		err = dh_add(dh, &cap, KC_CTL_NAME, 2, DT_DIR);
-	if (!err && in->entry && !has_cubin && kc_cache_cubin_pending(&fs->cache, in->fd))
-		err = dh_add(dh, &cap, KC_CUBIN_NAME, in->ino ^ 0x5a5a5a5aULL, DT_REG);
-	return err;
-}
-
-static void kc_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
-{
-	struct kc_inode *in = inode_of(req, ino);
-	char path[32];
-	struct kc_dh *dh = calloc(1, sizeof(*dh));
-
-	if (!dh)
-		return (void)fuse_reply_err(req, ENOMEM);
-	dh->fd = -1;
-	if (!in->virt) {
-		proc_path(in->fd, path);
-		dh->fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-		if (dh->fd < 0) {
-			int err = errno;
-			free(dh);
-			return (void)fuse_reply_err(req, err);
-		}
-	}
-	fi->fh = (uintptr_t)dh;
-	fuse_reply_open(req, fi);
-}
-
-static void kc_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
-		       struct fuse_file_info *fi)
-{
-	struct kc_dh *dh = (struct kc_dh *)(uintptr_t)fi->fh;
-	char *buf;
-	size_t used = 0;
-
-	if (off == 0) {
-		int err = dh_fill(fs_of(req), inode_of(req, ino), dh);
-		if (err)
-			return (void)fuse_reply_err(req, -err);
-	}
-	buf = malloc(size);
-	if (!buf)
-		return (void)fuse_reply_err(req, ENOMEM);
-	for (size_t i = (size_t)off; i < dh->n; i++) {
-		struct stat st = {.st_ino = dh->items[i].ino,
-				  .st_mode = (mode_t)dh->items[i].type << 12};
-		size_t n = fuse_add_direntry(req, buf + used, size - used, dh->items[i].name, &st,
-					     (off_t)(i + 1));
-		if (n > size - used)
-			break;
-		used += n;
-	}
-	fuse_reply_buf(req, buf, used);
-	free(buf);
-}
-
-static void kc_releasedir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
-{
-	struct kc_dh *dh = (struct kc_dh *)(uintptr_t)fi->fh;
-	(void)ino;
-	dh_clear(dh);
-	if (dh->fd >= 0)
-		close(dh->fd);
-	free(dh);
-	fuse_reply_err(req, 0);
-}
-
-static void kc_fsyncdir(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi)
-{
-	struct kc_dh *dh = (struct kc_dh *)(uintptr_t)fi->fh;
-	(void)ino;
-	if (dh->fd < 0)
-		return (void)fuse_reply_err(req, 0);
-	int r = datasync ? fdatasync(dh->fd) : fsync(dh->fd);
 	fuse_reply_err(req, r == 0 ? 0 : errno);
 }
 
@@ -1096,9 +754,9 @@ const struct fuse_lowlevel_ops kc_fs_ops = {
 	.flush = kc_flush,
 	.release = kc_release,
 	.fsync = kc_fsync,
-	.opendir = kc_opendir,
-	.readdir = kc_readdir,
-	.releasedir = kc_releasedir,
-	.fsyncdir = kc_fsyncdir,
+	.opendir = kc_dir_open,
+	.readdir = kc_dir_read,
+	.releasedir = kc_dir_release,
+	.fsyncdir = kc_dir_fsync,
 	.statfs = kc_statfs,
 };

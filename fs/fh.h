@@ -1,0 +1,54 @@
+/* fh.h - open file handles of the FUSE adapter, and the stage: the private temporary that
+ * a staged file (kernel.cu, kernel.flags, kernel.cubin in an entry) is written to until
+ * the writer's close commits it into the entry through kc_cache_stage.
+ *
+ * Owns: each kc_fh owns its fds, its stage temporary and its stats text.
+ */
+#ifndef KC_FH_H
+#define KC_FH_H
+
+#include "fs.h"
+
+enum fh_kind { FH_PLAIN, FH_STAGE, FH_STATS };
+
+struct kc_fh {
+	enum fh_kind kind;
+	int fd;              /* reads and writes go here */
+	/* FH_STAGE: */
+	enum kc_role role;
+	int entry_fd;        /* the entry directory (owned) */
+	char tmpname[64];    /* the stage temporary in the store's tmp/; "" once committed */
+	int dirty;           /* written (or truncated) since the last commit */
+	int done;            /* committed or refused: nothing left to commit */
+	pid_t writer_tid;    /* the last thread that wrote, and its process */
+	pid_t writer_tgid;
+	/* FH_STATS: */
+	char *buf;
+	size_t len;
+};
+
+/* A new handle of kind for fd (owned). Returns NULL on ENOMEM. */
+struct kc_fh *kc_fh_new(enum fh_kind kind, int fd);
+/* Close its fds, remove an uncommitted stage temporary, free it. */
+void kc_fh_free(struct kc_fs *fs, struct kc_fh *fh);
+
+/* Give fh a fresh stage temporary with mode, seeded with the bytes of the file behind
+ * seed_fd (any fd, write-only too) if seed_fd >= 0. Returns 0 or -errno. */
+int kc_stage_begin(struct kc_fs *fs, struct kc_fh *fh, int seed_fd, mode_t mode);
+/* Commit fh's stage into its entry (once). Returns 0 or -errno: EEXIST (other bytes are
+ * staged), EINVAL (refused flags or cubin), EFBIG, or an I/O error. */
+int kc_stage_commit(struct kc_fs *fs, struct kc_fh *fh);
+/* Call before bytes change through fh (write, ftruncate) on inode in: a committed stage
+ * starts a new version from the committed bytes, and a plain descriptor on a file that has
+ * since become a staged file becomes a stage. Returns 0 or -errno. */
+int kc_stage_prepare_write(struct kc_fs *fs, struct kc_inode *in, struct kc_fh *fh);
+/* Record that the requesting thread's process wrote through fh. */
+void kc_stage_note_writer(fuse_req_t req, struct kc_fh *fh);
+/* Nonzero if the process of the requesting thread is fh's writer (its close commits). */
+int kc_stage_is_writer(fuse_req_t req, const struct kc_fh *fh);
+/* Follow up a kc_cache_stage result r in the entry entry_ino: invalidate the kernel's
+ * kernel.cubin when the recipe changed, and name (a rename target, or NULL) when the stored
+ * file stayed. Returns 0 or r's error. */
+int kc_stage_result(struct kc_fs *fs, int r, fuse_ino_t entry_ino, const char *name);
+
+#endif

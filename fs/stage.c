@@ -1,0 +1,181 @@
+/* stage.c - see fh.h: file handles and stages. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "fh.h"
+
+/* Follow up a kc_cache_stage result r in entry entry_ino: the kernel's cached kernel.cubin
+ * goes when the recipe changed, and name (the rename target, if any) when the stored file
+ * stayed and src was consumed. Returns 0 or r's error. */
+int kc_stage_result(struct kc_fs *fs, int r, fuse_ino_t entry_ino, const char *name)
+{
+	if (r == KC_STAGE_CUBIN_REMOVED)
+		kc_notifier_inval_entry(&fs->notifier, entry_ino, KC_CUBIN_NAME);
+	if (r == KC_STAGE_KEPT && name)
+		kc_notifier_inval_entry(&fs->notifier, entry_ino, name);
+	return r < 0 ? r : 0;
+}
+
+/* The process (thread group) of thread tid, or tid itself if it is gone. */
+static pid_t tgid_of(pid_t tid)
+{
+	char path[64], line[128];
+	pid_t tgid = tid;
+	snprintf(path, sizeof(path), "/proc/%d/status", (int)tid);
+	FILE *f = fopen(path, "re");
+	if (!f)
+		return tid;
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "Tgid: %d", &tgid) == 1)
+			break;
+	fclose(f);
+	return tgid;
+}
+
+void kc_stage_note_writer(fuse_req_t req, struct kc_fh *fh)
+{
+	pid_t tid = fuse_req_ctx(req)->pid;
+	if (tid != fh->writer_tid) {
+		fh->writer_tid = tid;
+		fh->writer_tgid = tgid_of(tid);
+	}
+	fh->dirty = 1;
+}
+
+void kc_fh_free(struct kc_fs *fs, struct kc_fh *fh)
+{
+	if (fh->kind == FH_STAGE) {
+		if (fh->tmpname[0])
+			unlinkat(fs->store.tmp_fd, fh->tmpname, 0);
+		if (fh->entry_fd >= 0)
+			close(fh->entry_fd);
+	}
+	if (fh->fd >= 0)
+		close(fh->fd);
+	free(fh->buf);
+	free(fh);
+}
+
+/* Copy all bytes of src into dst from offset 0. Returns 0 or -errno. */
+static int copy_bytes(int src, int dst)
+{
+	char buf[65536];
+	off_t off = 0;
+	for (;;) {
+		ssize_t n = pread(src, buf, sizeof(buf), off);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			return -errno;
+		if (n == 0)
+			return 0;
+		if (pwrite(dst, buf, (size_t)n, off) != n)
+			return errno ? -errno : -EIO;
+		off += n;
+	}
+}
+
+/* Give fh a fresh stage temporary, seeded with the bytes of the file behind seed_fd (any
+ * fd, write-only too) if it is >= 0. */
+int kc_stage_begin(struct kc_fs *fs, struct kc_fh *fh, int seed_fd, mode_t mode)
+{
+	char path[32];
+	int seed = -1;
+	if (seed_fd >= 0) {
+		kc_fd_path(seed_fd, path);
+		seed = open(path, O_RDONLY | O_CLOEXEC);
+		if (seed < 0)
+			return -errno;
+	}
+	int fd = kc_store_tmpfile(&fs->store, mode & 07777, fh->tmpname);
+	if (fd < 0) {
+		if (seed >= 0)
+			close(seed);
+		return fd;
+	}
+	int err = seed >= 0 ? copy_bytes(seed, fd) : 0;
+	if (seed >= 0)
+		close(seed);
+	if (err) {
+		close(fd);
+		unlinkat(fs->store.tmp_fd, fh->tmpname, 0);
+		fh->tmpname[0] = '\0';
+		return err;
+	}
+	if (fh->fd >= 0)
+		close(fh->fd);
+	fh->fd = fd;
+	fh->done = 0;
+	return 0;
+}
+
+/* Commit the stage temporary into the entry. Returns 0 or -errno (EEXIST, EINVAL...). */
+int kc_stage_commit(struct kc_fs *fs, struct kc_fh *fh)
+{
+	struct stat est;
+	if (fh->done || !fh->tmpname[0])
+		return 0;
+	struct kc_inode *entry = fstat(fh->entry_fd, &est) == 0
+					 ? kc_inode_find(&fs->inodes, est.st_dev, est.st_ino)
+					 : NULL;
+	int err = kc_cache_stage(&fs->cache, fh->role, fs->store.tmp_fd, fh->tmpname, fh->entry_fd);
+	if (entry)
+		err = kc_stage_result(fs, err, kc_inode_ino(&fs->inodes, entry), NULL);
+	else if (err > 0)
+		err = 0;
+	if (err)
+		unlinkat(fs->store.tmp_fd, fh->tmpname, 0);
+	fh->tmpname[0] = '\0';
+	fh->done = 1;
+	fh->dirty = 0;
+	return err;
+}
+
+/* Before bytes change through fh: a committed stage starts a new version from the
+ * committed bytes, and a plain descriptor on a file that has since become a staged file
+ * (its directory was renamed into an entry) becomes a stage, so that nothing staged ever
+ * changes in place. Returns 0 or -errno. */
+int kc_stage_prepare_write(struct kc_fs *fs, struct kc_inode *in, struct kc_fh *fh)
+{
+	if (fh->kind == FH_PLAIN) {
+		enum kc_role role;
+		int entry_fd = kc_inode_entry_fd(&fs->inodes, in, &role);
+		if (entry_fd < 0 || in->staging) {
+			if (entry_fd >= 0)
+				close(entry_fd);
+			return 0;
+		}
+		fh->kind = FH_STAGE;
+		fh->role = role;
+		fh->entry_fd = entry_fd;
+		fh->done = 1;
+	}
+	if (fh->kind == FH_STAGE && fh->done) {
+		struct stat st;
+		return fstat(fh->fd, &st) ? -errno : kc_stage_begin(fs, fh, fh->fd, st.st_mode);
+	}
+	return 0;
+}
+
+struct kc_fh *kc_fh_new(enum fh_kind kind, int fd)
+{
+	struct kc_fh *fh = calloc(1, sizeof(*fh));
+	if (fh) {
+		fh->kind = kind;
+		fh->fd = fd;
+		fh->entry_fd = -1;
+	}
+	return fh;
+}
+
+
+int kc_stage_is_writer(fuse_req_t req, const struct kc_fh *fh)
+{
+	return tgid_of(fuse_req_ctx(req)->pid) == fh->writer_tgid;
+}
