@@ -121,14 +121,29 @@ static int parse_number(const char *name, const char *text, unsigned long min, u
 	return 0;
 }
 
-/* One O_PATH fd per known inode: allow as many as the hard limit permits. */
+/* One O_PATH fd per known inode (two for staged files): allow as many as the system's
+ * per-process maximum (fs.nr_open) when privileged, else the hard limit. */
 static void raise_fd_limit(void)
 {
 	struct rlimit rl;
-	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
-		rl.rlim_cur = rl.rlim_max;
-		setrlimit(RLIMIT_NOFILE, &rl);
+	unsigned long nr_open = 0;
+	FILE *f = fopen("/proc/sys/fs/nr_open", "re");
+
+	if (f) {
+		if (fscanf(f, "%lu", &nr_open) != 1)
+			nr_open = 0;
+		fclose(f);
 	}
+	if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+		return;
+	if (nr_open > rl.rlim_max) {
+		struct rlimit more = {nr_open, nr_open};
+		if (setrlimit(RLIMIT_NOFILE, &more) == 0)
+			return;
+	}
+	rl.rlim_cur = rl.rlim_max;
+	setrlimit(RLIMIT_NOFILE, &rl);
+	kc_log(KC_LOG_INFO, "open file limit %lu", (unsigned long)rl.rlim_cur);
 }
 
 int main(int argc, char *argv[])

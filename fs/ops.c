@@ -91,8 +91,13 @@ static int do_lookup(struct kc_fs *fs, struct kc_inode *parent, const char *name
 
 	memset(e, 0, sizeof(*e));
 	int fd = openat(parent->fd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
-	if (fd < 0)
+	if (fd < 0) {
+		if (errno == EMFILE || errno == ENFILE)
+			kc_log(KC_LOG_ERR, "out of file descriptors with %llu inodes known to the "
+			       "kernel: raise the daemon's open file limit (LimitNOFILE)",
+			       (unsigned long long)fs->inodes.count);
 		return -errno;
+	}
 	if (fstatat(fd, "", &st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) != 0) {
 		err = -errno;
 		close(fd);

@@ -229,6 +229,11 @@ def worker(i, args, mnt, template, barrier, queue):
     try:
         for it in range(args.iterations):
             barrier.wait(timeout=600)
+            if i == 0 and it >= 2 and not args.keep:
+                # Evict the iteration before last, as an operator's rm -rf would: every
+                # entry the kernel knows holds descriptors in the daemon.
+                for sub in ("cache", os.path.join("dg", "cache")):
+                    shutil.rmtree(os.path.join(mnt, sub, "i%d" % (it - 2)), ignore_errors=True)
             for k in rng.sample(range(args.kernels), args.kernels):
                 mode = rng.choices(("native", "deepgemm", "reader"), weights=(6, 2, 1))[0]
                 if mode == "native":
@@ -262,6 +267,9 @@ def main():
     ap.add_argument("-s", "--seed", type=int, default=1)
     ap.add_argument("-j", "--jobs", type=int, default=0, help="-o jobs= of the daemon")
     ap.add_argument("--kcachefs", default=os.path.join(REPO, "build", "kcachefs"))
+    ap.add_argument("--log-level", default="info", help="-o log_level= of the daemon")
+    ap.add_argument("--keep", action="store_true",
+                    help="keep every iteration's entries (default: remove those two back)")
     args = ap.parse_args()
 
     work = tempfile.mkdtemp(prefix="kcachefs-stress.")
@@ -277,7 +285,7 @@ def main():
                     "--gpu-architecture=sm_90a"], check=True)
     template = open(template_path, "rb").read()
     compilers = write_compilers(work, template_path, log)
-    opts = "nvcc=%s,compile_timeout=120" % compilers[args.compiler]
+    opts = "nvcc=%s,compile_timeout=120,log_level=%s" % (compilers[args.compiler], args.log_level)
     if args.jobs:
         opts += ",jobs=%d" % args.jobs
     daemon_log = open(os.path.join(work, "daemon.log"), "w")

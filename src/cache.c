@@ -137,16 +137,15 @@ static void unlink_if_same(int entry_fd, const struct stat *st)
 		unlinkat(entry_fd, KC_CUBIN_NAME, 0);
 }
 
-/* Check the cubin behind fd (stat st) against its integrity record; good results are
- * remembered per (inode, ctime, size). Returns NULL when it may be served, else why not. */
+/* Check the cubin behind fd (stat st) against its integrity record, which is read into rec;
+ * a good result is remembered per (inode, ctime, size) for is_verified. Returns NULL when it
+ * may be served, else why not. */
 static const char *cubin_problem(struct kc_cache *c, int fd, const struct stat *st,
 				 struct kc_record *rec)
 {
 	char sha[KC_SHA256_HEXLEN + 1];
 	uint64_t size = 0;
 
-	if (is_verified(c, st))
-		return NULL;
 	int err = kc_record_read(fd, rec);
 	if (err == -ENODATA) { /* placed by a client outside the mount's staging: as is */
 		rec->origin = KC_ORIGIN_CLIENT;
@@ -217,7 +216,8 @@ static int check_published(struct kc_cache *c, int entry_fd)
 				entry_label(c, entry_fd, label, sizeof(label));
 				kc_log(KC_LOG_INFO,
 				       "%s: cubin was compiled from another recipe, compiler or "
-				       "arch; compiling again", label);
+				       "arch (%.16s, now %.16s); compiling again", label, rec.recipe,
+				       r.hash);
 				unlink_if_same(entry_fd, &st);
 				return -ENOENT;
 			}
@@ -233,6 +233,8 @@ int kc_cache_verify_open(struct kc_cache *c, int fd, int entry_fd)
 
 	if (fstat(fd, &st) != 0)
 		return -EIO;
+	if (is_verified(c, &st))
+		return 0;
 	const char *bad = cubin_problem(c, fd, &st, &rec);
 	if (!bad)
 		return 0;
