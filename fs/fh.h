@@ -44,6 +44,9 @@ int kc_stage_commit(struct kc_fs *fs, struct kc_fh *fh);
 int kc_stage_prepare_write(struct kc_fs *fs, struct kc_inode *in, struct kc_fh *fh);
 /* Record that the requesting thread's process wrote through fh. */
 void kc_stage_note_writer(fuse_req_t req, struct kc_fh *fh);
+/* Nonzero if the requesting thread's process is exiting because a signal killed it (its
+ * files are being closed by the kernel): what it was writing is not complete. */
+int kc_stage_writer_killed(fuse_req_t req);
 /* Nonzero if the process of the requesting thread is fh's writer (its close commits). */
 int kc_stage_is_writer(fuse_req_t req, const struct kc_fh *fh);
 /* Follow up a kc_cache_stage result r in the entry entry_ino: invalidate the kernel's

@@ -686,8 +686,17 @@ static void kc_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	 * (EEXIST, EINVAL) is close()'s. Other closes do not: a child that exec()s or exits
 	 * closes its inherited copy while the writer is still writing. What no writer's close
 	 * committed is committed at release (the last close). */
-	if (fh->kind == FH_STAGE && !fh->done && fh->dirty && kc_stage_is_writer(req, fh))
-		err = kc_stage_commit(fs_of(req), fh);
+	if (fh->kind == FH_STAGE && !fh->done && fh->dirty && kc_stage_is_writer(req, fh)) {
+		if (kc_stage_writer_killed(req)) {
+			/* A killed writer's files are closed for it: its stage is not complete. */
+			kc_log(KC_LOG_INFO, "stage discarded: its writer was killed by a signal");
+			unlinkat(fs_of(req)->store.tmp_fd, fh->tmpname, 0);
+			fh->tmpname[0] = '\0';
+			fh->done = 1;
+		} else {
+			err = kc_stage_commit(fs_of(req), fh);
+		}
+	}
 	fuse_reply_err(req, -err);
 }
 

@@ -175,6 +175,34 @@ struct kc_fh *kc_fh_new(enum fh_kind kind, int fd)
 }
 
 
+int kc_stage_writer_killed(fuse_req_t req)
+{
+	char path[64], buf[2048];
+	pid_t tid = fuse_req_ctx(req)->pid;
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)tid);
+	FILE *f = fopen(path, "re");
+	if (!f)
+		return 0;
+	size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = '\0';
+	char *p = strrchr(buf, ')'); /* the command name may hold anything: skip past it */
+	if (!p)
+		return 0;
+	/* Fields 3.. follow: field 9 is the task's flags, field 52 its exit code (proc(5)). */
+	unsigned long flags = 0;
+	long exit_code = 0;
+	int field = 2;
+	for (char *save = NULL, *t = strtok_r(p + 1, " ", &save); t; t = strtok_r(NULL, " ", &save)) {
+		field++;
+		if (field == 9)
+			flags = strtoul(t, NULL, 10);
+		else if (field == 52)
+			exit_code = strtol(t, NULL, 10);
+	}
+	return (flags & 0x4 /* PF_EXITING */) && (exit_code & 0x7f) != 0;
+}
+
 int kc_stage_is_writer(fuse_req_t req, const struct kc_fh *fh)
 {
 	return tgid_of(fuse_req_ctx(req)->pid) == fh->writer_tgid;

@@ -1,0 +1,120 @@
+"""Misbehaving and racing clients: a stager killed mid-write, nine stagers of one entry,
+locks on a file that is unlinked and recreated."""
+import errno
+import fcntl
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from conftest import elf_symbols, entry_name, read_result, run_parallel, sample
+
+SLOW_STAGER = """
+import os, sys, time
+fd = os.open(sys.argv[1], os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
+os.write(fd, b'extern "C" __global__ void half(float *x) {')
+sys.stdout.write('written\\n'); sys.stdout.flush()
+time.sleep(60)
+os.write(fd, b' x[0] = 1.0f; }\\n')
+os.close(fd)
+"""
+
+
+def test_stager_killed_mid_write_stages_nothing(mount_factory):
+    m = mount_factory()
+    entry = m.mnt / "cache" / entry_name("half", b"x")
+    entry.mkdir(parents=True)
+    (entry / "kernel.flags").write_bytes(b"-O3\n")
+    p = subprocess.Popen([sys.executable, "-c", SLOW_STAGER, str(entry / "kernel.cu")],
+                         stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline() == "written\n"
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    time.sleep(0.3)  # the kernel releases the dead process's file
+    assert not (entry / "kernel.cu").exists()
+    assert read_result(entry / "kernel.cubin") == ("err", errno.ENOENT)
+    assert os.listdir(m.backing / ".kcachefs" / "tmp") == []
+    # The entry is still usable: a complete source stages and compiles.
+    src = sample("vector_add")[0]
+    (entry / "kernel.cu").write_bytes(src)
+    assert "vector_add" in elf_symbols((entry / "kernel.cubin").read_bytes())
+
+
+def stage_and_open(i, entry, src, flags, other):
+    """Stager i: stage (the 9th stages other bytes, if given) and read kernel.cubin."""
+    mine = other if (i == 8 and other) else src
+    out = []
+    for name, data in (("kernel.cu", mine), ("kernel.flags", flags)):
+        try:
+            with open(os.path.join(entry, name), "wb") as f:
+                f.write(data)
+            out.append("staged")
+        except OSError as e:
+            out.append(errno.errorcode[e.errno])
+    return out, read_result(os.path.join(entry, "kernel.cubin"))
+
+
+def test_nine_stagers_same_bytes_one_compile(mount_factory):
+    m = mount_factory()
+    src, flags = sample("saxpy")
+    entry = m.mnt / "cache" / entry_name("saxpy", src, flags)
+    entry.mkdir(parents=True)
+    results = run_parallel(9, stage_and_open, str(entry), src, flags, None)
+    assert all(r[0] == ["staged", "staged"] for r in results), results
+    assert len({r[1] for r in results}) == 1 and results[0][1][0] == "ok", results
+    assert m.stats()["compiles_total"] == 1
+
+
+def test_ninth_stager_with_other_bytes_is_refused(mount_factory):
+    m = mount_factory()
+    src, flags = sample("saxpy")
+    other = sample("vector_add")[0]
+    entry = m.mnt / "cache" / entry_name("saxpy", src, flags)
+    entry.mkdir(parents=True)
+    results = run_parallel(9, stage_and_open, str(entry), src, flags, other)
+    staged = (entry / "kernel.cu").read_bytes()
+    assert staged in (src, other)
+    loser = other if staged == src else src
+    for i, (outcome, cubin) in enumerate(results):
+        mine = other if i == 8 else src
+        assert outcome == (["staged", "staged"] if mine == staged else ["EEXIST", "staged"])
+        assert cubin[0] == "ok"
+    # One cubin for everyone, compiled from the source that is staged, never the other.
+    assert len({r[1] for r in results}) == 1
+    symbols = elf_symbols((entry / "kernel.cubin").read_bytes())
+    want = "saxpy" if staged == src else "vector_add"
+    assert want in symbols and ("vector_add" if want == "saxpy" else "saxpy") not in symbols
+    assert m.stats()["compiles_total"] == 1 and loser != staged
+
+
+def test_locks_while_the_lock_file_is_unlinked_and_recreated(mount_factory):
+    """16 processes lock a lock file (flock and fcntl) while one unlinks and recreates it:
+    exactly the semantics of a local filesystem (a lock is on the file, not the name)."""
+    m = mount_factory()
+    lock = m.mnt / "build.lock"
+    lock.write_text("")
+
+    def worker(i, lock):
+        if i == 16:
+            for _ in range(100):
+                try:
+                    os.unlink(lock)
+                except FileNotFoundError:
+                    pass
+                open(lock, "a").close()
+            return "recreator"
+        held = 0
+        for n in range(30):
+            with open(lock, "a+") as f:
+                if i % 2:
+                    fcntl.flock(f, fcntl.LOCK_EX)
+                else:
+                    fcntl.lockf(f, fcntl.LOCK_EX)
+                held += 1
+        return held
+
+    results = run_parallel(17, worker, str(lock))
+    assert results[16] == "recreator"
+    assert results[:16] == [30] * 16, results
