@@ -46,9 +46,10 @@ void kc_park(fuse_req_t req, struct kc_inode *pending, struct fuse_file_info *fi
 int kc_sweeper_start(struct kc_fs *fs);
 void kc_sweeper_stop(struct kc_fs *fs);
 
-/* Answers for a pending inode once its entry's cubin is published (ops.c). */
-void kc_reply_published_attr(fuse_req_t req, struct kc_inode *pending);
-void kc_reply_published_open(fuse_req_t req, struct kc_inode *pending, struct fuse_file_info *fi);
+/* Answers for a pending inode once its entry's cubin is published (ops.c). Return 0 when
+ * answered, or -ENOENT without answering when no cubin is published (wait again). */
+int kc_reply_published_attr(fuse_req_t req, struct kc_inode *pending);
+int kc_reply_published_open(fuse_req_t req, struct kc_inode *pending, struct fuse_file_info *fi);
 
 /* Directory handles (dir.c): opendir, readdir, releasedir, fsyncdir. */
 void kc_dir_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);

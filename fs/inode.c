@@ -16,7 +16,9 @@ static int inode_cmp(const void *a, const void *b)
 		return x->dev < y->dev ? -1 : 1;
 	if (x->ino != y->ino)
 		return x->ino < y->ino ? -1 : 1;
-	return x->pending - y->pending;
+	if (x->pending != y->pending)
+		return x->pending - y->pending;
+	return x->recipe_id < y->recipe_id ? -1 : x->recipe_id > y->recipe_id;
 }
 
 static void init_virtual(struct kc_inode *in, enum kc_virtual v, mode_t type)
@@ -53,6 +55,8 @@ static void free_inode(void *p)
 	close(in->fd);
 	if (in->parent_fd >= 0)
 		close(in->parent_fd);
+	if (in->cubin_fd >= 0)
+		close(in->cubin_fd);
 	free(in);
 }
 
@@ -95,9 +99,11 @@ static struct kc_inode *ref_key(struct kc_inode_table *t, const struct kc_inode 
 		in->dev = key->dev; /* the tree key: set before tsearch orders by it */
 		in->ino = key->ino;
 		in->pending = key->pending;
+		in->recipe_id = key->recipe_id;
 		in->type = type;
 		in->nlookup = 1;
 		in->parent_fd = -1;
+		in->cubin_fd = -1;
 	}
 	if (!in || !tsearch(in, &t->tree, inode_cmp)) {
 		pthread_mutex_unlock(&t->lock);
@@ -126,9 +132,10 @@ struct kc_inode *kc_inode_ref(struct kc_inode_table *t, int fd, const struct sta
 }
 
 struct kc_inode *kc_inode_ref_pending(struct kc_inode_table *t, int entry_fd,
-				      const struct stat *entry_st, int *err)
+				      const struct stat *entry_st, uint64_t recipe_id, int *err)
 {
-	struct kc_inode key = {.dev = entry_st->st_dev, .ino = entry_st->st_ino, .pending = 1};
+	struct kc_inode key = {.dev = entry_st->st_dev, .ino = entry_st->st_ino, .pending = 1,
+			       .recipe_id = recipe_id};
 	int fd = fcntl(entry_fd, F_DUPFD_CLOEXEC, 0);
 	if (fd < 0) {
 		*err = -errno;

@@ -33,6 +33,10 @@ struct kc_inode {
 	int staging;         /* an uncommitted stage temporary */
 	int pending;         /* the kernel.cubin of entry (dev, ino) before it is published:
 			      * fd and parent_fd are the entry directory (see ops.c) */
+	uint64_t recipe_id;  /* pending: the recipe it stands for (part of its key) */
+	int stored;          /* pending: its cubin's bytes and size were given to the kernel */
+	int cubin_fd;        /* pending: O_PATH fd of the cubin it became (-1 before): its
+			      * attributes stay this inode's after a re-stage removes it */
 };
 
 struct kc_inode_table {
@@ -59,9 +63,11 @@ struct kc_inode *kc_inode_ref(struct kc_inode_table *t, int fd, const struct sta
 			      int *err);
 
 /* Find or create the pending-cubin inode of the entry directory behind entry_fd (stat
- * entry_st), and count one kernel reference. Returns it, or NULL with -errno in *err. */
+ * entry_st) for one recipe of it, and count one kernel reference. A re-staged recipe gets
+ * another inode, so no page cache or size is shared between recipes. Returns it, or NULL
+ * with -errno in *err. */
 struct kc_inode *kc_inode_ref_pending(struct kc_inode_table *t, int entry_fd,
-				      const struct stat *entry_st, int *err);
+				      const struct stat *entry_st, uint64_t recipe_id, int *err);
 
 /* Find the inode of (dev, ino) if the kernel knows it; no reference is taken, so use it
  * only under the guarantee that the kernel still holds one (e.g. inside a request on it). */

@@ -135,7 +135,7 @@ static void reply_virtual_entry(fuse_req_t req, struct kc_inode *in)
 /* The entry for a kernel.cubin that is staged but not compiled yet: a pending inode with
  * timeouts 0, so the kernel asks again (getattr, which waits in waiter.c) before it uses
  * the placeholder size, and finds the published inode at the next lookup. */
-static void reply_pending_entry(fuse_req_t req, struct kc_inode *entry)
+static void reply_pending_entry(fuse_req_t req, struct kc_inode *entry, uint64_t recipe_id)
 {
 	struct kc_fs *fs = fs_of(req);
 	struct fuse_entry_param e = {0};
@@ -144,7 +144,7 @@ static void reply_pending_entry(fuse_req_t req, struct kc_inode *entry)
 
 	if (fstat(entry->fd, &est) != 0)
 		return (void)fuse_reply_err(req, errno);
-	struct kc_inode *in = kc_inode_ref_pending(&fs->inodes, entry->fd, &est, &err);
+	struct kc_inode *in = kc_inode_ref_pending(&fs->inodes, entry->fd, &est, recipe_id, &err);
 	if (!in)
 		return (void)fuse_reply_err(req, -err);
 	e.ino = kc_inode_ino(&fs->inodes, in);
@@ -173,9 +173,10 @@ static void kc_lookup(fuse_req_t req, fuse_ino_t parent_ino, const char *name)
 	}
 	if (parent->entry && strcmp(name, KC_CUBIN_NAME) == 0) {
 		/* Published: the real file. Staged: start its compile, answer pending now. */
-		int r = kc_cache_lookup_cubin(&fs->cache, parent->fd, NULL);
+		uint64_t recipe_id = 0;
+		int r = kc_cache_lookup_cubin(&fs->cache, parent->fd, NULL, &recipe_id);
 		if (r == KC_PENDING)
-			return reply_pending_entry(req, parent);
+			return reply_pending_entry(req, parent, recipe_id);
 		if (r < 0)
 			return (void)fuse_reply_err(req, -r);
 	}
@@ -207,8 +208,14 @@ static void kc_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 		kc_ctl_attr(fs_of(req), in, &st);
 		return (void)fuse_reply_attr(req, &st, KC_TIMEOUT_PLAIN);
 	}
-	if (in->pending && !fi)
-		return kc_park(req, in, NULL); /* answered with the compiled size */
+	if (in->pending && !fi) {
+		int cubin_fd = __atomic_load_n(&in->cubin_fd, __ATOMIC_SEQ_CST);
+		if (cubin_fd < 0)
+			return kc_park(req, in, NULL); /* answered with the compiled size */
+		if (fstat(cubin_fd, &st) != 0)
+			return (void)fuse_reply_err(req, errno);
+		return (void)fuse_reply_attr(req, &st, 0);
+	}
 	int r = fi && (fh_of(fi)->kind == FH_STAGE || in->pending)
 			? fstat(fh_of(fi)->fd, &st)
 			: fstatat(in->fd, "", &st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW);
@@ -503,21 +510,67 @@ static void open_cubin(fuse_req_t req, struct kc_inode *in, int fd, struct fuse_
 	fuse_reply_open(req, fi);
 }
 
-void kc_reply_published_attr(fuse_req_t req, struct kc_inode *pending)
-{
-	struct stat st;
-	if (fstatat(pending->fd, KC_CUBIN_NAME, &st, AT_SYMLINK_NOFOLLOW) != 0)
-		return (void)fuse_reply_err(req, errno == ENOENT ? EIO : errno);
-	fuse_reply_attr(req, &st, 0);
-}
-
-void kc_reply_published_open(fuse_req_t req, struct kc_inode *pending, struct fuse_file_info *fi)
+/* Open the published cubin a pending inode stands for. Returns the fd, -ENOENT when none
+ * is published (the caller waits again), or -ESTALE when the published one is of another
+ * recipe (the entry was re-staged: this inode's cubin is gone). On the first success the
+ * cubin's bytes are stored in the kernel's page cache of the pending inode, which also
+ * sets its size: every later reader (read, mmap, splice) sees the whole file. */
+static int open_published(struct kc_fs *fs, struct kc_inode *pending)
 {
 	int fd = openat(pending->fd, KC_CUBIN_NAME, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
 	if (fd < 0)
-		return (void)fuse_reply_err(req, errno == ENOENT ? EIO : errno);
-	/* Pages of the pending inode were never filled: nothing stale to keep or drop. */
-	open_cubin(req, pending, fd, fi, 0);
+		return -errno;
+	if (kc_cache_cubin_recipe_id(fd) != pending->recipe_id) {
+		close(fd);
+		return -ESTALE;
+	}
+	if (!__atomic_exchange_n(&pending->stored, 1, __ATOMIC_SEQ_CST)) {
+		char path[32];
+		proc_path(fd, path);
+		pending->cubin_fd = open(path, O_PATH | O_CLOEXEC);
+		struct stat st;
+		if (fstat(fd, &st) == 0 && st.st_size > 0) {
+			struct fuse_bufvec buf = FUSE_BUFVEC_INIT((size_t)st.st_size);
+			buf.buf[0].flags = FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK;
+			buf.buf[0].fd = fd;
+			buf.buf[0].pos = 0;
+			int err = fuse_lowlevel_notify_store(fs->se, kc_inode_ino(&fs->inodes, pending),
+							     0, &buf, 0);
+			if (err && err != -ENOENT)
+				kc_log(KC_LOG_WARN, "storing a compiled cubin in the kernel: %s",
+				       strerror(-err));
+		}
+	}
+	return fd;
+}
+
+int kc_reply_published_attr(fuse_req_t req, struct kc_inode *pending)
+{
+	struct stat st;
+	int fd = open_published(fs_of(req), pending);
+	if (fd == -ENOENT)
+		return fd;
+	if (fd < 0)
+		return (void)fuse_reply_err(req, fd == -ESTALE ? ENOENT : -fd), 0;
+	int err = fstat(fd, &st) == 0 ? 0 : errno;
+	close(fd);
+	if (err)
+		fuse_reply_err(req, err);
+	else
+		fuse_reply_attr(req, &st, 0);
+	return 0;
+}
+
+int kc_reply_published_open(fuse_req_t req, struct kc_inode *pending, struct fuse_file_info *fi)
+{
+	int fd = open_published(fs_of(req), pending);
+	if (fd == -ENOENT)
+		return fd;
+	if (fd < 0)
+		return (void)fuse_reply_err(req, fd == -ESTALE ? ENOENT : -fd), 0;
+	/* The pending inode's pages are this recipe's cubin (stored above): keep them. */
+	open_cubin(req, pending, fd, fi, 1);
+	return 0;
 }
 
 static void kc_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)

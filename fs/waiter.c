@@ -6,9 +6,10 @@
  * as a waiter on the entry's single flight and answered from the compile thread. So no FUSE
  * worker thread waits; every waiting process has its own request (the kernel merges
  * concurrent lookups of one name, not opens or getattrs), and a waiter whose process is
- * killed is answered EINTR at once, while the others keep waiting.
+ * killed is answered EINTR within a sweep interval, while the others keep waiting.
  */
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,7 +18,7 @@
 #include "fs.h"
 #include "log.h"
 
-#define SWEEP_INTERVAL_NS 200000000L
+#define SWEEP_INTERVAL_NS 100000000L
 
 struct req_waiter {
 	struct kc_waiter base;
@@ -27,39 +28,41 @@ struct req_waiter {
 	int open;            /* 1: an open (fi is its file info), 0: a getattr */
 	struct fuse_file_info fi;
 	pid_t tid;           /* the waiting thread */
+	int retries;         /* published cubins that were gone when opened */
 };
 
-/* Nonzero if thread tid is gone or has SIGKILL pending, i.e. its process is being killed (a
- * fatal signal with default action is turned into SIGKILL for every thread by the kernel). */
+/* Nonzero if thread tid is gone, or a signal is pending for it that will kill its process:
+ * SIGKILL (the kernel turns every fatal signal with default action into it, except those
+ * that dump core), or any pending signal that is not blocked, ignored or caught and whose
+ * default action ends the process (core-dump signals such as SIGQUIT and SIGABRT). */
 static int being_killed(pid_t tid)
 {
+	/* Signals whose default action is to continue, stop or ignore (signal(7)). */
+	const unsigned long long harmless = 1ull << (SIGCHLD - 1) | 1ull << (SIGCONT - 1) |
+					    1ull << (SIGSTOP - 1) | 1ull << (SIGTSTP - 1) |
+					    1ull << (SIGTTIN - 1) | 1ull << (SIGTTOU - 1) |
+					    1ull << (SIGURG - 1) | 1ull << (SIGWINCH - 1);
+	unsigned long long pending = 0, blocked = 0, ignored = 0, caught = 0, mask;
 	char path[64], line[256];
-	int killed = 0;
 
 	snprintf(path, sizeof(path), "/proc/%d/status", (int)tid);
 	FILE *f = fopen(path, "re");
 	if (!f)
 		return 1;
 	while (fgets(line, sizeof(line), f)) {
-		unsigned long long mask;
-		if ((sscanf(line, "SigPnd: %llx", &mask) == 1 ||
-		     sscanf(line, "ShdPnd: %llx", &mask) == 1) &&
-		    (mask & (1ull << (9 - 1))))
-			killed = 1;
+		if (sscanf(line, "SigPnd: %llx", &mask) == 1 || sscanf(line, "ShdPnd: %llx", &mask) == 1)
+			pending |= mask;
+		else if (sscanf(line, "SigBlk: %llx", &mask) == 1)
+			blocked = mask;
+		else if (sscanf(line, "SigIgn: %llx", &mask) == 1)
+			ignored = mask;
+		else if (sscanf(line, "SigCgt: %llx", &mask) == 1)
+			caught = mask;
 	}
 	fclose(f);
-	return killed;
-}
-
-static void answer(struct req_waiter *w, int result)
-{
-	if (result < 0)
-		fuse_reply_err(w->req, -result);
-	else if (w->open)
-		kc_reply_published_open(w->req, w->in, &w->fi);
-	else
-		kc_reply_published_attr(w->req, w->in);
-	free(w);
+	if (pending & (1ull << (SIGKILL - 1)))
+		return 1;
+	return (pending & ~blocked & ~ignored & ~caught & ~harmless) != 0;
 }
 
 static void ready(struct kc_waiter *base, int result);
@@ -67,37 +70,36 @@ static void ready(struct kc_waiter *base, int result);
 /* Queue w on its entry's compile, or answer it now if there is nothing to wait for. */
 static void wait_or_answer(struct req_waiter *w)
 {
-	int r = kc_cache_lookup_cubin(&w->fs->cache, w->in->fd, &w->base);
-	if (r == KC_PENDING)
-		return;
-	fuse_req_interrupt_func(w->req, NULL, NULL);
-	answer(w, r);
+	for (;;) {
+		int r = kc_cache_lookup_cubin(&w->fs->cache, w->in->fd, &w->base, NULL);
+		if (r == KC_PENDING)
+			return;
+		if (r < 0) {
+			fuse_reply_err(w->req, -r);
+			break;
+		}
+		r = w->open ? kc_reply_published_open(w->req, w->in, &w->fi)
+			    : kc_reply_published_attr(w->req, w->in);
+		if (r == 0)
+			break;
+		if (++w->retries > 3) { /* published and gone again, repeatedly */
+			fuse_reply_err(w->req, EIO);
+			break;
+		}
+	}
+	free(w);
 }
 
 static void ready(struct kc_waiter *base, int result)
 {
 	struct req_waiter *w = (struct req_waiter *)base;
-	if (result == -EAGAIN) /* the recipe changed under the compile: look again */
-		return wait_or_answer(w);
-	answer(w, result);
-}
-
-/* The kernel sends one interrupt per request. A dying process is let go now; one that may
- * survive the signal keeps waiting (stat() on a local filesystem does not fail with EINTR),
- * flagged so that the sweeper lets it go if it is killed later. */
-static void interrupted(fuse_req_t req, void *data)
-{
-	struct req_waiter *w = data;
-	struct kc_fs *fs = fuse_req_userdata(req);
-
-	if (!being_killed(fuse_req_ctx(req)->pid)) {
-		kc_flight_flag(&fs->cache.flights, &w->base);
+	if (result < 0 && result != -EAGAIN) {
+		fuse_reply_err(w->req, -result);
+		free(w);
 		return;
 	}
-	if (kc_flight_cancel(&fs->cache.flights, &w->base)) {
-		fuse_reply_err(req, EINTR);
-		free(w);
-	}
+	/* Published (or the recipe changed under the compile): look again and answer. */
+	wait_or_answer(w);
 }
 
 void kc_park(fuse_req_t req, struct kc_inode *pending, struct fuse_file_info *fi)
@@ -113,16 +115,18 @@ void kc_park(fuse_req_t req, struct kc_inode *pending, struct fuse_file_info *fi
 	if (fi)
 		w->fi = *fi;
 	w->tid = fuse_req_ctx(req)->pid;
-	/* Registered before the waiter is queued: an interrupt that comes first finds nothing
-	 * to cancel, one that comes later finds it under the flight table's lock. */
-	fuse_req_interrupt_func(req, interrupted, w);
 	wait_or_answer(w);
 }
 
+/* The kernel interrupts a request once, on the first signal. A waiter that survives the
+ * signal keeps waiting (stat() on a local filesystem does not fail with EINTR); one whose
+ * process is being killed, then or later, is let go. Checked under the flight table's
+ * lock, so the request cannot be answered meanwhile. */
 static int killed_waiter(struct kc_waiter *base, void *arg)
 {
+	struct req_waiter *w = (struct req_waiter *)base;
 	(void)arg;
-	return being_killed(((struct req_waiter *)base)->tid);
+	return fuse_req_interrupted(w->req) && being_killed(w->tid);
 }
 
 static void *sweeper(void *arg)

@@ -451,7 +451,26 @@ static int recheck_published(void *arg)
 	return fstatat(r->entry_fd, KC_CUBIN_NAME, &st, AT_SYMLINK_NOFOLLOW) == 0 ? 1 : 0;
 }
 
-int kc_cache_lookup_cubin(struct kc_cache *c, int entry_fd, struct kc_waiter *w)
+uint64_t kc_recipe_id(const char *recipe_hex)
+{
+	uint64_t id = 0;
+	for (int i = 0; i < 16 && recipe_hex[i]; i++) {
+		char ch = recipe_hex[i];
+		id = id << 4 | (uint64_t)(ch <= '9' ? ch - '0' : ch - 'a' + 10);
+	}
+	return id;
+}
+
+uint64_t kc_cache_cubin_recipe_id(int fd)
+{
+	struct kc_record rec;
+	if (kc_record_read(fd, &rec) != 0 || !rec.recipe[0])
+		return 0;
+	return kc_recipe_id(rec.recipe);
+}
+
+int kc_cache_lookup_cubin(struct kc_cache *c, int entry_fd, struct kc_waiter *w,
+			  uint64_t *recipe_id)
 {
 	struct stat est;
 	char label[512];
@@ -493,6 +512,8 @@ int kc_cache_lookup_cubin(struct kc_cache *c, int entry_fd, struct kc_waiter *w)
 		}
 		struct recheck_arg ra = {entry_fd};
 		int r = kc_flight_join(&c->flights, &key, w, recheck_published, &ra);
+		if (recipe_id && (r == KC_FLIGHT_JOINED || r == KC_FLIGHT_LEADER))
+			*recipe_id = kc_recipe_id(j->recipe.hash);
 		if (r != KC_FLIGHT_LEADER) {
 			kc_recipe_free(&j->recipe);
 			free(j);

@@ -50,7 +50,15 @@ void kc_cache_shutdown(struct kc_cache *c);
  * published and no recipe is staged; -EIO when the cubin is corrupt and cannot be rebuilt,
  * or the recipe was rejected by this compiler before (see kernel.log), or failed for a
  * passing cause less than KC_RETRY_HOLDOFF seconds ago. */
-int kc_cache_lookup_cubin(struct kc_cache *c, int entry_fd, struct kc_waiter *w);
+int kc_cache_lookup_cubin(struct kc_cache *c, int entry_fd, struct kc_waiter *w,
+			  uint64_t *recipe_id);
+
+/* The first 64 bits of a recipe hash: names one recipe of an entry (the pending cubin's
+ * identity). kc_cache_lookup_cubin stores it in *recipe_id (if not NULL) with KC_PENDING. */
+uint64_t kc_recipe_id(const char *recipe_hex);
+
+/* The recipe id recorded in the published cubin behind fd, or 0 if it has none. */
+uint64_t kc_cache_cubin_recipe_id(int fd);
 
 /* Check an open published cubin (fd) against its record before it is served; cheap when
  * the inode's ctime and size are those verified before. Returns 0, or -EIO when it is

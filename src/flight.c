@@ -107,22 +107,6 @@ int kc_flight_cancel(struct kc_flight_table *t, struct kc_waiter *w)
 	return found;
 }
 
-int kc_flight_flag(struct kc_flight_table *t, struct kc_waiter *w)
-{
-	int found = 0;
-
-	pthread_mutex_lock(&t->lock);
-	for (struct kc_flight *f = t->head; f && !found; f = f->next)
-		for (struct kc_waiter *q = f->waiters; q; q = q->next)
-			if (q == w) {
-				w->flagged = 1;
-				found = 1;
-				break;
-			}
-	pthread_mutex_unlock(&t->lock);
-	return found;
-}
-
 struct kc_waiter *kc_flight_sweep(struct kc_flight_table *t,
 				  int (*pred)(struct kc_waiter *w, void *arg), void *arg)
 {
@@ -132,7 +116,7 @@ struct kc_waiter *kc_flight_sweep(struct kc_flight_table *t,
 	for (struct kc_flight *f = t->head; f; f = f->next) {
 		for (struct kc_waiter **p = &f->waiters; *p;) {
 			struct kc_waiter *w = *p;
-			if (w->flagged && pred(w, arg)) {
+			if (pred(w, arg)) {
 				*p = w->next;
 				w->next = out;
 				out = w;

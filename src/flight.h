@@ -20,7 +20,6 @@ typedef void (*kc_waiter_fn)(struct kc_waiter *w, int result);
 struct kc_waiter {
 	struct kc_waiter *next; /* owned by the table while queued */
 	kc_waiter_fn done;
-	int flagged;            /* set by kc_flight_flag, read by kc_flight_sweep */
 };
 
 struct kc_flight_key {
@@ -59,12 +58,9 @@ unsigned kc_flight_finish(struct kc_flight_table *t, const struct kc_flight_key 
  * be called), 0 if it had already been served or was never queued. */
 int kc_flight_cancel(struct kc_flight_table *t, struct kc_waiter *w);
 
-/* Flag w if it is queued (under the table lock, so w cannot be served meanwhile).
- * Returns 1 if flagged, 0 if w had already been served. */
-int kc_flight_flag(struct kc_flight_table *t, struct kc_waiter *w);
-
-/* Remove every flagged waiter for which pred(w, arg) is nonzero and return them as a list
- * linked by next (their done is not called; the caller owns them). */
+/* Remove every queued waiter for which pred(w, arg) is nonzero (called under the table
+ * lock, so w is not served meanwhile) and return them as a list linked by next; their done
+ * is not called, the caller owns them. */
 struct kc_waiter *kc_flight_sweep(struct kc_flight_table *t,
 				  int (*pred)(struct kc_waiter *w, void *arg), void *arg);
 

@@ -1,0 +1,101 @@
+"""Readers that open or stat a kernel.cubin while it compiles (the pending inode): every
+way of reading sees the whole compiled file, and a re-staged entry never mixes recipes."""
+import mmap
+import os
+import resource
+import signal
+import subprocess
+import sys
+import time
+
+from conftest import entry_name, run_parallel, sample, write_script
+
+
+def delayed_nvcc(tmp_path, seconds):
+    return write_script(tmp_path / "nvcc-delayed",
+                        'case "$*" in *-cubin*) sleep %s;; esac\n'
+                        'exec /usr/local/cuda/bin/nvcc "$@"\n' % seconds)
+
+
+def read_while_compiling(i, path):
+    """Open during the compile, then read without fstat first, in several ways."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        how = ("sendfile", "mmap", "pread", "read")[i % 4]
+        if how == "sendfile":
+            r, w = os.pipe()
+            n = os.sendfile(w, fd, 0, 1 << 20)
+            data = os.read(r, 1 << 20) if n else b""
+            os.close(r)
+            os.close(w)
+        elif how == "mmap":
+            with mmap.mmap(fd, 0, prot=mmap.PROT_READ) as mm:  # size from the kernel's inode
+                data = bytes(mm[:])
+        elif how == "pread":
+            data = os.pread(fd, 1 << 20, 0)
+        else:
+            with os.fdopen(os.dup(fd), "rb") as f:
+                data = f.read()
+        return how, data
+    finally:
+        os.close(fd)
+
+
+def test_every_reader_of_a_compiling_cubin_gets_all_bytes(mount_factory, tmp_path):
+    m = mount_factory(["nvcc=%s" % delayed_nvcc(tmp_path, 0.5)])
+    src, flags = sample("saxpy")
+    for round_ in range(4):
+        source = src + b"// round %d\n" % round_
+        entry = m.stage("saxpy", source, flags)
+        results = run_parallel(12, read_while_compiling, str(entry / "kernel.cubin"))
+        want = (m.backing / entry.relative_to(m.mnt) / "kernel.cubin").read_bytes()
+        for how, data in results:
+            assert data == want, "%s read %d of %d bytes" % (how, len(data), len(want))
+
+
+def test_descriptor_on_a_re_staged_entry_keeps_its_recipe(mount_factory, tmp_path):
+    m = mount_factory(["nvcc=%s" % delayed_nvcc(tmp_path, 0.5)])
+    a_src, flags = sample("saxpy")
+    entry = m.mnt / "cache" / entry_name("k", b"entry")
+    entry.mkdir(parents=True)
+    (entry / "kernel.flags").write_bytes(flags)
+    (entry / "kernel.cu").write_bytes(a_src)
+    fd1 = os.open(entry / "kernel.cubin", os.O_RDONLY)  # waits for recipe A
+    a = os.pread(fd1, 1 << 20, 0)
+    assert b"saxpy" in a
+    (entry / "kernel.cu").unlink()
+    (entry / "kernel.cu").write_bytes(sample("block_sum")[0])
+    with open(entry / "kernel.cubin", "rb") as f:  # recipe B
+        b = f.read()
+    assert b"block_sum" in b and b != a
+    assert os.pread(fd1, 1 << 20, 0) == a, "a descriptor of recipe A read another recipe"
+    assert os.fstat(fd1).st_size == len(a)
+    os.close(fd1)
+
+
+WAITER = """
+import sys
+try:
+    open(sys.argv[1], 'rb').read()
+    print('ok')
+except OSError as e:
+    print(e.errno)
+"""
+
+
+def test_waiter_killed_by_a_core_dumping_signal_goes_at_once(mount_factory, tmp_path):
+    m = mount_factory(["nvcc=%s" % delayed_nvcc(tmp_path, 20)])
+    entry = m.stage("vector_add", *sample("vector_add"))
+    no_core = lambda: resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    victims = [subprocess.Popen([sys.executable, "-c", WAITER, str(entry / "kernel.cubin")],
+                                stdout=subprocess.PIPE, preexec_fn=no_core) for _ in range(3)]
+    deadline = time.monotonic() + 30
+    while m.stats()["waits_total"] < 3:
+        assert time.monotonic() < deadline, m.stats()
+        time.sleep(0.05)
+    for p, sig in zip(victims, (signal.SIGQUIT, signal.SIGABRT, signal.SIGTERM)):
+        p.send_signal(sig)
+        started = time.monotonic()
+        assert p.wait(timeout=15) == -sig
+        assert time.monotonic() - started < 10, "held until the compile ended"
+    assert m.stats()["flights"] == 1, "the compile is still running"
