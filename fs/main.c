@@ -256,10 +256,14 @@ int main(int argc, char *argv[])
 	kc_log(KC_LOG_INFO, "unmounting %s", cmd.mountpoint);
 
 out_cache:
-	/* In-flight compilers are killed; their waiters are answered EIO. */
+	/* In-flight compilers are killed; their waiters are answered EIO. Then the unmount
+	 * aborts what the kernel still queues, which also frees a notification that waits on
+	 * a directory lock held by such a request; only then is the notifier joined. */
 	kc_sweeper_stop(fs);
 	kc_cache_shutdown(&fs->cache);
+	fuse_session_unmount(fs->se);
 	kc_notifier_stop(&fs->notifier);
+	goto out_signals;
 out_unmount:
 	fuse_session_unmount(fs->se);
 out_signals:

@@ -126,7 +126,7 @@ int kc_store_open(struct kc_store *s, const char *path, char *why, size_t whylen
 		err = fail(why, whylen, -errno, "cannot open %s/" KC_STATE_DIR, s->root_path);
 		goto out;
 	}
-	s->lock_fd = openat(state, "lock", O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+	s->lock_fd = openat(state, "lock", O_RDONLY | O_CREAT | O_CLOEXEC, 0600);
 	if (s->lock_fd < 0) {
 		err = fail(why, whylen, -errno, "cannot open %s/" KC_STATE_DIR "/lock", s->root_path);
 		goto out;
