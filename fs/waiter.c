@@ -65,8 +65,6 @@ static int being_killed(pid_t tid)
 	return (pending & ~blocked & ~ignored & ~caught & ~harmless) != 0;
 }
 
-static void ready(struct kc_waiter *base, int result);
-
 /* Queue w on its entry's compile, or answer it now if there is nothing to wait for. */
 static void wait_or_answer(struct req_waiter *w)
 {
