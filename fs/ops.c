@@ -232,7 +232,9 @@ static void kc_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to
 	char path[32];
 	int r = 0;
 
-	if (in->virt || (in->pending && !fh))
+	/* A published cubin is immutable: no mode, owner, size or time changes. */
+	if (in->virt || (in->pending && !fh) ||
+	    (in->role == KC_ROLE_CUBIN && !in->staging && !(fh && fh->kind == FH_STAGE)))
 		return (void)fuse_reply_err(req, EPERM);
 	proc_path(in->fd, path);
 	if (to_set & FUSE_SET_ATTR_MODE)
@@ -463,7 +465,8 @@ static void open_stage(fuse_req_t req, struct fuse_file_info *fi, enum kc_role r
 	if (!err) {
 		fh->role = role;
 		fh->entry_fd = entry_fd;
-		fh->dirty = (fi->flags & O_TRUNC) != 0;
+		if (fi->flags & O_TRUNC) /* emptied: a change its opener's close commits */
+			kc_stage_note_writer(req, fh);
 		err = kc_stage_begin(fs, fh, (fi->flags & O_TRUNC) ? -1 : seed_fd, st.st_mode | 0600);
 	}
 	fi->direct_io = 1; /* the stage's bytes stay out of the staged inode's page cache */
@@ -577,7 +580,8 @@ static void kc_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
 	struct kc_fs *fs = fs_of(req);
 	struct kc_inode *in = inode_of(req, ino);
-	int writing = (fi->flags & O_ACCMODE) != O_RDONLY;
+	/* O_TRUNC changes the file even with O_RDONLY (Linux truncates): a write too. */
+	int writing = (fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC);
 	char path[32];
 	enum kc_role role;
 

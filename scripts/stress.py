@@ -20,7 +20,8 @@ Every compile is logged, so compiles per entry are counted exactly.
 It reports opens, compiles per entry, waits, errors by errno, byte mismatches, and exits 1
 on any unexpected error or mismatch, or if an entry was compiled more than once.
 
-  scripts/stress.py -P 4 -K 8 -I 5                 # a short run (CI)
+  scripts/stress.py -P 8 -K 16 -I 10               # a short run (CI also runs -c faulty
+                                                   # and -c nvcc, see tests/mount/test_stress.py)
   scripts/stress.py -P 8 -K 64 -I 1000 -c fake     # the long run quoted in the README
 """
 import argparse

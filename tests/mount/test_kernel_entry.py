@@ -161,10 +161,20 @@ def test_restaging_same_bytes_is_noop_other_bytes_eexist(mount_factory):
     with pytest.raises(OSError) as e:
         os.truncate(entry / "kernel.cubin", 0)
     assert e.value.errno == errno.EPERM
-    for flags in (os.O_WRONLY, os.O_RDWR, os.O_WRONLY | os.O_TRUNC, os.O_WRONLY | os.O_APPEND):
+    for flags in (os.O_WRONLY, os.O_RDWR, os.O_WRONLY | os.O_TRUNC, os.O_WRONLY | os.O_APPEND,
+                  os.O_RDONLY | os.O_TRUNC):
         with pytest.raises(OSError) as e:
             os.open(entry / "kernel.cubin", flags)
         assert e.value.errno == errno.EPERM
+    for change in (lambda p: os.chmod(p, 0o666), lambda p: os.utime(p, (1, 1))):
+        with pytest.raises(OSError) as e:
+            change(entry / "kernel.cubin")
+        assert e.value.errno == errno.EPERM
+    # O_TRUNC with O_RDONLY on a staged source is a staging write like any other.
+    with pytest.raises(OSError) as e:
+        os.close(os.open(entry / "kernel.cu", os.O_RDONLY | os.O_TRUNC))
+    assert e.value.errno == errno.EEXIST
+    assert (entry / "kernel.cu").read_bytes() == src
     # Another valid cubin renamed over it: the published one stays (racing ranks).
     other = sample_cubin(m, "saxpy")
     (entry.parent / "other.cubin").write_bytes(other)
