@@ -11,6 +11,7 @@ import signal
 import stat
 import struct
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -213,6 +214,25 @@ def run_parallel(n, fn, *args, timeout=300):
                 p.kill()
                 p.join()
     return [results[i] for i in range(n)]
+
+
+# A process that opens and reads a file and prints "ok <bytes>" or "err <errno>".
+OPENER = """
+import os, sys
+%s
+try:
+    with open(sys.argv[1], 'rb') as f:
+        data = f.read()
+    print('ok', len(data))
+except OSError as e:
+    print('err', e.errno)
+"""
+
+
+def start_openers(path, n, prelude="", **popen):
+    """Start n OPENER processes on path; prelude runs first in each (e.g. a handler)."""
+    return [subprocess.Popen([sys.executable, "-c", OPENER % prelude, str(path)],
+                             stdout=subprocess.PIPE, text=True, **popen) for _ in range(n)]
 
 
 def read_result(path):

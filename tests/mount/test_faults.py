@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from conftest import elf_symbols, entry_name, read_result, sample, write_script
+from conftest import elf_symbols, entry_name, read_result, sample, start_openers, write_script
 
 PART_A = b'extern "C" __global__ void part_a(float *x) { x[threadIdx.x] += 1.0f; }\n'
 PART_B = b'extern "C" __global__ void part_b(float *x) { x[threadIdx.x] *= 2.0f; }\n'
@@ -177,14 +177,12 @@ def test_sigterm_during_compile_gives_every_waiter_eio(mount_factory, tmp_path):
                         'exec /usr/local/cuda/bin/nvcc "$@"\n' % release)
     m = mount_factory(["nvcc=%s" % nvcc])
     entry = m.stage("vector_add", *sample("vector_add"))
-    code = "import sys\ntry:\n open(sys.argv[1],'rb').read(); print('ok')\nexcept OSError as e: print(e.errno)"
-    openers = [subprocess.Popen(["python3", "-c", code, str(entry / "kernel.cubin")],
-                                stdout=subprocess.PIPE, text=True) for _ in range(4)]
+    openers = start_openers(entry / "kernel.cubin", 4)
     deadline = time.monotonic() + 30
     while m.stats()["waits_total"] < 4:
         assert time.monotonic() < deadline, m.stats()
         time.sleep(0.05)
     m.proc.send_signal(signal.SIGTERM)
-    outs = [p.communicate(timeout=60)[0].strip() for p in openers]
-    assert outs == [str(errno.EIO)] * 4, outs
+    outs = [p.communicate(timeout=60)[0].split() for p in openers]
+    assert outs == [["err", str(errno.EIO)]] * 4, outs
     assert m.proc.wait(timeout=30) == 0

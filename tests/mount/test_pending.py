@@ -5,10 +5,9 @@ import os
 import resource
 import signal
 import subprocess
-import sys
 import time
 
-from conftest import entry_name, run_parallel, sample, write_script
+from conftest import entry_name, run_parallel, sample, start_openers, write_script
 
 
 def delayed_nvcc(tmp_path, seconds):
@@ -73,22 +72,11 @@ def test_descriptor_on_a_re_staged_entry_keeps_its_recipe(mount_factory, tmp_pat
     os.close(fd1)
 
 
-WAITER = """
-import sys
-try:
-    open(sys.argv[1], 'rb').read()
-    print('ok')
-except OSError as e:
-    print(e.errno)
-"""
-
-
 def test_waiter_killed_by_a_core_dumping_signal_goes_at_once(mount_factory, tmp_path):
     m = mount_factory(["nvcc=%s" % delayed_nvcc(tmp_path, 20)])
     entry = m.stage("vector_add", *sample("vector_add"))
     no_core = lambda: resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    victims = [subprocess.Popen([sys.executable, "-c", WAITER, str(entry / "kernel.cubin")],
-                                stdout=subprocess.PIPE, preexec_fn=no_core) for _ in range(3)]
+    victims = start_openers(entry / "kernel.cubin", 3, preexec_fn=no_core)
     deadline = time.monotonic() + 30
     while m.stats()["waits_total"] < 3:
         assert time.monotonic() < deadline, m.stats()

@@ -4,25 +4,9 @@ import errno
 import os
 import signal
 import subprocess
-import sys
 import time
 
-from conftest import read_result, sample, write_script
-
-OPENER = """
-import os, sys
-try:
-    with open(sys.argv[1], 'rb') as f:
-        data = f.read()
-    print('ok', len(data))
-except OSError as e:
-    print('err', e.errno)
-"""
-
-
-def start_openers(path, n):
-    return [subprocess.Popen([sys.executable, "-c", OPENER, str(path)], stdout=subprocess.PIPE,
-                             text=True) for _ in range(n)]
+from conftest import read_result, sample, start_openers, write_script
 
 
 def wait_for_flight(m, timeout=60):
@@ -89,24 +73,14 @@ def test_64_waiters_do_not_starve_the_mount(mount_factory, tmp_path):
     assert m.stats()["compiles_total"] == 2
 
 
-HANDLER = """
-import os, signal, sys, time
-signal.signal(signal.SIGTERM, lambda *a: sys.stdout.write('term\\n') or sys.stdout.flush())
-try:
-    with open(sys.argv[1], 'rb') as f:
-        data = f.read()
-    print('ok', len(data))
-except OSError as e:
-    print('err', e.errno)
-"""
+HANDLER = "import signal; signal.signal(signal.SIGTERM, lambda *a: None)"
 
 
 def test_killed_waiters_leave_others_unaffected(mount_factory, tmp_path):
     """Every waiter is its own request: any one of them can be killed at once, also after
     a signal it survived (SIGTERM caught by a handler, then SIGKILL)."""
     m, entry, openers, release = gated_openers(mount_factory, tmp_path, 6)
-    survivor = subprocess.Popen([sys.executable, "-c", HANDLER, str(entry / "kernel.cubin")],
-                                stdout=subprocess.PIPE, text=True)
+    survivor, = start_openers(entry / "kernel.cubin", 1, HANDLER)
     try:
         deadline = time.monotonic() + 30
         while m.stats()["waits_total"] < 7:
