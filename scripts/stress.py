@@ -32,7 +32,6 @@ import multiprocessing
 import os
 import random
 import shutil
-import signal
 import struct
 import subprocess
 import sys

@@ -6,9 +6,7 @@ KCACHEFS_BIN overrides the binary (default: <repo>/build/kcachefs).
 import hashlib
 import multiprocessing
 import os
-import shutil
 import signal
-import stat
 import struct
 import subprocess
 import sys

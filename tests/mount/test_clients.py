@@ -2,7 +2,6 @@
 locks on a file that is unlinked and recreated."""
 import errno
 import fcntl
-import hashlib
 import os
 import signal
 import subprocess

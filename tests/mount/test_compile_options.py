@@ -1,6 +1,5 @@
 """The compile options of the mount: jobs, arch, flags, and how the compiler is called."""
 import os
-import time
 
 from conftest import read_result, run_parallel, sample, write_script
 

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from conftest import Mount, elf_machine, entry_name, read_result, sample, write_script
+from conftest import Mount, elf_machine, read_result, sample, write_script
 
 WORKLOAD = r"""
 import os, sys

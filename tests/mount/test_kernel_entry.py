@@ -1,10 +1,8 @@
 """Kernel entries: stage a recipe, the first open compiles, everyone reads one compile's
 bytes, failures are EIO with a log, and staged files are immutable."""
 import errno
-import hashlib
 import mmap
 import os
-import shutil
 import subprocess
 import time
 

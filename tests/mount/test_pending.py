@@ -4,7 +4,6 @@ import mmap
 import os
 import resource
 import signal
-import subprocess
 import time
 
 from conftest import entry_name, run_parallel, sample, start_openers, write_script

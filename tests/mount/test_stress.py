@@ -1,5 +1,4 @@
 """The short configurations of scripts/stress.py (the long one is quoted in the README)."""
-import os
 import subprocess
 import sys
 

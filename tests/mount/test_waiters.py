@@ -1,12 +1,10 @@
 """Waiters hold no FUSE worker thread: with 64 openers parked on one slow compile, the
 rest of the mount keeps answering (DESIGN.md, point 4)."""
-import errno
 import os
 import signal
-import subprocess
 import time
 
-from conftest import read_result, sample, start_openers, write_script
+from conftest import sample, start_openers, write_script
 
 
 def wait_for_flight(m, timeout=60):
