@@ -27,6 +27,7 @@ char *kc_ctl_stats_text(struct kc_fs *fs, size_t *len)
 {
 	struct kc_stats_gauges g;
 	kc_cache_gauges(&fs->cache, &g);
+	g.parked = __atomic_load_n(&fs->parked, __ATOMIC_RELAXED);
 	size_t need = kc_stats_render(&fs->cache.stats, &g, NULL, 0) + 1;
 	char *buf = malloc(need);
 	if (!buf)

@@ -31,6 +31,7 @@ struct kc_fs {
 	pthread_mutex_t sweep_lock;
 	pthread_cond_t sweep_cond;
 	int sweep_stop, sweep_started;
+	unsigned parked; /* requests parked in waiter.c and not yet answered (atomic) */
 };
 
 /* The low-level operations (ops.c). */

@@ -65,6 +65,13 @@ static int being_killed(pid_t tid)
 	return (pending & ~blocked & ~ignored & ~caught & ~harmless) != 0;
 }
 
+/* w was answered: forget it. */
+static void waiter_free(struct req_waiter *w)
+{
+	__atomic_fetch_sub(&w->fs->parked, 1, __ATOMIC_RELAXED);
+	free(w);
+}
+
 /* Queue w on its entry's compile, or answer it now if there is nothing to wait for. */
 static void wait_or_answer(struct req_waiter *w)
 {
@@ -85,7 +92,7 @@ static void wait_or_answer(struct req_waiter *w)
 			break;
 		}
 	}
-	free(w);
+	waiter_free(w);
 }
 
 static void ready(struct kc_waiter *base, int result)
@@ -93,7 +100,7 @@ static void ready(struct kc_waiter *base, int result)
 	struct req_waiter *w = (struct req_waiter *)base;
 	if (result < 0 && result != -EAGAIN) {
 		fuse_reply_err(w->req, -result);
-		free(w);
+		waiter_free(w);
 		return;
 	}
 	/* Published (or the recipe changed under the compile): look again and answer. */
@@ -113,6 +120,7 @@ void kc_park(fuse_req_t req, struct kc_inode *pending, struct fuse_file_info *fi
 	if (fi)
 		w->fi = *fi;
 	w->tid = fuse_req_ctx(req)->pid;
+	__atomic_fetch_add(&w->fs->parked, 1, __ATOMIC_RELAXED);
 	wait_or_answer(w);
 }
 
@@ -147,7 +155,7 @@ static void *sweeper(void *arg)
 			struct req_waiter *w = (struct req_waiter *)gone;
 			gone = gone->next;
 			fuse_reply_err(w->req, EINTR);
-			free(w);
+			waiter_free(w);
 		}
 		pthread_mutex_lock(&fs->sweep_lock);
 	}

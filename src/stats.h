@@ -35,6 +35,7 @@ struct kc_stats_gauges {
 	unsigned inflight; /* compiles running */
 	unsigned queued;   /* compiles waiting for a job slot */
 	unsigned flights;  /* entries with a compile in flight or queued */
+	unsigned parked;   /* requests (getattr, open) parked on a compile, not yet answered */
 };
 
 /* Render into buf (NUL-terminated, truncated to len). Returns the length it needed. */
