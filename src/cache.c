@@ -448,7 +448,8 @@ static int recheck_published(void *arg)
 {
 	struct recheck_arg *r = arg;
 	struct stat st;
-	return fstatat(r->entry_fd, KC_CUBIN_NAME, &st, AT_SYMLINK_NOFOLLOW) == 0 ? 1 : 0;
+	return fstatat(r->entry_fd, KC_CUBIN_NAME, &st, AT_SYMLINK_NOFOLLOW) == 0 ? KC_FLIGHT_DONE
+										   : 0;
 }
 
 uint64_t kc_recipe_id(const char *recipe_hex)

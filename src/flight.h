@@ -35,7 +35,9 @@ struct kc_flight_table {
 	unsigned count;
 };
 
-enum { KC_FLIGHT_JOINED = 1, KC_FLIGHT_LEADER = 2 };
+/* kc_flight_join results; a recheck that finds the work done returns KC_FLIGHT_DONE (it
+ * must never return JOINED or LEADER, which would say the waiter was queued). */
+enum { KC_FLIGHT_JOINED = 1, KC_FLIGHT_LEADER = 2, KC_FLIGHT_DONE = 3 };
 
 void kc_flight_table_init(struct kc_flight_table *t);
 void kc_flight_table_destroy(struct kc_flight_table *t);
