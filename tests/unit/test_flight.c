@@ -36,6 +36,26 @@ static int recheck_value(void *arg)
 	return *(int *)arg;
 }
 
+/* The three results are distinct: a recheck reporting "already done" must never read as
+ * "joined" (the waiter would be believed queued and never answered). */
+static void test_done_is_not_joined(void)
+{
+	struct kc_flight_table t;
+	struct kc_flight_key a = {.dev = 1, .ino = 300};
+	struct test_waiter w;
+	int done = KC_FLIGHT_DONE;
+
+	tw_init(&w);
+	kc_flight_table_init(&t);
+	CHECK(KC_FLIGHT_DONE != KC_FLIGHT_JOINED && KC_FLIGHT_DONE != KC_FLIGHT_LEADER &&
+	      KC_FLIGHT_JOINED != KC_FLIGHT_LEADER, "join results are distinct");
+	CHECK(kc_flight_join(&t, &a, &w.w, recheck_value, &done) == KC_FLIGHT_DONE,
+	      "a recheck that finds the work done returns KC_FLIGHT_DONE");
+	CHECK(kc_flight_count(&t) == 0 && kc_flight_cancel(&t, &w.w) == 0,
+	      "and queues nothing");
+	kc_flight_table_destroy(&t);
+}
+
 static void test_basic(void)
 {
 	struct kc_flight_table t;
@@ -314,6 +334,7 @@ static void test_threads(void)
 int main(void)
 {
 	test_basic();
+	test_done_is_not_joined();
 	test_recheck();
 	test_cancel();
 	test_free_in_done();
