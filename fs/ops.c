@@ -68,11 +68,6 @@ static double timeout_for(const struct kc_inode *in)
 	return KC_TIMEOUT_PLAIN;
 }
 
-static void proc_path(int fd, char buf[32])
-{
-	kc_fd_path(fd, buf);
-}
-
 static void own_by_caller(fuse_req_t req, int dirfd, const char *name, int flags)
 {
 	if (geteuid() != 0)
@@ -236,7 +231,7 @@ static void kc_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to
 	if (in->virt || (in->pending && !fh) ||
 	    (in->role == KC_ROLE_CUBIN && !in->staging && !(fh && fh->kind == FH_STAGE)))
 		return (void)fuse_reply_err(req, EPERM);
-	proc_path(in->fd, path);
+	kc_fd_path(in->fd, path);
 	if (to_set & FUSE_SET_ATTR_MODE)
 		r = fh && fh->kind != FH_STATS ? fchmod(fh->fd, attr->st_mode)
 					       : chmod(path, attr->st_mode);
@@ -338,7 +333,7 @@ static void kc_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent_ino, co
 	if (in->virt || reserved(fs, newparent, name) || staged_name(newparent, name) ||
 	    kc_role_is_staged(in->role))
 		return (void)fuse_reply_err(req, EPERM);
-	proc_path(in->fd, path);
+	kc_fd_path(in->fd, path);
 	if (linkat(AT_FDCWD, path, newparent->fd, name, AT_SYMLINK_FOLLOW) != 0)
 		return (void)fuse_reply_err(req, errno);
 	reply_lookup(req, newparent, name);
@@ -529,7 +524,7 @@ static int open_published(struct kc_fs *fs, struct kc_inode *pending)
 	}
 	if (!__atomic_exchange_n(&pending->stored, 1, __ATOMIC_SEQ_CST)) {
 		char path[32];
-		proc_path(fd, path);
+		kc_fd_path(fd, path);
 		pending->cubin_fd = open(path, O_PATH | O_CLOEXEC);
 		struct stat st;
 		if (fstat(fd, &st) == 0 && st.st_size > 0) {
@@ -605,7 +600,7 @@ static void kc_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 		return (void)fuse_reply_err(req, EPERM);
 	if (in->pending)
 		return kc_park(req, in, fi); /* opened once the compile is published */
-	proc_path(in->fd, path);
+	kc_fd_path(in->fd, path);
 	int entry_fd = writing ? kc_inode_entry_fd(&fs->inodes, in, &role) : -1;
 	if (entry_fd >= 0) {
 		int seed = open(path, O_RDONLY | O_CLOEXEC);
@@ -669,7 +664,7 @@ static void kc_create(fuse_req_t req, fuse_ino_t parent_ino, const char *name, m
 	}
 	int pfd = -1;
 	if (!err) {
-		proc_path(fh->fd, path);
+		kc_fd_path(fh->fd, path);
 		pfd = open(path, O_PATH | O_CLOEXEC);
 		if (pfd < 0 || fstat(fh->fd, &st) != 0)
 			err = -errno;
