@@ -19,6 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "io.h"
 #include "log.h"
 
 #define LOG_MAX (1u << 20)
@@ -70,20 +71,6 @@ static double now_s(void)
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-static int write_all(int fd, const char *p, size_t len)
-{
-	while (len > 0) {
-		ssize_t n = write(fd, p, len);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0)
-			return -errno;
-		p += n;
-		len -= (size_t)n;
-	}
-	return 0;
 }
 
 static void read_log(int dirfd, struct kc_compile_outcome *out)
@@ -261,7 +248,7 @@ int kc_compile_run(const struct kc_compile_spec *spec, struct kc_compile_outcome
 
 	int fd = openat(spec->scratch_fd, "kernel.cu", O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC,
 			0600);
-	int err = fd < 0 ? -errno : write_all(fd, spec->source, spec->source_len);
+	int err = fd < 0 ? -errno : kc_write_all(fd, spec->source, spec->source_len);
 	if (fd >= 0)
 		close(fd);
 	if (err) {

@@ -4,102 +4,29 @@
 
 #include <dlfcn.h>
 #include <errno.h>
-#include <fcntl.h>
-#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "log.h"
+#include "nvcc.h"
 
-extern char **environ;
-
-static char *find_on_path(const char *prog)
-{
-	const char *path = getenv("PATH");
-	char buf[4096];
-
-	if (!path)
-		return NULL;
-	while (*path) {
-		const char *colon = strchr(path, ':');
-		size_t len = colon ? (size_t)(colon - path) : strlen(path);
-		if (len > 0 && len + strlen(prog) + 2 < sizeof(buf)) {
-			snprintf(buf, sizeof(buf), "%.*s/%s", (int)len, path, prog);
-			if (access(buf, X_OK) == 0)
-				return realpath(buf, NULL);
-		}
-		path += len + (colon ? 1 : 0);
-	}
-	return NULL;
-}
-
-static char *default_nvcc(void)
-{
-	const char *home = getenv("CUDA_HOME");
-	char buf[4096];
-
-	if (home && *home) {
-		snprintf(buf, sizeof(buf), "%s/bin/nvcc", home);
-		if (access(buf, X_OK) == 0)
-			return strdup(buf);
-	}
-	char *found = find_on_path("nvcc");
-	if (found)
-		return found;
-	return strdup("/usr/local/cuda/bin/nvcc");
-}
-
-/* Run "nvcc --version" and keep its last non-empty line. */
+/* "<path> <last line of --version>", or "<path> unavailable" with a warning. */
 static void compiler_identity(struct kc_config *c)
 {
-	int pipefd[2];
-	posix_spawn_file_actions_t fa;
-	char *argv[] = {c->nvcc, "--version", NULL};
-	char out[4096];
-	size_t used = 0;
-	pid_t pid;
-	int status = 0;
+	char version[200];
+	int err = kc_nvcc_version(c->nvcc, version, sizeof(version));
 
-	snprintf(c->compiler_id, sizeof(c->compiler_id), "%s unavailable", c->nvcc);
-	if (pipe2(pipefd, O_CLOEXEC) != 0)
-		return;
-	posix_spawn_file_actions_init(&fa);
-	posix_spawn_file_actions_adddup2(&fa, pipefd[1], 1);
-	posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
-	int err = posix_spawn(&pid, c->nvcc, &fa, NULL, argv, environ);
-	posix_spawn_file_actions_destroy(&fa);
-	close(pipefd[1]);
 	if (err) {
-		close(pipefd[0]);
-		kc_log(KC_LOG_WARN, "compiler %s cannot run: %s", c->nvcc, strerror(err));
+		snprintf(c->compiler_id, sizeof(c->compiler_id), "%s unavailable", c->nvcc);
+		if (err == -EIO)
+			kc_log(KC_LOG_WARN, "compiler %s --version failed", c->nvcc);
+		else
+			kc_log(KC_LOG_WARN, "compiler %s cannot run: %s", c->nvcc, strerror(-err));
 		return;
 	}
-	for (;;) {
-		ssize_t n = read(pipefd[0], out + used, sizeof(out) - 1 - used);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0)
-			break;
-		used += (size_t)n;
-		if (used == sizeof(out) - 1)
-			break;
-	}
-	close(pipefd[0]);
-	while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
-		;
-	out[used] = '\0';
-	while (used > 0 && (out[used - 1] == '\n' || out[used - 1] == '\r'))
-		out[--used] = '\0';
-	if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || used == 0) {
-		kc_log(KC_LOG_WARN, "compiler %s --version failed", c->nvcc);
-		return;
-	}
-	char *last = strrchr(out, '\n');
-	snprintf(c->compiler_id, sizeof(c->compiler_id), "%.*s %.*s", 120, c->nvcc, 120,
-		 last ? last + 1 : out);
+	snprintf(c->compiler_id, sizeof(c->compiler_id), "%.*s %.120s", 120, c->nvcc, version);
 }
 
 /* Compute capability of GPU 0 through the driver API, loaded at run time so that the
@@ -134,7 +61,7 @@ int kc_config_resolve(struct kc_config *c, char *why, size_t whylen)
 	char arch[32];
 
 	if (!c->nvcc)
-		c->nvcc = default_nvcc();
+		c->nvcc = kc_nvcc_find(NULL);
 	if (!c->nvcc)
 		return -ENOMEM;
 	if (!c->arch) {

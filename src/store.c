@@ -16,6 +16,7 @@
 #include <sys/xattr.h>
 #include <unistd.h>
 
+#include "io.h"
 #include "log.h"
 
 #define RECORD_XATTR "user.kcachefs.record"
@@ -260,22 +261,10 @@ int kc_store_write_atomic(struct kc_store *s, int dir, const char *name, const v
 {
 	char tmp[64];
 	int fd = kc_store_tmpfile(s, 0644, tmp);
-	const char *p = buf;
-	int err = 0;
 
 	if (fd < 0)
 		return fd;
-	while (len > 0) {
-		ssize_t n = write(fd, p, len);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0) {
-			err = -errno;
-			break;
-		}
-		p += n;
-		len -= (size_t)n;
-	}
+	int err = kc_write_all(fd, buf, len);
 	close(fd);
 	if (!err && renameat(s->tmp_fd, tmp, dir, name) != 0)
 		err = -errno;
