@@ -260,8 +260,8 @@ int kc_flags_parse(const char *buf, size_t len, struct kc_argv *out, char *why, 
 		while (e > b && (buf[e - 1] == ' ' || buf[e - 1] == '\t' || buf[e - 1] == '\r'))
 			e--;
 		pos = end + 1;
-		if (e == b)
-			continue;
+		if (e == b || buf[b] == '#')
+			continue; /* empty line or comment */
 		if (e - b > FLAG_LINE_MAX) {
 			snprintf(why, whylen, "kernel.flags refused: a line is longer than %d bytes",
 				 FLAG_LINE_MAX);

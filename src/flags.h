@@ -29,7 +29,8 @@ void kc_argv_free(struct kc_argv *a);
 int kc_flag_check(const char *arg, char *why, size_t whylen);
 
 /* Read a kernel.flags buffer: one argument per line, surrounding blanks and empty lines
- * ignored, '\r' before '\n' tolerated. Every argument is checked with kc_flag_check; the
+ * ignored, lines whose first non-blank character is '#' are comments (the kcachefs-nvcc shim
+ * records the compiler version and include-tree fingerprints there), '\r' before '\n' tolerated. Every argument is checked with kc_flag_check; the
  * first refusal makes it return -EINVAL with the reason in why (out is then freed). A NUL
  * byte or a line longer than 4096 bytes is refused too. Returns 0, -EINVAL or -ENOMEM. */
 int kc_flags_parse(const char *buf, size_t len, struct kc_argv *out, char *why, size_t whylen);

@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <openssl/evp.h>
+#include <stdio.h>
 #include <unistd.h>
 
 int kc_sha256_init(struct kc_sha256 *h)
@@ -21,6 +22,15 @@ int kc_sha256_init(struct kc_sha256 *h)
 void kc_sha256_update(struct kc_sha256 *h, const void *data, size_t len)
 {
 	EVP_DigestUpdate(h->ctx, data, len);
+}
+
+void kc_sha256_field(struct kc_sha256 *h, const void *data, size_t len)
+{
+	char num[32];
+	int n = snprintf(num, sizeof(num), "%zu\n", len);
+	kc_sha256_update(h, num, (size_t)n);
+	kc_sha256_update(h, data, len);
+	kc_sha256_update(h, "\n", 1);
 }
 
 void kc_sha256_final(struct kc_sha256 *h, char hex[KC_SHA256_HEXLEN + 1])

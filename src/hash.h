@@ -17,6 +17,10 @@ struct kc_sha256 {
 /* Start a digest. Returns 0, or -ENOMEM when OpenSSL cannot allocate. */
 int kc_sha256_init(struct kc_sha256 *h);
 void kc_sha256_update(struct kc_sha256 *h, const void *data, size_t len);
+/* Add one length-prefixed field: its decimal byte length, '\n', the bytes, '\n'. Used by
+ * every key the project defines (recipe, entry key), so that no two field lists encode
+ * alike. */
+void kc_sha256_field(struct kc_sha256 *h, const void *data, size_t len);
 /* Finish into hex (lowercase, NUL-terminated) and free the context. */
 void kc_sha256_final(struct kc_sha256 *h, char hex[KC_SHA256_HEXLEN + 1]);
 

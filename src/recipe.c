@@ -59,15 +59,6 @@ static int read_small(int dir, const char *name, size_t max, char **out, size_t 
 	return 0;
 }
 
-static void hash_field(struct kc_sha256 *h, const char *data, size_t len)
-{
-	char num[32];
-	int n = snprintf(num, sizeof(num), "%zu\n", len);
-	kc_sha256_update(h, num, (size_t)n);
-	kc_sha256_update(h, data, len);
-	kc_sha256_update(h, "\n", 1);
-}
-
 int kc_recipe_present(int entry_fd, const struct kc_config *cfg)
 {
 	struct stat st;
@@ -102,11 +93,11 @@ int kc_recipe_load(int entry_fd, const struct kc_config *cfg, struct kc_recipe *
 	}
 	const char *mflags = cfg->flags ? cfg->flags : "";
 	kc_sha256_update(&h, "kcachefs-recipe-v1\n", 19);
-	hash_field(&h, cfg->compiler_id, strlen(cfg->compiler_id));
-	hash_field(&h, cfg->arch, strlen(cfg->arch));
-	hash_field(&h, mflags, strlen(mflags));
-	hash_field(&h, r->flags, r->flags_len);
-	hash_field(&h, r->source, r->source_len);
+	kc_sha256_field(&h, cfg->compiler_id, strlen(cfg->compiler_id));
+	kc_sha256_field(&h, cfg->arch, strlen(cfg->arch));
+	kc_sha256_field(&h, mflags, strlen(mflags));
+	kc_sha256_field(&h, r->flags, r->flags_len);
+	kc_sha256_field(&h, r->source, r->source_len);
 	kc_sha256_final(&h, r->hash);
 	return 0;
 }

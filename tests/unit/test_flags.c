@@ -167,6 +167,15 @@ static void test_parse(void)
 	CHECK(err == 0 && a.n == 0, "parse: only blank lines gives no arguments");
 	kc_argv_free(&a);
 
+	const char comments[] = "# kcachefs-nvcc: release 13.0\n  # -o /etc/passwd\n-O3\n#-ccbin=/x\n";
+	err = kc_flags_parse(comments, sizeof(comments) - 1, &a, why, sizeof(why));
+	CHECK(err == 0 && a.n == 1 && strcmp(a.v[0], "-O3") == 0,
+	      "parse: '#' lines (also indented) are comments, not arguments");
+	kc_argv_free(&a);
+	err = kc_flags_parse("-O3 # note\n", 11, &a, why, sizeof(why));
+	CHECK(err == -EINVAL, "parse: '#' after an argument is not a comment (one token per line)");
+	kc_argv_free(&a);
+
 	/* every DeepGEMM flag, one per line */
 	char dg[2048] = "";
 	for (size_t i = 0; i < N_DEEPGEMM; i++) {

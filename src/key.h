@@ -1,0 +1,21 @@
+/* key.h - the key of a kernel entry: the <hash> of kernel.<name>.<hash> computed from the
+ * recipe staged in it, for clients that name entries by content (the kcachefs-nvcc shim
+ * does).
+ *
+ * key = lowercase hex SHA-256 (OpenSSL EVP) over "kcachefs-key-v1\n", then kernel.cu and
+ * then kernel.flags, each as a field: its decimal byte length, '\n', the bytes, '\n'. The
+ * exact staged bytes count, comment lines of kernel.flags included, so whatever a client
+ * wants in the identity (the compiler version, include-tree fingerprints) goes there.
+ */
+#ifndef KC_KEY_H
+#define KC_KEY_H
+
+#include <stddef.h>
+
+#include "hash.h"
+
+/* Compute the key of (source, flags). Returns 0 or -ENOMEM. */
+int kc_key_compute(const void *source, size_t source_len, const void *flags, size_t flags_len,
+		   char hex[KC_SHA256_HEXLEN + 1]);
+
+#endif
