@@ -1,0 +1,297 @@
+/* shim.c - see shim.h */
+#define _GNU_SOURCE
+#include "shim.h"
+
+#include <errno.h>
+#include <ftw.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/vfs.h>
+
+#define FUSE_SUPER_MAGIC 0x65735546 /* linux/magic.h */
+
+/* nvcc options written with their value as the next argument, and how kcachefs's
+ * one-token form joins them: "-I" "dir" -> "-Idir", "-arch" "sm_90a" -> "-arch=sm_90a". */
+static const char *const glued[] = {"-I", "-D", "-U", "-L", "-l", NULL};
+static const char *const with_value[] = {
+	"--include-path", "--define-macro", "--undefine-macro", "-arch", "--gpu-architecture",
+	"-code", "--gpu-code", "-gencode", "--generate-code", "-Xcompiler", "--compiler-options",
+	"-Xptxas", "--ptxas-options", "-Xnvlink", "--nvlink-options", "-Xlinker",
+	"--linker-options", "-std", "--std", "-maxrregcount", "--maxrregcount", "-ccbin",
+	"--compiler-bindir", "-isystem", "--system-include", "-include", "--pre-include", "-x",
+	"--x", "-odir", "--output-directory", "-diag-suppress", "--diag-suppress", "--diag-warn",
+	"--diag-error", "-t", "--threads", "-optf", "--options-file", "-MF",
+	"--dependency-output", "-MT", "-ftz", "--ftz", "-prec-div", "--prec-div", "-prec-sqrt",
+	"--prec-sqrt", "-fmad", "--fmad", "-rdc", "--relocatable-device-code", "-run-args",
+	"--run-args", "-dopt", "--dopt", "--optimize", NULL,
+};
+
+static int in_list(const char *arg, const char *const *list)
+{
+	for (int i = 0; list[i]; i++)
+		if (strcmp(arg, list[i]) == 0)
+			return 1;
+	return 0;
+}
+
+static int ends_with(const char *s, const char *suffix)
+{
+	size_t n = strlen(s), m = strlen(suffix);
+	return n >= m && strcmp(s + n - m, suffix) == 0;
+}
+
+/* Push opt and value as one token, making a relative include directory absolute. */
+static int push_joined(struct kc_argv *a, const char *opt, const char *sep, const char *value,
+		       const char *cwd)
+{
+	int include = strcmp(opt, "-I") == 0 || strcmp(opt, "--include-path") == 0;
+	char *tok;
+	int n;
+
+	if (include && value[0] != '/' && value[0] != '\0' && cwd)
+		n = asprintf(&tok, "%s%s%s/%s", opt, sep, cwd, value);
+	else
+		n = asprintf(&tok, "%s%s%s", opt, sep, value);
+	if (n < 0)
+		return -ENOMEM;
+	int err = kc_argv_push(a, tok);
+	free(tok);
+	return err;
+}
+
+/* One token as given: "-Irel" and "--include-path=rel" get an absolute directory. */
+static int push_token(struct kc_argv *a, const char *arg, const char *cwd)
+{
+	if (strncmp(arg, "-I", 2) == 0 && arg[2])
+		return push_joined(a, "-I", "", arg + 2, cwd);
+	if (strncmp(arg, "--include-path=", 15) == 0)
+		return push_joined(a, "--include-path", "=", arg + 15, cwd);
+	return kc_argv_push(a, arg);
+}
+
+int kc_shim_parse(int n, char *const *args, const char *cwd, struct kc_shim_call *call)
+{
+	int cubin = 0, inputs = 0, outputs = 0, err = 0;
+
+	memset(call, 0, sizeof(*call));
+	for (int i = 0; i < n && !err; i++) {
+		const char *arg = args[i];
+		if (strcmp(arg, "-cubin") == 0 || strcmp(arg, "--cubin") == 0) {
+			cubin++;
+		} else if (strcmp(arg, "-o") == 0 || strcmp(arg, "--output-file") == 0 ||
+			   strncmp(arg, "-o=", 3) == 0 || strncmp(arg, "--output-file=", 14) == 0) {
+			const char *eq = strchr(arg, '=');
+			const char *value = eq ? eq + 1 : (i + 1 < n ? args[++i] : NULL);
+			if (!value || !*value || outputs++)
+				goto other;
+			if (!(call->output = strdup(value)))
+				err = -ENOMEM;
+		} else if (arg[0] != '-') {
+			if (!ends_with(arg, ".cu") || inputs++)
+				goto other;
+			if (!(call->input = strdup(arg)))
+				err = -ENOMEM;
+		} else if (in_list(arg, glued) || in_list(arg, with_value)) {
+			if (i + 1 >= n)
+				goto other;
+			err = push_joined(&call->flags, arg, in_list(arg, glued) ? "" : "=",
+					  args[++i], cwd);
+		} else {
+			err = push_token(&call->flags, arg, cwd);
+		}
+	}
+	if (err) {
+		kc_shim_call_free(call);
+		return err;
+	}
+	if (cubin == 1 && inputs == 1 && outputs == 1)
+		return 1;
+other:
+	kc_shim_call_free(call);
+	return 0;
+}
+
+void kc_shim_call_free(struct kc_shim_call *call)
+{
+	free(call->input);
+	free(call->output);
+	kc_argv_free(&call->flags);
+	call->input = call->output = NULL;
+}
+
+int kc_shim_check(const struct kc_shim_call *call, char *why, size_t whylen)
+{
+	for (size_t i = 0; i < call->flags.n; i++) {
+		const char *arg = call->flags.v[i];
+		size_t len = strlen(arg);
+		if (len && (arg[0] == ' ' || arg[0] == '\t' || arg[len - 1] == ' ' ||
+			    arg[len - 1] == '\t')) {
+			snprintf(why, whylen, "flag '%s' refused: leading or trailing blanks", arg);
+			return -EINVAL;
+		}
+		int err = kc_flag_check(arg, why, whylen);
+		if (err)
+			return err;
+	}
+	return 0;
+}
+
+/* The walk's state: nftw's callback takes no user pointer. */
+static __thread struct tree_walk {
+	char **lines;
+	size_t n, cap;
+	size_t root_len;
+	int err;
+} *walk;
+
+static int tree_visit(const char *path, const struct stat *st, int type, struct FTW *ftw)
+{
+	(void)ftw;
+	if (type != FTW_F || !S_ISREG(st->st_mode))
+		return 0;
+	if (walk->n == walk->cap) {
+		size_t cap = walk->cap ? walk->cap * 2 : 256;
+		char **l = realloc(walk->lines, cap * sizeof(*l));
+		if (!l)
+			goto nomem;
+		walk->lines = l;
+		walk->cap = cap;
+	}
+	if (asprintf(&walk->lines[walk->n], "%s %lld %lld%09ld\n", path + walk->root_len,
+		     (long long)st->st_size, (long long)st->st_mtim.tv_sec,
+		     st->st_mtim.tv_nsec) < 0)
+		goto nomem;
+	walk->n++;
+	return 0;
+nomem:
+	walk->err = -ENOMEM;
+	return 1;
+}
+
+static int cmp_lines(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+int kc_shim_tree_fingerprint(const char *dir, char hex[KC_SHA256_HEXLEN + 1])
+{
+	struct tree_walk w = {.root_len = strlen(dir)};
+	struct kc_sha256 h;
+	int err;
+
+	walk = &w;
+	if (nftw(dir, tree_visit, 64, 0) < 0 && !w.err)
+		w.err = -errno;
+	walk = NULL;
+	err = w.err;
+	if (!err) {
+		qsort(w.lines, w.n, sizeof(*w.lines), cmp_lines);
+		err = kc_sha256_init(&h);
+	}
+	if (!err) {
+		for (size_t i = 0; i < w.n; i++)
+			kc_sha256_update(&h, w.lines[i], strlen(w.lines[i]));
+		kc_sha256_final(&h, hex);
+	}
+	for (size_t i = 0; i < w.n; i++)
+		free(w.lines[i]);
+	free(w.lines);
+	return err;
+}
+
+/* The include directory an argument names, or NULL. */
+static const char *include_dir(const char *arg)
+{
+	if (strncmp(arg, "-I", 2) == 0 && arg[2])
+		return arg + 2;
+	if (strncmp(arg, "--include-path=", 15) == 0)
+		return arg + 15;
+	return NULL;
+}
+
+int kc_shim_flags_file(const struct kc_shim_call *call, const char *compiler, char **out,
+		       size_t *out_len)
+{
+	char *buf = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&buf, &len);
+	int err = 0;
+
+	if (!f)
+		return -ENOMEM;
+	fprintf(f, "# kcachefs-nvcc: %s\n", compiler);
+	for (size_t i = 0; i < call->flags.n && !err; i++) {
+		const char *dir = include_dir(call->flags.v[i]);
+		char fp[KC_SHA256_HEXLEN + 1];
+		if (dir && !(err = kc_shim_tree_fingerprint(dir, fp)))
+			fprintf(f, "# include-tree %s %s\n", dir, fp);
+	}
+	for (size_t i = 0; i < call->flags.n; i++)
+		fprintf(f, "%s\n", call->flags.v[i]);
+	if (fclose(f) != 0 && !err)
+		err = -ENOMEM;
+	if (err) {
+		free(buf);
+		return err;
+	}
+	*out = buf;
+	*out_len = len;
+	return 0;
+}
+
+void kc_shim_entry_name(const char *input, const char *key, char *out, size_t outlen)
+{
+	const char *base = strrchr(input, '/');
+	char stem[65];
+	size_t n = 0;
+
+	base = base ? base + 1 : input;
+	size_t len = strlen(base);
+	if (len >= 3 && strcmp(base + len - 3, ".cu") == 0)
+		len -= 3;
+	for (size_t i = 0; i < len && n < sizeof(stem) - 1; i++) {
+		char ch = base[i];
+		int ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+			 (ch >= '0' && ch <= '9') || ch == '_' || ch == '-';
+		stem[n++] = ok ? ch : '_';
+	}
+	stem[n] = '\0';
+	snprintf(out, outlen, "kernel.%s.%s", n ? stem : "kernel", key);
+}
+
+/* Nonzero if dir is the root of a kcachefs mount. */
+static int is_mount_root(const char *dir)
+{
+	struct statfs fs;
+	struct stat st;
+	char stats[PATH_MAX + 32];
+
+	snprintf(stats, sizeof(stats), "%s/.kcachefs/stats", strcmp(dir, "/") ? dir : "");
+	return statfs(dir, &fs) == 0 && fs.f_type == FUSE_SUPER_MAGIC && stat(stats, &st) == 0 &&
+	       S_ISREG(st.st_mode);
+}
+
+char *kc_shim_find_mount(const char *dir)
+{
+	char *path = realpath(dir, NULL);
+
+	if (!path)
+		return NULL;
+	for (;;) {
+		if (is_mount_root(path))
+			return path;
+		char *slash = strrchr(path, '/');
+		if (!slash || path[1] == '\0')
+			break;
+		if (slash == path)
+			slash[1] = '\0'; /* "/a" -> "/" */
+		else
+			*slash = '\0';
+	}
+	free(path);
+	errno = ENOENT;
+	return NULL;
+}

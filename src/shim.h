@@ -1,0 +1,65 @@
+/* shim.h - the logic of the kcachefs-nvcc shim: which nvcc calls it takes over, the flags
+ * it stages, the entry it names, and the mount it stages into. The program around it is
+ * nvcc_shim.c; everything here is pure or read-only so the unit tests can drive it.
+ *
+ * Owns: the strings and argv inside struct kc_shim_call (freed by kc_shim_call_free).
+ */
+#ifndef KC_SHIM_H
+#define KC_SHIM_H
+
+#include <stddef.h>
+
+#include "flags.h"
+#include "hash.h"
+
+#define KC_SHIM_DIR "kcachefs-nvcc" /* the directory at the mount root that holds its entries */
+
+struct kc_shim_call {
+	char *input;          /* the .cu file as given; owned */
+	char *output;         /* the path after -o / --output-file; owned */
+	struct kc_argv flags; /* every other argument but -cubin, in order, one token per option
+			       * ("-Idir", "--opt=value"), relative include dirs made absolute */
+};
+
+/* Recognise a single-source cubin compile among nvcc's arguments args[0..n) (argv without
+ * argv[0]): exactly one argument that is not an option and ends in ".cu", "-cubin" (or
+ * "--cubin"), and exactly one output ("-o F", "-o=F", "--output-file F",
+ * "--output-file=F"). Options that nvcc takes with a separate value ("-I dir",
+ * "-arch sm_90a", "-Xptxas -v") are joined into one token as kernel.flags wants them;
+ * "-I"/"--include-path" directories that are relative are made absolute against cwd.
+ * Returns 1 and fills call (free with kc_shim_call_free); 0 when the call is anything else
+ * (--version, no -cubin, several inputs, an option missing its value), which the shim
+ * hands to nvcc unchanged; -ENOMEM. */
+int kc_shim_parse(int n, char *const *args, const char *cwd, struct kc_shim_call *call);
+void kc_shim_call_free(struct kc_shim_call *call);
+
+/* Check every flag of call against the mount's allow-list (kc_flag_check), and refuse
+ * arguments with leading or trailing blanks, which one-per-line kernel.flags cannot keep.
+ * Returns 0, or -EINVAL with a one-line reason in why. */
+int kc_shim_check(const struct kc_shim_call *call, char *why, size_t whylen);
+
+/* Fingerprint of the files under dir: SHA-256 over the sorted lines
+ * "<path relative to dir> <size> <mtime in ns>" of every regular file (symbolic links
+ * followed, each directory once), so a changed header gives another key. Returns 0,
+ * -errno from the walk, or -ENOMEM. */
+int kc_shim_tree_fingerprint(const char *dir, char hex[KC_SHA256_HEXLEN + 1]);
+
+/* Render the kernel.flags the shim stages: "# kcachefs-nvcc: <compiler>\n", then
+ * "# include-tree <dir> <fingerprint>\n" for every include directory, then one argument
+ * per line. *out is malloc'd (the caller frees it). Returns 0, -ENOMEM, or -errno from
+ * fingerprinting an include directory. */
+int kc_shim_flags_file(const struct kc_shim_call *call, const char *compiler, char **out,
+		       size_t *out_len);
+
+/* The entry name "kernel.<stem>.<key>" for call's input: stem is the input's file name
+ * without ".cu", each byte outside [A-Za-z0-9_-] replaced by '_', cut at 64 bytes
+ * ("kernel" when empty), so the name always passes the entry grammar. */
+void kc_shim_entry_name(const char *input, const char *key, char *out, size_t outlen);
+
+/* The root of the kcachefs mount that holds the existing directory dir: the nearest
+ * ancestor (dir itself included) on a FUSE filesystem with a regular file
+ * ".kcachefs/stats". Returns a malloc'd absolute path, or NULL with errno ENOENT (none)
+ * or another errno from resolving dir. */
+char *kc_shim_find_mount(const char *dir);
+
+#endif

@@ -1,0 +1,284 @@
+/* test_shim.c - the kcachefs-nvcc shim's logic: which calls it takes over, how it
+ * normalises and checks their flags, the kernel.flags it stages, the key and entry name,
+ * and finding a mount. (The program itself is tested on real mounts: test_shim.py.) */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include "flags.h"
+#include "key.h"
+#include "name.h"
+#include "shim.h"
+#include "tap.h"
+
+static char tmpdir[] = "/tmp/kc-test-shim-XXXXXX";
+
+/* Parse a blank-separated command line. */
+static int parse(const char *line, struct kc_shim_call *call)
+{
+	char *copy = strdup(line), *save = NULL, *args[64];
+	int n = 0;
+	for (char *t = strtok_r(copy, " ", &save); t && n < 64; t = strtok_r(NULL, " ", &save))
+		args[n++] = t;
+	int r = kc_shim_parse(n, args, "/work/dir", call);
+	free(copy);
+	return r;
+}
+
+/* The flags of call joined by '|'. */
+static const char *joined(const struct kc_shim_call *call)
+{
+	static char buf[2048];
+	buf[0] = '\0';
+	for (size_t i = 0; i < call->flags.n; i++) {
+		if (i)
+			strcat(buf, "|");
+		strncat(buf, call->flags.v[i], sizeof(buf) - strlen(buf) - 2);
+	}
+	return buf;
+}
+
+static void test_parse(void)
+{
+	struct kc_shim_call c;
+
+	/* DeepGEMM's call, as DESIGN.md quotes it (the include directory made up) */
+	CHECK(parse("/c/tmp/1-a-b-c/kernel.cu -cubin -o /c/tmp/1-a-b-c/kernel.cubin -std=c++20 "
+		    "--diag-suppress=39,161,174,177,186,940 "
+		    "--ptxas-options=--register-usage-level=10 -I/tmp "
+		    "--gpu-architecture=sm_90a "
+		    "--compiler-options=-fPIC,-O3,-fconcepts,-Wno-deprecated-declarations,-Wno-abi "
+		    "-O3 --expt-relaxed-constexpr --expt-extended-lambda", &c) == 1,
+	      "parse: DeepGEMM's compile call is taken over");
+	CHECK(c.input && strcmp(c.input, "/c/tmp/1-a-b-c/kernel.cu") == 0, "parse: input");
+	CHECK(c.output && strcmp(c.output, "/c/tmp/1-a-b-c/kernel.cubin") == 0, "parse: output");
+	CHECK(c.flags.n == 9 && strcmp(c.flags.v[0], "-std=c++20") == 0 &&
+		      strcmp(c.flags.v[8], "--expt-extended-lambda") == 0,
+	      "parse: every other argument kept, in order, without -cubin");
+	char why[512] = "";
+	CHECK(kc_shim_check(&c, why, sizeof(why)) == 0, "check: DeepGEMM's flags pass the allow-list");
+	kc_shim_call_free(&c);
+
+	CHECK(parse("-o out.cubin -I inc -arch sm_90a -Xptxas -v --ptxas-options -O2 -D X=1 "
+		    "-std c++17 k.cu --cubin", &c) == 1,
+	      "parse: options in any order, separate values, --cubin");
+	CHECK(strcmp(joined(&c), "-I/work/dir/inc|-arch=sm_90a|-Xptxas=-v|--ptxas-options=-O2|"
+				 "-DX=1|-std=c++17") == 0,
+	      "parse: separate values joined into one token, relative -I made absolute");
+	kc_shim_call_free(&c);
+
+	CHECK(parse("k.cu -cubin --output-file=o.cubin -Irel --include-path=/abs "
+		    "--include-path=rel2", &c) == 1, "parse: --output-file=, joined include forms");
+	CHECK(strcmp(c.output, "o.cubin") == 0, "parse: --output-file= value");
+	CHECK(strcmp(joined(&c), "-I/work/dir/rel|--include-path=/abs|"
+				 "--include-path=/work/dir/rel2") == 0,
+	      "parse: joined relative include directories made absolute");
+	kc_shim_call_free(&c);
+
+	CHECK(parse("k.cu -cubin --output-file o.cubin", &c) == 1 && strcmp(c.output, "o.cubin") == 0,
+	      "parse: --output-file with a separate value");
+	kc_shim_call_free(&c);
+	CHECK(parse("k.cu -cubin -o=o.cubin", &c) == 1 && strcmp(c.output, "o.cubin") == 0,
+	      "parse: -o=");
+	kc_shim_call_free(&c);
+
+	/* calls that are handed to nvcc unchanged */
+	static const char *const other[] = {
+		"--version", "-V", "", "k.cu -ptx -o k.ptx", "k.cu -cubin", "k.cu -o k.cubin",
+		"a.cu b.cu -cubin -o x.cubin", "k.cpp -cubin -o k.cubin", "k.cu -cubin -o",
+		"k.cu -cubin -o a -o b", "k.cu -cubin -o k.cubin -I", "k.cu -cubin -cubin -o k.cubin",
+		"-cubin -o k.cubin", "k.cu -cubin -o k.cubin -arch", "k.cu -cubin -o= ",
+	};
+	for (size_t i = 0; i < sizeof(other) / sizeof(other[0]); i++) {
+		char what[160];
+		snprintf(what, sizeof(what), "parse: '%s' goes to nvcc", other[i]);
+		CHECK(parse(other[i], &c) == 0 && c.input == NULL && c.flags.n == 0, what);
+	}
+}
+
+static void test_check(void)
+{
+	struct kc_shim_call c;
+	char why[512];
+	static const struct {
+		const char *line, *word;
+	} refused[] = {
+		{"k.cu -cubin -o k.cubin -ccbin /usr/bin/gcc", "host compiler"},
+		{"k.cu -cubin -o k.cubin --run", "runs a program"},
+		{"k.cu -cubin -o k.cubin -odir /tmp", "names an output"},
+		{"k.cu -cubin -o k.cubin --compiler-options=-fplugin=/x.so", "not allowed"},
+		{"k.cu -cubin -o k.cubin -Xcompiler -wrapper,/bin/sh", "not allowed"},
+		{"k.cu -cubin -o k.cubin --options-file /tmp/f", "from a file"},
+		{"k.cu -cubin -o k.cubin -I/no/such/dir", "does not exist"},
+		{"k.cu -cubin -o k.cubin -M", "dependency"},
+		{"k.cu -cubin -o k.cubin -ptx", "output kind"},
+		{"k.cu -cubin -o k.cubin --frobnicate", "allow-list"},
+	};
+	for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++) {
+		char what[200];
+		why[0] = '\0';
+		int r = parse(refused[i].line, &c);
+		snprintf(what, sizeof(what), "check: '%s' refused, saying '%s'", refused[i].line + 23,
+			 refused[i].word);
+		CHECK(r == 1 && kc_shim_check(&c, why, sizeof(why)) == -EINVAL &&
+			      strstr(why, refused[i].word),
+		      what);
+		kc_shim_call_free(&c);
+	}
+	char *args[] = {"k.cu", "-cubin", "-o", "k.cubin", "-DX=a "};
+	CHECK(kc_shim_parse(5, args, "/", &c) == 1 && kc_shim_check(&c, why, sizeof(why)) == -EINVAL &&
+		      strstr(why, "blanks"),
+	      "check: an argument with a trailing blank is refused");
+	kc_shim_call_free(&c);
+}
+
+static void put(const char *rel, const char *text)
+{
+	char path[512];
+	snprintf(path, sizeof(path), "%s/%s", tmpdir, rel);
+	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+	if (fd >= 0) {
+		if (write(fd, text, strlen(text)) < 0)
+			perror("write");
+		close(fd);
+	}
+}
+
+static void test_fingerprint_and_flags_file(void)
+{
+	char a[KC_SHA256_HEXLEN + 1], b[KC_SHA256_HEXLEN + 1], path[512];
+
+	snprintf(path, sizeof(path), "%s/inc", tmpdir);
+	mkdir(path, 0755);
+	snprintf(path, sizeof(path), "%s/inc/sub", tmpdir);
+	mkdir(path, 0755);
+	put("inc/a.h", "int a;\n");
+	put("inc/sub/b.h", "int b;\n");
+	snprintf(path, sizeof(path), "%s/inc", tmpdir);
+	CHECK(kc_shim_tree_fingerprint(path, a) == 0 && strlen(a) == 64, "fingerprint: computed");
+	CHECK(kc_shim_tree_fingerprint(path, b) == 0 && strcmp(a, b) == 0,
+	      "fingerprint: the same tree gives the same value");
+	struct timeval tv[2] = {{1000, 0}, {1000, 0}};
+	char file[600];
+	snprintf(file, sizeof(file), "%s/inc/sub/b.h", tmpdir);
+	utimes(file, tv);
+	CHECK(kc_shim_tree_fingerprint(path, b) == 0 && strcmp(a, b) != 0,
+	      "fingerprint: a header with another mtime changes it");
+	memcpy(a, b, sizeof(a));
+	put("inc/sub/b.h", "int bb;\n");
+	utimes(file, tv);
+	CHECK(kc_shim_tree_fingerprint(path, b) == 0 && strcmp(a, b) != 0,
+	      "fingerprint: a header with another size changes it");
+	memcpy(a, b, sizeof(a));
+	put("inc/c.h", "");
+	CHECK(kc_shim_tree_fingerprint(path, b) == 0 && strcmp(a, b) != 0,
+	      "fingerprint: a new header changes it");
+	CHECK(kc_shim_tree_fingerprint("/no/such/dir", b) == -ENOENT,
+	      "fingerprint: a missing directory is -ENOENT");
+
+	struct kc_shim_call c;
+	char line[700];
+	snprintf(line, sizeof(line), "k.cu -cubin -o k.cubin -O3 -I%s/inc -arch=sm_90a", tmpdir);
+	char *flags = NULL;
+	size_t len = 0;
+	CHECK(parse(line, &c) == 1 &&
+		      kc_shim_flags_file(&c, "release 13.0, V13.0.88", &flags, &len) == 0,
+	      "flags file: rendered");
+	kc_shim_tree_fingerprint(path, a);
+	char want[1024];
+	snprintf(want, sizeof(want),
+		 "# kcachefs-nvcc: release 13.0, V13.0.88\n# include-tree %s/inc %s\n-O3\n-I%s/inc\n"
+		 "-arch=sm_90a\n", tmpdir, a, tmpdir);
+	CHECK(flags && len == strlen(want) && memcmp(flags, want, len) == 0,
+	      "flags file: compiler line, include fingerprint, one argument per line");
+	struct kc_argv parsed = {0};
+	char why[256];
+	CHECK(flags && kc_flags_parse(flags, len, &parsed, why, sizeof(why)) == 0 && parsed.n == 3 &&
+		      strcmp(parsed.v[1] + 2, path) == 0,
+	      "flags file: the mount reads back exactly the arguments");
+	kc_argv_free(&parsed);
+
+	char k1[KC_SHA256_HEXLEN + 1], k2[KC_SHA256_HEXLEN + 1];
+	CHECK(kc_key_compute("src", 3, flags, len, k1) == 0 &&
+		      kc_key_compute("src", 3, flags, len, k2) == 0 && strcmp(k1, k2) == 0,
+	      "key: stable");
+	CHECK(kc_key_compute("src ", 4, flags, len, k2) == 0 && strcmp(k1, k2) != 0,
+	      "key: another source, another key");
+	CHECK(kc_key_compute("s", 1, "rc", 2, k1) == 0 && kc_key_compute("sr", 2, "c", 1, k2) == 0 &&
+		      strcmp(k1, k2) != 0,
+	      "key: the boundary between source and flags counts");
+	free(flags);
+	kc_shim_call_free(&c);
+
+	/* known answers, computed independently with Python's hashlib from the encoding in
+	 * key.h: sha256(b"kcachefs-key-v1\n3\nsrc\n2\n-G\n") */
+	CHECK(kc_key_compute("src", 3, "-G", 2, k1) == 0 &&
+		      strcmp(k1, "245fdffefc07b2d938d143ee8229156f94812941194faddb94eee1ffb94c2be9") == 0,
+	      "key: known answer for (\"src\", \"-G\")");
+	CHECK(kc_key_compute("", 0, "", 0, k1) == 0 &&
+		      strcmp(k1, "062e56113f0cf1d75cafab7982f5777bbe217a560e3c39ab86b7e96437bca52e") == 0,
+	      "key: known answer for the empty recipe");
+}
+
+static void test_entry_name(void)
+{
+	char key[65], name[300];
+	memset(key, 'a', 64);
+	key[64] = '\0';
+	kc_shim_entry_name("/x/tmp/kernel.cu", key, name, sizeof(name));
+	CHECK(strncmp(name, "kernel.kernel.", 14) == 0, "entry name: kernel.cu gives stem 'kernel'");
+	CHECK(kc_name_classify(name, NULL) == KC_NAME_ENTRY, "entry name: passes the grammar");
+	kc_shim_entry_name("dir/my gemm+v2.cu", key, name, sizeof(name));
+	CHECK(strncmp(name, "kernel.my_gemm_v2.", 18) == 0 &&
+		      kc_name_classify(name, NULL) == KC_NAME_ENTRY,
+	      "entry name: other bytes become '_'");
+	kc_shim_entry_name(".cu", key, name, sizeof(name));
+	CHECK(strncmp(name, "kernel.kernel.", 14) == 0, "entry name: empty stem gives 'kernel'");
+	char long_in[400];
+	memset(long_in, 'x', 300);
+	strcpy(long_in + 300, ".cu");
+	kc_shim_entry_name(long_in, key, name, sizeof(name));
+	CHECK(strlen(name) == 7 + 64 + 1 + 64 && kc_name_classify(name, NULL) == KC_NAME_ENTRY,
+	      "entry name: a long stem is cut to 64 bytes");
+}
+
+static void test_find_mount(void)
+{
+	errno = 0;
+	CHECK(kc_shim_find_mount(tmpdir) == NULL && errno == ENOENT,
+	      "find_mount: a directory on no kcachefs mount gives ENOENT");
+	errno = 0;
+	CHECK(kc_shim_find_mount("/no/such/dir") == NULL && errno == ENOENT,
+	      "find_mount: a missing directory gives NULL");
+	/* a lookalike .kcachefs/stats on a non-FUSE filesystem is not a mount */
+	char path[512];
+	snprintf(path, sizeof(path), "%s/.kcachefs", tmpdir);
+	mkdir(path, 0755);
+	put(".kcachefs/stats", "");
+	snprintf(path, sizeof(path), "%s/inc/sub", tmpdir);
+	CHECK(kc_shim_find_mount(path) == NULL, "find_mount: .kcachefs/stats off FUSE is not a mount");
+}
+
+int main(void)
+{
+	if (!mkdtemp(tmpdir)) {
+		perror("mkdtemp");
+		return 1;
+	}
+	test_parse();
+	test_check();
+	test_fingerprint_and_flags_file();
+	test_entry_name();
+	test_find_mount();
+	char cmd[128];
+	snprintf(cmd, sizeof(cmd), "rm -rf %s", tmpdir);
+	if (system(cmd) != 0)
+		perror("rm");
+	return tap_done();
+}
