@@ -1,7 +1,8 @@
 """Mount-level test fixtures: mount the built kcachefs on temp directories, as libfuse's
 own test suite does, and always unmount, also when a test fails.
 
-KCACHEFS_BIN overrides the binary (default: <repo>/build/kcachefs).
+KCACHEFS_BIN overrides the binary (default: <repo>/build/kcachefs), KCACHEFS_NVCC_BIN the
+nvcc shim (default: <repo>/build/kcachefs-nvcc).
 """
 import hashlib
 import multiprocessing
@@ -17,6 +18,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 KCACHEFS = Path(os.environ.get("KCACHEFS_BIN", REPO / "build" / "kcachefs"))
+SHIM = Path(os.environ.get("KCACHEFS_NVCC_BIN", REPO / "build" / "kcachefs-nvcc"))
 KERNELS = REPO / "tests" / "kernels"
 NVCC = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin" / "nvcc"
 EM_CUDA = 190

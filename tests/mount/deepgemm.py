@@ -1,18 +1,56 @@
-"""What DeepGEMM's JIT does in its cache directory, syscall for syscall (DESIGN.md,
-"What current DeepGEMM does on disk"), so the mount can be tested against it without
-DeepGEMM itself. Both return the cubin bytes they loaded."""
+"""What DeepGEMM's JIT does in its cache directory, syscall for syscall (DESIGN.md, "What
+current DeepGEMM does on disk"), so the mount can be tested against it without DeepGEMM
+itself. Both sequences return the cubin bytes they loaded.
+
+The compiler is DeepGEMM's: $DG_JIT_NVCC_COMPILER, else $CUDA_HOME/bin/nvcc. Like DeepGEMM,
+it is asked for "--version" (the "release X.Y" line gives the signature in every key) and
+called as  <nvcc> <src> -cubin -o <out> <flags>  from C/tmp, with DeepGEMM's flags.
+
+Run as a script, it is the GPU check's client (scripts/gpu-smoke.sh, SMOKE_CLIENT):
+  deepgemm.py [--ranks N] [--protocol current|older] CACHE_ROOT NAME=SOURCE...
+runs N ranks at once over the kernels and prints one entry directory per kernel.
+"""
+import argparse
 import errno
+import functools
 import hashlib
+import multiprocessing
 import os
+import re
 import shutil
 import subprocess
+import sys
 
-NVCC = os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc")
-FLAGS = ["-O3", "--gpu-architecture=sm_90a"]
+INCLUDE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "kernels", "include")
 
 
-def entry_dir(cache_root, name, source):
-    key = hashlib.sha256(name.encode() + b"NVCC13.0" + " ".join(FLAGS).encode() + source)
+def compiler():
+    return os.environ.get("DG_JIT_NVCC_COMPILER") or os.path.join(
+        os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc")
+
+
+def flags():
+    """DeepGEMM's nvcc flags for an sm_90a kernel (DESIGN.md quotes a real call)."""
+    return ["-std=c++20", "--diag-suppress=39,161,174,177,186,940",
+            "--ptxas-options=--register-usage-level=10", "-I" + os.path.realpath(INCLUDE),
+            "--gpu-architecture=sm_90a",
+            "--compiler-options=-fPIC,-O3,-fconcepts,-Wno-deprecated-declarations,-Wno-abi",
+            "-O3", "--expt-relaxed-constexpr", "--expt-extended-lambda"]
+
+
+@functools.lru_cache(maxsize=None)
+def signature(nvcc):
+    """"NVCC13.0" from "<nvcc> --version", as DeepGEMM builds it (it asserts on failure)."""
+    out = subprocess.run([nvcc, "--version"], check=True, capture_output=True, text=True).stdout
+    m = re.search(r"release (\d+\.\d+)", out)
+    if not m:
+        raise RuntimeError("cannot read the nvcc version from: " + out)
+    return "NVCC" + m.group(1)
+
+
+def entry_dir(cache_root, name, source, nvcc=None):
+    sig = signature(nvcc or compiler())
+    key = hashlib.sha256(name.encode() + sig.encode() + " ".join(flags()).encode() + source)
     return os.path.join(cache_root, "cache", "kernel.%s.%s" % (name, key.hexdigest()[:32]))
 
 
@@ -39,9 +77,17 @@ def load(entry):
         return f.read()
 
 
-def current(cache_root, name, source, nvcc=NVCC):
+def run_nvcc(nvcc, src, out, cwd=None):
+    r = subprocess.run([nvcc, src, "-cubin", "-o", out] + flags(), cwd=cwd,
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError("nvcc exited %d: %s" % (r.returncode, r.stdout + r.stderr))
+
+
+def current(cache_root, name, source, nvcc=None):
     """Compile into a private C/tmp/<id>, rename the directory into C/cache."""
-    entry = entry_dir(cache_root, name, source)
+    nvcc = nvcc or compiler()
+    entry = entry_dir(cache_root, name, source, nvcc)
     if hit_test(entry):
         return load(entry)
     tmp_root = os.path.join(cache_root, "tmp")
@@ -54,8 +100,7 @@ def current(cache_root, name, source, nvcc=NVCC):
         f.write(source)
         f.flush()
         os.fsync(f.fileno())
-    subprocess.run([nvcc, src, "-cubin", "-o", os.path.join(tmp, "kernel.cubin")] + FLAGS,
-                   cwd=tmp_root, check=True, capture_output=True)
+    run_nvcc(nvcc, src, os.path.join(tmp, "kernel.cubin"), cwd=tmp_root)
     for fname in os.listdir(tmp):
         fsync_path(os.path.join(tmp, fname))
     fsync_path(tmp, directory=True)
@@ -71,10 +116,11 @@ def current(cache_root, name, source, nvcc=NVCC):
     return load(entry)
 
 
-def older(cache_root, name, source, nvcc=NVCC):
+def older(cache_root, name, source, nvcc=None):
     """DeepGEMM 477618c: create the final entry, rename a temp source over kernel.cu,
     compile it there into a temp cubin, rename that over kernel.cubin."""
-    entry = entry_dir(cache_root, name, source)
+    nvcc = nvcc or compiler()
+    entry = entry_dir(cache_root, name, source, nvcc)
     cubin = os.path.join(entry, "kernel.cubin")
     if os.path.exists(cubin):
         return load(entry)
@@ -87,7 +133,46 @@ def older(cache_root, name, source, nvcc=NVCC):
         f.write(source)
     os.replace(tmp_src, os.path.join(entry, "kernel.cu"))
     tmp_cubin = os.path.join(tmp_root, uid + ".cubin")
-    subprocess.run([nvcc, os.path.join(entry, "kernel.cu"), "-cubin", "-o", tmp_cubin] + FLAGS,
-                   check=True, capture_output=True)
+    run_nvcc(nvcc, os.path.join(entry, "kernel.cu"), tmp_cubin)
     os.replace(tmp_cubin, cubin)
     return load(entry)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ranks", type=int, default=8)
+    ap.add_argument("--protocol", choices=("current", "older"), default="current")
+    ap.add_argument("cache_root")
+    ap.add_argument("kernels", nargs="+", metavar="NAME=SOURCE")
+    args = ap.parse_args()
+    kernels = [(k.split("=", 1)[0], open(k.split("=", 1)[1], "rb").read()) for k in args.kernels]
+    run = globals()[args.protocol]
+    barrier = multiprocessing.Barrier(args.ranks)
+
+    def rank(i):
+        barrier.wait()
+        try:
+            for j in range(len(kernels)):  # rank i starts at kernel i, so compiles overlap
+                name, src = kernels[(i + j) % len(kernels)]
+                run(args.cache_root, name, src)
+        except Exception as e:  # the rank's error, as DeepGEMM would die with it
+            print("rank %d: %s" % (i, e), file=sys.stderr)
+            os._exit(1)
+        os._exit(0)
+
+    procs = [multiprocessing.Process(target=rank, args=(i,)) for i in range(args.ranks)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    failed = [i for i, p in enumerate(procs) if p.exitcode != 0]
+    for name, src in kernels:
+        print(entry_dir(args.cache_root, name, src))
+    if failed:
+        print("ranks failed: %s" % failed, file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

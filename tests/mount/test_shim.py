@@ -1,0 +1,238 @@
+"""The nvcc shim, kcachefs-nvcc (issue 4): unmodified DeepGEMM with
+DG_JIT_NVCC_COMPILER=kcachefs-nvcc compiles each kernel once per node through the mount;
+calls it does not take over, and calls whose output is not on a kcachefs mount, behave
+exactly like nvcc."""
+import hashlib
+import multiprocessing
+import os
+import shutil
+import subprocess
+
+import deepgemm
+from conftest import (EM_CUDA, KERNELS, NVCC, SHIM, elf_machine, elf_symbols, run_parallel,
+                      write_script)
+
+# K distinct kernels that include a header through -I, as DeepGEMM's do.
+TEMPLATE = """#include <kc_test/scale.cuh>
+extern "C" __global__ void scale_%d(const float *in, float *out, int n)
+{
+	int i = blockIdx.x * blockDim.x + threadIdx.x;
+	if (i < n)
+		out[i] = kc_scale<%d>(in[i]);
+}
+"""
+
+
+def shim(args, cwd=None, env=None, **kw):
+    e = dict(os.environ)
+    e.update(env or {})
+    return subprocess.run([str(SHIM)] + [str(a) for a in args], cwd=cwd, env=e,
+                          capture_output=True, text=True, **kw)
+
+
+def nvcc(args, cwd=None):
+    return subprocess.run([str(NVCC)] + [str(a) for a in args], cwd=cwd, capture_output=True,
+                          text=True)
+
+
+def shim_entries(m):
+    d = m.mnt / "kcachefs-nvcc"
+    return sorted(os.listdir(d)) if d.exists() else []
+
+
+def test_version_and_other_calls_are_nvccs(mount_factory, tmp_path):
+    m = mount_factory()
+    for args in (["--version"], ["--help"], ["--no-such-option"]):
+        a, b = shim(args), nvcc(args)
+        assert (a.returncode, a.stdout, a.stderr) == (b.returncode, b.stdout, b.stderr), args
+    assert "release " in shim(["--version"]).stdout
+    # Not a cubin compile (here -ptx), even with the output on the mount: nvcc's business.
+    src = KERNELS / "vector_add.cu"
+    r = shim([src, "-ptx", "-o", m.mnt / "v.ptx", "-arch=sm_90a"])
+    assert r.returncode == 0, r.stderr
+    assert b".entry vector_add" in (m.mnt / "v.ptx").read_bytes()
+    assert shim_entries(m) == [] and m.stats()["compiles_total"] == 0
+
+
+def test_off_the_mount_it_is_plain_nvcc(mount_factory, tmp_path):
+    m = mount_factory()
+    out = tmp_path / "v.cubin"
+    # -ccbin would be refused on the mount; off it the shim is nvcc and nvcc takes it.
+    r = shim([KERNELS / "vector_add.cu", "-cubin", "-o", out, "-arch=sm_90a",
+              "-ccbin", shutil.which("g++") or "/usr/bin/g++"])
+    assert r.returncode == 0, r.stderr
+    data = out.read_bytes()
+    assert elf_machine(data) == EM_CUDA and "vector_add" in elf_symbols(data)
+    bad_src = tmp_path / "b.cu"
+    shutil.copy(KERNELS / "broken.cu", bad_src)
+    a = shim([bad_src, "-cubin", "-o", tmp_path / "b.cubin", "-arch=sm_90a"], cwd=tmp_path)
+    b = nvcc([bad_src, "-cubin", "-o", tmp_path / "b.cubin", "-arch=sm_90a"], cwd=tmp_path)
+    assert (a.returncode, a.stdout, a.stderr) == (b.returncode, b.stdout, b.stderr)
+    assert shim_entries(m) == [] and m.stats()["compiles_total"] == 0
+
+
+def deepgemm_run(m, tmp_path, kernels, compiler, counted_nvcc=None):
+    """8 ranks of the current DeepGEMM sequence over kernels, all released together before
+    each kernel; returns each rank's {name: sha256}."""
+    root = m.mnt / "dg"
+    ctx = multiprocessing.get_context("fork")
+    per_kernel = ctx.Barrier(8)
+
+    def rank(i):
+        os.environ["DG_JIT_NVCC_COMPILER"] = str(compiler)
+        if counted_nvcc:
+            os.environ["KCACHEFS_NVCC"] = str(counted_nvcc)
+        out = {}
+        for name, src in kernels.items():
+            per_kernel.wait(timeout=120)
+            out[name] = hashlib.sha256(deepgemm.current(str(root), name, src)).hexdigest()
+        return out
+
+    results = run_parallel(8, rank)
+    assert all(isinstance(r, dict) for r in results), "a rank failed: %s" % results
+    for name, src in kernels.items():
+        assert len({r[name] for r in results}) == 1, "ranks loaded different bytes"
+        entry = deepgemm.entry_dir(str(root), name, src, str(compiler))
+        data = deepgemm.load(entry)
+        assert elf_machine(data) == EM_CUDA and name in elf_symbols(data)
+    assert os.listdir(root / "tmp") == [], "temp files left behind"
+    return results
+
+
+def test_deepgemm_through_the_shim_compiles_each_kernel_once(mount_factory, counting_nvcc,
+                                                             tmp_path):
+    """The acceptance run: 8 ranks x K kernels, exactly K compiler runs on the node with the
+    shim, 8 x K without it, no error either way."""
+    make_nvcc, calls = counting_nvcc
+    counted = make_nvcc()
+    K = 4
+    kernels = {"scale_%d" % k: (TEMPLATE % (k, k + 2)).encode() for k in range(K)}
+
+    m = mount_factory(["nvcc=%s" % counted], name="with-shim")
+    with_shim = deepgemm_run(m, tmp_path, kernels, SHIM, counted_nvcc=counted)
+    assert calls() == K, "with the shim: %d compiler runs for %d kernels" % (calls(), K)
+    assert m.stats()["compiles_total"] == K
+    assert len(shim_entries(m)) == K
+    # Every rank got the mount's cubin: the bytes in DeepGEMM's entries are the mount's.
+    for name, src in kernels.items():
+        theirs = deepgemm.load(deepgemm.entry_dir(str(m.mnt / "dg"), name, src, str(SHIM)))
+        ours = [(m.mnt / "kcachefs-nvcc" / e / "kernel.cubin").read_bytes() for e in shim_entries(m)]
+        assert theirs in ours
+    # A warm second job: DeepGEMM's own cache hits; nothing compiles.
+    assert deepgemm_run(m, tmp_path, kernels, SHIM, counted_nvcc=counted) == with_shim
+    assert calls() == K
+
+    m2 = mount_factory(name="without-shim")
+    deepgemm_run(m2, tmp_path, kernels, counted)
+    assert calls() - K == 8 * K, "without the shim every rank compiles every kernel"
+    assert m2.stats()["compiles_total"] == 0
+
+
+def test_failing_source_gives_nvccs_status_and_errors(mount_factory, counting_nvcc, tmp_path):
+    make_nvcc, calls = counting_nvcc
+    m = mount_factory(["nvcc=%s" % make_nvcc()])
+    work = m.mnt / "tmp" / "1"
+    work.mkdir(parents=True)
+    shutil.copy(KERNELS / "broken.cu", work / "kernel.cu")
+    args = [work / "kernel.cu", "-cubin", "-o", work / "kernel.cubin", "-arch=sm_90a"]
+    want = nvcc(args)
+    assert want.returncode != 0
+    for attempt in range(2):
+        r = shim(args)
+        assert r.returncode == want.returncode, r.stderr
+        assert "undefined_symbol_kcachefs_test" in r.stderr and "error" in r.stderr
+        assert not r.stderr.startswith("kcachefs"), "a rejection prints the compiler's words"
+        assert sorted(os.listdir(work)) == ["kernel.cu"], "no output, no temp file"
+    assert calls() == 1, "the rejection is remembered: the second call does not compile"
+
+
+def test_refused_flags_stage_nothing(mount_factory, tmp_path):
+    m = mount_factory()
+    src = KERNELS / "vector_add.cu"
+    opts = tmp_path / "opts"
+    opts.write_text("-O3\n")
+    refused = {
+        "picks a host compiler": ["-ccbin", "/usr/bin/gcc"],
+        "runs a program": ["--run"],
+        "host compiler option '-fplugin=/x.so'": ["-Xcompiler", "-fplugin=/x.so"],
+        "reads arguments from a file": ["--options-file", str(opts)],
+        "names an output": ["-odir", str(tmp_path)],
+        "does not exist": ["-I", "/no/such/include"],
+        "not on the allow-list": ["--frobnicate"],
+    }
+    for why, extra in refused.items():
+        out = m.mnt / "k.cubin"
+        r = shim([src, "-cubin", "-o", out, "-arch=sm_90a"] + extra)
+        assert r.returncode == 1, (extra, r.stderr)
+        assert r.stderr.startswith("kcachefs-nvcc: flag ") and why in r.stderr, r.stderr
+        assert not out.exists()
+    assert shim_entries(m) == [] and m.stats()["compiles_total"] == 0
+
+
+def test_key_follows_the_include_tree(mount_factory, tmp_path):
+    m = mount_factory()
+    inc = tmp_path / "include"
+    shutil.copytree(KERNELS / "include", inc)
+    src = tmp_path / "k.cu"
+    src.write_text(TEMPLATE % (0, 3))
+    out = m.mnt / "k.cubin"
+    args = [src, "-cubin", "-o", out, "-arch=sm_90a", "-I", inc]
+    assert shim(args).returncode == 0
+    first = out.read_bytes()
+    assert shim(args).returncode == 0 and len(shim_entries(m)) == 1, "same tree, same entry"
+    header = inc / "kc_test" / "scale.cuh"
+    header.write_text(header.read_text().replace("x * static_cast<float>(N)",
+                                                 "x * static_cast<float>(N) + 1.0f"))
+    r = shim(args)
+    assert r.returncode == 0, r.stderr
+    assert len(shim_entries(m)) == 2, "a changed header must give another key"
+    assert out.read_bytes() != first, "the new cubin is compiled from the new header"
+    assert m.stats()["compiles_total"] == 2
+    flags = [(m.mnt / "kcachefs-nvcc" / e / "kernel.flags").read_text() for e in shim_entries(m)]
+    assert all(f.startswith("# kcachefs-nvcc: ") and "# include-tree %s " % inc in f for f in flags)
+
+
+def test_an_entry_holding_other_bytes_is_not_trusted(mount_factory, tmp_path):
+    """Someone staged another source under the name the shim computes: the shim says so and
+    compiles the caller's source with nvcc, never handing back the other cubin."""
+    src = KERNELS / "vector_add.cu"
+    m1 = mount_factory(name="learn")
+    assert shim([src, "-cubin", "-o", m1.mnt / "v.cubin", "-arch=sm_90a"]).returncode == 0
+    entry, = shim_entries(m1)
+    flags = (m1.mnt / "kcachefs-nvcc" / entry / "kernel.flags").read_bytes()
+    m2 = mount_factory(name="poisoned")
+    bad = m2.mnt / "kcachefs-nvcc" / entry
+    bad.mkdir(parents=True)
+    (bad / "kernel.flags").write_bytes(flags)
+    (bad / "kernel.cu").write_bytes((KERNELS / "saxpy.cu").read_bytes())
+    out = m2.mnt / "v.cubin"
+    r = shim([src, "-cubin", "-o", out, "-arch=sm_90a"])
+    assert r.returncode == 0, r.stderr
+    assert "holds another source" in r.stderr
+    data = out.read_bytes()
+    assert "vector_add" in elf_symbols(data) and "saxpy" not in elf_symbols(data)
+
+
+def test_kcachefs_mount_variable(mount_factory, tmp_path):
+    m = mount_factory()
+    out = tmp_path / "v.cubin"
+    args = [KERNELS / "vector_add.cu", "-cubin", "-o", out, "-arch=sm_90a"]
+    r = shim(args, env={"KCACHEFS_MOUNT": str(m.mnt)})
+    assert r.returncode == 0, r.stderr
+    assert len(shim_entries(m)) == 1 and m.stats()["compiles_total"] == 1
+    assert out.read_bytes() == (m.mnt / "kcachefs-nvcc" / shim_entries(m)[0] / "kernel.cubin").read_bytes()
+    out.unlink()
+    r = shim(args, env={"KCACHEFS_MOUNT": str(tmp_path)})
+    assert r.returncode == 1 and "is not the root of a kcachefs mount" in r.stderr
+    assert not out.exists()
+
+
+def test_a_compile_that_times_out_says_why(mount_factory, tmp_path):
+    hang = write_script(tmp_path / "nvcc-hang",
+                        'case "$*" in *-cubin*) sleep 30;; esac\nexec %s "$@"\n' % NVCC)
+    m = mount_factory(["nvcc=%s" % hang, "compile_timeout=1"])
+    out = m.mnt / "v.cubin"
+    r = shim([KERNELS / "vector_add.cu", "-cubin", "-o", out, "-arch=sm_90a"], timeout=60)
+    assert r.returncode == 1
+    assert r.stderr.startswith("kcachefs: compile ") and "timed out" in r.stderr, r.stderr
+    assert not out.exists()
