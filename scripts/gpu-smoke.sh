@@ -36,6 +36,13 @@
 #   SMOKE_PROCS=8          loader processes, alternately module and library mode
 #   SMOKE_TIMEOUT=600      seconds each loader process may take (compiles included)
 #   SMOKE_DAEMON_LOG=PATH  copy the daemon's log there (the temp dir holding it is removed)
+#   SMOKE_CLIENT=deepgemm-shim
+#                          stage through a client instead of natively: the current DeepGEMM
+#                          sequence (tests/mount/deepgemm.py, python3) runs SMOKE_PROCS
+#                          ranks at once with DG_JIT_NVCC_COMPILER=kcachefs-nvcc, and the
+#                          loaders then load the cubins of DeepGEMM's own cache entries;
+#                          the mount must still have compiled each kernel exactly once
+#   SHIM=PATH              the nvcc shim (default build-static/kcachefs-nvcc)
 #   SMOKE_NO_GPU=1         skip only the gpu_smoke launches: the same number of processes
 #                          read the three cubins with cat instead (for a machine without a
 #                          GPU: the mount, the compiles, the stats and EIO are still tested)
@@ -45,6 +52,8 @@ set -o pipefail
 cd "$(dirname "$0")/.." || exit 2
 KCACHEFS=${KCACHEFS:-build-static/kcachefs}
 GPU_SMOKE=${GPU_SMOKE:-build/gpu_smoke}
+SHIM=${SHIM:-build-static/kcachefs-nvcc}
+CLIENT=${SMOKE_CLIENT:-}
 ARCH=${ARCH:-sm_90a}
 JOBS=${JOBS:-4}
 NPROCS=${SMOKE_PROCS:-8}
@@ -241,9 +250,37 @@ stage() { # stage NAME: mkdir the entry, write kernel.cu and kernel.flags; sets 
 	entry[$k]=$e
 	say "staged cache/kernel.$k.$hash ($(wc -c <"tests/kernels/$k.cu") bytes of source, flags: $(paste -sd' ' "tests/kernels/$k.flags"))"
 }
-for k in "${KERNELS[@]}"; do
-	stage "$k" || die "staging $k failed"
-done
+deepgemm_stage() { # the DeepGEMM ranks compile through the shim; sets entry[NAME]
+	local k args=() lines=()
+	[ -x "$SHIM" ] || die "$SHIM is missing: ninja -C build-static builds it"
+	command -v python3 >/dev/null || die "SMOKE_CLIENT=deepgemm-shim needs python3"
+	for k in "${KERNELS[@]}"; do args+=("$k=tests/kernels/$k.cu"); done
+	say "DG_JIT_NVCC_COMPILER=$SHIM tests/mount/deepgemm.py --ranks $NPROCS $mnt/dg ${args[*]}"
+	local t0=$(date +%s.%N)
+	if ! DG_JIT_NVCC_COMPILER=$(realpath "$SHIM") python3 tests/mount/deepgemm.py \
+		--ranks "$NPROCS" "$mnt/dg" "${args[@]}" >"$tmp/dg.out" 2>"$tmp/dg.err"; then
+		sed 's/^/  dg| /' "$tmp/dg.err"
+		die "a DeepGEMM rank failed"
+	fi
+	ok "$NPROCS DeepGEMM ranks finished without error in $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s"
+	mapfile -t lines <"$tmp/dg.out"
+	for ((i = 0; i < ${#KERNELS[@]}; i++)); do
+		entry[${KERNELS[i]}]=${lines[i]}
+		say "DeepGEMM entry ${lines[i]#"$mnt"/}: $(ls "${lines[i]}" | paste -sd' ')"
+	done
+	check "DeepGEMM left no temp files (dg/tmp is empty)" [ -z "$(ls -A "$mnt/dg/tmp")" ]
+	say "the shim's entries: $(ls "$mnt/kcachefs-nvcc" | sed 's/\(kernel\.[^.]*\.[0-9a-f]\{12\}\).*/\1.../' | paste -sd' ')"
+}
+if [ "$CLIENT" = deepgemm-shim ]; then
+	section "stage: DeepGEMM, $NPROCS ranks, DG_JIT_NVCC_COMPILER=kcachefs-nvcc"
+	deepgemm_stage
+elif [ -n "$CLIENT" ]; then
+	die "SMOKE_CLIENT=$CLIENT: only deepgemm-shim is known"
+else
+	for k in "${KERNELS[@]}"; do
+		stage "$k" || die "staging $k failed"
+	done
+fi
 # (No stat of kernel.cubin here: its lookup is what compiles.)
 
 # ---------------------------------------------------------------------------- load

@@ -147,11 +147,11 @@ static int put_output(const char *path, const char *buf, size_t len)
 }
 
 /* Print kernel.log as nvcc would print the compiler's output. Its first line is the
- * mount's summary ("kcachefs: compile ...: rejected (exit status 2) in ..."); it is printed
+ * mount's summary ("kcachefs: compile ...: rejected (compiler exited with status 2) in ...", see cache.c); it is printed
  * too when the compile failed for another cause than the compiler's verdict (killed, timed
  * out, refused flags), which the compiler's own output would not explain. Returns the exit
  * status the summary names, 1 when it names none. */
-static int print_log(int entry_fd)
+static int print_log(int entry_fd, const char *input)
 {
 	int fd = openat(entry_fd, KC_LOG_NAME, O_RDONLY | O_CLOEXEC);
 	char *log = NULL;
@@ -166,14 +166,20 @@ static int print_log(int entry_fd)
 	close(fd);
 	char *nl = memchr(log, '\n', len);
 	size_t head = nl ? (size_t)(nl - log + 1) : len;
-	char *mark = memmem(log, head, "(exit status ", 13);
+	char *mark = memmem(log, head, "exited with status ", 19);
 	if (mark)
-		status = atoi(mark + 13);
+		status = atoi(mark + 19);
 	if (status <= 0 || status > 255)
 		status = 1;
 	if (!memmem(log, head, ": published (", 13) && !memmem(log, head, ": rejected (", 12))
 		fwrite(log, 1, head, stderr);
-	fwrite(log + head, 1, len - head, stderr);
+	size_t body_len = 0;
+	char *body = kc_shim_log_rewrite(log + head, len - head, input, &body_len);
+	if (body)
+		fwrite(body, 1, body_len, stderr);
+	else
+		fwrite(log + head, 1, len - head, stderr);
+	free(body);
 	free(log);
 	return status;
 }
@@ -248,7 +254,7 @@ static int serve(const struct kc_shim_call *call, const char *root)
 	size_t cubin_len = 0;
 	fd = openat(entry_fd, KC_CUBIN_NAME, O_RDONLY | O_CLOEXEC);
 	if (fd < 0 && errno == EIO) {
-		status = print_log(entry_fd);
+		status = print_log(entry_fd, call->input);
 		goto out;
 	}
 	if (fd < 0) {
@@ -264,7 +270,7 @@ static int serve(const struct kc_shim_call *call, const char *root)
 		fail("cannot write %s: %s", call->output, strerror(-err));
 		goto out;
 	}
-	print_log(entry_fd);
+	print_log(entry_fd, call->input);
 	status = 0;
 out:
 	if (entry_fd >= 0)

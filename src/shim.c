@@ -262,6 +262,45 @@ void kc_shim_entry_name(const char *input, const char *key, char *out, size_t ou
 	snprintf(out, outlen, "kernel.%s.%s", n ? stem : "kernel", key);
 }
 
+char *kc_shim_log_rewrite(const char *log, size_t len, const char *input, size_t *outlen)
+{
+	static const char mark[] = "/.kcachefs/scratch/", file[] = "/kernel.cu";
+	char *buf = NULL;
+	size_t used = 0, pos = 0;
+	FILE *f = open_memstream(&buf, &used);
+
+	if (!f)
+		return NULL;
+	for (;;) {
+		const char *m = memmem(log + pos, len - pos, mark, sizeof(mark) - 1);
+		if (!m)
+			break;
+		/* the path starts after a blank, quote or line start; its scratch dir is one name */
+		const char *start = m;
+		while (start > log + pos && !strchr(" \t\n\"'(", start[-1]))
+			start--;
+		const char *dir = m + sizeof(mark) - 1, *end = dir;
+		while (end < log + len && *end != '/' && !strchr(" \t\n\"'", *end))
+			end++;
+		if ((size_t)(log + len - end) < sizeof(file) - 1 ||
+		    memcmp(end, file, sizeof(file) - 1) != 0 || end == dir) {
+			fwrite(log + pos, 1, (size_t)(dir - log) - pos, f); /* not ours: keep it */
+			pos = (size_t)(dir - log);
+			continue;
+		}
+		fwrite(log + pos, 1, (size_t)(start - log) - pos, f);
+		fputs(input, f);
+		pos = (size_t)(end - log) + sizeof(file) - 1;
+	}
+	fwrite(log + pos, 1, len - pos, f);
+	if (fclose(f) != 0) {
+		free(buf);
+		return NULL;
+	}
+	*outlen = used;
+	return buf;
+}
+
 /* Nonzero if dir is the root of a kcachefs mount. */
 static int is_mount_root(const char *dir)
 {

@@ -56,6 +56,11 @@ int kc_shim_flags_file(const struct kc_shim_call *call, const char *compiler, ch
  * ("kernel" when empty), so the name always passes the entry grammar. */
 void kc_shim_entry_name(const char *input, const char *key, char *out, size_t outlen);
 
+/* The compiler's output as nvcc would have printed it for the caller: every path of the
+ * form ".../.kcachefs/scratch/<dir>/kernel.cu" (where the mount compiled it) becomes input.
+ * Returns a malloc'd copy (length in *outlen), or NULL when out of memory. */
+char *kc_shim_log_rewrite(const char *log, size_t len, const char *input, size_t *outlen);
+
 /* The root of the kcachefs mount that holds the existing directory dir: the nearest
  * ancestor (dir itself included) on a FUSE filesystem with a regular file
  * ".kcachefs/stats". Returns a malloc'd absolute path, or NULL with errno ENOENT (none)

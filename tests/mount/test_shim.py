@@ -142,8 +142,18 @@ def test_failing_source_gives_nvccs_status_and_errors(mount_factory, counting_nv
         assert r.returncode == want.returncode, r.stderr
         assert "undefined_symbol_kcachefs_test" in r.stderr and "error" in r.stderr
         assert not r.stderr.startswith("kcachefs"), "a rejection prints the compiler's words"
+        assert r.stderr == want.stderr, "the errors name the caller's file, as nvcc's do"
         assert sorted(os.listdir(work)) == ["kernel.cu"], "no output, no temp file"
     assert calls() == 1, "the rejection is remembered: the second call does not compile"
+
+
+def test_the_compilers_exit_status_comes_back(mount_factory, tmp_path):
+    fail3 = write_script(tmp_path / "nvcc-fail3",
+                         'case "$*" in *-cubin*) echo "k.cu(1): error: fake"; exit 3;; esac\n'
+                         'exec %s "$@"\n' % NVCC)
+    m = mount_factory(["nvcc=%s" % fail3])
+    r = shim([KERNELS / "vector_add.cu", "-cubin", "-o", m.mnt / "v.cubin", "-arch=sm_90a"])
+    assert r.returncode == 3 and r.stderr == "k.cu(1): error: fake\n", r
 
 
 def test_refused_flags_stage_nothing(mount_factory, tmp_path):

@@ -248,6 +248,31 @@ static void test_entry_name(void)
 	      "entry name: a long stem is cut to 64 bytes");
 }
 
+static void test_log_rewrite(void)
+{
+	static const struct {
+		const char *in, *out, *what;
+	} cases[] = {
+		{"/b/.kcachefs/scratch/c12.3/kernel.cu(4): error: x\n1 error detected in the "
+		 "compilation of \"/b/.kcachefs/scratch/c12.3/kernel.cu\".\n",
+		 "/t/1/kernel.cu(4): error: x\n1 error detected in the compilation of "
+		 "\"/t/1/kernel.cu\".\n",
+		 "log: both scratch paths become the caller's input"},
+		{"ptxas info: ok\n", "ptxas info: ok\n", "log: text without a scratch path is kept"},
+		{"see /x/.kcachefs/scratch/a/b/kernel.cu\n", "see /x/.kcachefs/scratch/a/b/kernel.cu\n",
+		 "log: a path with more than one directory below scratch is kept"},
+		{"/x/.kcachefs/scratch/", "/x/.kcachefs/scratch/", "log: a cut-off path is kept"},
+		{"", "", "log: empty"},
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		size_t len = 0;
+		char *out = kc_shim_log_rewrite(cases[i].in, strlen(cases[i].in), "/t/1/kernel.cu", &len);
+		CHECK(out && len == strlen(cases[i].out) && memcmp(out, cases[i].out, len) == 0,
+		      cases[i].what);
+		free(out);
+	}
+}
+
 static void test_find_mount(void)
 {
 	errno = 0;
@@ -275,6 +300,7 @@ int main(void)
 	test_check();
 	test_fingerprint_and_flags_file();
 	test_entry_name();
+	test_log_rewrite();
 	test_find_mount();
 	char cmd[128];
 	snprintf(cmd, sizeof(cmd), "rm -rf %s", tmpdir);
