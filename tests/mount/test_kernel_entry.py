@@ -87,7 +87,7 @@ def test_timeout_is_a_passing_failure(mount_factory, tmp_path):
     calls = tmp_path / "calls"
     nvcc = write_script(tmp_path / "nvcc-hangs-once",
                         'case "$*" in *-cubin*) echo run >> %s\n'
-                        '  if [ ! -e %s.done ]; then touch %s.done; exec sleep 60; fi;; esac\n'
+                        '  if [ ! -e %s.done ]; then touch %s.done; exec sleep 60.5151; fi;; esac\n'
                         'exec /usr/local/cuda/bin/nvcc "$@"\n' % (calls, calls, calls))
     m = mount_factory(["nvcc=%s" % nvcc, "compile_timeout=2"])
     entry = m.stage("vector_add", *sample("vector_add"))
@@ -97,7 +97,7 @@ def test_timeout_is_a_passing_failure(mount_factory, tmp_path):
     assert time.monotonic() - started < 30, "waiters were not answered promptly"
     assert calls.read_text().count("run") == 1, "one compiler run for all waiters"
     assert "timed out" in (entry / "kernel.log").read_text()
-    assert b"sleep 60" not in subprocess.run(["ps", "ax", "-o", "args"], capture_output=True).stdout
+    assert b"sleep 60.5151" not in subprocess.run(["ps", "ax", "-o", "args"], capture_output=True).stdout
     assert not (m.backing / entry.relative_to(m.mnt) / "kernel.cubin").exists()
     time.sleep(2.2)  # the hold-off after a passing failure
     assert read_result(entry / "kernel.cubin")[0] == "ok"
