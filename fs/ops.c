@@ -20,9 +20,11 @@
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include "fh.h"
+#include "key.h"
 #include "log.h"
 
 static struct kc_fs *fs_of(fuse_req_t req)
@@ -483,7 +485,8 @@ static void open_cubin(fuse_req_t req, struct kc_inode *in, int fd, struct fuse_
 {
 	struct kc_fs *fs = fs_of(req);
 	enum kc_role role;
-	int entry_fd = kc_inode_entry_fd(&fs->inodes, in, &role);
+	int entry_fd = -1;
+	entry_fd = kc_inode_entry_fd(&fs->inodes, in, &role);
 	int err = kc_cache_verify_open(&fs->cache, fd, entry_fd);
 	struct kc_fh *fh = err ? NULL : kc_fh_new(FH_PLAIN, fd);
 
@@ -729,6 +732,30 @@ static void kc_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *in_
 	fuse_reply_write(req, (size_t)n);
 }
 
+/* KC_IOC_GET_KEY on an open kernel.cubin: the key of the recipe it was compiled from
+ * (key.h), read from the file itself, so the answer is about the very bytes this
+ * descriptor reads. ENODATA for a cubin a client published; ENOTTY for other ioctls. */
+static void kc_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void *arg,
+		     struct fuse_file_info *fi, unsigned flags, const void *in_buf, size_t in_bufsz,
+		     size_t out_bufsz)
+{
+	struct kc_inode *in = inode_of(req, ino);
+	struct kc_fh *fh = fi ? fh_of(fi) : NULL;
+	char val[KC_SHA256_HEXLEN + 1];
+	(void)arg, (void)flags, (void)in_buf, (void)in_bufsz;
+
+	if (cmd != KC_IOC_GET_KEY)
+		return (void)fuse_reply_err(req, ENOTTY);
+	if (in->role != KC_ROLE_CUBIN || !fh || fh->kind != FH_PLAIN || fh->fd < 0)
+		return (void)fuse_reply_err(req, ENODATA);
+	if (out_bufsz < KC_SHA256_HEXLEN)
+		return (void)fuse_reply_err(req, EINVAL);
+	ssize_t n = fgetxattr(fh->fd, KC_KEY_XATTR, val, sizeof(val));
+	if (n != KC_SHA256_HEXLEN)
+		return (void)fuse_reply_err(req, n < 0 && errno != ENODATA ? errno : ENODATA);
+	fuse_reply_ioctl(req, 0, val, KC_SHA256_HEXLEN);
+}
+
 static void kc_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
 	struct kc_fh *fh = fh_of(fi);
@@ -818,6 +845,7 @@ const struct fuse_lowlevel_ops kc_fs_ops = {
 	.read = kc_read,
 	.write_buf = kc_write_buf,
 	.flush = kc_flush,
+	.ioctl = kc_ioctl,
 	.release = kc_release,
 	.fsync = kc_fsync,
 	.opendir = kc_dir_open,

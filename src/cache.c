@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "compile.h"
+#include "key.h"
 #include "log.h"
 #include "recipe.h"
 
@@ -309,10 +310,16 @@ static int publish(struct compile_job *j, int scratch_fd, const char *label, uin
 
 	if (fd < 0)
 		return -EIO;
+	char key[KC_SHA256_HEXLEN + 1];
 	err = kc_sha256_fd(fd, rec.sha256, &rec.size);
 	strcpy(rec.recipe, j->recipe.hash);
 	if (!err)
 		err = kc_record_write(fd, &rec);
+	if (!err)
+		err = kc_key_compute(j->recipe.source, j->recipe.source_len, j->recipe.flags,
+				     j->recipe.flags_len, key);
+	if (!err)
+		err = kc_key_record_write(fd, key);
 	if (!err && (fchmod(fd, 0444) != 0 || fsync(fd) != 0))
 		err = -errno;
 	close(fd);
@@ -548,6 +555,36 @@ int kc_cache_lookup_cubin(struct kc_cache *c, int entry_fd, struct kc_waiter *w,
 	return -EIO;
 }
 
+/* A cubin a client published is not the compile of any recipe, and a recipe's cubin is the
+ * mount's compile of it: the two never share an entry. Called under publish_lock before
+ * role's file is committed. Returns 0 (go on); 1 for a client's cubin in an entry that has
+ * a recipe (its bytes are discarded and the rename succeeds, as over a published cubin:
+ * the mount compiles the recipe); -EEXIST for a kernel.cu or kernel.flags that would give
+ * an entry holding a client's cubin a recipe (or another one). */
+static int recipe_meets_client_cubin(struct kc_cache *c, enum kc_role role, int entry_fd,
+				     const char *label)
+{
+	if (role == KC_ROLE_CUBIN) {
+		if (!kc_recipe_present(entry_fd, c->cfg))
+			return 0;
+		kc_log(KC_LOG_INFO, "%s: kernel.cubin from a client discarded: the entry has a "
+		       "recipe, whose cubin the mount compiles", label);
+		return 1;
+	}
+	struct kc_record rec;
+	int fd = openat(entry_fd, KC_CUBIN_NAME, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0)
+		return 0;
+	int client = kc_record_read(fd, &rec) != 0 || rec.origin != KC_ORIGIN_COMPILED;
+	close(fd);
+	const char *name = role == KC_ROLE_SOURCE ? KC_SOURCE_NAME : KC_FLAGS_NAME;
+	if (!client || faccessat(entry_fd, name, F_OK, AT_SYMLINK_NOFOLLOW) == 0)
+		return 0; /* an existing name: the commit keeps the same bytes or refuses others */
+	kc_log(KC_LOG_WARN, "%s: %s refused: the entry holds a kernel.cubin published by a "
+	       "client, which is not a compile of any recipe", label, name);
+	return -EEXIST;
+}
+
 int kc_cache_stage(struct kc_cache *c, enum kc_role role, int src_dir, const char *src_name,
 		   int entry_fd)
 {
@@ -599,9 +636,14 @@ int kc_cache_stage(struct kc_cache *c, enum kc_role role, int src_dir, const cha
 	close(fd);
 	if (!err) {
 		pthread_mutex_lock(&c->publish_lock);
-		err = kc_store_commit(src_dir, src_name, entry_fd, names[role]);
+		int meet = recipe_meets_client_cubin(c, role, entry_fd, label);
+		if (meet == 1)
+			unlinkat(src_dir, src_name, 0);
+		err = meet ? meet : kc_store_commit(src_dir, src_name, entry_fd, names[role]);
 		pthread_mutex_unlock(&c->publish_lock);
-		if (err == -EEXIST && role == KC_ROLE_CUBIN) {
+		if (meet) {
+			/* logged by recipe_meets_client_cubin */
+		} else if (err == -EEXIST && role == KC_ROLE_CUBIN) {
 			/* Racing ranks compile the same recipe; nvcc's output can differ run to
 			 * run (anonymous-namespace names). The first published cubin stays, the
 			 * later one is discarded, and the rename succeeds as it would locally. */

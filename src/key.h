@@ -11,8 +11,15 @@
 #define KC_KEY_H
 
 #include <stddef.h>
+#include <sys/ioctl.h>
 
 #include "hash.h"
+
+/* ioctl on a descriptor of an open kernel.cubin of a kcachefs mount: fills 64 bytes (no
+ * NUL) with the key of the recipe that cubin was compiled from. Fails with ENODATA for a
+ * cubin a client published (it is no compile of any recipe), ENOTTY off a kcachefs mount.
+ * Clients that name entries by key compare it with their own before trusting the bytes. */
+#define KC_IOC_GET_KEY _IOR('k', 1, char[KC_SHA256_HEXLEN])
 
 /* Compute the key of (source, flags). Returns 0 or -ENOMEM. */
 int kc_key_compute(const void *source, size_t source_len, const void *flags, size_t flags_len,

@@ -321,6 +321,13 @@ int kc_record_read(int fd, struct kc_record *rec)
 	return 0;
 }
 
+int kc_key_record_write(int fd, const char key[KC_SHA256_HEXLEN + 1])
+{
+	char path[32];
+	kc_fd_path(fd, path);
+	return setxattr(path, KC_KEY_XATTR, key, KC_SHA256_HEXLEN, 0) == 0 ? 0 : -errno;
+}
+
 int kc_store_mark_rejected(int dir, const char *recipe_hex)
 {
 	char path[32];

@@ -11,6 +11,9 @@
  * renamed into place, so a published file and its record appear atomically:
  *   user.kcachefs.record on kernel.cubin: "v1 <sha256-hex> <size> <recipe-hex|-> <origin>"
  *   user.kcachefs.rejected on an entry directory: the recipe hash the compiler rejected.
+ *   user.kcachefs.key on a compiled kernel.cubin: the key (key.h) of the kernel.cu and
+ *     kernel.flags it was compiled from; shown through the mount (getxattr), so that a
+ *     client that names entries by content can check an open cubin is of its own recipe.
  */
 #ifndef KC_STORE_H
 #define KC_STORE_H
@@ -81,6 +84,11 @@ struct kc_record {
 int kc_record_write(int fd, const struct kc_record *rec);
 /* Read the record of the file behind fd. Returns 0, -ENODATA (none), -EINVAL (garbled). */
 int kc_record_read(int fd, struct kc_record *rec);
+
+#define KC_KEY_XATTR "user.kcachefs.key"
+/* Set the key (64 lowercase hex) of the recipe a compiled cubin (fd, any mode) was built
+ * from. Returns 0 or -errno. */
+int kc_key_record_write(int fd, const char key[KC_SHA256_HEXLEN + 1]);
 
 /* Rejection marker on an entry directory (fd of the directory, O_PATH allowed). */
 int kc_store_mark_rejected(int dir, const char *recipe_hex);

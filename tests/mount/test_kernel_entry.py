@@ -1,6 +1,8 @@
 """Kernel entries: stage a recipe, the first open compiles, everyone reads one compile's
 bytes, failures are EIO with a log, and staged files are immutable."""
 import errno
+import fcntl
+import hashlib
 import mmap
 import os
 import subprocess
@@ -233,6 +235,62 @@ def test_client_published_cubin_is_served_as_is(mount_factory, tmp_path):
     assert not (m.backing / other.relative_to(m.mnt) / "kernel.cubin").exists()
     assert read_result(other / "kernel.cubin") == ("err", errno.ENOENT)
     assert "kernel.cubin refused" in m.daemon_log()
+
+
+KC_IOC_GET_KEY = (2 << 30) | (64 << 16) | (ord("k") << 8) | 1  # _IOR('k', 1, char[64]), key.h
+
+
+def recipe_key(source, flags):
+    """src/key.h's key of a recipe, computed here independently."""
+    h = hashlib.sha256(b"kcachefs-key-v1\n")
+    for field in (source, flags):
+        h.update(b"%d\n" % len(field) + field + b"\n")
+    return h.hexdigest().encode()
+
+
+def test_a_recipe_and_a_client_cubin_never_share_an_entry(mount_factory, tmp_path):
+    """A client's cubin is no compile of any recipe: an entry that holds one cannot be given
+    a recipe (EEXIST), and one renamed into an entry with a recipe is discarded (the rename
+    succeeds, as over a published cubin) while the mount serves its own compile. The open
+    cubin tells which recipe it was compiled from (KC_IOC_GET_KEY)."""
+    m = mount_factory()
+    vsrc, vflags = sample("vector_add")
+    (tmp_path / "s.cu").write_bytes(sample("saxpy")[0])
+    saxpy = tmp_path / "saxpy.cubin"
+    subprocess.run(["/usr/local/cuda/bin/nvcc", str(tmp_path / "s.cu"), "-cubin", "-o", str(saxpy),
+                    "--gpu-architecture=sm_90a"], check=True)
+    # 1. kernel.cu + a client's (other) cubin; adding kernel.flags is refused.
+    a = m.mnt / "cache" / entry_name("vector_add", vsrc, b"a")
+    a.mkdir(parents=True)
+    (a / "kernel.cu").write_bytes(vsrc)
+    (a / "kernel.cubin").write_bytes(saxpy.read_bytes())
+    with pytest.raises(OSError) as e:
+        (a / "kernel.flags").write_bytes(vflags)
+    assert e.value.errno == errno.EEXIST
+    assert sorted(os.listdir(a)) == ["kernel.cu", "kernel.cubin"]
+    assert (a / "kernel.cubin").read_bytes() == saxpy.read_bytes(), "what was stored stays"
+    assert "published by a client" in m.daemon_log()
+    with open(a / "kernel.cubin", "rb") as f:
+        with pytest.raises(OSError) as e:
+            fcntl.ioctl(f.fileno(), KC_IOC_GET_KEY, b"\0" * 64)
+        assert e.value.errno == errno.ENODATA, "a client's cubin has no recipe key"
+    # 2. A recipe, then a client's cubin renamed over kernel.cubin: discarded.
+    b = m.stage("vector_add", vsrc, vflags)
+    tmp = b / "upload.tmp"
+    tmp.write_bytes(saxpy.read_bytes())
+    os.rename(tmp, b / "kernel.cubin")
+    time.sleep(0.2)  # the kernel's entry is invalidated asynchronously
+    with open(b / "kernel.cubin", "rb") as f:
+        data = f.read()
+        key = fcntl.ioctl(f.fileno(), KC_IOC_GET_KEY, b"\0" * 64)
+    assert "vector_add" in elf_symbols(data) and "saxpy" not in elf_symbols(data)
+    assert key == recipe_key(vsrc, vflags)
+    assert m.stats()["compiles_total"] == 1
+    # ioctls other than the key are not the mount's
+    with open(b / "kernel.cubin", "rb") as f:
+        with pytest.raises(OSError) as e:
+            fcntl.ioctl(f.fileno(), 0x80086601, b"\0" * 8)  # FS_IOC_GETFLAGS
+        assert e.value.errno in (errno.ENOTTY, errno.EINVAL, errno.EOPNOTSUPP)
 
 
 @pytest.mark.parametrize("reader", ["cat", "cp", "mmap", "python", "stat"])
