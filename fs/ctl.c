@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "fs.h"
+#include "kc_build.h"
 
 void kc_ctl_attr(struct kc_fs *fs, const struct kc_inode *in, struct stat *st)
 {
@@ -28,11 +29,13 @@ char *kc_ctl_stats_text(struct kc_fs *fs, size_t *len)
 	struct kc_stats_gauges g;
 	kc_cache_gauges(&fs->cache, &g);
 	g.parked = __atomic_load_n(&fs->parked, __ATOMIC_RELAXED);
-	size_t need = kc_stats_render(&fs->cache.stats, &g, NULL, 0) + 1;
+	struct kc_stats_info info = {KC_VERSION, fs->cfg.compiler_id, fs->cfg.arch,
+				     fs->cfg.flags ? fs->cfg.flags : ""};
+	size_t need = kc_stats_render(&fs->cache.stats, &g, &info, NULL, 0) + 1;
 	char *buf = malloc(need);
 	if (!buf)
 		return NULL;
-	*len = kc_stats_render(&fs->cache.stats, &g, buf, need);
+	*len = kc_stats_render(&fs->cache.stats, &g, &info, buf, need);
 	if (*len >= need)
 		*len = need - 1;
 	return buf;

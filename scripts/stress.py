@@ -252,7 +252,7 @@ def stats(mnt):
     out = {}
     with open(os.path.join(mnt, ".kcachefs", "stats")) as f:
         for line in f:
-            if line.strip() and not line.startswith("#"):
+            if line.strip() and not line.startswith("#") and "{" not in line:
                 k, v = line.split()
                 out[k.replace("kcachefs_", "")] = float(v)
     return out

@@ -8,13 +8,30 @@ struct metric {
 	const char *name, *type, *help;
 };
 
-size_t kc_stats_render(const struct kc_stats *s, const struct kc_stats_gauges *g, char *buf,
-		       size_t len)
+/* Append str at buf + *used, counting what does not fit (buf stays NUL-free here). */
+static void put(char *buf, size_t len, size_t *used, const char *str)
+{
+	for (; *str; str++, (*used)++)
+		if (*used + 1 < len)
+			buf[*used] = *str;
+}
+
+/* Append a label value escaped as the Prometheus text format says. */
+static void put_label(char *buf, size_t len, size_t *used, const char *value)
+{
+	for (const char *p = value; *p; p++) {
+		char one[2] = {*p, 0};
+		put(buf, len, used, *p == '\\' ? "\\\\" : *p == '"' ? "\\\"" : *p == '\n' ? "\\n" : one);
+	}
+}
+
+size_t kc_stats_render(const struct kc_stats *s, const struct kc_stats_gauges *g,
+		       const struct kc_stats_info *info, char *buf, size_t len)
 {
 	static const struct metric m[] = {
 		{"kcachefs_hits_total", "counter", "Cubin lookups served from a published cubin."},
 		{"kcachefs_misses_total", "counter", "Cubin lookups that started a compile."},
-		{"kcachefs_waits_total", "counter", "Cubin lookups that waited for a compile in flight."},
+		{"kcachefs_waits_total", "counter", "Requests (getattr, open) of a compiling cubin that waited for its compile."},
 		{"kcachefs_cubin_opens_total", "counter", "Opens of published cubins."},
 		{"kcachefs_compiles_total", "counter", "Compiler runs that published a cubin."},
 		{"kcachefs_compile_failures_total", "counter", "Compiler runs that failed."},
@@ -46,5 +63,18 @@ size_t kc_stats_render(const struct kc_stats *s, const struct kc_stats_gauges *g
 				 strcmp(m[i].name, "kcachefs_compile_seconds_total") == 0 ? 6 : 0, v[i]);
 		used += (size_t)n;
 	}
+	static const char *const labels[] = {",version=\"", "\",compiler=\"", "\",arch=\"",
+					     "\",flags=\""};
+	const char *values[] = {info->version, info->compiler, info->arch, info->flags};
+	put(buf, len, &used, "# HELP kcachefs_info The mount's version, and the compiler, target "
+			     "architecture and flags that are part of every recipe.\n# TYPE kcachefs_info gauge\n"
+			     "kcachefs_info{");
+	for (int i = 0; i < 4; i++) {
+		put(buf, len, &used, labels[i] + (i == 0));
+		put_label(buf, len, &used, values[i] ? values[i] : "");
+	}
+	put(buf, len, &used, "\"} 1\n");
+	if (len)
+		buf[used < len ? used : len - 1] = '\0';
 	return used;
 }

@@ -38,8 +38,17 @@ struct kc_stats_gauges {
 	unsigned parked;   /* requests (getattr, open) parked on a compile, not yet answered */
 };
 
+/* Facts about the mount, rendered as the info metric kcachefs_info (value 1) with label
+ * values escaped as the Prometheus text format says (\\, \", \n). Borrowed strings. */
+struct kc_stats_info {
+	const char *version;  /* kcachefs's */
+	const char *compiler; /* the compiler identity that is part of every recipe */
+	const char *arch;     /* the target architecture */
+	const char *flags;    /* -o flags= ("" for none), added to every compile */
+};
+
 /* Render into buf (NUL-terminated, truncated to len). Returns the length it needed. */
-size_t kc_stats_render(const struct kc_stats *s, const struct kc_stats_gauges *g, char *buf,
-		       size_t len);
+size_t kc_stats_render(const struct kc_stats *s, const struct kc_stats_gauges *g,
+		       const struct kc_stats_info *info, char *buf, size_t len);
 
 #endif

@@ -128,7 +128,7 @@ class Mount:
     def stats(self):
         out = {}
         for line in (self.mnt / ".kcachefs" / "stats").read_text().splitlines():
-            if line and not line.startswith("#"):
+            if line and not line.startswith("#") and "{" not in line:
                 k, v = line.split()
                 out[k.replace("kcachefs_", "")] = float(v)
         return out
