@@ -57,6 +57,14 @@ static int refuse(char *why, size_t whylen, const char *arg, const char *reason)
 	return -EINVAL;
 }
 
+/* A refusal of an argument that would turn the compiler against the node or the mount:
+ * another output or input, a host compiler, a program, a plugin, options from a file. */
+static int forbid(char *why, size_t whylen, const char *arg, const char *reason)
+{
+	refuse(why, whylen, arg, reason);
+	return -EPERM;
+}
+
 /* Arguments allowed exactly as written. */
 static const char *const exact_ok[] = {
 	"--expt-relaxed-constexpr", "--expt-extended-lambda", "--extended-lambda",
@@ -159,7 +167,7 @@ static int check_list(const char *arg, const char *list, int (*item_ok)(const ch
 		if (!item_ok(t)) {
 			char reason[256];
 			snprintf(reason, sizeof(reason), "%s option '%.100s' is not allowed", tool, t);
-			return refuse(why, whylen, arg, reason);
+			return forbid(why, whylen, arg, reason);
 		}
 	}
 	return 0;
@@ -235,9 +243,9 @@ int kc_flag_check(const char *arg, char *why, size_t whylen)
 					  lists[i].tool, why, whylen);
 	for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++)
 		if (starts(arg, refused[i].prefix))
-			return refuse(why, whylen, arg, refused[i].reason);
+			return forbid(why, whylen, arg, refused[i].reason);
 	if (arg[0] != '-')
-		return refuse(why, whylen, arg, "extra input files are not allowed");
+		return forbid(why, whylen, arg, "extra input files are not allowed");
 	return refuse(why, whylen, arg, "not on the allow-list");
 }
 
@@ -271,6 +279,8 @@ int kc_flags_parse(const char *buf, size_t len, struct kc_argv *out, char *why, 
 		memcpy(line, buf + b, e - b);
 		line[e - b] = '\0';
 		int err = kc_flag_check(line, why, whylen);
+		if (err == -EPERM)
+			err = -EINVAL;
 		if (!err)
 			err = kc_argv_push(out, line);
 		if (err) {
@@ -291,6 +301,8 @@ int kc_flags_split(const char *str, struct kc_argv *out, char *why, size_t whyle
 		return -ENOMEM;
 	for (char *t = strtok_r(copy, " \t", &save); t && !err; t = strtok_r(NULL, " \t", &save)) {
 		err = kc_flag_check(t, why, whylen);
+		if (err == -EPERM)
+			err = -EINVAL;
 		if (!err)
 			err = kc_argv_push(out, t);
 	}

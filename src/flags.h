@@ -24,15 +24,20 @@ int kc_argv_push(struct kc_argv *a, const char *arg);
 int kc_argv_extend(struct kc_argv *a, const struct kc_argv *src);
 void kc_argv_free(struct kc_argv *a);
 
-/* Check one argument against the allow-list. Returns 0 if allowed; -EINVAL if refused, with
- * a one-line reason (naming the argument) written to why[0..whylen). */
+/* Check one argument against the allow-list. Returns 0 if allowed; -EPERM if it would turn
+ * the compiler against the node (names an output or another input, picks a host compiler,
+ * runs a program, loads a plugin, reads options from a file, changes the output kind);
+ * -EINVAL if it is merely not allowed (unknown, a missing or relative include directory, a
+ * malformed architecture, control characters). Either way a one-line reason naming the
+ * argument is written to why[0..whylen). */
 int kc_flag_check(const char *arg, char *why, size_t whylen);
 
 /* Read a kernel.flags buffer: one argument per line, surrounding blanks and empty lines
  * ignored, lines whose first non-blank character is '#' are comments (the kcachefs-nvcc shim
  * records the compiler version and include-tree fingerprints there), '\r' before '\n' tolerated. Every argument is checked with kc_flag_check; the
  * first refusal makes it return -EINVAL with the reason in why (out is then freed). A NUL
- * byte or a line longer than 4096 bytes is refused too. Returns 0, -EINVAL or -ENOMEM. */
+ * byte or a line longer than 4096 bytes is refused too. Returns 0, -EINVAL (for every
+ * refusal) or -ENOMEM. */
 int kc_flags_parse(const char *buf, size_t len, struct kc_argv *out, char *why, size_t whylen);
 
 /* Split a mount option value (arguments separated by blanks) and check each as above. */
