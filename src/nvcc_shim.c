@@ -3,16 +3,22 @@
  * Point a JIT client's compiler at it (DG_JIT_NVCC_COMPILER=kcachefs-nvcc). A call
  * "X.cu -cubin -o OUT <flags>" whose OUT lies on a kcachefs mount (or with KCACHEFS_MOUNT
  * set) is served by the mount: the source and flags are staged into
- * <mount>/kcachefs-nvcc/kernel.<stem>.<key> (key: src/key.h over the staged bytes, whose
- * kernel.flags names the compiler version and fingerprints the include trees), the entry's
+ * <mount>/kcachefs-nvcc/kernel.nvcc.<key> (key: src/key.h over the staged bytes, whose
+ * kernel.flags names the mount's compiler and fingerprints the include trees), the entry's
  * kernel.cubin is opened (the mount compiles it once; concurrent shims wait on the same
- * compile), and its bytes are put at OUT atomically, with the compiler's log on stderr and
- * the compile's exit status. Every other call, and every call whose OUT is not on a
- * kcachefs mount, is handed to the real nvcc (src/nvcc.h finds it as the daemon does, or
- * KCACHEFS_NVCC names it) with the same arguments.
+ * compile), checked to be the compile of this very recipe (KC_IOC_GET_KEY), and its bytes
+ * are put at OUT atomically, with the compiler's warnings on stderr.
  *
- * Exit status: the compiler's (0 on success), 1 for errors of the shim itself, each with a
- * line "kcachefs-nvcc: ..." on stderr.
+ * Everything else is the real nvcc's (src/nvcc.h finds it as the daemon does, or
+ * KCACHEFS_NVCC names it), exec'd with the same arguments: calls that are not a
+ * single-source cubin compile, calls off the mount, calls the mount cannot reproduce (local
+ * includes, NVCC_APPEND_FLAGS and the like, flags it does not take), calls it cannot serve
+ * (a warning says why), and calls whose compile the mount saw fail, so that errors and exit
+ * status are nvcc's own.
+ *
+ * Exit status: nvcc's; 0 when the mount served the call; 1 for a refused flag (one that would
+ * turn the compiler against the node) or another error of the shim itself, with a line
+ * "kcachefs-nvcc: ..." on stderr.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -23,6 +29,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -129,11 +137,21 @@ static int put_output(const char *path, const char *buf, size_t len)
 	char tmp[PATH_MAX];
 	const char *slash = strrchr(path, '/');
 	int dirlen = slash ? (int)(slash - path + 1) : 0;
+	unsigned rnd = 0;
+	int fd = -1;
 
-	if (snprintf(tmp, sizeof(tmp), "%.*s.%s.kcachefs-nvcc.%d", dirlen, path,
-		     slash ? slash + 1 : path, (int)getpid()) >= (int)sizeof(tmp))
-		return -ENAMETOOLONG;
-	int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+	for (int tries = 0; fd < 0 && tries < 100; tries++) {
+		if (getrandom(&rnd, sizeof(rnd), 0) != sizeof(rnd))
+			rnd = (unsigned)getpid() * 2654435761u + (unsigned)tries;
+		if (snprintf(tmp, sizeof(tmp), "%.*s.kcachefs-nvcc.%08x", dirlen, path, rnd) >=
+		    (int)sizeof(tmp))
+			return -ENAMETOOLONG;
+		fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+		if (fd < 0 && errno != EEXIST)
+			return -errno;
+	}
+	if (fd < 0)
+		return -EEXIST;
 	if (fd < 0)
 		return -errno;
 	int err = kc_write_all(fd, buf, len);
@@ -146,34 +164,45 @@ static int put_output(const char *path, const char *buf, size_t len)
 	return err;
 }
 
-/* Print kernel.log as nvcc would print the compiler's output. Its first line is the
- * mount's summary ("kcachefs: compile ...: rejected (compiler exited with status 2) in ...", see cache.c); it is printed
- * too when the compile failed for another cause than the compiler's verdict (killed, timed
- * out, refused flags), which the compiler's own output would not explain. Returns the exit
- * status the summary names, 1 when it names none. */
-static int print_log(int entry_fd, const char *input)
+/* The first line of the entry's kernel.log: the mount's summary of the last compile
+ * ("kcachefs: compile ...: published (ok) in ..." or "...: rejected (compiler exited with
+ * status 2) in ...", see cache.c), and the rest: the compiler's own output. Returns the
+ * whole log (malloc'd, *len bytes, *head the length of the first line) or NULL. */
+static char *read_log(int entry_fd, size_t *len, size_t *head)
 {
 	int fd = openat(entry_fd, KC_LOG_NAME, O_RDONLY | O_CLOEXEC);
 	char *log = NULL;
-	size_t len = 0;
-	int status = 1;
 
-	if (fd < 0 || read_all(fd, 16u << 20, &log, &len) != 0) {
-		if (fd >= 0)
-			close(fd);
-		return status;
-	}
+	if (fd < 0)
+		return NULL;
+	if (read_all(fd, 16u << 20, &log, len) != 0)
+		log = NULL;
 	close(fd);
-	char *nl = memchr(log, '\n', len);
-	size_t head = nl ? (size_t)(nl - log + 1) : len;
-	char *mark = memmem(log, head, "exited with status ", 19);
-	if (mark)
-		status = atoi(mark + 19);
-	if (status <= 0 || status > 255)
-		status = 1;
-	if (!memmem(log, head, ": published (", 13) && !memmem(log, head, ": rejected (", 12))
-		fwrite(log, 1, head, stderr);
-	size_t body_len = 0;
+	if (log) {
+		char *nl = memchr(log, '\n', *len);
+		*head = nl ? (size_t)(nl - log + 1) : *len;
+	}
+	return log;
+}
+
+/* Nonzero if the entry's last compile was rejected by the compiler (errors in the source). */
+static int rejected(int entry_fd)
+{
+	size_t len = 0, head = 0;
+	char *log = read_log(entry_fd, &len, &head);
+	int r = log && memmem(log, head, ": rejected (", 12) != NULL;
+	free(log);
+	return r;
+}
+
+/* Print the compiler's output of a published compile (its warnings) as nvcc would, naming
+ * the caller's input instead of the mount's scratch copy. */
+static void print_log(int entry_fd, const char *input)
+{
+	size_t len = 0, head = 0, body_len = 0;
+	char *log = read_log(entry_fd, &len, &head);
+	if (!log)
+		return;
 	char *body = kc_shim_log_rewrite(log + head, len - head, input, &body_len);
 	if (body)
 		fwrite(body, 1, body_len, stderr);
@@ -181,103 +210,222 @@ static int print_log(int entry_fd, const char *input)
 		fwrite(log + head, 1, len - head, stderr);
 	free(body);
 	free(log);
-	return status;
 }
 
-/* Serve one compile call through the mount at root. Returns the exit status, or -1 when
- * the entry holds other bytes than ours (the caller then runs nvcc itself). */
+#define TO_NVCC (-1) /* serve(): hand the call to the real nvcc */
+
+/* Say why the mount cannot serve this call; the caller hands it to nvcc. */
+static int to_nvcc(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int to_nvcc(const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	fputs("kcachefs-nvcc: warning: ", stderr);
+	vfprintf(stderr, fmt, ap);
+	fprintf(stderr, "; compiling with %s instead\n", real_nvcc ? real_nvcc : "nvcc");
+	va_end(ap);
+	return TO_NVCC;
+}
+
+/* What the mount at root compiles with, from its kcachefs_info: "<compiler>", and
+ * "; mount flags: <flags>" after it when -o flags= adds arguments to every compile. */
+static int mount_compiler(const char *root, char *out, size_t len)
+{
+	char path[PATH_MAX], *text = NULL, compiler[300], flags[4096];
+	size_t n = 0;
+	snprintf(path, sizeof(path), "%s/.kcachefs/stats", root);
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	int err = fd < 0 ? -errno : read_all(fd, 1u << 20, &text, &n);
+	if (fd >= 0)
+		close(fd);
+	if (!err)
+		err = kc_shim_info_label(text, n, "compiler", compiler, sizeof(compiler));
+	if (!err && kc_shim_info_label(text, n, "flags", flags, sizeof(flags)) == 0 && *flags)
+		snprintf(out, len, "%s; mount flags: %s", compiler, flags);
+	else if (!err)
+		snprintf(out, len, "%s", compiler);
+	free(text);
+	return err;
+}
+
+/* Environment variables through which the caller's nvcc would compile differently from the
+ * mount's: such a call is nvcc's own. */
+static const char *nvcc_environment(void)
+{
+	static const char *const vars[] = {"NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "NVCC_CCBIN",
+					   "CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH", NULL};
+	for (int i = 0; vars[i]; i++) {
+		const char *v = getenv(vars[i]);
+		if (v && *v)
+			return vars[i];
+	}
+	return NULL;
+}
+
+/* Nonzero if an include directory of call lies on a kcachefs mount: fingerprinting it
+ * would look up (and so compile) every cubin there. */
+static int includes_on_a_mount(const struct kc_shim_call *call)
+{
+	for (size_t i = 0; i < call->flags.n; i++) {
+		const char *a = call->flags.v[i];
+		const char *dir = strncmp(a, "-I", 2) == 0 ? a + 2
+				  : strncmp(a, "--include-path=", 15) == 0 ? a + 15 : NULL;
+		char *root = dir ? kc_shim_find_mount(dir) : NULL;
+		if (root) {
+			free(root);
+			return 1;
+		}
+	}
+	return 0;
+}
+
+/* 1 if name in the entry holds exactly buf. */
+static int holds(int entry_fd, const char *name, const char *buf, size_t len)
+{
+	char *have = NULL;
+	size_t n = 0;
+	int fd = openat(entry_fd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+	int same = fd >= 0 && read_all(fd, len + 1, &have, &n) == 0 && n == len &&
+		   memcmp(have, buf, len) == 0;
+	if (fd >= 0)
+		close(fd);
+	free(have);
+	return same;
+}
+
+/* Open (creating) KC_SHIM_DIR/name under root. KC_SHIM_DIR is made sticky and writable by
+ * everyone, like /tmp, so that every user of a shared mount can add entries and no one can
+ * remove another's. Returns an O_PATH fd or -errno. */
+static int open_entry(const char *root, const char *name)
+{
+	int root_fd = open(root, O_PATH | O_DIRECTORY | O_CLOEXEC);
+	if (root_fd < 0)
+		return -errno;
+	if (mkdirat(root_fd, KC_SHIM_DIR, 01777) == 0)
+		fchmodat(root_fd, KC_SHIM_DIR, 01777, 0); /* past the umask */
+	int dir_fd = openat(root_fd, KC_SHIM_DIR, O_PATH | O_DIRECTORY | O_CLOEXEC);
+	int err = dir_fd < 0 ? -errno : 0;
+	close(root_fd);
+	if (!err && mkdirat(dir_fd, name, 0755) != 0 && errno != EEXIST)
+		err = -errno;
+	int entry_fd = err ? -1 : openat(dir_fd, name, O_PATH | O_DIRECTORY | O_CLOEXEC);
+	if (!err && entry_fd < 0)
+		err = -errno;
+	if (dir_fd >= 0)
+		close(dir_fd);
+	return err ? err : entry_fd;
+}
+
+/* Serve one compile call through the mount at root. Returns the exit status, or TO_NVCC
+ * when the mount cannot serve it (a warning says why, except for calls that are simply not
+ * the mount's: a missing source, an output that is not a plain file, local includes). */
 static int serve(const struct kc_shim_call *call, const char *root)
 {
-	char why[512], key[KC_SHA256_HEXLEN + 1], name[NAME_MAX + 1], compiler[200];
-	char *source = NULL, *flags = NULL;
-	size_t source_len = 0, flags_len = 0;
-	int err, status = 1, entry_fd = -1;
+	char why[512], key[KC_SHA256_HEXLEN + 1], got[KC_SHA256_HEXLEN];
+	char name[NAME_MAX + 1], compiler[4500], dir[PATH_MAX];
+	char *source = NULL, *flags = NULL, *cubin = NULL;
+	size_t source_len = 0, flags_len = 0, cubin_len = 0;
+	int err, status = TO_NVCC, entry_fd = -1, fd = -1;
+	struct stat st;
 
-	if (kc_shim_check(call, why, sizeof(why)))
+	err = kc_shim_check(call, why, sizeof(why));
+	if (err == -EPERM)
 		return fail("%s", why);
-	int fd = open(call->input, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return fail("%s: %s", call->input, strerror(errno));
-	err = read_all(fd, SHIM_MAX_SOURCE, &source, &source_len);
-	close(fd);
 	if (err)
-		return fail("%s: %s", call->input, strerror(-err));
-	if (!real_nvcc || kc_nvcc_version(real_nvcc, compiler, sizeof(compiler)) != 0)
-		snprintf(compiler, sizeof(compiler), "unavailable");
+		return to_nvcc("%s", why);
+	if (lstat(call->output, &st) == 0 && !S_ISREG(st.st_mode))
+		return TO_NVCC; /* a directory, a link...: what nvcc does with it is nvcc's */
+	if (nvcc_environment() || includes_on_a_mount(call))
+		return TO_NVCC;
+	fd = open(call->input, O_RDONLY | O_CLOEXEC);
+	if (fd < 0 || read_all(fd, SHIM_MAX_SOURCE, &source, &source_len) != 0 || !source_len)
+		goto out; /* nvcc reports a missing or unreadable source in its own words */
+	close(fd);
+	fd = -1;
+	parent_dir(call->input, dir, sizeof(dir));
+	if (kc_shim_local_includes(source, source_len, dir))
+		goto out; /* includes next to the source: only a compile in place finds them */
+	if ((err = mount_compiler(root, compiler, sizeof(compiler))) != 0) {
+		status = to_nvcc("cannot read the compiler of the mount %s: %s", root, strerror(-err));
+		goto out;
+	}
 	err = kc_shim_flags_file(call, compiler, &flags, &flags_len);
 	if (!err)
 		err = kc_key_compute(source, source_len, flags, flags_len, key);
 	if (err) {
-		fail("cannot compute the key of %s: %s", call->input, strerror(-err));
+		status = to_nvcc("cannot compute the key of %s: %s", call->input,
+				 err == -E2BIG ? "an include directory holds too many files"
+					       : strerror(-err));
 		goto out;
 	}
-	kc_shim_entry_name(call->input, key, name, sizeof(name));
-
-	int root_fd = open(root, O_PATH | O_DIRECTORY | O_CLOEXEC);
-	if (root_fd < 0) {
-		fail("%s: %s", root, strerror(errno));
+	snprintf(name, sizeof(name), "%s%s", KC_SHIM_ENTRY_PREFIX, key);
+	entry_fd = open_entry(root, name);
+	if (entry_fd < 0) {
+		status = to_nvcc("cannot create %s/%s/%s: %s", root, KC_SHIM_DIR, name,
+				 strerror(-entry_fd));
 		goto out;
 	}
-	if (mkdirat(root_fd, KC_SHIM_DIR, 0755) != 0 && errno != EEXIST)
-		err = -errno;
-	int dir_fd = err ? -1 : openat(root_fd, KC_SHIM_DIR, O_PATH | O_DIRECTORY | O_CLOEXEC);
-	close(root_fd);
-	if (dir_fd >= 0 && mkdirat(dir_fd, name, 0755) != 0 && errno != EEXIST)
-		err = -errno;
-	if (dir_fd >= 0 && !err)
-		entry_fd = openat(dir_fd, name, O_PATH | O_DIRECTORY | O_CLOEXEC);
-	if (dir_fd < 0 || entry_fd < 0) {
-		fail("cannot create %s/%s/%s: %s", root, KC_SHIM_DIR, name,
-		     strerror(err ? -err : errno));
-		if (dir_fd >= 0)
-			close(dir_fd);
-		goto out;
-	}
-	close(dir_fd);
-	err = stage(entry_fd, KC_FLAGS_NAME, flags, flags_len);
-	if (!err)
-		err = stage(entry_fd, KC_SOURCE_NAME, source, source_len);
-	if (err == -EEXIST) {
-		fail("%s/%s/%s holds another source or flags than its key names; "
-		     "compiling with %s instead", root, KC_SHIM_DIR, name,
-		     real_nvcc ? real_nvcc : "nvcc");
-		status = -1;
-		goto out;
+	/* Stage the recipe unless it is there already (another user may own the entry). */
+	err = 0;
+	if (!holds(entry_fd, KC_FLAGS_NAME, flags, flags_len) ||
+	    !holds(entry_fd, KC_SOURCE_NAME, source, source_len)) {
+		err = stage(entry_fd, KC_FLAGS_NAME, flags, flags_len);
+		if (!err)
+			err = stage(entry_fd, KC_SOURCE_NAME, source, source_len);
 	}
 	if (err) {
-		fail("cannot stage %s into %s/%s/%s: %s", call->input, root, KC_SHIM_DIR, name,
-		     strerror(-err));
+		status = to_nvcc("cannot stage into %s/%s/%s: %s", root, KC_SHIM_DIR, name,
+				 err == -EEXIST ? "it holds another source, flags or cubin"
+						: strerror(-err));
 		goto out;
 	}
-
-	char *cubin = NULL;
-	size_t cubin_len = 0;
 	fd = openat(entry_fd, KC_CUBIN_NAME, O_RDONLY | O_CLOEXEC);
 	if (fd < 0 && errno == EIO) {
-		status = print_log(entry_fd, call->input);
+		/* The mount's compile failed. nvcc runs it once more here: its errors and exit
+		 * status are then exactly nvcc's, and a failure that came from the mount's side
+		 * (a header only the caller sees, a timeout) does not stop the job. */
+		if (!rejected(entry_fd))
+			to_nvcc("the mount's compile of %s/%s/%s failed (see its kernel.log)", root,
+				KC_SHIM_DIR, name);
 		goto out;
 	}
 	if (fd < 0) {
-		fail("%s/%s/%s/%s: %s", root, KC_SHIM_DIR, name, KC_CUBIN_NAME, strerror(errno));
+		status = to_nvcc("%s/%s/%s/%s: %s", root, KC_SHIM_DIR, name, KC_CUBIN_NAME,
+				 strerror(errno));
+		goto out;
+	}
+	/* The cubin this descriptor reads must be the mount's compile of our own recipe. */
+	if (ioctl(fd, KC_IOC_GET_KEY, got) != 0 || memcmp(got, key, KC_SHA256_HEXLEN) != 0) {
+		status = to_nvcc("the cubin of %s/%s/%s is not compiled from this source and flags",
+				 root, KC_SHIM_DIR, name);
 		goto out;
 	}
 	err = read_all(fd, SIZE_MAX, &cubin, &cubin_len);
-	close(fd);
 	if (!err)
 		err = put_output(call->output, cubin, cubin_len);
-	free(cubin);
 	if (err) {
-		fail("cannot write %s: %s", call->output, strerror(-err));
+		status = fail("cannot write %s: %s", call->output, strerror(-err));
 		goto out;
 	}
 	print_log(entry_fd, call->input);
 	status = 0;
 out:
+	if (fd >= 0)
+		close(fd);
 	if (entry_fd >= 0)
 		close(entry_fd);
 	free(source);
 	free(flags);
+	free(cubin);
 	return status;
+}
+
+/* Nonzero if path is this very program. */
+static int is_self(const char *path)
+{
+	struct stat a, b;
+	return stat(path, &a) == 0 && stat("/proc/self/exe", &b) == 0 && a.st_dev == b.st_dev &&
+	       a.st_ino == b.st_ino;
 }
 
 int main(int argc, char **argv)
@@ -286,9 +434,15 @@ int main(int argc, char **argv)
 	char cwd[PATH_MAX];
 	const char *env = getenv("KCACHEFS_NVCC");
 
+	/* The real nvcc must not lead back here (a copy named nvcc on PATH, KCACHEFS_NVCC
+	 * naming the shim): the shim marks the environment of what it runs. */
+	if (getenv("KCACHEFS_NVCC_SHIM") || (env && *env && is_self(env)))
+		return fail("the compiler it runs is kcachefs-nvcc again; set KCACHEFS_NVCC to "
+			    "the real nvcc");
 	real_nvcc = env && *env ? env : kc_nvcc_find("/proc/self/exe");
+	setenv("KCACHEFS_NVCC_SHIM", "1", 1);
 	if (!getcwd(cwd, sizeof(cwd)))
-		return fail("cannot read the working directory: %s", strerror(errno));
+		return run_nvcc(argv); /* relative paths cannot be made absolute: nvcc's call */
 	int r = kc_shim_parse(argc - 1, argv + 1, cwd, &call);
 	if (r < 0)
 		return fail("out of memory");
@@ -300,20 +454,19 @@ int main(int argc, char **argv)
 	if (mount && *mount) {
 		char *want = realpath(mount, NULL);
 		root = want ? kc_shim_find_mount(want) : NULL;
-		int ok = root && strcmp(root, want) == 0;
-		free(want);
-		if (!ok) {
+		if (!root || strcmp(root, want) != 0) {
+			to_nvcc("KCACHEFS_MOUNT=%s is not the root of a kcachefs mount", mount);
 			free(root);
-			kc_shim_call_free(&call);
-			return fail("KCACHEFS_MOUNT=%s is not the root of a kcachefs mount", mount);
+			root = NULL;
 		}
+		free(want);
 	} else {
 		char dir[PATH_MAX];
 		parent_dir(call.output, dir, sizeof(dir));
 		root = kc_shim_find_mount(dir);
 	}
-	int status = root ? serve(&call, root) : -1;
+	int status = root ? serve(&call, root) : TO_NVCC;
 	free(root);
 	kc_shim_call_free(&call);
-	return status >= 0 ? status : run_nvcc(argv);
+	return status != TO_NVCC ? status : run_nvcc(argv);
 }

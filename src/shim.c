@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
+#include <unistd.h>
 
 #define FUSE_SUPER_MAGIC 0x65735546 /* linux/magic.h */
 
@@ -150,8 +151,16 @@ static __thread struct tree_walk {
 static int tree_visit(const char *path, const struct stat *st, int type, struct FTW *ftw)
 {
 	(void)ftw;
+	if (type == FTW_DNR) { /* a directory whose headers could change unseen */
+		walk->err = -EACCES;
+		return 1;
+	}
 	if (type != FTW_F || !S_ISREG(st->st_mode))
 		return 0;
+	if (walk->n >= KC_SHIM_TREE_MAX) {
+		walk->err = -E2BIG;
+		return 1;
+	}
 	if (walk->n == walk->cap) {
 		size_t cap = walk->cap ? walk->cap * 2 : 256;
 		char **l = realloc(walk->lines, cap * sizeof(*l));
@@ -242,24 +251,77 @@ int kc_shim_flags_file(const struct kc_shim_call *call, const char *compiler, ch
 	return 0;
 }
 
-void kc_shim_entry_name(const char *input, const char *key, char *out, size_t outlen)
+int kc_shim_local_includes(const char *src, size_t len, const char *src_dir)
 {
-	const char *base = strrchr(input, '/');
-	char stem[65];
-	size_t n = 0;
+	const char *p = src, *end = src + len;
 
-	base = base ? base + 1 : input;
-	size_t len = strlen(base);
-	if (len >= 3 && strcmp(base + len - 3, ".cu") == 0)
-		len -= 3;
-	for (size_t i = 0; i < len && n < sizeof(stem) - 1; i++) {
-		char ch = base[i];
-		int ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
-			 (ch >= '0' && ch <= '9') || ch == '_' || ch == '-';
-		stem[n++] = ok ? ch : '_';
+	while (p < end) {
+		const char *nl = memchr(p, '\n', (size_t)(end - p));
+		const char *eol = nl ? nl : end, *q = p;
+		p = eol + 1;
+		while (q < eol && (*q == ' ' || *q == '\t'))
+			q++;
+		if (q >= eol || *q++ != '#')
+			continue;
+		while (q < eol && (*q == ' ' || *q == '\t'))
+			q++;
+		if (eol - q < 8 || memcmp(q, "include", 7) != 0)
+			continue;
+		q += 7;
+		while (q < eol && (*q == ' ' || *q == '\t'))
+			q++;
+		if (q >= eol || *q++ != '"')
+			continue;
+		const char *close = memchr(q, '"', (size_t)(eol - q));
+		if (!close || close == q)
+			continue;
+		char path[PATH_MAX];
+		if (snprintf(path, sizeof(path), "%s/%.*s", src_dir, (int)(close - q), q) >=
+		    (int)sizeof(path))
+			continue;
+		if (access(path, F_OK) == 0)
+			return 1;
 	}
-	stem[n] = '\0';
-	snprintf(out, outlen, "kernel.%s.%s", n ? stem : "kernel", key);
+	return 0;
+}
+
+int kc_shim_info_label(const char *stats, size_t len, const char *label, char *out,
+		       size_t outlen)
+{
+	static const char mark[] = "\nkcachefs_info{";
+	const char *p = memmem(stats, len, mark, sizeof(mark) - 1);
+	const char *end = stats + len;
+	char want[64];
+	int wl = snprintf(want, sizeof(want), "%s=\"", label);
+
+	if (!p || wl >= (int)sizeof(want))
+		return -ENOENT;
+	const char *line_end = memchr(p + 1, '\n', (size_t)(end - p - 1));
+	if (!line_end)
+		line_end = end;
+	/* a label starts after '{' or ',' (so "flags" does not match inside another name) */
+	for (p += sizeof(mark) - 1;; p++) {
+		p = memmem(p, (size_t)(line_end - p), want, (size_t)wl);
+		if (!p)
+			return -ENOENT;
+		if (p[-1] == '{' || p[-1] == ',')
+			break;
+	}
+	size_t n = 0;
+	for (p += wl; p < end && *p != '"' && *p != '\n'; p++) {
+		char ch = *p;
+		if (ch == '\\' && p + 1 < end) {
+			ch = *++p;
+			if (ch == 'n')
+				ch = '\n';
+		}
+		if (n + 1 < outlen)
+			out[n++] = ch;
+	}
+	if (p >= end || *p != '"')
+		return -ENOENT;
+	out[n] = '\0';
+	return 0;
 }
 
 char *kc_shim_log_rewrite(const char *log, size_t len, const char *input, size_t *outlen)

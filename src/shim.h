@@ -35,12 +35,18 @@ void kc_shim_call_free(struct kc_shim_call *call);
 
 /* Check every flag of call against the mount's allow-list (kc_flag_check), and refuse
  * arguments with leading or trailing blanks, which one-per-line kernel.flags cannot keep.
- * Returns 0, or -EINVAL with a one-line reason in why. */
+ * Returns 0, or kc_flag_check's -EPERM (a flag that would turn the compiler against the
+ * node: the shim refuses the call) or -EINVAL (merely not the mount's: the shim hands the
+ * call to nvcc), with a one-line reason in why. */
 int kc_shim_check(const struct kc_shim_call *call, char *why, size_t whylen);
+
+#define KC_SHIM_TREE_MAX 100000 /* files in one include tree the shim fingerprints */
 
 /* Fingerprint of the files under dir: SHA-256 over the sorted lines
  * "<path relative to dir> <size> <mtime in ns>" of every regular file (symbolic links
- * followed, each directory once), so a changed header gives another key. Returns 0,
+ * followed, each directory once; names that cannot be resolved, such as a link to itself,
+ * are skipped: nothing can include them), so a changed header gives another key. Returns 0,
+ * -EACCES for a directory that cannot be read, -E2BIG past KC_SHIM_TREE_MAX files, other
  * -errno from the walk, or -ENOMEM. */
 int kc_shim_tree_fingerprint(const char *dir, char hex[KC_SHA256_HEXLEN + 1]);
 
@@ -51,10 +57,19 @@ int kc_shim_tree_fingerprint(const char *dir, char hex[KC_SHA256_HEXLEN + 1]);
 int kc_shim_flags_file(const struct kc_shim_call *call, const char *compiler, char **out,
 		       size_t *out_len);
 
-/* The entry name "kernel.<stem>.<key>" for call's input: stem is the input's file name
- * without ".cu", each byte outside [A-Za-z0-9_-] replaced by '_', cut at 64 bytes
- * ("kernel" when empty), so the name always passes the entry grammar. */
-void kc_shim_entry_name(const char *input, const char *key, char *out, size_t outlen);
+/* The entry the shim stages into: KC_SHIM_DIR/KC_SHIM_ENTRY_PREFIX<key>. The name does not
+ * depend on the caller's file name, so one source compiles once whatever it is called. */
+#define KC_SHIM_ENTRY_PREFIX "kernel.nvcc."
+
+/* Nonzero if the source (len bytes) has an #include "name" that resolves in src_dir, the
+ * directory of the caller's file: nvcc looks there first, and the mount compiles elsewhere,
+ * so such a call is handed to nvcc. */
+int kc_shim_local_includes(const char *src, size_t len, const char *src_dir);
+
+/* The value of label (e.g. "compiler", "flags") of the kcachefs_info line of a
+ * .kcachefs/stats text, unescaped, into out. Returns 0, or -ENOENT when the text has none. */
+int kc_shim_info_label(const char *stats, size_t len, const char *label, char *out,
+		       size_t outlen);
 
 /* The compiler's output as nvcc would have printed it for the caller: every path of the
  * form ".../.kcachefs/scratch/<dir>/kernel.cu" (where the mount compiled it) becomes input.

@@ -6,11 +6,16 @@ import hashlib
 import multiprocessing
 import os
 import shutil
+import struct
 import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
 
 import deepgemm
-from conftest import (EM_CUDA, KERNELS, NVCC, SHIM, elf_machine, elf_symbols, run_parallel,
-                      write_script)
+from conftest import (EM_CUDA, KERNELS, NVCC, SHIM, Mount, elf_machine, elf_symbols,
+                      run_parallel, write_script)
 
 # K distinct kernels that include a header through -I, as DeepGEMM's do.
 TEMPLATE = """#include <kc_test/scale.cuh>
@@ -147,16 +152,23 @@ def test_failing_source_gives_nvccs_status_and_errors(mount_factory, counting_nv
     assert calls() == 1, "the rejection is remembered: the second call does not compile"
 
 
-def test_the_compilers_exit_status_comes_back(mount_factory, tmp_path):
+def test_a_rejection_by_the_mount_is_checked_by_nvcc(mount_factory, tmp_path):
+    """The mount's compiler rejected the source (here a fake that always fails): nvcc runs
+    the call once more, so the caller gets nvcc's verdict, not the mount's."""
     fail3 = write_script(tmp_path / "nvcc-fail3",
                          'case "$*" in *-cubin*) echo "k.cu(1): error: fake"; exit 3;; esac\n'
                          'exec %s "$@"\n' % NVCC)
     m = mount_factory(["nvcc=%s" % fail3])
-    r = shim([KERNELS / "vector_add.cu", "-cubin", "-o", m.mnt / "v.cubin", "-arch=sm_90a"])
-    assert r.returncode == 3 and r.stderr == "k.cu(1): error: fake\n", r
+    out = m.mnt / "v.cubin"
+    r = shim([KERNELS / "vector_add.cu", "-cubin", "-o", out, "-arch=sm_90a"])
+    assert r.returncode == 0 and r.stderr == "", r
+    assert "vector_add" in elf_symbols(out.read_bytes())
+    assert m.stats()["compile_failures_total"] == 1
 
 
 def test_refused_flags_stage_nothing(mount_factory, tmp_path):
+    """Flags that would turn the compiler against the node fail the call; flags the mount
+    merely does not take are nvcc's (a warning says so)."""
     m = mount_factory()
     src = KERNELS / "vector_add.cu"
     opts = tmp_path / "opts"
@@ -167,8 +179,6 @@ def test_refused_flags_stage_nothing(mount_factory, tmp_path):
         "host compiler option '-fplugin=/x.so'": ["-Xcompiler", "-fplugin=/x.so"],
         "reads arguments from a file": ["--options-file", str(opts)],
         "names an output": ["-odir", str(tmp_path)],
-        "does not exist": ["-I", "/no/such/include"],
-        "not on the allow-list": ["--frobnicate"],
     }
     for why, extra in refused.items():
         out = m.mnt / "k.cubin"
@@ -176,6 +186,16 @@ def test_refused_flags_stage_nothing(mount_factory, tmp_path):
         assert r.returncode == 1, (extra, r.stderr)
         assert r.stderr.startswith("kcachefs-nvcc: flag ") and why in r.stderr, r.stderr
         assert not out.exists()
+    for why, extra in {"does not exist": ["-I", "/no/such/include"],
+                       "not on the allow-list": ["--frobnicate"]}.items():
+        out = m.mnt / "k.cubin"
+        args = [src, "-cubin", "-o", out, "-arch=sm_90a"] + extra
+        r = shim(args)
+        assert r.stderr.startswith("kcachefs-nvcc: warning: flag ") and why in r.stderr, r.stderr
+        want = nvcc(args)
+        assert r.returncode == want.returncode and r.stderr.endswith(want.stderr)
+        if out.exists():
+            out.unlink()
     assert shim_entries(m) == [] and m.stats()["compiles_total"] == 0
 
 
@@ -202,14 +222,21 @@ def test_key_follows_the_include_tree(mount_factory, tmp_path):
     assert all(f.startswith("# kcachefs-nvcc: ") and "# include-tree %s " % inc in f for f in flags)
 
 
+def key_entry(m1, args):
+    """Run the shim once on a scratch mount to learn the entry (name, kernel.flags bytes)
+    it uses for args."""
+    r = shim(args)
+    assert r.returncode == 0, r.stderr
+    entry, = shim_entries(m1)
+    return entry, (m1.mnt / "kcachefs-nvcc" / entry / "kernel.flags").read_bytes()
+
+
 def test_an_entry_holding_other_bytes_is_not_trusted(mount_factory, tmp_path):
     """Someone staged another source under the name the shim computes: the shim says so and
     compiles the caller's source with nvcc, never handing back the other cubin."""
     src = KERNELS / "vector_add.cu"
     m1 = mount_factory(name="learn")
-    assert shim([src, "-cubin", "-o", m1.mnt / "v.cubin", "-arch=sm_90a"]).returncode == 0
-    entry, = shim_entries(m1)
-    flags = (m1.mnt / "kcachefs-nvcc" / entry / "kernel.flags").read_bytes()
+    entry, flags = key_entry(m1, [src, "-cubin", "-o", m1.mnt / "v.cubin", "-arch=sm_90a"])
     m2 = mount_factory(name="poisoned")
     bad = m2.mnt / "kcachefs-nvcc" / entry
     bad.mkdir(parents=True)
@@ -218,9 +245,140 @@ def test_an_entry_holding_other_bytes_is_not_trusted(mount_factory, tmp_path):
     out = m2.mnt / "v.cubin"
     r = shim([src, "-cubin", "-o", out, "-arch=sm_90a"])
     assert r.returncode == 0, r.stderr
-    assert "holds another source" in r.stderr
+    assert "holds another source" in r.stderr and "compiling with" in r.stderr
     data = out.read_bytes()
     assert "vector_add" in elf_symbols(data) and "saxpy" not in elf_symbols(data)
+
+
+def test_a_planted_client_cubin_is_never_served(mount_factory, tmp_path):
+    """The right source and another kernel's cubin planted under the shim's key (a client
+    may publish a cubin into an entry without a recipe): the mount refuses to give that
+    entry a recipe, and the shim compiles the caller's source itself."""
+    src = KERNELS / "vector_add.cu"
+    m1 = mount_factory(name="learn")
+    entry, flags = key_entry(m1, [src, "-cubin", "-o", m1.mnt / "v.cubin", "-arch=sm_90a"])
+    other = (m1.mnt / "kcachefs-nvcc" / entry / "kernel.cubin").read_bytes()
+    shutil.copy(KERNELS / "saxpy.cu", tmp_path / "s.cu")
+    assert shim([tmp_path / "s.cu", "-cubin", "-o", tmp_path / "s.cubin", "-arch=sm_90a"]).returncode == 0
+    saxpy = (tmp_path / "s.cubin").read_bytes()
+    m2 = mount_factory(name="planted")
+    bad = m2.mnt / "kcachefs-nvcc" / entry
+    bad.mkdir(parents=True)
+    (bad / "kernel.cu").write_bytes(src.read_bytes())
+    (bad / "kernel.cubin").write_bytes(saxpy)  # a client publish: allowed, no recipe yet
+    out = m2.mnt / "v.cubin"
+    r = shim([src, "-cubin", "-o", out, "-arch=sm_90a"])
+    assert r.returncode == 0, r.stderr
+    assert "compiling with" in r.stderr, r.stderr
+    data = out.read_bytes()
+    assert "vector_add" in elf_symbols(data) and "saxpy" not in elf_symbols(data)
+    assert (bad / "kernel.cubin").read_bytes() == saxpy, "the client's cubin stays as it was"
+    assert not (bad / "kernel.flags").exists(), "no recipe was given to that entry"
+    assert other != saxpy
+
+
+@pytest.fixture
+def public_mount_factory():
+    """Like mount_factory, but under a directory every user can traverse (pytest's own
+    temp directory is private to root), for tests that run a second user."""
+    root = Path(tempfile.mkdtemp(prefix="kcachefs-public-"))
+    os.chmod(root, 0o755)
+    mounts = []
+
+    def make(options=()):
+        d = root / str(len(mounts))
+        d.mkdir()
+        mounts.append(Mount(d, options).start())
+        return mounts[-1]
+
+    try:
+        yield make
+    finally:
+        for m in mounts:
+            m.stop()
+        assert not any(os.path.ismount(m.mnt) for m in mounts), "mount left behind"
+        shutil.rmtree(root)
+
+
+def as_nobody(args):
+    return subprocess.run([str(a) for a in args], capture_output=True, text=True, cwd="/",
+                          preexec_fn=lambda: (os.setgid(65534), os.setuid(65534)))
+
+
+def test_shared_mount_two_users_one_compile(public_mount_factory, counting_nvcc):
+    """With allow_other, a second user's shim finds the entry the first user staged (the
+    kcachefs-nvcc directory is sticky and writable by all) and compiles nothing."""
+    make_nvcc, calls = counting_nvcc
+    m = public_mount_factory(["allow_other", "nvcc=%s" % make_nvcc()])  # run by the daemon
+    work = m.mnt / "work"
+    work.mkdir()
+    os.chmod(work, 0o1777)
+    src = work / "k.cu"
+    shutil.copy(KERNELS / "vector_add.cu", src)
+    os.chmod(src, 0o644)
+    assert shim([src, "-cubin", "-o", work / "root.cubin", "-arch=sm_90a"]).returncode == 0
+    assert (m.mnt / "kcachefs-nvcc").stat().st_mode & 0o7777 == 0o1777
+    r = as_nobody([SHIM, src, "-cubin", "-o", work / "nobody.cubin", "-arch=sm_90a"])
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert (work / "nobody.cubin").read_bytes() == (work / "root.cubin").read_bytes()
+    assert (work / "nobody.cubin").stat().st_uid == 65534
+    assert calls() == 1 and len(shim_entries(m)) == 1
+    # The second user's own new kernel gets its own entry in the shared directory.
+    src2 = work / "k2.cu"
+    shutil.copy(KERNELS / "saxpy.cu", src2)
+    os.chmod(src2, 0o644)
+    r = as_nobody([SHIM, src2, "-cubin", "-o", work / "n2.cubin", "-arch=sm_90a"])
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert calls() == 2 and len(shim_entries(m)) == 2
+
+
+def test_the_key_names_the_mounts_compiler(mount_factory, tmp_path):
+    """The mount compiles with its own compiler: the key names that one, not whatever the
+    caller's CUDA_HOME points at."""
+    m = mount_factory()
+    info = [l for l in (m.mnt / ".kcachefs" / "stats").read_text().splitlines()
+            if l.startswith("kcachefs_info{")]
+    assert len(info) == 1 and 'compiler="%s ' % NVCC in info[0], info
+    r = shim([KERNELS / "vector_add.cu", "-cubin", "-o", m.mnt / "v.cubin", "-arch=sm_90a"])
+    assert r.returncode == 0, r.stderr
+    flags = (m.mnt / "kcachefs-nvcc" / shim_entries(m)[0] / "kernel.flags").read_text()
+    compiler = info[0].split('compiler="')[1].split('"')[0]
+    assert flags.splitlines()[0] == "# kcachefs-nvcc: " + compiler
+
+
+def test_calls_the_mount_cannot_serve_go_to_nvcc(mount_factory, tmp_path):
+    m = mount_factory()
+    # A header next to the source, included with quotes: nvcc finds it there only.
+    local = m.mnt / "local"
+    local.mkdir()
+    (local / "helper.cuh").write_text("#define KC_SCALE 3.0f\n")
+    (local / "k.cu").write_text('#include "helper.cuh"\n' + (KERNELS / "vector_add.cu").read_text())
+    r = shim([local / "k.cu", "-cubin", "-o", local / "k.cubin", "-arch=sm_90a"])
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert "vector_add" in elf_symbols((local / "k.cubin").read_bytes())
+    # An output that is a symbolic link: nvcc writes through it.
+    target = tmp_path / "target.cubin"
+    target.write_bytes(b"")
+    (m.mnt / "link.cubin").symlink_to(target)
+    r = shim([KERNELS / "vector_add.cu", "-cubin", "-o", m.mnt / "link.cubin", "-arch=sm_90a"])
+    assert r.returncode == 0, r.stderr
+    assert (m.mnt / "link.cubin").is_symlink() and target.read_bytes()[:4] == b"\x7fELF"
+    # A missing source: nvcc's own error and status.
+    a = shim([m.mnt / "none.cu", "-cubin", "-o", m.mnt / "none.cubin", "-arch=sm_90a"])
+    b = nvcc([m.mnt / "none.cu", "-cubin", "-o", m.mnt / "none.cubin", "-arch=sm_90a"])
+    assert (a.returncode, a.stderr) == (b.returncode, b.stderr) and a.returncode != 0
+    assert shim_entries(m) == [] and m.stats()["compiles_total"] == 0
+
+
+def test_a_shim_that_would_run_itself_stops(tmp_path):
+    loop = tmp_path / "bin"
+    loop.mkdir()
+    shutil.copy(SHIM, loop / "nvcc")
+    for env in ({"KCACHEFS_NVCC": str(SHIM)},
+                {"PATH": "%s:%s" % (loop, os.environ["PATH"]), "CUDA_HOME": "/nonexistent",
+                 "KCACHEFS_NVCC": ""}):
+        r = shim(["--version"], env=env, timeout=20)
+        assert r.returncode == 1 and "kcachefs-nvcc again" in r.stderr, (env, r)
 
 
 def test_kcachefs_mount_variable(mount_factory, tmp_path):
@@ -233,16 +391,44 @@ def test_kcachefs_mount_variable(mount_factory, tmp_path):
     assert out.read_bytes() == (m.mnt / "kcachefs-nvcc" / shim_entries(m)[0] / "kernel.cubin").read_bytes()
     out.unlink()
     r = shim(args, env={"KCACHEFS_MOUNT": str(tmp_path)})
-    assert r.returncode == 1 and "is not the root of a kcachefs mount" in r.stderr
-    assert not out.exists()
+    assert r.returncode == 0 and "is not the root of a kcachefs mount" in r.stderr
+    assert "compiling with" in r.stderr and out.read_bytes()[:4] == b"\x7fELF"
+    assert m.stats()["compiles_total"] == 1, "nvcc compiled it, not the mount"
 
 
 def test_a_compile_that_times_out_says_why(mount_factory, tmp_path):
+    """A compile the mount gave up on (killed at compile_timeout) is no verdict on the
+    source: the shim says so and nvcc compiles it."""
     hang = write_script(tmp_path / "nvcc-hang",
                         'case "$*" in *-cubin*) sleep 30;; esac\nexec %s "$@"\n' % NVCC)
     m = mount_factory(["nvcc=%s" % hang, "compile_timeout=1"])
     out = m.mnt / "v.cubin"
     r = shim([KERNELS / "vector_add.cu", "-cubin", "-o", out, "-arch=sm_90a"], timeout=60)
-    assert r.returncode == 1
-    assert r.stderr.startswith("kcachefs: compile ") and "timed out" in r.stderr, r.stderr
-    assert not out.exists()
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.startswith("kcachefs-nvcc: warning: the mount's compile of ") and \
+        "failed (see its kernel.log)" in r.stderr, r.stderr
+    assert "vector_add" in elf_symbols(out.read_bytes())
+
+
+def test_environment_nvcc_reads_and_odd_inputs_are_nvccs(mount_factory, tmp_path):
+    """NVCC_APPEND_FLAGS and the like change what nvcc compiles in ways the mount cannot see;
+    an empty source, an include directory on the mount itself: nvcc's business too."""
+    m = mount_factory()
+    src = tmp_path / "f.cu"
+    src.write_text('#ifndef FACTOR\n#define FACTOR 1\n#endif\n'
+                   'extern "C" __global__ void f(float *o) { o[0] = FACTOR * 1.5f; }\n')
+    out = m.mnt / "f.cubin"
+    r = shim([src, "-cubin", "-o", out, "-arch=sm_90a"], env={"NVCC_APPEND_FLAGS": "-DFACTOR=9"})
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert struct.pack("<f", 13.5) in out.read_bytes(), "NVCC_APPEND_FLAGS was applied"
+    empty = tmp_path / "e.cu"
+    empty.write_bytes(b"")
+    for _ in range(3):
+        r = shim([empty, "-cubin", "-o", m.mnt / "e.cubin", "-arch=sm_90a"])
+        assert r.returncode == 0, r.stderr
+    inc = m.mnt / "inc"
+    inc.mkdir()
+    r = shim([KERNELS / "vector_add.cu", "-cubin", "-o", m.mnt / "v.cubin", "-arch=sm_90a",
+              "-I", inc])
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert shim_entries(m) == [] and m.stats()["compiles_total"] == 0

@@ -15,6 +15,7 @@
 #include "key.h"
 #include "name.h"
 #include "shim.h"
+#include "stats.h"
 #include "tap.h"
 
 static char tmpdir[] = "/tmp/kc-test-shim-XXXXXX";
@@ -108,17 +109,18 @@ static void test_check(void)
 	char why[512];
 	static const struct {
 		const char *line, *word;
+		int err;
 	} refused[] = {
-		{"k.cu -cubin -o k.cubin -ccbin /usr/bin/gcc", "host compiler"},
-		{"k.cu -cubin -o k.cubin --run", "runs a program"},
-		{"k.cu -cubin -o k.cubin -odir /tmp", "names an output"},
-		{"k.cu -cubin -o k.cubin --compiler-options=-fplugin=/x.so", "not allowed"},
-		{"k.cu -cubin -o k.cubin -Xcompiler -wrapper,/bin/sh", "not allowed"},
-		{"k.cu -cubin -o k.cubin --options-file /tmp/f", "from a file"},
-		{"k.cu -cubin -o k.cubin -I/no/such/dir", "does not exist"},
-		{"k.cu -cubin -o k.cubin -M", "dependency"},
-		{"k.cu -cubin -o k.cubin -ptx", "output kind"},
-		{"k.cu -cubin -o k.cubin --frobnicate", "allow-list"},
+		{"k.cu -cubin -o k.cubin -ccbin /usr/bin/gcc", "host compiler", -EPERM},
+		{"k.cu -cubin -o k.cubin --run", "runs a program", -EPERM},
+		{"k.cu -cubin -o k.cubin -odir /tmp", "names an output", -EPERM},
+		{"k.cu -cubin -o k.cubin --compiler-options=-fplugin=/x.so", "not allowed", -EPERM},
+		{"k.cu -cubin -o k.cubin -Xcompiler -wrapper,/bin/sh", "not allowed", -EPERM},
+		{"k.cu -cubin -o k.cubin --options-file /tmp/f", "from a file", -EPERM},
+		{"k.cu -cubin -o k.cubin -M", "dependency", -EPERM},
+		{"k.cu -cubin -o k.cubin -ptx", "output kind", -EPERM},
+		{"k.cu -cubin -o k.cubin -I/no/such/dir", "does not exist", -EINVAL},
+		{"k.cu -cubin -o k.cubin --frobnicate", "allow-list", -EINVAL},
 	};
 	for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++) {
 		char what[200];
@@ -126,7 +128,7 @@ static void test_check(void)
 		int r = parse(refused[i].line, &c);
 		snprintf(what, sizeof(what), "check: '%s' refused, saying '%s'", refused[i].line + 23,
 			 refused[i].word);
-		CHECK(r == 1 && kc_shim_check(&c, why, sizeof(why)) == -EINVAL &&
+		CHECK(r == 1 && kc_shim_check(&c, why, sizeof(why)) == refused[i].err &&
 			      strstr(why, refused[i].word),
 		      what);
 		kc_shim_call_free(&c);
@@ -226,26 +228,65 @@ static void test_fingerprint_and_flags_file(void)
 	      "key: known answer for the empty recipe");
 }
 
-static void test_entry_name(void)
+static void test_local_includes(void)
 {
-	char key[65], name[300];
-	memset(key, 'a', 64);
-	key[64] = '\0';
-	kc_shim_entry_name("/x/tmp/kernel.cu", key, name, sizeof(name));
-	CHECK(strncmp(name, "kernel.kernel.", 14) == 0, "entry name: kernel.cu gives stem 'kernel'");
-	CHECK(kc_name_classify(name, NULL) == KC_NAME_ENTRY, "entry name: passes the grammar");
-	kc_shim_entry_name("dir/my gemm+v2.cu", key, name, sizeof(name));
-	CHECK(strncmp(name, "kernel.my_gemm_v2.", 18) == 0 &&
-		      kc_name_classify(name, NULL) == KC_NAME_ENTRY,
-	      "entry name: other bytes become '_'");
-	kc_shim_entry_name(".cu", key, name, sizeof(name));
-	CHECK(strncmp(name, "kernel.kernel.", 14) == 0, "entry name: empty stem gives 'kernel'");
-	char long_in[400];
-	memset(long_in, 'x', 300);
-	strcpy(long_in + 300, ".cu");
-	kc_shim_entry_name(long_in, key, name, sizeof(name));
-	CHECK(strlen(name) == 7 + 64 + 1 + 64 && kc_name_classify(name, NULL) == KC_NAME_ENTRY,
-	      "entry name: a long stem is cut to 64 bytes");
+	put("local.cuh", "#pragma once\n");
+	static const struct {
+		const char *src, *what;
+		int want;
+	} cases[] = {
+		{"#include \"local.cuh\"\n", "local includes: a header next to the source", 1},
+		{"  #  include \"local.cuh\" // x\n", "local includes: blanks around # and include", 1},
+		{"#include <local.cuh>\n", "local includes: angle brackets are not searched there", 0},
+		{"#include \"absent.cuh\"\n", "local includes: a name not in the directory", 0},
+		{"// #include \"local.cuh\"\n", "local includes: a comment is not an include", 0},
+		{"#include \"local.cuh", "local includes: an unterminated name", 0},
+		{"#include \"\"\n", "local includes: an empty name", 0},
+		{"#include <kc_test/scale.cuh>\nint x;\n", "local includes: DeepGEMM's kind", 0},
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+		CHECK(kc_shim_local_includes(cases[i].src, strlen(cases[i].src), tmpdir) ==
+			      cases[i].want,
+		      cases[i].what);
+}
+
+static void test_info_compiler(void)
+{
+	char out[256];
+	const char text[] = "# HELP x\nkcachefs_hits_total 3\n# TYPE kcachefs_info gauge\n"
+			    "kcachefs_info{version=\"0.1.0\",compiler=\"/opt/nvcc \\\"q\\\" \\\\ Build "
+			    "cuda_13.0\",arch=\"sm_90a\"} 1\n";
+	CHECK(kc_shim_info_label(text, sizeof(text) - 1, "compiler", out, sizeof(out)) == 0 &&
+		      strcmp(out, "/opt/nvcc \"q\" \\ Build cuda_13.0") == 0,
+	      "info: the compiler label, unescaped");
+	CHECK(kc_shim_info_label("kcachefs_hits_total 3\n", 22, "compiler", out, sizeof(out)) == -ENOENT,
+	      "info: no kcachefs_info line");
+	/* round trip through the renderer of .kcachefs/stats */
+	struct kc_stats st = {0};
+	struct kc_stats_gauges g = {0};
+	struct kc_stats_info info = {"0.1.0", "/odd \"path\"\\nvcc\nBuild x,flags=\"y", "sm_90a",
+				     "-DA=\"b\" -lineinfo"};
+	char buf[8192];
+	size_t need = kc_stats_render(&st, &g, &info, buf, sizeof(buf));
+	CHECK(need < sizeof(buf) && strlen(buf) == need, "info: rendered whole");
+	CHECK(kc_shim_info_label(buf, need, "compiler", out, sizeof(out)) == 0 &&
+		      strcmp(out, info.compiler) == 0,
+	      "info: the rendered compiler reads back exactly (quotes, backslash, newline)");
+	CHECK(kc_shim_info_label(buf, need, "flags", out, sizeof(out)) == 0 &&
+		      strcmp(out, info.flags) == 0,
+	      "info: the flags label, not a lookalike inside the compiler's value");
+	CHECK(kc_shim_info_label(buf, need, "arch", out, sizeof(out)) == 0 &&
+		      strcmp(out, "sm_90a") == 0,
+	      "info: the arch label");
+	CHECK(kc_shim_info_label(buf, need, "nolabel", out, sizeof(out)) == -ENOENT,
+	      "info: a label that is not there");
+	char small[64];
+	size_t again = kc_stats_render(&st, &g, &info, small, sizeof(small));
+	CHECK(again == need && strlen(small) == sizeof(small) - 1,
+	      "render: truncated output is NUL-terminated and the needed length is returned");
+	const char cut[] = "\nkcachefs_info{version=\"0\",compiler=\"/opt/nv";
+	CHECK(kc_shim_info_label(cut, sizeof(cut) - 1, "compiler", out, sizeof(out)) == -ENOENT,
+	      "info: a cut-off label");
 }
 
 static void test_log_rewrite(void)
@@ -299,7 +340,8 @@ int main(void)
 	test_parse();
 	test_check();
 	test_fingerprint_and_flags_file();
-	test_entry_name();
+	test_local_includes();
+	test_info_compiler();
 	test_log_rewrite();
 	test_find_mount();
 	char cmd[128];
