@@ -486,8 +486,12 @@ static void open_cubin(fuse_req_t req, struct kc_inode *in, int fd, struct fuse_
 	struct kc_fs *fs = fs_of(req);
 	enum kc_role role;
 	int entry_fd = -1;
-	entry_fd = kc_inode_entry_fd(&fs->inodes, in, &role);
-	int err = kc_cache_verify_open(&fs->cache, fd, entry_fd);
+	/* The common case, a cubin verified before and unchanged since, needs no entry. */
+	int err = kc_cache_verify_open(&fs->cache, fd, -1);
+	if (err) { /* check again with the entry at hand, so that a bad cubin is dealt with */
+		entry_fd = kc_inode_entry_fd(&fs->inodes, in, &role);
+		err = kc_cache_verify_open(&fs->cache, fd, entry_fd);
+	}
 	struct kc_fh *fh = err ? NULL : kc_fh_new(FH_PLAIN, fd);
 
 	if (err && entry_fd >= 0) { /* make the next open look it up (and compile) again */
@@ -507,6 +511,9 @@ static void open_cubin(fuse_req_t req, struct kc_inode *in, int fd, struct fuse_
 	}
 	fi->fh = (uintptr_t)fh;
 	fi->keep_cache = keep_cache;
+	/* Read-only and immutable: the close of this descriptor has nothing to flush, so the
+	 * kernel need not send FLUSH (FOPEN_NOFLUSH, Linux 5.17+; older kernels ignore it). */
+	fi->noflush = 1;
 	atomic_fetch_add(&fs->cache.stats.cubin_opens, 1);
 	fuse_reply_open(req, fi);
 }
