@@ -185,6 +185,16 @@ static int cubin_bad(struct kc_cache *c, int entry_fd, const struct stat *st, co
 	return -EIO;
 }
 
+/* Nonzero if the entry holds both kernel.cu and kernel.flags: a recipe the client staged
+ * for the mount to compile. (With -o autocompile a kernel.cu alone is a recipe too, but an
+ * entry like that holding a client's cubin is the older DeepGEMM sequence: the client's
+ * cubin, compiled with the client's own flags, is the one to serve.) */
+static int staged_recipe(int entry_fd)
+{
+	return faccessat(entry_fd, KC_SOURCE_NAME, F_OK, AT_SYMLINK_NOFOLLOW) == 0 &&
+	       faccessat(entry_fd, KC_FLAGS_NAME, F_OK, AT_SYMLINK_NOFOLLOW) == 0;
+}
+
 /* Check the published cubin of an entry. Returns 0 (serve it), -ENOENT (none, or a bad or
  * stale one was removed so that the recipe is compiled again), -EIO (bad, cannot rebuild). */
 static int check_published(struct kc_cache *c, int entry_fd)
@@ -207,6 +217,16 @@ static int check_published(struct kc_cache *c, int entry_fd)
 	close(fd);
 	if (bad)
 		return cubin_bad(c, entry_fd, &st, bad);
+	if (rec.origin != KC_ORIGIN_COMPILED && staged_recipe(entry_fd)) {
+		/* Not the mount's compile of this recipe (placed in the backing directory, or left
+		 * by an older kcachefs): never served as if it were. */
+		char label[512];
+		entry_label(c, entry_fd, label, sizeof(label));
+		kc_log(KC_LOG_WARN, "%s: kernel.cubin was not compiled by the mount but the entry "
+		       "has a recipe; removed, compiling the recipe", label);
+		unlink_if_same(entry_fd, &st);
+		return -ENOENT;
+	}
 	if (rec.origin == KC_ORIGIN_COMPILED) {
 		struct kc_recipe r;
 		if (kc_recipe_load(entry_fd, c->cfg, &r) == 0) {
@@ -556,16 +576,15 @@ int kc_cache_lookup_cubin(struct kc_cache *c, int entry_fd, struct kc_waiter *w,
 }
 
 /* A cubin a client published is not the compile of any recipe, and a recipe's cubin is the
- * mount's compile of it: the two never share an entry. Called under publish_lock before
- * role's file is committed. Returns 0 (go on); 1 for a client's cubin in an entry that has
- * a recipe (its bytes are discarded and the rename succeeds, as over a published cubin:
- * the mount compiles the recipe); -EEXIST for a kernel.cu or kernel.flags that would give
- * an entry holding a client's cubin a recipe (or another one). */
-static int recipe_meets_client_cubin(struct kc_cache *c, enum kc_role role, int entry_fd,
-				     const char *label)
+ * mount's compile of it: the two never share an entry (staged_recipe). Called under
+ * publish_lock before role's file is committed. Returns 0 (go on); 1 for a client's cubin
+ * in an entry that has a recipe (its bytes are discarded and the rename succeeds, as over a
+ * published cubin: the mount compiles the recipe); -EEXIST for a kernel.cu or kernel.flags
+ * that would give an entry holding a client's cubin a recipe. */
+static int recipe_meets_client_cubin(enum kc_role role, int entry_fd, const char *label)
 {
 	if (role == KC_ROLE_CUBIN) {
-		if (!kc_recipe_present(entry_fd, c->cfg))
+		if (!staged_recipe(entry_fd))
 			return 0;
 		kc_log(KC_LOG_INFO, "%s: kernel.cubin from a client discarded: the entry has a "
 		       "recipe, whose cubin the mount compiles", label);
@@ -636,7 +655,7 @@ int kc_cache_stage(struct kc_cache *c, enum kc_role role, int src_dir, const cha
 	close(fd);
 	if (!err) {
 		pthread_mutex_lock(&c->publish_lock);
-		int meet = recipe_meets_client_cubin(c, role, entry_fd, label);
+		int meet = recipe_meets_client_cubin(role, entry_fd, label);
 		if (meet == 1)
 			unlinkat(src_dir, src_name, 0);
 		err = meet ? meet : kc_store_commit(src_dir, src_name, entry_fd, names[role]);

@@ -286,6 +286,13 @@ def test_a_recipe_and_a_client_cubin_never_share_an_entry(mount_factory, tmp_pat
     assert "vector_add" in elf_symbols(data) and "saxpy" not in elf_symbols(data)
     assert key == recipe_key(vsrc, vflags)
     assert m.stats()["compiles_total"] == 1
+    # 3. A cubin placed in the backing directory beside a recipe (not through the mount, or
+    # left by an older kcachefs) is no compile of it: removed and compiled.
+    c = m.stage("vector_add", vsrc + b"// c\n", vflags)
+    (m.backing / c.relative_to(m.mnt) / "kernel.cubin").write_bytes(saxpy.read_bytes())
+    data = (c / "kernel.cubin").read_bytes()
+    assert "vector_add" in elf_symbols(data) and "saxpy" not in elf_symbols(data)
+    assert "was not compiled by the mount" in m.daemon_log()
     # ioctls other than the key are not the mount's
     with open(b / "kernel.cubin", "rb") as f:
         with pytest.raises(OSError) as e:
