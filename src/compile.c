@@ -15,6 +15,7 @@
 #include <sys/pidfd.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -175,6 +176,11 @@ static pid_t spawn_compiler(const struct kc_compile_spec *spec, char *const argv
 	int err = posix_spawn(&pid, spec->nvcc, &fa, &attr, argv, envp);
 	posix_spawn_file_actions_destroy(&fa);
 	posix_spawnattr_destroy(&attr);
+	/* Compiles are background work: at a lower priority they leave the CPU to the daemon's
+	 * request threads and the jobs on the node first. Its children (cicc, ptxas) inherit
+	 * it. */
+	if (!err)
+		setpriority(PRIO_PROCESS, (id_t)pid, KC_COMPILE_NICE);
 	return err ? -err : pid;
 }
 

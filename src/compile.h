@@ -11,6 +11,8 @@
 
 #include "flags.h"
 
+#define KC_COMPILE_NICE 10 /* nice value compilers run at (the daemon's threads stay at 0) */
+
 enum kc_compile_status {
 	KC_COMPILE_OK,        /* a complete CUDA ELF is at <scratch>/kernel.cubin */
 	KC_COMPILE_REJECTED,  /* the compiler ran and reported errors: remember it */
