@@ -29,6 +29,7 @@ char *kc_ctl_stats_text(struct kc_fs *fs, size_t *len)
 	struct kc_stats_gauges g;
 	kc_cache_gauges(&fs->cache, &g);
 	g.parked = __atomic_load_n(&fs->parked, __ATOMIC_RELAXED);
+	g.inodes = kc_inode_count(&fs->inodes);
 	struct kc_stats_info info = {KC_VERSION, fs->cfg.compiler_id, fs->cfg.arch,
 				     fs->cfg.flags ? fs->cfg.flags : ""};
 	size_t need = kc_stats_render(&fs->cache.stats, &g, &info, NULL, 0) + 1;

@@ -212,3 +212,8 @@ int kc_inode_entry_fd(struct kc_inode_table *t, struct kc_inode *in, enum kc_rol
 	pthread_mutex_unlock(&t->lock);
 	return fd;
 }
+
+uint64_t kc_inode_count(struct kc_inode_table *t)
+{
+	return __atomic_load_n(&t->count, __ATOMIC_RELAXED);
+}

@@ -46,6 +46,10 @@ struct kc_inode_table {
 	struct kc_inode root, ctl_dir, stats;
 };
 
+/* Inodes in the table (the kernel holds a reference to each): a gauge, read without the
+ * lock. */
+uint64_t kc_inode_count(struct kc_inode_table *t);
+
 /* Set up with root_fd (O_PATH or O_RDONLY on the backing root; the table dups it).
  * Returns 0 or -errno. */
 int kc_inode_table_init(struct kc_inode_table *t, int root_fd);

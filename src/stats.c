@@ -45,13 +45,14 @@ size_t kc_stats_render(const struct kc_stats *s, const struct kc_stats_gauges *g
 		{"kcachefs_compiles_queued", "gauge", "Compiles waiting for a job slot."},
 		{"kcachefs_flights", "gauge", "Entries with a compile in flight or queued."},
 		{"kcachefs_parked_requests", "gauge", "Requests waiting for a compile, not yet answered."},
+		{"kcachefs_inodes", "gauge", "Inodes the kernel holds (each keeps a descriptor open)."},
 	};
 	double v[] = {
 		(double)s->hits, (double)s->misses, (double)s->waits, (double)s->cubin_opens,
 		(double)s->compiles,
 		(double)s->compile_failures, (double)s->rejected_lookups, (double)s->corrupt,
 		(double)s->published_bytes, (double)s->compile_usec / 1e6, (double)s->stages,
-		(double)s->stage_refusals, g->inflight, g->queued, g->flights, g->parked,
+		(double)s->stage_refusals, g->inflight, g->queued, g->flights, g->parked, (double)g->inodes,
 	};
 	size_t used = 0;
 

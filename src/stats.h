@@ -36,6 +36,7 @@ struct kc_stats_gauges {
 	unsigned queued;   /* compiles waiting for a job slot */
 	unsigned flights;  /* entries with a compile in flight or queued */
 	unsigned parked;   /* requests (getattr, open) parked on a compile, not yet answered */
+	unsigned long inodes; /* inodes the kernel holds references to (each keeps an fd) */
 };
 
 /* Facts about the mount, rendered as the info metric kcachefs_info (value 1) with label

@@ -1,0 +1,411 @@
+#!/usr/bin/env python3
+"""kcachefs benchmarks (issue 5): every figure side by side with its baseline, measured in
+the same run, reported as medians, spreads and ratios. No figure is a pass/fail test; the
+targets are printed beside them for a reader to judge.
+
+usage: scripts/bench.sh [--reps N] [--only NAME,...] [--kernels K] [--quick]
+
+Figures (NAME):
+  read      open + fstat + read all + close of a published 1 MiB and 16 KiB cubin, through
+            the mount and straight from the backing directory, page cache warm
+  meta      stat of a published cubin; readdir of a directory of 10,000 entries
+  cold      P=8 processes x K real kernels on a cold mount (native protocol), against
+            compiling the same K kernels once with the same jobs limit and no FUSE, and
+            against every process compiling every kernel itself
+  starve    stat latency (median, p99) of unrelated files while 64 openers wait on one slow
+            compile and 8 other compiles run, through the mount and on the backing directory
+  scale     a backing store of N published entries (--entries, default 100,000 or what the
+            open-file limit allows: the daemon keeps a descriptor per inode the kernel
+            holds): start-up to a usable mount against an empty store, resident memory after
+            touching every entry once, and the inode table after the kernel drops its caches
+  ref       the same warm read through libfuse's own passthrough_ll example (cache=always),
+            built from /usr/share/doc/libfuse3-dev/examples when present: what one FUSE
+            round trip per open costs on this machine
+Each timed loop runs in build/bench_io (C), so that Python's own cost is not in the ratios.
+The mounts are the built daemon on temp directories, always unmounted.
+"""
+import argparse
+import hashlib
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "mount"))
+from conftest import NVCC, Mount, entry_name, run_parallel, write_script  # noqa: E402
+
+BENCH_IO = REPO / "build" / "bench_io"
+PAD_KERNEL = """__device__ char kc_pad[%d] = {1};
+extern "C" __global__ void padded(char *out) { out[threadIdx.x] = kc_pad[threadIdx.x * 7]; }
+"""
+COLD_KERNEL = """// cold-start kernel %d
+extern "C" __global__ void cold_%d(const float *a, float *out, int n)
+{
+	int i = blockIdx.x * blockDim.x + threadIdx.x;
+	if (i < n)
+		out[i] = a[i] * %d.0f + 1.0f;
+}
+"""
+ROWS = []
+
+
+def io(mode, path, n):
+    out = subprocess.run([str(BENCH_IO), mode, str(path), str(n)], check=True,
+                         capture_output=True, text=True).stdout.split()
+    return [float(x) for x in out[2:]]
+
+
+def spread(xs):
+    return "%.0f-%.0f" % (min(xs), max(xs))
+
+
+def row(figure, mount, base, unit, target, lower_is_better=True):
+    """One line of the table: medians, spreads, ratio mount/base."""
+    m, b = statistics.median(mount), statistics.median(base)
+    ratio = m / b if b else float("inf")
+    ROWS.append((figure, "%.1f %s (%s)" % (m, unit, spread(mount)),
+                 "%.1f %s (%s)" % (b, unit, spread(base)), "%.2fx" % ratio, target))
+    print("  %-34s mount %s  baseline %s  ratio %.2fx  target %s" % (
+        figure, ROWS[-1][1], ROWS[-1][2], ratio, target), flush=True)
+
+
+def compile_to(src_text, out, arch="sm_90a"):
+    with tempfile.TemporaryDirectory() as d:
+        src = Path(d) / "k.cu"
+        src.write_text(src_text)
+        subprocess.run([str(NVCC), str(src), "-cubin", "-o", str(out), "-arch=" + arch],
+                       check=True, capture_output=True)
+
+
+def publish_padded(m, tmp, name, size):
+    """A client publishes a cubin with size bytes of initialised data into a new entry of
+    mount m; returns (entry path, cubin bytes)."""
+    cubin = Path(tmp) / ("%s.cubin" % name)
+    compile_to(PAD_KERNEL % size, cubin)
+    data = cubin.read_bytes()
+    entry = m.mnt / "cache" / entry_name(name, data)
+    entry.mkdir(parents=True)
+    (entry / "kernel.cubin").write_bytes(data)
+    return entry, data
+
+
+def fresh_mount(tmp, name, options=()):
+    root = Path(tmp) / name
+    root.mkdir()
+    return Mount(root, options).start()
+
+
+def bench_read(tmp, reps):
+    print("read: open + fstat + read all + close, page cache warm", flush=True)
+    m = fresh_mount(tmp, "read")
+    try:
+        for size, label, n, target in ((1 << 20, "1 MiB", 2000, "<= 1.25x"),
+                                       (12000, "16 KiB", 20000, "<= 2.0x")):
+            entry, data = publish_padded(m, tmp, "padded%d" % size, size)
+            through = entry / "kernel.cubin"
+            direct = m.backing / through.relative_to(m.mnt)
+            io("read", through, 10)
+            io("read", direct, 10)
+            mount, base = [], []
+            for _ in range(reps):
+                mount.append(io("read", through, n)[0] / 1000)
+                base.append(io("read", direct, n)[0] / 1000)
+            row("warm read %s (%d bytes)" % (label, len(data)), mount, base, "us", target)
+    finally:
+        m.stop()
+
+
+def bench_meta(tmp, reps):
+    print("meta: stat of a published cubin, readdir of 10,000 entries", flush=True)
+    root = Path(tmp) / "meta"
+    root.mkdir()
+    m = Mount(root)
+    big = m.backing / "big"
+    big.mkdir()
+    for i in range(10000):
+        (big / ("kernel.k%d.%s" % (i, "%032x" % i))).mkdir()
+    m.start()
+    try:
+        entry, _ = publish_padded(m, tmp, "meta", 4096)
+        through, direct = entry / "kernel.cubin", m.backing / entry.relative_to(m.mnt) / "kernel.cubin"
+        io("stat", through, 10)
+        mount, base = [], []
+        for _ in range(reps):
+            mount.append(io("stat", through, 50000)[0])
+            base.append(io("stat", direct, 50000)[0])
+        row("stat of a published cubin", mount, base, "ns", "<= 2.0x")
+        io("readdir", m.mnt / "big", 2)
+        mount, base = [], []
+        for _ in range(reps):
+            mount.append(io("readdir", m.mnt / "big", 20)[0] / 1000)
+            base.append(io("readdir", big, 20)[0] / 1000)
+        row("readdir of 10,000 entries", mount, base, "us", "<= 2.0x")
+    finally:
+        m.stop()
+
+
+def bench_cold(tmp, reps, kernels, procs=8):
+    jobs = os.cpu_count() or 1
+    print("cold: P=%d processes x K=%d kernels, jobs=%d" % (procs, kernels, jobs), flush=True)
+    sources = [(COLD_KERNEL % (k, k, k + 2)).encode() for k in range(kernels)]
+    flags = b"-O3\n"
+
+    def via_mount(rep):
+        m = fresh_mount(tmp, "cold%d" % rep, ["jobs=%d" % jobs])
+        try:
+            def proc(i):
+                order = sources[i % kernels:] + sources[:i % kernels]
+                for src in order:
+                    entry = m.mnt / "cache" / entry_name("cold", src, flags)
+                    entry.mkdir(parents=True, exist_ok=True)
+                    (entry / "kernel.cu").write_bytes(src)
+                    (entry / "kernel.flags").write_bytes(flags)
+                    data = (entry / "kernel.cubin").read_bytes()
+                    if data[:4] != b"\x7fELF":
+                        raise RuntimeError("not a cubin")
+                return True
+            t0 = time.monotonic()
+            results = run_parallel(procs, proc)
+            wall = time.monotonic() - t0
+            assert results == [True] * procs, results
+            compiles = m.stats()["compiles_total"]
+            assert compiles == kernels, "%d compiles for %d kernels" % (compiles, kernels)
+            return wall
+        finally:
+            m.stop()
+
+    def compile_one(src, d):
+        h = hashlib.sha256(src).hexdigest()[:16]
+        p = Path(d) / (h + ".cu")
+        p.write_bytes(src)
+        subprocess.run([str(NVCC), str(p), "-cubin", "-o", str(p) + ".cubin", "-O3",
+                        "--gpu-architecture=sm_90a"], check=True, capture_output=True)
+
+    def once_no_fuse():
+        with tempfile.TemporaryDirectory(dir=tmp) as d:
+            t0 = time.monotonic()
+            with ThreadPoolExecutor(jobs) as ex:
+                list(ex.map(lambda s: compile_one(s, d), sources))
+            return time.monotonic() - t0
+
+    def uncoordinated():
+        with tempfile.TemporaryDirectory(dir=tmp) as d:
+            def proc(i):
+                sub = Path(d) / str(i)
+                sub.mkdir()
+                for src in sources:
+                    compile_one(src, sub)
+                return True
+            t0 = time.monotonic()
+            assert run_parallel(procs, proc, timeout=3600) == [True] * procs
+            return time.monotonic() - t0
+
+    mount, base = [], []
+    for rep in range(reps):
+        mount.append(via_mount(rep))
+        base.append(once_no_fuse())
+    row("cold start %dx%d (K compiles)" % (procs, kernels), mount, base, "s", "<= 1.15x")
+    unco = [uncoordinated()]
+    row("uncoordinated %dx%d (P x K compiles)" % (procs, kernels), unco, base, "s",
+        "(baseline of the field)")
+
+
+def bench_starve(tmp, reps):
+    print("starve: stat latency while 64 openers wait and 8 compiles run", flush=True)
+    gate = Path(tmp) / "gate"
+    slow = write_script(Path(tmp) / "nvcc-gated",
+                        'case "$*" in *slowkernel*) while [ ! -e %s ]; do sleep 0.05; done;; esac\n'
+                        'exec %s "$@"\n' % (gate, NVCC))
+    m = fresh_mount(tmp, "starve", ["nvcc=%s" % slow, "jobs=10"])
+    procs = []
+    try:
+        # unrelated files: a published cubin (kernel-cached) and a kernel.log (always asks
+        # the daemon: timeout 0)
+        pub, _ = publish_padded(m, tmp, "pub", 4096)
+        (pub / "kernel.log").write_text("x")
+        targets = {"published cubin": pub / "kernel.cubin", "kernel.log (uncached)": pub / "kernel.log"}
+        idle = {k: io("statlat", p, 300) for k, p in targets.items()}
+        # the load: one gated compile with 64 waiters, 8 real compiles of a CUB kernel
+        src = b'// slowkernel\nextern "C" __global__ void slowkernel(int *x) { x[0] = 1; }\n'
+        slow_entry = m.stage("slowkernel", src)
+        procs = [subprocess.Popen(["cat", str(slow_entry / "kernel.cubin")],
+                                  stdout=subprocess.DEVNULL) for _ in range(64)]
+        block = (REPO / "tests" / "kernels" / "block_sum.cu").read_bytes()
+        others = []
+        for i in range(8):
+            e = m.stage("block_sum", block + b"// %d\n" % i,
+                        (REPO / "tests" / "kernels" / "block_sum.flags").read_bytes())
+            others.append(subprocess.Popen(["cat", str(e / "kernel.cubin")], stdout=subprocess.DEVNULL))
+        time.sleep(1)
+        st = m.stats()
+        print("  under load: flights %d, compiles in flight %d, parked requests %d" % (
+            st["flights"], st["compiles_in_flight"], st["parked_requests"]), flush=True)
+        for label, p in targets.items():
+            direct = m.backing / p.relative_to(m.mnt)
+            loaded = io("statlat", p, 300)
+            base = io("statlat", direct, 300)
+            ROWS.append(("stat p99 under load: " + label,
+                         "p50 %.0f us, p99 %.0f us" % (loaded[0] / 1000, loaded[1] / 1000),
+                         "backing p99 %.0f us; idle mount p99 %.0f us" % (base[1] / 1000, idle[label][1] / 1000),
+                         "%.2fx" % (loaded[1] / base[1]), "p99 <= 5 ms"))
+            print("  %-34s mount %s  baseline %s  target p99 <= 5 ms" % (
+                ROWS[-1][0], ROWS[-1][1], ROWS[-1][2]), flush=True)
+        gate.touch()
+        for p in procs + others:
+            p.wait(timeout=300)
+    finally:
+        gate.touch()
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        m.stop()
+
+
+def rss_kib(pid):
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def startup(m):
+    """Milliseconds from exec to a usable mount (the stats file reads)."""
+    t0 = time.monotonic()
+    m.start(timeout=120)
+    while True:
+        try:
+            (m.mnt / ".kcachefs" / "stats").read_text()
+            return (time.monotonic() - t0) * 1000
+        except OSError:
+            time.sleep(0.001)
+
+
+def bench_scale(tmp, reps, entries):
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    fit = max(1000, (hard - 2000) // 3)  # ~2 descriptors an entry (directory, cubin)
+    n = min(entries, fit)
+    print("scale: %d published entries (open-file limit %d allows %d)" % (n, hard, fit), flush=True)
+    cubin = Path(tmp) / "scale.cubin"
+    compile_to(PAD_KERNEL % 64, cubin)
+    data = cubin.read_bytes()
+    empty_root, root = Path(tmp) / "scale-empty", Path(tmp) / "scale"
+    empty_root.mkdir()
+    root.mkdir()
+    m0, m = Mount(empty_root), Mount(root)
+    t0 = time.monotonic()
+    paths = []
+    for i in range(n):
+        d = m.backing / "cache" / ("%03d" % (i // 1000)) / ("kernel.s%d.%032x" % (i, i))
+        d.mkdir(parents=True)
+        (d / "kernel.cubin").write_bytes(data)  # a client's cubin, as DeepGEMM leaves them
+        paths.append(d.relative_to(m.backing) / "kernel.cubin")
+    print("  created in %.1f s" % (time.monotonic() - t0), flush=True)
+    base, full = [], []
+    for _ in range(reps):
+        base.append(startup(m0))
+        m0.stop()
+        full.append(startup(m))
+        m.stop()
+    row("start-up to a usable mount (%d entries)" % n, full, base, "ms", "<= 2 s")
+    m.start()
+    try:
+        rss0 = rss_kib(m.proc.pid)
+        t0 = time.monotonic()
+        for p in paths:
+            os.stat(m.mnt / p)
+        touched = time.monotonic() - t0
+        rss1 = rss_kib(m.proc.pid)
+        inodes1 = m.stats()["inodes"]
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("2\n")
+        time.sleep(1)
+        inodes2 = m.stats()["inodes"]
+        ROWS.append(("resident memory after touching %d entries" % n,
+                     "%.1f MiB (%.0f bytes an entry)" % (rss1 / 1024, (rss1 - rss0) * 1024 / n),
+                     "%.1f MiB before" % (rss0 / 1024), "-", "<= 64 MiB at 100,000"))
+        ROWS.append(("inode table: after touching / after the kernel drops its caches",
+                     "%d / %d inodes" % (inodes1, inodes2), "-", "-", "bounded (forget honoured)"))
+        print("  touched in %.1f s; RSS %.1f -> %.1f MiB; inodes %d, after drop_caches %d" % (
+            touched, rss0 / 1024, rss1 / 1024, inodes1, inodes2), flush=True)
+    finally:
+        m.stop()
+
+
+def bench_ref(tmp, reps):
+    example = Path("/usr/share/doc/libfuse3-dev/examples/passthrough_ll.c")
+    if not example.exists():
+        print("ref: %s is not installed; skipped" % example, flush=True)
+        return
+    print("ref: libfuse's passthrough_ll -o cache=always", flush=True)
+    exe = Path(tmp) / "passthrough_ll"
+    flags = subprocess.run(["pkg-config", "--cflags", "--libs", "fuse3"], check=True,
+                           capture_output=True, text=True).stdout.split()
+    subprocess.run(["cc", "-O2", "-w", str(example), "-o", str(exe)] + flags, check=True)
+    src, mnt = Path(tmp) / "ref-src", Path(tmp) / "ref-mnt"
+    src.mkdir()
+    mnt.mkdir()
+    proc = subprocess.Popen([str(exe), "-f", "-o", "source=%s,cache=always" % src, str(mnt)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while not os.path.ismount(mnt):
+            assert time.monotonic() < deadline, "passthrough_ll did not mount"
+            time.sleep(0.02)
+        for size, label, n in ((1 << 20, "1 MiB", 2000), (12000, "16 KiB", 20000)):
+            cubin = src / ("pad%d.cubin" % size)
+            compile_to(PAD_KERNEL % size, cubin)
+            io("read", mnt / cubin.name, 10)
+            mount, base = [], []
+            for _ in range(reps):
+                mount.append(io("read", mnt / cubin.name, n)[0] / 1000)
+                base.append(io("read", cubin, n)[0] / 1000)
+            row("reference: passthrough_ll read %s" % label, mount, base, "us", "(libfuse example)")
+    finally:
+        subprocess.run(["fusermount3", "-u", str(mnt)], capture_output=True)
+        proc.wait(timeout=20)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--reps", type=int, default=7, help="repetitions of each timed loop")
+    ap.add_argument("--only", default="read,ref,meta,cold,starve,scale")
+    ap.add_argument("--entries", type=int, default=100000, help="N of the scale figure")
+    ap.add_argument("--kernels", type=int, default=32, help="K of the cold start")
+    ap.add_argument("--quick", action="store_true", help="3 repetitions, K=8")
+    args = ap.parse_args()
+    if args.quick:
+        args.reps, args.kernels, args.entries = 3, 8, 5000
+    if not BENCH_IO.exists():
+        sys.exit("bench: %s is missing; run scripts/bench.sh (it builds)" % BENCH_IO)
+    print("bench: %s, %d CPUs, kernel %s, commit %s" % (
+        os.uname().nodename, os.cpu_count(), os.uname().release,
+        subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+                       capture_output=True, text=True).stdout.strip()), flush=True)
+    tmp = tempfile.mkdtemp(prefix="kcachefs-bench.")
+    try:
+        for name in args.only.split(","):
+            {"read": lambda: bench_read(tmp, args.reps),
+             "meta": lambda: bench_meta(tmp, args.reps),
+             "cold": lambda: bench_cold(tmp, max(1, args.reps // 2), args.kernels),
+             "starve": lambda: bench_starve(tmp, args.reps),
+             "scale": lambda: bench_scale(tmp, 3, args.entries),
+             "ref": lambda: bench_ref(tmp, args.reps)}[name]()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print("\n| figure | kcachefs: median (spread) | baseline | ratio | target |")
+    print("|---|---|---|---|---|")
+    for r in ROWS:
+        print("| %s |" % " | ".join(r))
+
+
+if __name__ == "__main__":
+    main()
