@@ -87,40 +87,51 @@ static const char *const prefix_ok[] = {
 	"--dopt=", NULL,
 };
 
+/* Refused arguments. exact: the argument itself, or with "=value"; else any argument that
+ * starts with prefix (so "-c" refuses "-c" but not "-code=", "-l" refuses "-lcuda"). */
 static const struct {
 	const char *prefix;
+	int exact;
 	const char *reason;
 } refused[] = {
-	{"-o", "names an output (the mount chooses where the cubin goes)"},
-	{"--output-file", "names an output (the mount chooses where the cubin goes)"},
-	{"-odir", "names an output directory"},
-	{"--output-directory", "names an output directory"},
-	{"-ccbin", "picks a host compiler"},
-	{"--compiler-bindir", "picks a host compiler"},
-	{"--run", "runs a program"},
-	{"-run", "runs a program"},
-	{"--keep", "writes intermediate files"},
-	{"-keep", "writes intermediate files"},
-	{"-save-temps", "writes intermediate files"},
-	{"--options-file", "reads arguments from a file"},
-	{"-optf", "reads arguments from a file"},
-	{"@", "reads arguments from a file"},
-	{"-Xlinker", "passes options to the linker"},
-	{"--linker-options", "passes options to the linker"},
-	{"-l", "links a library"},
-	{"-L", "adds a library path"},
-	{"-M", "writes dependency files"},
-	{"--dependency-output", "writes dependency files"},
-	{"--generate-dependencies", "writes dependency files"},
-	{"--pre-include", "includes a file outside the entry"},
-	{"-include", "includes a file outside the entry"},
-	{"--dryrun", "changes what the compiler does"},
-	{"-cubin", "the output kind is the mount's"},
-	{"--cubin", "the output kind is the mount's"},
-	{"-ptx", "the output kind is the mount's"},
-	{"-fatbin", "the output kind is the mount's"},
-	{"-c", "the output kind is the mount's"},
-	{"-E", "the output kind is the mount's"},
+	{"-optf", 0, "reads arguments from a file"},
+	{"-odir", 0, "names an output directory"},
+	{"-o", 0, "names an output (the mount chooses where the cubin goes)"},
+	{"--output-file", 0, "names an output (the mount chooses where the cubin goes)"},
+	{"--output-directory", 0, "names an output directory"},
+	{"-ccbin", 0, "picks a host compiler"},
+	{"--compiler-bindir", 0, "picks a host compiler"},
+	{"--run", 0, "runs a program"},
+	{"-run", 0, "runs a program"},
+	{"--keep-dir", 0, "writes intermediate files"},
+	{"-keep-dir", 0, "writes intermediate files"},
+	{"--keep", 1, "writes intermediate files"},
+	{"-keep", 1, "writes intermediate files"},
+	{"-save-temps", 1, "writes intermediate files"},
+	{"--options-file", 0, "reads arguments from a file"},
+	{"@", 0, "reads arguments from a file"},
+	{"-Xlinker", 0, "passes options to the linker"},
+	{"--linker-options", 0, "passes options to the linker"},
+	{"-l", 0, "links a library"},
+	{"-L", 0, "adds a library path"},
+	{"-M", 0, "writes dependency files"},
+	{"--dependency-output", 0, "writes dependency files"},
+	{"--generate-dependencies", 0, "writes dependency files"},
+	{"--generate-nonsystem-dependencies", 0, "writes dependency files"},
+	{"--pre-include", 0, "includes a file outside the entry"},
+	{"-include", 1, "includes a file outside the entry"},
+	{"--dryrun", 1, "changes what the compiler does"},
+	{"-dryrun", 1, "changes what the compiler does"},
+	{"-cubin", 1, "the output kind is the mount's"},
+	{"--cubin", 1, "the output kind is the mount's"},
+	{"-ptx", 1, "the output kind is the mount's"},
+	{"--ptx", 1, "the output kind is the mount's"},
+	{"-fatbin", 1, "the output kind is the mount's"},
+	{"--fatbin", 1, "the output kind is the mount's"},
+	{"-c", 1, "the output kind is the mount's"},
+	{"--compile", 1, "the output kind is the mount's"},
+	{"-E", 1, "the output kind is the mount's"},
+	{"--preprocess", 1, "the output kind is the mount's"},
 };
 
 /* Host-compiler options accepted inside --compiler-options= / -Xcompiler=. */
@@ -211,9 +222,17 @@ int kc_flag_check(const char *arg, char *why, size_t whylen)
 		return refuse(why, whylen, arg, "empty argument");
 	if (strlen(arg) >= FLAG_LINE_MAX)
 		return refuse(why, whylen, arg, "too long");
-	for (const char *p = arg; *p; p++)
+	for (const char *p = arg; *p; p++) {
 		if ((unsigned char)*p < 0x20 || *p == 0x7f)
 			return refuse(why, whylen, arg, "control character");
+		/* nvcc runs its sub-commands through a shell and puts -D values in double quotes
+		 * and -Xcompiler/-Xptxas values in no quotes at all: a character the shell reads
+		 * would run a command as the daemon's user. */
+		if (strchr("$`;|&<>()\"'\\*?[]{}~!#", *p))
+			return forbid(why, whylen, arg, "a shell metacharacter (nvcc runs a shell)");
+		if (*p == ' ' || *p == '\t' || (unsigned char)*p >= 0x80)
+			return refuse(why, whylen, arg, "blanks and non-ASCII bytes are not allowed");
+	}
 	for (int i = 0; exact_ok[i]; i++)
 		if (strcmp(arg, exact_ok[i]) == 0)
 			return 0;
@@ -241,9 +260,13 @@ int kc_flag_check(const char *arg, char *why, size_t whylen)
 		if (starts(arg, lists[i].prefix))
 			return check_list(arg, arg + strlen(lists[i].prefix), lists[i].ok,
 					  lists[i].tool, why, whylen);
-	for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++)
-		if (starts(arg, refused[i].prefix))
+	for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++) {
+		size_t pl = strlen(refused[i].prefix);
+		if (refused[i].exact ? strncmp(arg, refused[i].prefix, pl) == 0 &&
+					       (arg[pl] == '\0' || arg[pl] == '=')
+				     : starts(arg, refused[i].prefix))
 			return forbid(why, whylen, arg, refused[i].reason);
+	}
 	if (arg[0] != '-')
 		return forbid(why, whylen, arg, "extra input files are not allowed");
 	return refuse(why, whylen, arg, "not on the allow-list");

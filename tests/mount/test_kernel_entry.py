@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import (EM_CUDA, elf_machine, elf_symbols, entry_name, read_result, run_parallel,
+from conftest import (KCACHEFS, EM_CUDA, elf_machine, elf_symbols, entry_name, read_result, run_parallel,
                       sample, write_script)
 
 
@@ -194,19 +194,30 @@ def sample_cubin(m, name):
     return (m.stage(name, *sample(name)) / "kernel.cubin").read_bytes()
 
 
-def test_refused_flags(mount_factory):
+def test_refused_flags(mount_factory, tmp_path):
     m = mount_factory()
     src = sample("vector_add")[0]
     entry = m.mnt / "cache" / entry_name("vector_add", src, b"bad")
     entry.mkdir(parents=True)
     (entry / "kernel.cu").write_bytes(src)
-    for bad in (b"-ccbin=/bin/sh\n", b"-o\n/tmp/x\n", b"--run\n", b"@/etc/passwd\n"):
+    pwned = tmp_path / "pwned"
+    # nvcc runs its sub-commands through a shell: values it quotes with "" or not at all
+    shell = [b"-DX=$(touch %s)\n" % bytes(pwned), b"-Xptxas=-v;touch${IFS}%s;echo\n" % bytes(pwned),
+             b"--compiler-options=-Wall`touch %s`\n" % bytes(pwned)]
+    for bad in [b"-ccbin=/bin/sh\n", b"-o\n/tmp/x\n", b"--run\n", b"@/etc/passwd\n"] + shell:
         with pytest.raises(OSError) as e:
             (entry / "kernel.flags").write_bytes(bad)
         assert e.value.errno == errno.EINVAL
         assert "refused" in (entry / "kernel.log").read_text()
     assert not (entry / "kernel.flags").exists()
     assert read_result(entry / "kernel.cubin") == ("err", errno.ENOENT)
+    assert not pwned.exists()
+    # the same through -o flags= at mount time: the daemon does not start
+    r = subprocess.run([str(KCACHEFS), "-f", "-o", "flags=-DX=$(touch %s)" % pwned,
+                        str(tmp_path / "b"), str(tmp_path / "m")], capture_output=True,
+                       text=True, timeout=30)
+    assert r.returncode != 0 and "shell metacharacter" in r.stderr
+    assert not pwned.exists()
 
 
 def test_client_published_cubin_is_served_as_is(mount_factory, tmp_path):

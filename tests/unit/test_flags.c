@@ -80,7 +80,7 @@ static void test_check(void)
 	allowed("-lineinfo");
 
 	refused("-o");
-	refused("-o x");
+	unsupported("-o x"); /* a blank: refused before anything else */
 	refused("-ox");
 	refused("x");
 	refused("--output-file=x");
@@ -123,6 +123,40 @@ static void test_check(void)
 	unsupported("-DX\nY");
 	unsupported("-DX\x7f");
 	unsupported("-D"); /* prefix with no value */
+
+	/* nvcc runs sub-commands through a shell: -D values go in double quotes, -Xcompiler and
+	 * -Xptxas values in none. Every character a shell reads is refused. */
+	refused("-DX=$(id>/tmp/kc-pwned)");
+	refused("-DX=`id`");
+	refused("-DX=\"a\"");
+	refused("-DX='a'");
+	refused("-Xptxas=-v;id>/tmp/kc-pwned;echo");
+	refused("--compiler-options=-Wall|id");
+	refused("--compiler-options=-Wall&&id");
+	refused("-DX=a>b");
+	refused("-DX=(1)");
+	refused("-DX=\\n");
+	refused("-DX=*");
+	refused("-DX=~root");
+	refused("-DX=!1");
+	refused("-DX={1}");
+	refused("-DX=#1");
+	unsupported("-DX=a b");
+	unsupported("-Xcompiler=-Wall\t-o");
+	unsupported("-DX=\xc3\xa9");
+	allowed("-DX=a,b:c/d+e.f@g%h");
+	/* prefixes refuse only what they name */
+	unsupported("-code=sm_90a");
+	unsupported("-cudart=static");
+	unsupported("--keep-device-functions");
+	refused("-c");
+	refused("-c=x");
+	refused("--keep");
+	refused("--keep-dir=/tmp");
+	refused("-MD");
+	refused("-lcuda");
+	refused("-odir=/tmp");
+	refused("-optf=/tmp/x");
 
 	/* nvcc honours "\," and would pass "-Wl,-O1" on to the host compiler */
 	char why[512] = "";
