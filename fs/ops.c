@@ -658,8 +658,12 @@ static void kc_create(fuse_req_t req, fuse_ino_t parent_ino, const char *name, m
 		fh->role = role;
 		fh->entry_fd = fcntl(parent->fd, F_DUPFD_CLOEXEC, 0);
 		err = fh->entry_fd < 0 ? -errno : kc_stage_begin(fs, fh, -1, mode);
-		if (!err)
+		if (!err) {
 			own_by_caller(req, fs->store.tmp_fd, fh->tmpname, 0);
+			/* Created (empty) is a change its creator's close commits, and that a
+			 * creator killed before it wrote anything must not commit. */
+			kc_stage_note_writer(req, fh);
+		}
 	} else {
 		int fd = openat(parent->fd, name, (fi->flags | O_CREAT | O_CLOEXEC) & ~O_NOFOLLOW,
 				mode);

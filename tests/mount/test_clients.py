@@ -41,6 +41,27 @@ def test_stager_killed_mid_write_stages_nothing(mount_factory):
     assert "vector_add" in elf_symbols((entry / "kernel.cubin").read_bytes())
 
 
+def test_stager_killed_before_its_first_write_stages_nothing(mount_factory):
+    """Created, then killed before writing a byte: no empty kernel.cu is committed (it
+    would hold the entry's name against the real source for good)."""
+    m = mount_factory()
+    entry = m.mnt / "cache" / entry_name("empty", b"x")
+    entry.mkdir(parents=True)
+    for name in ("kernel.cu", "kernel.flags"):
+        p = subprocess.Popen([sys.executable, "-c",
+                              "import os, signal, sys\n"
+                              "os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)\n"
+                              "os.kill(os.getpid(), signal.SIGKILL)\n", str(entry / name)])
+        p.wait()
+        assert p.returncode == -signal.SIGKILL
+    time.sleep(0.3)
+    assert os.listdir(entry) == []
+    assert os.listdir(m.backing / ".kcachefs" / "tmp") == []
+    # An empty kernel.flags made on purpose (touch) still stages, at the creator's close.
+    (entry / "kernel.flags").touch()
+    assert os.listdir(entry) == ["kernel.flags"]
+
+
 def stage_and_open(i, entry, src, flags, other):
     """Stager i: stage (the 9th stages other bytes, if given) and read kernel.cubin."""
     mine = other if (i == 8 and other) else src
