@@ -25,7 +25,7 @@
 
 struct kc_opts {
 	char *backing;
-	char *nvcc, *arch, *flags, *log_level;
+	char *nvcc, *arch, *flags, *log_level, *compiler;
 	char *jobs, *compile_timeout, *max_source_size; /* numbers, checked in main */
 	int autocompile;
 };
@@ -33,6 +33,7 @@ struct kc_opts {
 #define OPT(t, p) {t, offsetof(struct kc_opts, p), 1}
 static const struct fuse_opt kc_opt_spec[] = {
 	OPT("nvcc=%s", nvcc),
+	OPT("compiler=%s", compiler),
 	OPT("arch=%s", arch),
 	OPT("flags=%s", flags),
 	OPT("jobs=%s", jobs),
@@ -63,6 +64,8 @@ static void usage(const char *prog)
 	       "kcachefs options:\n"
 	       "    -o nvcc=PATH           compiler (default $CUDA_HOME/bin/nvcc, nvcc on PATH,\n"
 	       "                           /usr/local/cuda/bin/nvcc)\n"
+	       "    -o compiler=nvcc|nvrtc compile backend for entries that do not choose one\n"
+	       "                           in kernel.flags (default nvcc)\n"
 	       "    -o arch=sm_XY[a]       target (default: the node's GPU, else %s)\n"
 	       "    -o flags='A B'         arguments added to every compile (blank separated;\n"
 	       "                           escape commas as \\,)\n"
@@ -196,6 +199,12 @@ int main(int argc, char *argv[])
 		ret = 2;
 		goto out_cfg;
 	}
+	if (o.compiler && strcmp(o.compiler, "nvcc") != 0 && strcmp(o.compiler, "nvrtc") != 0) {
+		fprintf(stderr, "kcachefs: compiler=%s: must be nvcc or nvrtc\n", o.compiler);
+		ret = 2;
+		goto out_cfg;
+	}
+	fs->cfg.backend_nvrtc = o.compiler && strcmp(o.compiler, "nvrtc") == 0;
 	fs->cfg.nvcc = o.nvcc;
 	fs->cfg.arch = o.arch;
 	fs->cfg.flags = o.flags;
@@ -285,6 +294,7 @@ out_args:
 	free(o.flags);
 	free(o.log_level);
 	free(o.jobs);
+	free(o.compiler);
 	free(o.compile_timeout);
 	free(o.max_source_size);
 	fuse_opt_free_args(&args);

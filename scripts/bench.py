@@ -18,6 +18,9 @@ Figures (NAME):
             open-file limit allows: the daemon keeps a descriptor per inode the kernel
             holds): start-up to a usable mount against an empty store, resident memory after
             touching every entry once, and the inode table after the kernel drops its caches
+  backend   compile seconds of nvcc against the NVRTC backend (build/kcachefs-nvrtc) on the
+            sample kernels, the header-heavy CUB one among them; both cubins must expose
+            the same kernel symbol
   ref       the same warm read through libfuse's own passthrough_ll example (cache=always),
             built from /usr/share/doc/libfuse3-dev/examples when present: what one FUSE
             round trip per open costs on this machine
@@ -63,15 +66,15 @@ def io(mode, path, n):
 
 
 def spread(xs):
-    return "%.0f-%.0f" % (min(xs), max(xs))
+    return "%.3g-%.3g" % (min(xs), max(xs))
 
 
 def row(figure, mount, base, unit, target, lower_is_better=True):
     """One line of the table: medians, spreads, ratio mount/base."""
     m, b = statistics.median(mount), statistics.median(base)
     ratio = m / b if b else float("inf")
-    ROWS.append((figure, "%.1f %s (%s)" % (m, unit, spread(mount)),
-                 "%.1f %s (%s)" % (b, unit, spread(base)), "%.2fx" % ratio, target))
+    ROWS.append((figure, "%.3g %s (%s)" % (m, unit, spread(mount)),
+                 "%.3g %s (%s)" % (b, unit, spread(base)), "%.2fx" % ratio, target))
     print("  %-34s mount %s  baseline %s  ratio %.2fx  target %s" % (
         figure, ROWS[-1][1], ROWS[-1][2], ratio, target), flush=True)
 
@@ -268,6 +271,32 @@ def bench_starve(tmp, reps):
         m.stop()
 
 
+def bench_backend(tmp, reps):
+    nvrtc = REPO / "build" / "kcachefs-nvrtc"
+    if not nvrtc.exists():
+        print("backend: %s was not built (no libnvrtc); skipped" % nvrtc, flush=True)
+        return
+    print("backend: nvcc against NVRTC, same flags, no FUSE", flush=True)
+    from conftest import elf_symbols  # noqa: E402
+    for name in ("vector_add", "block_sum"):
+        src = REPO / "tests" / "kernels" / (name + ".cu")
+        flags = (REPO / "tests" / "kernels" / (name + ".flags")).read_text().split()
+        flags.append("--gpu-architecture=sm_90a")
+        times = {"nvcc": [], "nvrtc": []}
+        syms = {}
+        for _ in range(reps):
+            for label, exe in (("nvcc", NVCC), ("nvrtc", nvrtc)):
+                out = Path(tmp) / ("%s.%s.cubin" % (name, label))
+                t0 = time.monotonic()
+                subprocess.run([str(exe), str(src), "-cubin", "-o", str(out)] + flags,
+                               check=True, capture_output=True)
+                times[label].append(time.monotonic() - t0)
+                syms[label] = name in elf_symbols(out.read_bytes())
+        assert syms == {"nvcc": True, "nvrtc": True}, syms
+        row("compile seconds, %s: NVRTC (nvcc is baseline)" % name, times["nvrtc"],
+            times["nvcc"], "s", ">= 3x fewer (ratio <= 0.33x)")
+
+
 def rss_kib(pid):
     with open("/proc/%d/status" % pid) as f:
         for line in f:
@@ -377,7 +406,7 @@ def bench_ref(tmp, reps):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=7, help="repetitions of each timed loop")
-    ap.add_argument("--only", default="read,ref,meta,cold,starve,scale")
+    ap.add_argument("--only", default="read,ref,meta,cold,starve,scale,backend")
     ap.add_argument("--entries", type=int, default=100000, help="N of the scale figure")
     ap.add_argument("--kernels", type=int, default=32, help="K of the cold start")
     ap.add_argument("--quick", action="store_true", help="3 repetitions, K=8")
@@ -398,7 +427,8 @@ def main():
              "cold": lambda: bench_cold(tmp, max(1, args.reps // 2), args.kernels),
              "starve": lambda: bench_starve(tmp, args.reps),
              "scale": lambda: bench_scale(tmp, 3, args.entries),
-             "ref": lambda: bench_ref(tmp, args.reps)}[name]()
+             "ref": lambda: bench_ref(tmp, args.reps),
+             "backend": lambda: bench_backend(tmp, args.reps)}[name]()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print("\n| figure | kcachefs: median (spread) | baseline | ratio | target |")

@@ -406,6 +406,29 @@ static int run_compile(struct compile_job *j)
 	kc_argv_free(&eflags);
 	char arch[32];
 	snprintf(arch, sizeof(arch), "%.31s", kc_flags_arch(&args));
+	/* The backend: the entry's choice, else the mount's (-o compiler=). */
+	const char *backend = kc_flags_backend(&args);
+	int nvrtc = backend ? strcmp(backend, "nvrtc") == 0 : cfg->backend_nvrtc;
+	if (nvrtc && !cfg->nvrtc) {
+		snprintf(head, sizeof(head), "kcachefs: kernel.flags asks for NVRTC (%snvrtc), which "
+			 "this kcachefs was built without\n", KC_FLAG_BACKEND);
+		write_log(c, j->entry_fd, head, NULL, 0);
+		kc_store_mark_rejected(j->entry_fd, j->recipe.hash);
+		atomic_fetch_add(&c->stats.compile_failures, 1);
+		kc_log(KC_LOG_WARN, "compile %s: NVRTC asked for, not built", label);
+		kc_argv_free(&args);
+		return -EIO;
+	}
+	const char *compiler = nvrtc ? cfg->nvrtc : cfg->nvcc;
+	for (size_t i = 0; i < args.n;) { /* the choice is the mount's, not a compiler flag */
+		if (strncmp(args.v[i], KC_FLAG_BACKEND, strlen(KC_FLAG_BACKEND)) != 0) {
+			i++;
+			continue;
+		}
+		free(args.v[i]);
+		memmove(&args.v[i], &args.v[i + 1], (args.n - i) * sizeof(*args.v));
+		args.n--;
+	}
 
 	int scratch_fd = kc_store_scratch(c->store, scratch, sizeof(scratch));
 	if (scratch_fd < 0) {
@@ -416,7 +439,7 @@ static int run_compile(struct compile_job *j)
 		return -EIO;
 	}
 	struct kc_compile_spec spec = {
-		.nvcc = cfg->nvcc, .args = &args, .source = j->recipe.source,
+		.nvcc = compiler, .args = &args, .source = j->recipe.source,
 		.source_len = j->recipe.source_len, .scratch = scratch, .scratch_fd = scratch_fd,
 		.timeout_s = cfg->compile_timeout,
 	};
@@ -442,7 +465,7 @@ static int run_compile(struct compile_job *j)
 				   ? (result == 0 ? "published" : "not published")
 				   : out.status == KC_COMPILE_REJECTED ? "rejected" : "failed";
 	snprintf(head, sizeof(head), "kcachefs: compile %s: %s (%s) in %.2f s with %s, arch %s\n",
-		 label, kind, out.why, out.seconds, cfg->nvcc, arch);
+		 label, kind, out.why, out.seconds, compiler, arch);
 	if (result != -EAGAIN)
 		write_log(c, j->entry_fd, head, out.log, out.log_len);
 	if (out.status == KC_COMPILE_REJECTED)

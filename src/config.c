@@ -13,20 +13,47 @@
 #include "nvcc.h"
 
 /* "<path> <last line of --version>", or "<path> unavailable" with a warning. */
-static void compiler_identity(struct kc_config *c)
+static void identity(const char *path, char *out, size_t len)
 {
 	char version[200];
-	int err = kc_nvcc_version(c->nvcc, version, sizeof(version));
+	int err = kc_nvcc_version(path, version, sizeof(version));
 
 	if (err) {
-		snprintf(c->compiler_id, sizeof(c->compiler_id), "%s unavailable", c->nvcc);
+		snprintf(out, len, "%s unavailable", path);
 		if (err == -EIO)
-			kc_log(KC_LOG_WARN, "compiler %s --version failed", c->nvcc);
+			kc_log(KC_LOG_WARN, "compiler %s --version failed", path);
 		else
-			kc_log(KC_LOG_WARN, "compiler %s cannot run: %s", c->nvcc, strerror(-err));
+			kc_log(KC_LOG_WARN, "compiler %s cannot run: %s", path, strerror(-err));
 		return;
 	}
-	snprintf(c->compiler_id, sizeof(c->compiler_id), "%.*s %.120s", 120, c->nvcc, version);
+	snprintf(out, len, "%.*s %.120s", 120, path, version);
+}
+
+static void compiler_identity(struct kc_config *c)
+{
+	identity(c->nvcc, c->compiler_id, sizeof(c->compiler_id));
+	if (c->nvrtc) {
+		char id[256];
+		size_t n = strlen(c->compiler_id);
+		identity(c->nvrtc, id, sizeof(id));
+		snprintf(c->compiler_id + n, sizeof(c->compiler_id) - n, "; %s", id);
+	}
+}
+
+/* kcachefs-nvrtc in the directory of the running program, or NULL. */
+static char *find_nvrtc(void)
+{
+	char self[4096], path[4200];
+	ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+	if (n <= 0)
+		return NULL;
+	self[n] = '\0';
+	char *slash = strrchr(self, '/');
+	if (!slash)
+		return NULL;
+	*slash = '\0';
+	snprintf(path, sizeof(path), "%s/kcachefs-nvrtc", self);
+	return access(path, X_OK) == 0 ? strdup(path) : NULL;
 }
 
 /* Compute capability of GPU 0 through the driver API, loaded at run time so that the
@@ -64,6 +91,13 @@ int kc_config_resolve(struct kc_config *c, char *why, size_t whylen)
 		c->nvcc = kc_nvcc_find(NULL);
 	if (!c->nvcc)
 		return -ENOMEM;
+	if (!c->nvrtc)
+		c->nvrtc = find_nvrtc();
+	if (c->backend_nvrtc && !c->nvrtc) {
+		snprintf(why, whylen, "compiler=nvrtc: kcachefs-nvrtc is not next to kcachefs "
+			 "(it is built when meson finds libnvrtc)");
+		return -EINVAL;
+	}
 	if (!c->arch) {
 		c->arch_detected = detect_arch(arch, sizeof(arch)) == 0;
 		c->arch = strdup(c->arch_detected ? arch : KC_DEFAULT_ARCH);
@@ -96,6 +130,8 @@ int kc_config_resolve(struct kc_config *c, char *why, size_t whylen)
 void kc_config_free(struct kc_config *c)
 {
 	free(c->nvcc);
+	free(c->nvrtc);
+	c->nvrtc = NULL;
 	free(c->arch);
 	free(c->flags);
 	kc_argv_free(&c->mount_flags);

@@ -23,13 +23,19 @@ struct kc_config {
 	unsigned compile_timeout; /* seconds; 0: KC_DEFAULT_COMPILE_TIMEOUT */
 	int autocompile;       /* compile entries that have kernel.cu but no kernel.flags */
 	size_t max_source_size; /* bytes of kernel.cu / kernel.flags accepted */
-	char compiler_id[256]; /* "<path> <last line of --version>"; part of every recipe */
+	char *nvrtc;           /* the kcachefs-nvrtc backend (NVRTC in its own process), found
+				* next to the daemon; NULL when this build has none */
+	int backend_nvrtc;     /* -o compiler=nvrtc: entries that do not choose use NVRTC */
+	char compiler_id[512]; /* "<path> <last line of --version>", and "; <NVRTC version>"
+				* when the NVRTC backend is there; part of every recipe */
 	int arch_detected;     /* 1 if arch came from the node's GPU */
 };
 
 /* Fill in defaults and resolve: nvcc (-o nvcc=, else $CUDA_HOME/bin/nvcc, else nvcc on
  * PATH, else /usr/local/cuda/bin/nvcc), its identity (runs "nvcc --version"; a compiler
  * that cannot run leaves the id "<path> unavailable" and is reported by a warning), the
+ * NVRTC backend (kcachefs-nvrtc in the daemon's own directory; -EINVAL when -o
+ * compiler=nvrtc asks for it and it is not there), the
  * architecture (-o arch=, else the first GPU's compute capability through libcuda, else
  * KC_DEFAULT_ARCH) and the mount flags. Returns 0, or -EINVAL with why filled for a bad
  * arch or a refused flag, or -ENOMEM. */

@@ -74,7 +74,8 @@ static const char *const exact_ok[] = {
 	"-Wno-deprecated-gpu-targets", "--Wno-deprecated-gpu-targets", "--display-error-number",
 	"--no-display-error-number", "-O0", "-O1", "-O2", "-O3", "-std=c++11", "-std=c++14",
 	"-std=c++17", "-std=c++20", "--std=c++11", "--std=c++14", "--std=c++17", "--std=c++20",
-	"-rdc=false", "--relocatable-device-code=false", NULL,
+	"-rdc=false", "--relocatable-device-code=false", KC_FLAG_BACKEND "nvcc",
+	KC_FLAG_BACKEND "nvrtc", NULL,
 };
 
 /* Arguments allowed with any value after the prefix (value checked separately where
@@ -350,4 +351,78 @@ const char *kc_flags_arch(const struct kc_argv *args)
 int kc_flags_have_arch(const struct kc_argv *args)
 {
 	return kc_flags_arch(args) != NULL;
+}
+
+const char *kc_flags_backend(const struct kc_argv *args)
+{
+	const char *backend = NULL;
+	for (size_t i = 0; i < args->n; i++)
+		if (starts(args->v[i], KC_FLAG_BACKEND))
+			backend = args->v[i] + strlen(KC_FLAG_BACKEND);
+	return backend;
+}
+
+int kc_flags_to_nvrtc(const struct kc_argv *in, struct kc_argv *out, char *why, size_t whylen)
+{
+	/* nvcc arguments that NVRTC takes as they are, or with the prefix changed */
+	static const struct {
+		const char *nvcc, *nvrtc;
+	} same[] = {
+		{"-arch=", "-arch="}, {"--gpu-architecture=", "--gpu-architecture="},
+		{"-std=", "-std="}, {"--std=", "--std="}, {"-D", "-D"},
+		{"--define-macro=", "--define-macro="}, {"-U", "-U"},
+		{"--undefine-macro=", "--undefine-macro="}, {"-I", "-I"},
+		{"--include-path=", "--include-path="}, {"-lineinfo", "-lineinfo"},
+		{"--generate-line-info", "--generate-line-info"}, {"-G", "-G"},
+		{"--device-debug", "--device-debug"}, {"-use_fast_math", "--use_fast_math"},
+		{"--use_fast_math", "--use_fast_math"}, {"--ftz=", "--ftz="}, {"-ftz=", "--ftz="},
+		{"--prec-div=", "--prec-div="}, {"-prec-div=", "--prec-div="},
+		{"--prec-sqrt=", "--prec-sqrt="}, {"-prec-sqrt=", "--prec-sqrt="},
+		{"--fmad=", "--fmad="}, {"-fmad=", "--fmad="}, {"--maxrregcount=", "--maxrregcount="},
+		{"-maxrregcount=", "--maxrregcount="}, {"--diag-suppress=", "--diag-suppress="},
+		{"-diag-suppress=", "--diag-suppress="}, {"--diag-error=", "--diag-error="},
+		{"-w", "-w"}, {"--disable-warnings", "--disable-warnings"}, {"--restrict", "--restrict"},
+		{"-restrict", "--restrict"}, {"--ptxas-options=", "--ptxas-options="},
+		{"-Xptxas=", "--ptxas-options="}, {"--display-error-number", "--display-error-number"},
+		{"--no-display-error-number", "--no-display-error-number"}, {"-dopt=", "--dopt="},
+		{"--dopt=", "--dopt="}, {"-rdc=false", "-rdc=false"},
+		{"--relocatable-device-code=false", "-rdc=false"},
+	};
+	/* nvcc arguments for the host side, or what NVRTC does anyway: dropped */
+	static const char *const host_only[] = {
+		"-O0", "-O1", "-O2", "-O3", "--optimize=", "--compiler-options=", "-Xcompiler=", "--expt-relaxed-constexpr",
+		"--expt-extended-lambda", "--extended-lambda", "-g", "--debug",
+		"-Wno-deprecated-gpu-targets", "--Wno-deprecated-gpu-targets", "--threads=", "-t=",
+		"--resource-usage", "-res-usage", "--extra-device-vectorization", "--Werror=",
+		"-Werror=", "--diag-warn=", KC_FLAG_BACKEND, NULL,
+	};
+	for (size_t i = 0; i < in->n; i++) {
+		const char *a = in->v[i];
+		int done = 0;
+		for (size_t k = 0; k < sizeof(same) / sizeof(same[0]) && !done; k++) {
+			size_t pl = strlen(same[k].nvcc);
+			int prefix = same[k].nvcc[pl - 1] == '=' || strcmp(same[k].nvcc, "-D") == 0 ||
+				     strcmp(same[k].nvcc, "-U") == 0 || strcmp(same[k].nvcc, "-I") == 0;
+			if (prefix ? starts(a, same[k].nvcc) && a[pl] : strcmp(a, same[k].nvcc) == 0) {
+				char buf[FLAG_LINE_MAX + 64];
+				snprintf(buf, sizeof(buf), "%s%s", same[k].nvrtc, a + pl);
+				if (kc_argv_push(out, buf))
+					goto nomem;
+				done = 1;
+			}
+		}
+		for (int k = 0; host_only[k] && !done; k++) {
+			const char *h = host_only[k];
+			done = h[strlen(h) - 1] == '=' ? starts(a, h) : strcmp(a, h) == 0;
+		}
+		if (!done) {
+			snprintf(why, whylen, "flag '%s' has no NVRTC equivalent", a);
+			kc_argv_free(out);
+			return -EINVAL;
+		}
+	}
+	return 0;
+nomem:
+	kc_argv_free(out);
+	return -ENOMEM;
 }

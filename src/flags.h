@@ -50,4 +50,18 @@ const char *kc_flags_arch(const struct kc_argv *args);
 /* Nonzero if args already choose a target architecture (-arch=, --gpu-architecture=). */
 int kc_flags_have_arch(const struct kc_argv *args);
 
+/* The compile backend an entry asks for in its kernel.flags: KC_FLAG_BACKEND followed by
+ * "nvcc" or "nvrtc" (the last one wins; the allow-list takes no other value). */
+#define KC_FLAG_BACKEND "--kcachefs-compiler="
+
+/* The backend args choose ("nvcc", "nvrtc", pointing into args), or NULL. */
+const char *kc_flags_backend(const struct kc_argv *args);
+
+/* Turn nvcc arguments (as the allow-list passed them) into NVRTC options: the device-side
+ * ones kept (renamed where NVRTC spells them otherwise), the host-side ones and what NVRTC
+ * does anyway dropped (-O3, --compiler-options=, --expt-relaxed-constexpr...), and
+ * KC_FLAG_BACKEND dropped. out is appended to. Returns 0, -EINVAL with why naming the first
+ * argument NVRTC cannot take, or -ENOMEM (out is then freed). */
+int kc_flags_to_nvrtc(const struct kc_argv *in, struct kc_argv *out, char *why, size_t whylen);
+
 #endif

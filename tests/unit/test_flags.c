@@ -347,11 +347,66 @@ static void test_argv_arch(void)
 	kc_argv_free(&b);
 }
 
+static void test_nvrtc(void)
+{
+	struct kc_argv in = {0}, out = {0};
+	char why[512] = "";
+	/* DeepGEMM's flags: device-side ones kept, host-side ones dropped */
+	for (size_t i = 0; i < N_DEEPGEMM; i++)
+		kc_argv_push(&in, deepgemm[i]);
+	kc_argv_push(&in, "-Xptxas=-v");
+	kc_argv_push(&in, "-DKC=1");
+	kc_argv_push(&in, "-use_fast_math");
+	kc_argv_push(&in, KC_FLAG_BACKEND "nvrtc");
+	CHECK(kc_flags_to_nvrtc(&in, &out, why, sizeof(why)) == 0, "nvrtc: DeepGEMM's flags translate");
+	char joined[2048] = "";
+	for (size_t i = 0; i < out.n; i++) {
+		strcat(joined, out.v[i]);
+		strcat(joined, "|");
+	}
+	CHECK(strcmp(joined, "-std=c++20|--diag-suppress=39,161,174,177,186,940|"
+			     "--ptxas-options=--register-usage-level=10|--gpu-architecture=sm_90a|"
+			     "--ptxas-options=-v|-DKC=1|--use_fast_math|") == 0,
+	      "nvrtc: kept in order, -Xptxas/-use_fast_math respelled; -O3, host options, "
+	      "--expt-*, the backend choice dropped");
+	kc_argv_free(&out);
+	kc_argv_free(&in);
+
+	kc_argv_push(&in, "-O3");
+	kc_argv_push(&in, "-Irel-is-refused-earlier-but-not-here");
+	kc_argv_push(&in, "-G");
+	CHECK(kc_flags_to_nvrtc(&in, &out, why, sizeof(why)) == 0 && out.n == 2,
+	      "nvrtc: -I and -G kept, -O3 dropped");
+	kc_argv_free(&out);
+	kc_argv_free(&in);
+
+	kc_argv_push(&in, "-lineinfo");
+	kc_argv_push(&in, "--resource-usage");
+	kc_argv_push(&in, "-Og");
+	CHECK(kc_flags_to_nvrtc(&in, &out, why, sizeof(why)) == -EINVAL && strstr(why, "'-Og'") &&
+		      out.n == 0 && out.v == NULL,
+	      "nvrtc: an argument with no equivalent is named, and out is freed");
+	kc_argv_free(&in);
+
+	kc_argv_push(&in, "-DA");
+	kc_argv_push(&in, KC_FLAG_BACKEND "nvcc");
+	kc_argv_push(&in, KC_FLAG_BACKEND "nvrtc");
+	CHECK(kc_flags_backend(&in) && strcmp(kc_flags_backend(&in), "nvrtc") == 0,
+	      "backend: the last choice wins");
+	kc_argv_free(&in);
+	CHECK(kc_flags_backend(&in) == NULL, "backend: none chosen");
+	allowed(KC_FLAG_BACKEND "nvcc");
+	allowed(KC_FLAG_BACKEND "nvrtc");
+	unsupported(KC_FLAG_BACKEND "clang");
+	unsupported(KC_FLAG_BACKEND);
+}
+
 int main(void)
 {
 	test_check();
 	test_parse();
 	test_split();
 	test_argv_arch();
+	test_nvrtc();
 	return tap_done();
 }

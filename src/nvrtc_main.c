@@ -1,0 +1,128 @@
+/* nvrtc_main.c - kcachefs-nvrtc: the NVRTC compile backend, run by the daemon exactly as it
+ * runs nvcc (its own process, scratch directory, timeout and log), so that a compiler crash
+ * or hang costs one compile and never the mount.
+ *
+ *   kcachefs-nvrtc SOURCE -cubin -o OUT [nvcc flags...]
+ *   kcachefs-nvrtc --version
+ *
+ * The flags are nvcc's, as the mount's allow-list passed them; kc_flags_to_nvrtc
+ * (flags.h) turns them into NVRTC options, dropping what only steers the host side. The
+ * toolkit's headers (<CUDA>/include and its cccl/) are on the include path, as nvcc puts
+ * them. Output and status are shaped like nvcc's: the compile log on stderr, the cubin
+ * written to OUT, exit status 0; 1 when the source is rejected (the log names each
+ * error); 2 for a usage error or a flag NVRTC cannot take; 3 when the cubin cannot be
+ * written.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <nvrtc.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "flags.h"
+#include "io.h"
+#include "kc_build.h"
+
+static char *read_file(const char *path, size_t *len)
+{
+	FILE *f = fopen(path, "rb");
+	char *buf = NULL;
+	long n;
+
+	if (!f)
+		return NULL;
+	if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0 &&
+	    (buf = malloc((size_t)n + 1)) && fread(buf, 1, (size_t)n, f) == (size_t)n) {
+		buf[n] = '\0';
+		*len = (size_t)n;
+	} else {
+		free(buf);
+		buf = NULL;
+	}
+	fclose(f);
+	return buf;
+}
+
+int main(int argc, char **argv)
+{
+	int major = 0, minor = 0;
+	nvrtcVersion(&major, &minor);
+	if (argc == 2 && strcmp(argv[1], "--version") == 0) {
+		printf("kcachefs-nvrtc %s (CUDA %s)\nNVRTC %d.%d\n", KC_VERSION, KC_CUDA_VERSION,
+		       major, minor);
+		return 0;
+	}
+	if (argc < 5 || strcmp(argv[2], "-cubin") != 0 || strcmp(argv[3], "-o") != 0) {
+		fprintf(stderr, "usage: %s SOURCE -cubin -o OUT [nvcc flags...] | --version\n",
+			argv[0]);
+		return 2;
+	}
+	const char *src_path = argv[1], *out_path = argv[4];
+	struct kc_argv given = {0}, opts = {0};
+	char why[512], inc[4200];
+	size_t len = 0;
+
+	for (int i = 5; i < argc; i++)
+		if (kc_argv_push(&given, argv[i]))
+			return 2;
+	if (kc_flags_to_nvrtc(&given, &opts, why, sizeof(why)) != 0) {
+		fprintf(stderr, "kcachefs-nvrtc: error: %s\n", why);
+		return 2;
+	}
+	const char *home = getenv("CUDA_HOME");
+	if (!home || !*home)
+		home = KC_CUDA_HOME;
+	snprintf(inc, sizeof(inc), "--include-path=%s/include", home);
+	kc_argv_push(&opts, inc);
+	snprintf(inc, sizeof(inc), "--include-path=%s/include/cccl", home);
+	kc_argv_push(&opts, inc);
+
+	char *source = read_file(src_path, &len);
+	if (!source) {
+		fprintf(stderr, "kcachefs-nvrtc: error: cannot read %s: %s\n", src_path,
+			strerror(errno));
+		return 2;
+	}
+	nvrtcProgram prog;
+	nvrtcResult r = nvrtcCreateProgram(&prog, source, "kernel.cu", 0, NULL, NULL);
+	if (r != NVRTC_SUCCESS) {
+		fprintf(stderr, "kcachefs-nvrtc: error: %s\n", nvrtcGetErrorString(r));
+		return 2;
+	}
+	r = nvrtcCompileProgram(prog, (int)opts.n, (const char *const *)opts.v);
+	size_t log_len = 0;
+	if (nvrtcGetProgramLogSize(prog, &log_len) == NVRTC_SUCCESS && log_len > 1) {
+		char *log = malloc(log_len);
+		if (log && nvrtcGetProgramLog(prog, log) == NVRTC_SUCCESS)
+			fputs(log, stderr);
+		free(log);
+	}
+	if (r != NVRTC_SUCCESS) {
+		fprintf(stderr, "kcachefs-nvrtc: error: %s\n", nvrtcGetErrorString(r));
+		return r == NVRTC_ERROR_COMPILATION ? 1 : 2;
+	}
+	size_t cubin_len = 0;
+	char *cubin = NULL;
+	if (nvrtcGetCUBINSize(prog, &cubin_len) != NVRTC_SUCCESS || cubin_len == 0 ||
+	    !(cubin = malloc(cubin_len)) || nvrtcGetCUBIN(prog, cubin) != NVRTC_SUCCESS) {
+		fprintf(stderr, "kcachefs-nvrtc: error: no cubin (is the architecture a real "
+				"sm_XY, not compute_XY?)\n");
+		return 2;
+	}
+	int fd = open(out_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	int err = fd < 0 ? -errno : kc_write_all(fd, cubin, cubin_len);
+	if (fd >= 0 && close(fd) != 0 && !err)
+		err = -errno;
+	if (err) {
+		fprintf(stderr, "kcachefs-nvrtc: cannot write %s: %s\n", out_path, strerror(-err));
+		return 3;
+	}
+	nvrtcDestroyProgram(&prog);
+	free(cubin);
+	free(source);
+	kc_argv_free(&given);
+	kc_argv_free(&opts);
+	return 0;
+}

@@ -1,0 +1,74 @@
+"""The NVRTC compile backend (issue 5): -o compiler=nvrtc for a whole mount, or
+--kcachefs-compiler=nvrtc in an entry's kernel.flags; part of the entry's identity. The
+backend, kcachefs-nvrtc, is run by the daemon as nvcc is (own process, timeout, log)."""
+import errno
+import shutil
+import subprocess
+
+import pytest
+
+from conftest import (EM_CUDA, KCACHEFS, elf_machine, elf_symbols, read_result, sample)
+
+NVRTC = KCACHEFS.parent / "kcachefs-nvrtc"
+pytestmark = pytest.mark.skipif(not NVRTC.exists(), reason="built without libnvrtc")
+
+
+@pytest.mark.parametrize("kernel", ["vector_add", "block_sum"])
+def test_a_mount_of_nvrtc_compiles_valid_cubins(mount_factory, kernel):
+    m = mount_factory(["compiler=nvrtc"])
+    entry = m.stage(kernel, *sample(kernel))
+    data = (entry / "kernel.cubin").read_bytes()
+    assert elf_machine(data) == EM_CUDA and kernel in elf_symbols(data)
+    head = (entry / "kernel.log").read_text().splitlines()[0]
+    assert "published (ok)" in head and "with %s," % NVRTC in head, head
+    info = [l for l in (m.mnt / ".kcachefs" / "stats").read_text().splitlines()
+            if l.startswith("kcachefs_info{")][0]
+    assert "NVRTC 13" in info or "NVRTC " in info, info
+
+
+def test_an_entry_chooses_its_backend_and_that_is_its_identity(mount_factory):
+    m = mount_factory()  # nvcc by default
+    src, flags = sample("vector_add")
+    by_nvcc = m.stage("vector_add", src, flags)
+    by_nvrtc = m.stage("vector_add", src, flags + b"--kcachefs-compiler=nvrtc\n")
+    a = (by_nvcc / "kernel.cubin").read_bytes()
+    b = (by_nvrtc / "kernel.cubin").read_bytes()
+    assert "vector_add" in elf_symbols(a) and "vector_add" in elf_symbols(b)
+    assert "/nvcc," in (by_nvcc / "kernel.log").read_text().splitlines()[0]
+    assert "kcachefs-nvrtc," in (by_nvrtc / "kernel.log").read_text().splitlines()[0]
+    assert m.stats()["compiles_total"] == 2
+    # The choice is a staged flag like any other: only nvcc and nvrtc are allowed.
+    bad = m.mnt / "cache" / "kernel.vector_add.0123456789abcdef01"
+    bad.mkdir()
+    with pytest.raises(OSError) as e:
+        (bad / "kernel.flags").write_bytes(b"--kcachefs-compiler=clang\n")
+    assert e.value.errno == errno.EINVAL
+
+
+def test_nvrtc_failures_give_eio_and_say_why(mount_factory):
+    m = mount_factory(["compiler=nvrtc"])
+    broken = m.stage("broken", *sample("broken"))
+    assert read_result(broken / "kernel.cubin") == ("err", errno.EIO)
+    assert read_result(broken / "kernel.cubin") == ("err", errno.EIO)
+    log = (broken / "kernel.log").read_text()
+    assert "rejected" in log.splitlines()[0] and "undefined_symbol_kcachefs_test" in log
+    assert m.stats()["compile_failures_total"] == 1, "the rejection is remembered"
+    # A virtual architecture gives PTX, not a cubin: refused with the reason.
+    ptx = m.stage("vector_add", sample("vector_add")[0], b"--gpu-architecture=compute_90\n")
+    assert read_result(ptx / "kernel.cubin") == ("err", errno.EIO)
+    assert "no cubin" in (ptx / "kernel.log").read_text()
+
+
+def test_compiler_option_errors(tmp_path):
+    def start(binary, opt):
+        (tmp_path / "b").mkdir(exist_ok=True)
+        (tmp_path / "m").mkdir(exist_ok=True)
+        return subprocess.run([str(binary), "-f", "-o", opt, str(tmp_path / "b"),
+                               str(tmp_path / "m")], capture_output=True, text=True, timeout=30)
+    r = start(KCACHEFS, "compiler=clang")
+    assert r.returncode != 0 and "compiler=clang: must be nvcc or nvrtc" in r.stderr
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    shutil.copy(KCACHEFS, alone / "kcachefs")  # without kcachefs-nvrtc beside it
+    r = start(alone / "kcachefs", "compiler=nvrtc")
+    assert r.returncode != 0 and "kcachefs-nvrtc is not next to kcachefs" in r.stderr
