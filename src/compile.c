@@ -79,10 +79,22 @@ static void read_log(int dirfd, struct kc_compile_outcome *out)
 	int fd = openat(dirfd, "compile.log", O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
 		return;
-	out->log = malloc(LOG_MAX + 1);
+	struct stat st;
+	char note[128];
+	out->log = malloc(LOG_MAX + sizeof(note));
 	if (out->log) {
 		ssize_t n = pread(fd, out->log, LOG_MAX, 0);
 		out->log_len = n > 0 ? (size_t)n : 0;
+		if (fstat(fd, &st) == 0 && (size_t)st.st_size > out->log_len) {
+			/* cut at the last whole line, and say so */
+			char *nl = memrchr(out->log, '\n', out->log_len);
+			out->log_len = nl ? (size_t)(nl - out->log + 1) : out->log_len;
+			int m = snprintf(note, sizeof(note),
+					 "[kcachefs: the compiler's output is cut here; %lld bytes more]\n",
+					 (long long)st.st_size - (long long)out->log_len);
+			memcpy(out->log + out->log_len, note, (size_t)m);
+			out->log_len += (size_t)m;
+		}
 		out->log[out->log_len] = '\0';
 	}
 	close(fd);

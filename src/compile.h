@@ -31,7 +31,8 @@ struct kc_compile_spec {
 
 struct kc_compile_outcome {
 	enum kc_compile_status status;
-	char *log;      /* the compiler's stdout+stderr (at most 1 MiB), owned, NUL-terminated */
+	char *log;      /* the compiler's stdout+stderr (at most 1 MiB: past that, cut at a line
+			 * with a note saying so), owned, NUL-terminated */
 	size_t log_len;
 	double seconds; /* wall time of the compiler run */
 	char why[256];  /* one line: "exit status 1", "killed by signal 9", ... */

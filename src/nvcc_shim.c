@@ -23,6 +23,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <dirent.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -196,10 +197,14 @@ static int rejected(int entry_fd)
 }
 
 /* Print the compiler's output of a published compile (its warnings) as nvcc would, naming
- * the caller's input instead of the mount's scratch copy. */
-static void print_log(int entry_fd, const char *input)
+ * the caller's input instead of the mount's scratch copy. Only a log the daemon wrote (owned
+ * by owner) is printed: in a shared mount the entry's owner could put another there. */
+static void print_log(int entry_fd, uid_t owner, const char *input)
 {
 	size_t len = 0, head = 0, body_len = 0;
+	struct stat st;
+	if (fstatat(entry_fd, KC_LOG_NAME, &st, AT_SYMLINK_NOFOLLOW) != 0 || st.st_uid != owner)
+		return;
 	char *log = read_log(entry_fd, &len, &head);
 	if (!log)
 		return;
@@ -227,6 +232,18 @@ static int to_nvcc(const char *fmt, ...)
 	return TO_NVCC;
 }
 
+/* Nonzero if path names kernel.cu/.flags/.cubin/.log inside a kernel entry: a file the
+ * mount manages, which nvcc would meet as such (e.g. a published cubin is read-only). */
+static int output_is_staged(const char *path)
+{
+	char dir[PATH_MAX];
+	const char *base = strrchr(path, '/');
+	parent_dir(path, dir, sizeof(dir));
+	const char *entry = strrchr(dir, '/');
+	return kc_name_role(base ? base + 1 : path) != KC_ROLE_PLAIN &&
+	       kc_name_classify(entry ? entry + 1 : dir, NULL) == KC_NAME_ENTRY;
+}
+
 /* What the mount at root compiles with, from its kcachefs_info: "<compiler>", and
  * "; mount flags: <flags>" after it when -o flags= adds arguments to every compile. */
 static int mount_compiler(const char *root, char *out, size_t len)
@@ -252,8 +269,12 @@ static int mount_compiler(const char *root, char *out, size_t len)
  * mount's: such a call is nvcc's own. */
 static const char *nvcc_environment(void)
 {
-	static const char *const vars[] = {"NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "NVCC_CCBIN",
-					   "CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH", NULL};
+	/* nvcc's own, the host preprocessor's, and those nvcc.profile reads */
+	static const char *const vars[] = {
+		"NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "NVCC_CCBIN", "CPATH", "C_INCLUDE_PATH",
+		"CPLUS_INCLUDE_PATH", "INCLUDES", "SYSTEM_INCLUDES", "LIBRARIES", "CUDAFE_FLAGS",
+		"PTXAS_FLAGS", "CICC_PATH", "NVVMIR_LIBRARY_DIR", NULL,
+	};
 	for (int i = 0; vars[i]; i++) {
 		const char *v = getenv(vars[i]);
 		if (v && *v)
@@ -293,27 +314,76 @@ static int holds(int entry_fd, const char *name, const char *buf, size_t len)
 	return same;
 }
 
-/* Open (creating) KC_SHIM_DIR/name under root. KC_SHIM_DIR is made sticky and writable by
- * everyone, like /tmp, so that every user of a shared mount can add entries and no one can
- * remove another's. Returns an O_PATH fd or -errno. */
-static int open_entry(const char *root, const char *name)
+/* Open (creating) KC_SHIM_DIR/name under root_fd, on the mount's own device dev.
+ * KC_SHIM_DIR is created sticky and writable by everyone, like /tmp, so that every user of a
+ * shared mount can add entries and no one can remove another's (an operator creates it as
+ * root: mkdir -m 1777). Only a real directory owned by root or the caller is trusted, and
+ * symbolic links are not followed: another user could point them at a filesystem of their
+ * own. Returns an O_PATH fd, or -errno (ENOTDIR, ELOOP, EPERM for an untrusted directory). */
+static int open_entry(int root_fd, dev_t dev, const char *name)
 {
-	int root_fd = open(root, O_PATH | O_DIRECTORY | O_CLOEXEC);
-	if (root_fd < 0)
-		return -errno;
+	struct stat st;
+	int err = 0;
+
 	if (mkdirat(root_fd, KC_SHIM_DIR, 01777) == 0)
 		fchmodat(root_fd, KC_SHIM_DIR, 01777, 0); /* past the umask */
-	int dir_fd = openat(root_fd, KC_SHIM_DIR, O_PATH | O_DIRECTORY | O_CLOEXEC);
-	int err = dir_fd < 0 ? -errno : 0;
-	close(root_fd);
+	else if (errno != EEXIST)
+		return -errno;
+	int dir_fd = openat(root_fd, KC_SHIM_DIR, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (dir_fd < 0)
+		return -errno;
+	if (fstat(dir_fd, &st) != 0 || st.st_dev != dev ||
+	    (st.st_uid != 0 && st.st_uid != geteuid()))
+		err = -EPERM;
 	if (!err && mkdirat(dir_fd, name, 0755) != 0 && errno != EEXIST)
 		err = -errno;
-	int entry_fd = err ? -1 : openat(dir_fd, name, O_PATH | O_DIRECTORY | O_CLOEXEC);
+	int entry_fd = err ? -1
+			   : openat(dir_fd, name, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 	if (!err && entry_fd < 0)
 		err = -errno;
-	if (dir_fd >= 0)
-		close(dir_fd);
+	if (!err && (fstat(entry_fd, &st) != 0 || st.st_dev != dev))
+		err = -EXDEV;
+	close(dir_fd);
+	if (err && entry_fd >= 0)
+		close(entry_fd);
 	return err ? err : entry_fd;
+}
+
+/* Nonzero if the source is alone in its directory: nothing there that an #include "..."
+ * (however spelt: through a macro, a comment, a continued line) could find first, as nvcc
+ * looks next to the source before the -I directories and the mount compiles elsewhere.
+ * Compiler outputs (.cubin, .ptx, .fatbin, .o) and the shim's own temporaries do not count. */
+static int source_alone(const char *input, const char *dir)
+{
+	const char *base = strrchr(input, '/');
+	base = base ? base + 1 : input;
+	DIR *d = opendir(dir);
+	struct dirent *e;
+	int alone = d != NULL;
+
+	while (alone && (e = readdir(d))) {
+		const char *n = e->d_name, *dot = strrchr(n, '.');
+		if (strcmp(n, ".") == 0 || strcmp(n, "..") == 0 || strcmp(n, base) == 0 ||
+		    strncmp(n, ".kcachefs-nvcc.", 15) == 0)
+			continue;
+		if (dot && (strcmp(dot, ".cubin") == 0 || strcmp(dot, ".ptx") == 0 ||
+			    strcmp(dot, ".fatbin") == 0 || strcmp(dot, ".o") == 0))
+			continue;
+		alone = 0;
+	}
+	if (d)
+		closedir(d);
+	return alone;
+}
+
+/* The uid the daemon runs as: the owner it gives .kcachefs/stats. */
+static int daemon_uid(int root_fd, uid_t *uid)
+{
+	struct stat st;
+	if (fstatat(root_fd, ".kcachefs/stats", &st, 0) != 0)
+		return -errno;
+	*uid = st.st_uid;
+	return 0;
 }
 
 /* Serve one compile call through the mount at root. Returns the exit status, or TO_NVCC
@@ -325,17 +395,18 @@ static int serve(const struct kc_shim_call *call, const char *root)
 	char name[NAME_MAX + 1], compiler[4500], dir[PATH_MAX];
 	char *source = NULL, *flags = NULL, *cubin = NULL;
 	size_t source_len = 0, flags_len = 0, cubin_len = 0;
-	int err, status = TO_NVCC, entry_fd = -1, fd = -1;
-	struct stat st;
+	int err, status = TO_NVCC, entry_fd = -1, fd = -1, root_fd = -1;
+	struct stat st, root_st;
+	uid_t owner = 0;
 
 	err = kc_shim_check(call, why, sizeof(why));
 	if (err == -EPERM)
 		return fail("%s", why);
 	if (err)
 		return to_nvcc("%s", why);
-	if (lstat(call->output, &st) == 0 && !S_ISREG(st.st_mode))
-		return TO_NVCC; /* a directory, a link...: what nvcc does with it is nvcc's */
-	if (nvcc_environment() || includes_on_a_mount(call))
+	if (lstat(call->output, &st) == 0 && (!S_ISREG(st.st_mode) || access(call->output, W_OK)))
+		return TO_NVCC; /* a directory, a link, read-only...: what nvcc does is nvcc's */
+	if (nvcc_environment() || includes_on_a_mount(call) || output_is_staged(call->output))
 		return TO_NVCC;
 	fd = open(call->input, O_RDONLY | O_CLOEXEC);
 	if (fd < 0 || read_all(fd, SHIM_MAX_SOURCE, &source, &source_len) != 0 || !source_len)
@@ -343,26 +414,33 @@ static int serve(const struct kc_shim_call *call, const char *root)
 	close(fd);
 	fd = -1;
 	parent_dir(call->input, dir, sizeof(dir));
-	if (kc_shim_local_includes(source, source_len, dir))
+	if (!source_alone(call->input, dir) || kc_shim_local_includes(source, source_len, dir))
 		goto out; /* includes next to the source: only a compile in place finds them */
+	root_fd = open(root, O_PATH | O_DIRECTORY | O_CLOEXEC);
+	if (root_fd < 0 || fstat(root_fd, &root_st) != 0 || daemon_uid(root_fd, &owner) != 0) {
+		status = to_nvcc("cannot open the mount %s: %s", root, strerror(errno));
+		goto out;
+	}
 	if ((err = mount_compiler(root, compiler, sizeof(compiler))) != 0) {
 		status = to_nvcc("cannot read the compiler of the mount %s: %s", root, strerror(-err));
 		goto out;
 	}
-	err = kc_shim_flags_file(call, compiler, &flags, &flags_len);
+	err = kc_shim_flags_file(call, compiler, root_st.st_dev, &flags, &flags_len);
 	if (!err)
 		err = kc_key_compute(source, source_len, flags, flags_len, key);
 	if (err) {
 		status = to_nvcc("cannot compute the key of %s: %s", call->input,
 				 err == -E2BIG ? "an include directory holds too many files"
-					       : strerror(-err));
+				 : err == -EXDEV ? "an include directory reaches into the mount"
+						 : strerror(-err));
 		goto out;
 	}
 	snprintf(name, sizeof(name), "%s%s", KC_SHIM_ENTRY_PREFIX, key);
-	entry_fd = open_entry(root, name);
+	entry_fd = open_entry(root_fd, root_st.st_dev, name);
 	if (entry_fd < 0) {
-		status = to_nvcc("cannot create %s/%s/%s: %s", root, KC_SHIM_DIR, name,
-				 strerror(-entry_fd));
+		status = to_nvcc("cannot use %s/%s/%s: %s", root, KC_SHIM_DIR, name,
+				 entry_fd == -EPERM ? "the directory is not owned by root or you"
+						    : strerror(-entry_fd));
 		goto out;
 	}
 	/* Stage the recipe unless it is there already (another user may own the entry). */
@@ -394,8 +472,10 @@ static int serve(const struct kc_shim_call *call, const char *root)
 				 strerror(errno));
 		goto out;
 	}
-	/* The cubin this descriptor reads must be the mount's compile of our own recipe. */
-	if (ioctl(fd, KC_IOC_GET_KEY, got) != 0 || memcmp(got, key, KC_SHA256_HEXLEN) != 0) {
+	/* The cubin this descriptor reads must be the mount's compile of our own recipe: a file
+	 * of the mount itself (its device), whose daemon names the recipe it came from. */
+	if (fstat(fd, &st) != 0 || st.st_dev != root_st.st_dev ||
+	    ioctl(fd, KC_IOC_GET_KEY, got) != 0 || memcmp(got, key, KC_SHA256_HEXLEN) != 0) {
 		status = to_nvcc("the cubin of %s/%s/%s is not compiled from this source and flags",
 				 root, KC_SHIM_DIR, name);
 		goto out;
@@ -407,9 +487,11 @@ static int serve(const struct kc_shim_call *call, const char *root)
 		status = fail("cannot write %s: %s", call->output, strerror(-err));
 		goto out;
 	}
-	print_log(entry_fd, call->input);
+	print_log(entry_fd, owner, call->input);
 	status = 0;
 out:
+	if (root_fd >= 0)
+		close(root_fd);
 	if (fd >= 0)
 		close(fd);
 	if (entry_fd >= 0)

@@ -145,6 +145,7 @@ static __thread struct tree_walk {
 	char **lines;
 	size_t n, cap;
 	size_t root_len;
+	dev_t avoid;
 	int err;
 } *walk;
 
@@ -153,6 +154,10 @@ static int tree_visit(const char *path, const struct stat *st, int type, struct 
 	(void)ftw;
 	if (type == FTW_DNR) { /* a directory whose headers could change unseen */
 		walk->err = -EACCES;
+		return 1;
+	}
+	if ((type == FTW_F || type == FTW_D) && st->st_dev == walk->avoid) {
+		walk->err = -EXDEV; /* into the mount: looking there would compile its entries */
 		return 1;
 	}
 	if (type != FTW_F || !S_ISREG(st->st_mode))
@@ -185,9 +190,9 @@ static int cmp_lines(const void *a, const void *b)
 	return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-int kc_shim_tree_fingerprint(const char *dir, char hex[KC_SHA256_HEXLEN + 1])
+int kc_shim_tree_fingerprint(const char *dir, dev_t avoid, char hex[KC_SHA256_HEXLEN + 1])
 {
-	struct tree_walk w = {.root_len = strlen(dir)};
+	struct tree_walk w = {.root_len = strlen(dir), .avoid = avoid};
 	struct kc_sha256 h;
 	int err;
 
@@ -221,8 +226,8 @@ static const char *include_dir(const char *arg)
 	return NULL;
 }
 
-int kc_shim_flags_file(const struct kc_shim_call *call, const char *compiler, char **out,
-		       size_t *out_len)
+int kc_shim_flags_file(const struct kc_shim_call *call, const char *compiler, dev_t avoid,
+		       char **out, size_t *out_len)
 {
 	char *buf = NULL;
 	size_t len = 0;
@@ -235,7 +240,7 @@ int kc_shim_flags_file(const struct kc_shim_call *call, const char *compiler, ch
 	for (size_t i = 0; i < call->flags.n && !err; i++) {
 		const char *dir = include_dir(call->flags.v[i]);
 		char fp[KC_SHA256_HEXLEN + 1];
-		if (dir && !(err = kc_shim_tree_fingerprint(dir, fp)))
+		if (dir && !(err = kc_shim_tree_fingerprint(dir, avoid, fp)))
 			fprintf(f, "# include-tree %s %s\n", dir, fp);
 	}
 	for (size_t i = 0; i < call->flags.n; i++)

@@ -8,6 +8,7 @@
 #define KC_SHIM_H
 
 #include <stddef.h>
+#include <sys/types.h>
 
 #include "flags.h"
 #include "hash.h"
@@ -44,18 +45,20 @@ int kc_shim_check(const struct kc_shim_call *call, char *why, size_t whylen);
 
 /* Fingerprint of the files under dir: SHA-256 over the sorted lines
  * "<path relative to dir> <size> <mtime in ns>" of every regular file (symbolic links
- * followed, each directory once; names that cannot be resolved, such as a link to itself,
- * are skipped: nothing can include them), so a changed header gives another key. Returns 0,
- * -EACCES for a directory that cannot be read, -E2BIG past KC_SHIM_TREE_MAX files, other
- * -errno from the walk, or -ENOMEM. */
-int kc_shim_tree_fingerprint(const char *dir, char hex[KC_SHA256_HEXLEN + 1]);
+ * followed, each directory once; dangling links skipped), so a changed header gives another
+ * key. Returns 0; -EXDEV when the tree reaches a file or directory on device avoid (the
+ * kcachefs mount: a walk there would look up, and so compile, its entries); -EACCES for a
+ * directory that cannot be read; -E2BIG past KC_SHIM_TREE_MAX files; other -errno from the
+ * walk (ELOOP for a link to itself); -ENOMEM. */
+int kc_shim_tree_fingerprint(const char *dir, dev_t avoid, char hex[KC_SHA256_HEXLEN + 1]);
 
 /* Render the kernel.flags the shim stages: "# kcachefs-nvcc: <compiler>\n", then
  * "# include-tree <dir> <fingerprint>\n" for every include directory, then one argument
- * per line. *out is malloc'd (the caller frees it). Returns 0, -ENOMEM, or -errno from
- * fingerprinting an include directory. */
-int kc_shim_flags_file(const struct kc_shim_call *call, const char *compiler, char **out,
-		       size_t *out_len);
+ * per line; avoid is the mount's device (see kc_shim_tree_fingerprint). *out is malloc'd
+ * (the caller frees it). Returns 0, -ENOMEM, or -errno from fingerprinting an include
+ * directory. */
+int kc_shim_flags_file(const struct kc_shim_call *call, const char *compiler, dev_t avoid,
+		       char **out, size_t *out_len);
 
 /* The entry the shim stages into: KC_SHIM_DIR/KC_SHIM_ENTRY_PREFIX<key>. The name does not
  * depend on the caller's file name, so one source compiles once whatever it is called. */

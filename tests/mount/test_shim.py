@@ -15,7 +15,7 @@ import pytest
 
 import deepgemm
 from conftest import (EM_CUDA, KERNELS, NVCC, SHIM, Mount, elf_machine, elf_symbols,
-                      run_parallel, write_script)
+                      run_parallel, sample, write_script)
 
 # K distinct kernels that include a header through -I, as DeepGEMM's do.
 TEMPLATE = """#include <kc_test/scale.cuh>
@@ -38,6 +38,14 @@ def shim(args, cwd=None, env=None, **kw):
 def nvcc(args, cwd=None):
     return subprocess.run([str(NVCC)] + [str(a) for a in args], cwd=cwd, capture_output=True,
                           text=True)
+
+
+def lonely(tmp_path, kernel="vector_add"):
+    """A copy of a sample kernel alone in a directory of its own, as DeepGEMM's sources are
+    (a source with other files beside it is nvcc's: they could be its headers)."""
+    d = Path(tempfile.mkdtemp(dir=tmp_path))
+    shutil.copy(KERNELS / (kernel + ".cu"), d / (kernel + ".cu"))
+    return d / (kernel + ".cu")
 
 
 def shim_entries(m):
@@ -160,7 +168,7 @@ def test_a_rejection_by_the_mount_is_checked_by_nvcc(mount_factory, tmp_path):
                          'exec %s "$@"\n' % NVCC)
     m = mount_factory(["nvcc=%s" % fail3])
     out = m.mnt / "v.cubin"
-    r = shim([KERNELS / "vector_add.cu", "-cubin", "-o", out, "-arch=sm_90a"])
+    r = shim([lonely(tmp_path), "-cubin", "-o", out, "-arch=sm_90a"])
     assert r.returncode == 0 and r.stderr == "", r
     assert "vector_add" in elf_symbols(out.read_bytes())
     assert m.stats()["compile_failures_total"] == 1
@@ -203,7 +211,8 @@ def test_key_follows_the_include_tree(mount_factory, tmp_path):
     m = mount_factory()
     inc = tmp_path / "include"
     shutil.copytree(KERNELS / "include", inc)
-    src = tmp_path / "k.cu"
+    (tmp_path / "src").mkdir()
+    src = tmp_path / "src" / "k.cu"
     src.write_text(TEMPLATE % (0, 3))
     out = m.mnt / "k.cubin"
     args = [src, "-cubin", "-o", out, "-arch=sm_90a", "-I", inc]
@@ -234,7 +243,7 @@ def key_entry(m1, args):
 def test_an_entry_holding_other_bytes_is_not_trusted(mount_factory, tmp_path):
     """Someone staged another source under the name the shim computes: the shim says so and
     compiles the caller's source with nvcc, never handing back the other cubin."""
-    src = KERNELS / "vector_add.cu"
+    src = lonely(tmp_path)
     m1 = mount_factory(name="learn")
     entry, flags = key_entry(m1, [src, "-cubin", "-o", m1.mnt / "v.cubin", "-arch=sm_90a"])
     m2 = mount_factory(name="poisoned")
@@ -254,7 +263,7 @@ def test_a_planted_client_cubin_is_never_served(mount_factory, tmp_path):
     """The right source and another kernel's cubin planted under the shim's key (a client
     may publish a cubin into an entry without a recipe): the mount refuses to give that
     entry a recipe, and the shim compiles the caller's source itself."""
-    src = KERNELS / "vector_add.cu"
+    src = lonely(tmp_path)
     m1 = mount_factory(name="learn")
     entry, flags = key_entry(m1, [src, "-cubin", "-o", m1.mnt / "v.cubin", "-arch=sm_90a"])
     other = (m1.mnt / "kcachefs-nvcc" / entry / "kernel.cubin").read_bytes()
@@ -311,23 +320,24 @@ def test_shared_mount_two_users_one_compile(public_mount_factory, counting_nvcc)
     make_nvcc, calls = counting_nvcc
     m = public_mount_factory(["allow_other", "nvcc=%s" % make_nvcc()])  # run by the daemon
     work = m.mnt / "work"
-    work.mkdir()
-    os.chmod(work, 0o1777)
-    src = work / "k.cu"
+    for d in ("work", "work/a", "work/b", "work/out"):
+        (m.mnt / d).mkdir()
+        os.chmod(m.mnt / d, 0o1777)
+    src = work / "a" / "k.cu"
     shutil.copy(KERNELS / "vector_add.cu", src)
     os.chmod(src, 0o644)
-    assert shim([src, "-cubin", "-o", work / "root.cubin", "-arch=sm_90a"]).returncode == 0
+    assert shim([src, "-cubin", "-o", work / "out" / "root.cubin", "-arch=sm_90a"]).returncode == 0
     assert (m.mnt / "kcachefs-nvcc").stat().st_mode & 0o7777 == 0o1777
-    r = as_nobody([SHIM, src, "-cubin", "-o", work / "nobody.cubin", "-arch=sm_90a"])
+    r = as_nobody([SHIM, src, "-cubin", "-o", work / "out" / "nobody.cubin", "-arch=sm_90a"])
     assert r.returncode == 0 and r.stderr == "", r.stderr
-    assert (work / "nobody.cubin").read_bytes() == (work / "root.cubin").read_bytes()
-    assert (work / "nobody.cubin").stat().st_uid == 65534
+    assert (work / "out" / "nobody.cubin").read_bytes() == (work / "out" / "root.cubin").read_bytes()
+    assert (work / "out" / "nobody.cubin").stat().st_uid == 65534
     assert calls() == 1 and len(shim_entries(m)) == 1
     # The second user's own new kernel gets its own entry in the shared directory.
-    src2 = work / "k2.cu"
+    src2 = work / "b" / "k2.cu"
     shutil.copy(KERNELS / "saxpy.cu", src2)
     os.chmod(src2, 0o644)
-    r = as_nobody([SHIM, src2, "-cubin", "-o", work / "n2.cubin", "-arch=sm_90a"])
+    r = as_nobody([SHIM, src2, "-cubin", "-o", work / "out" / "n2.cubin", "-arch=sm_90a"])
     assert r.returncode == 0 and r.stderr == "", r.stderr
     assert calls() == 2 and len(shim_entries(m)) == 2
 
@@ -339,7 +349,7 @@ def test_the_key_names_the_mounts_compiler(mount_factory, tmp_path):
     info = [l for l in (m.mnt / ".kcachefs" / "stats").read_text().splitlines()
             if l.startswith("kcachefs_info{")]
     assert len(info) == 1 and 'compiler="%s ' % NVCC in info[0], info
-    r = shim([KERNELS / "vector_add.cu", "-cubin", "-o", m.mnt / "v.cubin", "-arch=sm_90a"])
+    r = shim([lonely(tmp_path), "-cubin", "-o", m.mnt / "v.cubin", "-arch=sm_90a"])
     assert r.returncode == 0, r.stderr
     flags = (m.mnt / "kcachefs-nvcc" / shim_entries(m)[0] / "kernel.flags").read_text()
     compiler = info[0].split('compiler="')[1].split('"')[0]
@@ -384,7 +394,7 @@ def test_a_shim_that_would_run_itself_stops(tmp_path):
 def test_kcachefs_mount_variable(mount_factory, tmp_path):
     m = mount_factory()
     out = tmp_path / "v.cubin"
-    args = [KERNELS / "vector_add.cu", "-cubin", "-o", out, "-arch=sm_90a"]
+    args = [lonely(tmp_path), "-cubin", "-o", out, "-arch=sm_90a"]
     r = shim(args, env={"KCACHEFS_MOUNT": str(m.mnt)})
     assert r.returncode == 0, r.stderr
     assert len(shim_entries(m)) == 1 and m.stats()["compiles_total"] == 1
@@ -403,7 +413,7 @@ def test_a_compile_that_times_out_says_why(mount_factory, tmp_path):
                         'case "$*" in *-cubin*) sleep 30;; esac\nexec %s "$@"\n' % NVCC)
     m = mount_factory(["nvcc=%s" % hang, "compile_timeout=1"])
     out = m.mnt / "v.cubin"
-    r = shim([KERNELS / "vector_add.cu", "-cubin", "-o", out, "-arch=sm_90a"], timeout=60)
+    r = shim([lonely(tmp_path), "-cubin", "-o", out, "-arch=sm_90a"], timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stderr.startswith("kcachefs-nvcc: warning: the mount's compile of ") and \
         "failed (see its kernel.log)" in r.stderr, r.stderr
@@ -432,3 +442,59 @@ def test_environment_nvcc_reads_and_odd_inputs_are_nvccs(mount_factory, tmp_path
               "-I", inc])
     assert r.returncode == 0 and r.stderr == "", r.stderr
     assert shim_entries(m) == [] and m.stats()["compiles_total"] == 0
+
+
+def test_links_and_foreign_directories_are_not_followed(mount_factory, tmp_path):
+    """In a shared kcachefs-nvcc/ another user could plant a symbolic link where an entry
+    goes (to a directory, or a filesystem, of their own) or own the directory itself: the
+    shim follows neither, writes nothing there, and compiles with nvcc."""
+    src = lonely(tmp_path)
+    m1 = mount_factory(name="learn")
+    entry, _ = key_entry(m1, [src, "-cubin", "-o", m1.mnt / "v.cubin", "-arch=sm_90a"])
+    m = mount_factory(name="planted")
+    (m.mnt / "kcachefs-nvcc").mkdir(mode=0o1777)
+    trap = tmp_path / "trap"
+    trap.mkdir()
+    (m.mnt / "kcachefs-nvcc" / entry).symlink_to(trap)
+    out = m.mnt / "v.cubin"
+    r = shim([src, "-cubin", "-o", out, "-arch=sm_90a"])
+    assert r.returncode == 0 and "compiling with" in r.stderr, r.stderr
+    assert os.listdir(trap) == [], "nothing is staged through the link"
+    assert "vector_add" in elf_symbols(out.read_bytes())
+    # kcachefs-nvcc/ itself owned by another user: not trusted.
+    m2 = mount_factory(name="foreign")
+    (m2.mnt / "kcachefs-nvcc").mkdir()
+    os.chown(m2.mnt / "kcachefs-nvcc", 65534, 65534)
+    r = shim([src, "-cubin", "-o", m2.mnt / "v.cubin", "-arch=sm_90a"])
+    assert r.returncode == 0 and "not owned by root or you" in r.stderr, r.stderr
+    assert os.listdir(m2.mnt / "kcachefs-nvcc") == []
+
+
+def test_more_calls_only_nvcc_can_reproduce(mount_factory, tmp_path):
+    """Headers next to the source however they are included, nvcc.profile's variables,
+    an include tree that reaches into the mount, an output that is a file of an entry."""
+    m = mount_factory()
+    d = tmp_path / "src"
+    d.mkdir()
+    (d / "h.cuh").write_text("#define KN 7.0f\n")
+    (d / "k.cu").write_text('#define HDR "h.cuh"\n#include HDR\n'
+                            'extern "C" __global__ void k(float *o) { o[0] = KN; }\n')
+    inc = tmp_path / "inc"
+    inc.mkdir()
+    (inc / "h.cuh").write_text("#define KN 5.0f\n")
+    out = m.mnt / "k.cubin"
+    r = shim([d / "k.cu", "-cubin", "-o", out, "-arch=sm_90a", "-I", inc])
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert struct.pack("<f", 7.0) in out.read_bytes(), "the header beside the source"
+    src = lonely(tmp_path)
+    r = shim([src, "-cubin", "-o", out, "-arch=sm_90a"], env={"INCLUDES": "-DKC_X=1"})
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / "into-the-mount").symlink_to(m.mnt)
+    r = shim([src, "-cubin", "-o", out, "-arch=sm_90a", "-I", linked])
+    assert r.returncode == 0 and "reaches into the mount" in r.stderr, r.stderr
+    e = m.stage("vector_add", *sample("vector_add"))
+    r = shim([src, "-cubin", "-o", e / "kernel.cubin", "-arch=sm_90a"])
+    assert r.returncode == nvcc([src, "-cubin", "-o", e / "kernel.cubin", "-arch=sm_90a"]).returncode
+    assert shim_entries(m) == [] and m.stats()["compiles_total"] <= 1

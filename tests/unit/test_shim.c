@@ -163,26 +163,39 @@ static void test_fingerprint_and_flags_file(void)
 	put("inc/a.h", "int a;\n");
 	put("inc/sub/b.h", "int b;\n");
 	snprintf(path, sizeof(path), "%s/inc", tmpdir);
-	CHECK(kc_shim_tree_fingerprint(path, a) == 0 && strlen(a) == 64, "fingerprint: computed");
-	CHECK(kc_shim_tree_fingerprint(path, b) == 0 && strcmp(a, b) == 0,
+	CHECK(kc_shim_tree_fingerprint(path, (dev_t)-1, a) == 0 && strlen(a) == 64, "fingerprint: computed");
+	CHECK(kc_shim_tree_fingerprint(path, (dev_t)-1, b) == 0 && strcmp(a, b) == 0,
 	      "fingerprint: the same tree gives the same value");
 	struct timeval tv[2] = {{1000, 0}, {1000, 0}};
 	char file[600];
 	snprintf(file, sizeof(file), "%s/inc/sub/b.h", tmpdir);
 	utimes(file, tv);
-	CHECK(kc_shim_tree_fingerprint(path, b) == 0 && strcmp(a, b) != 0,
+	CHECK(kc_shim_tree_fingerprint(path, (dev_t)-1, b) == 0 && strcmp(a, b) != 0,
 	      "fingerprint: a header with another mtime changes it");
 	memcpy(a, b, sizeof(a));
 	put("inc/sub/b.h", "int bb;\n");
 	utimes(file, tv);
-	CHECK(kc_shim_tree_fingerprint(path, b) == 0 && strcmp(a, b) != 0,
+	CHECK(kc_shim_tree_fingerprint(path, (dev_t)-1, b) == 0 && strcmp(a, b) != 0,
 	      "fingerprint: a header with another size changes it");
 	memcpy(a, b, sizeof(a));
 	put("inc/c.h", "");
-	CHECK(kc_shim_tree_fingerprint(path, b) == 0 && strcmp(a, b) != 0,
+	CHECK(kc_shim_tree_fingerprint(path, (dev_t)-1, b) == 0 && strcmp(a, b) != 0,
 	      "fingerprint: a new header changes it");
-	CHECK(kc_shim_tree_fingerprint("/no/such/dir", b) == -ENOENT,
+	CHECK(kc_shim_tree_fingerprint("/no/such/dir", (dev_t)-1, b) == -ENOENT,
 	      "fingerprint: a missing directory is -ENOENT");
+	struct stat dst;
+	stat(path, &dst);
+	CHECK(kc_shim_tree_fingerprint(path, dst.st_dev, b) == -EXDEV,
+	      "fingerprint: a tree on the avoided device (the mount) is -EXDEV");
+	char link[600];
+	snprintf(link, sizeof(link), "%s/inc/dangling", tmpdir);
+	CHECK(symlink("/no/such/target", link) == 0 &&
+		      kc_shim_tree_fingerprint(path, (dev_t)-1, b) == 0,
+	      "fingerprint: a dangling link is skipped");
+	snprintf(link, sizeof(link), "%s/inc/self", tmpdir);
+	CHECK(symlink("self", link) == 0 && kc_shim_tree_fingerprint(path, (dev_t)-1, b) == -ELOOP,
+	      "fingerprint: a link to itself is -ELOOP (the call goes to nvcc)");
+	unlink(link);
 
 	struct kc_shim_call c;
 	char line[700];
@@ -190,9 +203,9 @@ static void test_fingerprint_and_flags_file(void)
 	char *flags = NULL;
 	size_t len = 0;
 	CHECK(parse(line, &c) == 1 &&
-		      kc_shim_flags_file(&c, "release 13.0, V13.0.88", &flags, &len) == 0,
+		      kc_shim_flags_file(&c, "release 13.0, V13.0.88", (dev_t)-1, &flags, &len) == 0,
 	      "flags file: rendered");
-	kc_shim_tree_fingerprint(path, a);
+	kc_shim_tree_fingerprint(path, (dev_t)-1, a);
 	char want[1024];
 	snprintf(want, sizeof(want),
 		 "# kcachefs-nvcc: release 13.0, V13.0.88\n# include-tree %s/inc %s\n-O3\n-I%s/inc\n"
