@@ -1,0 +1,206 @@
+"""The mount-test library, without pytest: the built binaries, sample kernels, ELF helpers,
+a Mount that runs one daemon in the foreground, parallel runners. conftest.py adds the
+pytest fixtures; scripts/bench.py and scripts/stress.py-style tools use it directly.
+
+KCACHEFS_BIN overrides the daemon (default: <repo>/build/kcachefs), KCACHEFS_NVCC_BIN the
+nvcc shim (default: <repo>/build/kcachefs-nvcc).
+"""
+import hashlib
+import multiprocessing
+import os
+import signal
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+KCACHEFS = Path(os.environ.get("KCACHEFS_BIN", REPO / "build" / "kcachefs"))
+SHIM = Path(os.environ.get("KCACHEFS_NVCC_BIN", REPO / "build" / "kcachefs-nvcc"))
+KERNELS = REPO / "tests" / "kernels"
+NVCC = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin" / "nvcc"
+EM_CUDA = 190
+
+
+def entry_name(kernel, source, flags=b""):
+    """A DeepGEMM-style entry name: kernel.<name>.<32 hex of the recipe>."""
+    return "kernel.%s.%s" % (kernel, hashlib.sha256(source + b"\0" + flags).hexdigest()[:32])
+
+
+def sample(name):
+    """(source bytes, flags bytes) of a sample kernel in tests/kernels."""
+    return (KERNELS / (name + ".cu")).read_bytes(), (KERNELS / (name + ".flags")).read_bytes()
+
+
+def elf_symbols(data):
+    """Names in the ELF symbol table of a 64-bit little-endian ELF file."""
+    assert data[:4] == b"\x7fELF", "not an ELF file"
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
+    sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
+    names = set()
+    for sh in sections:
+        if sh[1] != 2:  # SHT_SYMTAB
+            continue
+        strtab = sections[sh[6]]
+        for off in range(sh[4], sh[4] + sh[5], 24):
+            name_off, = struct.unpack_from("<I", data, off)
+            start = strtab[4] + name_off
+            end = data.index(b"\0", start)
+            if end > start:
+                names.add(data[start:end].decode())
+    return names
+
+
+def elf_machine(data):
+    return struct.unpack_from("<H", data, 18)[0]
+
+
+def write_script(path, body):
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(0o755)
+    return path
+
+
+class Mount:
+    """One kcachefs daemon in the foreground (-f) serving backing on mnt."""
+
+    def __init__(self, root, options=()):
+        self.root = root
+        self.backing = root / "backing"
+        self.mnt = root / "mnt"
+        self.options = list(options)
+        self.log_path = root / "daemon.log"
+        self.proc = None
+        self.backing.mkdir(exist_ok=True)
+        self.mnt.mkdir(exist_ok=True)
+
+    def start(self, timeout=15):
+        cmd = [str(KCACHEFS), "-f"]
+        if self.options:
+            cmd += ["-o", ",".join(self.options)]
+        cmd += [str(self.backing), str(self.mnt)]
+        self.log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while not os.path.ismount(self.mnt):
+            if self.proc.poll() is not None:
+                raise RuntimeError("kcachefs exited %s: %s" % (self.proc.returncode, self.daemon_log()))
+            if time.monotonic() > deadline:
+                raise RuntimeError("kcachefs did not mount: " + self.daemon_log())
+            time.sleep(0.02)
+        return self
+
+    def daemon_log(self):
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def stop(self):
+        """Unmount and wait for the daemon; returns its exit status."""
+        if self.proc is None:
+            return None
+        if os.path.ismount(self.mnt):
+            r = subprocess.run(["fusermount3", "-u", str(self.mnt)], capture_output=True)
+            if r.returncode != 0:
+                subprocess.run(["umount", "-l", str(self.mnt)], capture_output=True)
+        try:
+            rc = self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            rc = self.proc.wait()
+            subprocess.run(["umount", "-l", str(self.mnt)], capture_output=True)
+        self.proc = None
+        self.log.close()
+        return rc
+
+    def kill(self):
+        """SIGKILL the daemon (a crash) and detach the dead mount."""
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+        subprocess.run(["umount", "-l", str(self.mnt)], capture_output=True)
+        self.proc = None
+        self.log.close()
+
+    def stats(self):
+        out = {}
+        for line in (self.mnt / ".kcachefs" / "stats").read_text().splitlines():
+            if line and not line.startswith("#") and "{" not in line:
+                k, v = line.split()
+                out[k.replace("kcachefs_", "")] = float(v)
+        return out
+
+    def stage(self, kernel, source, flags=b"-O3\n", parent="cache"):
+        """Stage a recipe (kernel.cu + kernel.flags) into a new entry; returns its path."""
+        entry = self.mnt / parent / entry_name(kernel, source, flags or b"")
+        entry.mkdir(parents=True, exist_ok=True)
+        (entry / "kernel.cu").write_bytes(source)
+        if flags is not None:
+            (entry / "kernel.flags").write_bytes(flags)
+        return entry
+
+
+def run_parallel(n, fn, *args, timeout=300):
+    """Run fn(index, *args) in n forked processes released together by a barrier; returns
+    the list of their return values (exceptions come back as ('exception', repr))."""
+    ctx = multiprocessing.get_context("fork")
+    barrier = ctx.Barrier(n)
+    queue = ctx.Queue()
+
+    def child(i):
+        try:
+            barrier.wait(timeout=60)
+            queue.put((i, fn(i, *args)))
+        except BaseException as e:  # reported to the parent, not raised in the child
+            queue.put((i, ("exception", repr(e))))
+
+    procs = [ctx.Process(target=child, args=(i,)) for i in range(n)]
+    for p in procs:
+        p.start()
+    results = {}
+    deadline = time.monotonic() + timeout
+    try:
+        while len(results) < n:
+            left = deadline - time.monotonic()
+            assert left > 0, "parallel workers did not finish in %s s" % timeout
+            i, r = queue.get(timeout=left)
+            results[i] = r
+    finally:
+        for p in procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    return [results[i] for i in range(n)]
+
+
+# A process that opens and reads a file and prints "ok <bytes>" or "err <errno>".
+OPENER = """
+import os, sys
+%s
+try:
+    with open(sys.argv[1], 'rb') as f:
+        data = f.read()
+    print('ok', len(data))
+except OSError as e:
+    print('err', e.errno)
+"""
+
+
+def start_openers(path, n, prelude="", **popen):
+    """Start n OPENER processes on path; prelude runs first in each (e.g. a handler)."""
+    return [subprocess.Popen([sys.executable, "-c", OPENER % prelude, str(path)],
+                             stdout=subprocess.PIPE, text=True, **popen) for _ in range(n)]
+
+
+def read_result(path):
+    """Open + read a file; ('ok', sha256, size, fstat size) or ('err', errno)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+            st = os.fstat(f.fileno())
+        return ("ok", hashlib.sha256(data).hexdigest(), len(data), st.st_size)
+    except OSError as e:
+        return ("err", e.errno)
