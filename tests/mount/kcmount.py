@@ -8,6 +8,7 @@ nvcc shim (default: <repo>/build/kcachefs-nvcc).
 import hashlib
 import multiprocessing
 import os
+import shutil
 import signal
 import struct
 import subprocess
@@ -103,7 +104,9 @@ class Mount:
         if self.proc is None:
             return None
         if os.path.ismount(self.mnt):
-            r = subprocess.run(["fusermount3", "-u", str(self.mnt)], capture_output=True)
+            # fusermount3 where it is installed; plain umount (as root) elsewhere
+            unmount = ["fusermount3", "-u"] if shutil.which("fusermount3") else ["umount"]
+            r = subprocess.run(unmount + [str(self.mnt)], capture_output=True)
             if r.returncode != 0:
                 subprocess.run(["umount", "-l", str(self.mnt)], capture_output=True)
         try:
