@@ -66,16 +66,20 @@ def io(mode, path, n):
     return [float(x) for x in out[2:]]
 
 
+def num(x):
+    return "%.0f" % x if x >= 100 else "%.3g" % x
+
+
 def spread(xs):
-    return "%.3g-%.3g" % (min(xs), max(xs))
+    return "%s-%s" % (num(min(xs)), num(max(xs)))
 
 
 def row(figure, mount, base, unit, target, lower_is_better=True):
     """One line of the table: medians, spreads, ratio mount/base."""
     m, b = statistics.median(mount), statistics.median(base)
     ratio = m / b if b else float("inf")
-    ROWS.append((figure, "%.3g %s (%s)" % (m, unit, spread(mount)),
-                 "%.3g %s (%s)" % (b, unit, spread(base)), "%.2fx" % ratio, target))
+    ROWS.append((figure, "%s %s (%s)" % (num(m), unit, spread(mount)),
+                 "%s %s (%s)" % (num(b), unit, spread(base)), "%.2fx" % ratio, target))
     print("  %-34s mount %s  baseline %s  ratio %.2fx  target %s" % (
         figure, ROWS[-1][1], ROWS[-1][2], ratio, target), flush=True)
 
