@@ -22,6 +22,7 @@ struct kc_fh {
 	int done;            /* committed or refused: nothing left to commit */
 	pid_t writer_tid;    /* the last thread that wrote, and its process */
 	pid_t writer_tgid;
+	pid_t creator_tgid;  /* the process that created it (0: opened, not created) */
 	/* FH_STATS: */
 	char *buf;
 	size_t len;
@@ -42,6 +43,8 @@ int kc_stage_commit(struct kc_fs *fs, struct kc_fh *fh);
  * starts a new version from the committed bytes, and a plain descriptor on a file that has
  * since become a staged file becomes a stage. Returns 0 or -errno. */
 int kc_stage_prepare_write(struct kc_fs *fs, struct kc_inode *in, struct kc_fh *fh);
+/* The process (thread group) of the requesting thread. */
+pid_t kc_stage_tgid(fuse_req_t req);
 /* Record that the requesting thread's process wrote through fh. */
 void kc_stage_note_writer(fuse_req_t req, struct kc_fh *fh);
 /* Nonzero if the requesting thread's process is exiting because a signal killed it (its

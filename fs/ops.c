@@ -660,9 +660,10 @@ static void kc_create(fuse_req_t req, fuse_ino_t parent_ino, const char *name, m
 		err = fh->entry_fd < 0 ? -errno : kc_stage_begin(fs, fh, -1, mode);
 		if (!err) {
 			own_by_caller(req, fs->store.tmp_fd, fh->tmpname, 0);
-			/* Created (empty) is a change its creator's close commits, and that a
-			 * creator killed before it wrote anything must not commit. */
-			kc_stage_note_writer(req, fh);
+			/* A creator killed before it wrote anything commits nothing either. Its
+			 * ordinary close does not commit: a shell's "> kernel.cu" closes the created
+			 * descriptor after dup2 and before writing through the copy. */
+			fh->creator_tgid = kc_stage_tgid(req);
 		}
 	} else {
 		int fd = openat(parent->fd, name, (fi->flags | O_CREAT | O_CLOEXEC) & ~O_NOFOLLOW,
@@ -776,7 +777,14 @@ static void kc_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	 * (EEXIST, EINVAL) is close()'s. Other closes do not: a child that exec()s or exits
 	 * closes its inherited copy while the writer is still writing. What no writer's close
 	 * committed is committed at release (the last close). */
-	if (fh->kind == FH_STAGE && !fh->done && fh->dirty && kc_stage_is_writer(req, fh)) {
+	int killed_creator = fh->kind == FH_STAGE && !fh->done && !fh->dirty &&
+			     fh->creator_tgid == kc_stage_tgid(req) && kc_stage_writer_killed(req);
+	if (killed_creator) {
+		kc_log(KC_LOG_INFO, "stage discarded: its creator was killed before writing");
+		unlinkat(fs_of(req)->store.tmp_fd, fh->tmpname, 0);
+		fh->tmpname[0] = '\0';
+		fh->done = 1;
+	} else if (fh->kind == FH_STAGE && !fh->done && fh->dirty && kc_stage_is_writer(req, fh)) {
 		if (kc_stage_writer_killed(req)) {
 			/* A killed writer's files are closed for it: its stage is not complete. */
 			kc_log(KC_LOG_INFO, "stage discarded: its writer was killed by a signal");

@@ -38,6 +38,11 @@ static pid_t tgid_of(pid_t tid)
 	return tgid;
 }
 
+pid_t kc_stage_tgid(fuse_req_t req)
+{
+	return tgid_of(fuse_req_ctx(req)->pid);
+}
+
 void kc_stage_note_writer(fuse_req_t req, struct kc_fh *fh)
 {
 	pid_t tid = fuse_req_ctx(req)->pid;

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from conftest import elf_symbols, entry_name, read_result, run_parallel, sample
+from conftest import KERNELS, elf_symbols, entry_name, read_result, run_parallel, sample
 
 SLOW_STAGER = """
 import os, sys, time
@@ -57,9 +57,27 @@ def test_stager_killed_before_its_first_write_stages_nothing(mount_factory):
     time.sleep(0.3)
     assert os.listdir(entry) == []
     assert os.listdir(m.backing / ".kcachefs" / "tmp") == []
-    # An empty kernel.flags made on purpose (touch) still stages, at the creator's close.
+    # An empty kernel.flags made on purpose (touch) still stages, at its last close.
     (entry / "kernel.flags").touch()
-    assert os.listdir(entry) == ["kernel.flags"]
+    deadline = time.monotonic() + 5
+    while os.listdir(entry) != ["kernel.flags"]:
+        assert time.monotonic() < deadline, os.listdir(entry)
+        time.sleep(0.05)
+
+
+def test_a_shell_redirection_stages_the_whole_file(mount_factory):
+    """sh's "> kernel.cu" opens the file, dup2()s it to 1 and closes the first descriptor
+    before it writes: that close must not commit an empty stage."""
+    m = mount_factory()
+    src, flags = sample("vector_add")
+    entry = m.mnt / "cache" / entry_name("redir", src)
+    entry.mkdir(parents=True)
+    r = subprocess.run(["sh", "-c", 'cat "$1" > "$2/kernel.cu" && printf -- "-O3\\n" > "$2/kernel.flags"',
+                        "sh", str(KERNELS / "vector_add.cu"), str(entry)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert (entry / "kernel.cu").read_bytes() == src
+    assert (entry / "kernel.flags").read_bytes() == b"-O3\n"
+    assert "vector_add" in elf_symbols((entry / "kernel.cubin").read_bytes())
 
 
 def stage_and_open(i, entry, src, flags, other):
