@@ -142,6 +142,21 @@ static int low_on_space(const char *dir)
 	       (sv.f_files > 0 && sv.f_favail < 16);
 }
 
+/* Resource limits of a compiler and its tools (they inherit them): address space half of
+ * the node's memory (at least 4 GiB), so that one source (#include "/dev/zero") cannot push
+ * the node's GPU jobs into the OOM killer; files it writes at most 4 GiB; no core dumps.
+ * Set right after the spawn, before nvcc starts its tools. */
+static void limit_compiler(pid_t pid)
+{
+	long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+	rlim_t half = pages > 0 && page > 0 ? (rlim_t)pages * (rlim_t)page / 2 : 0;
+	rlim_t as = half > KC_COMPILE_AS_MIN ? half : KC_COMPILE_AS_MIN;
+	struct rlimit mem = {as, as}, fsize = {KC_COMPILE_FSIZE, KC_COMPILE_FSIZE}, core = {0, 0};
+	prlimit(pid, RLIMIT_AS, &mem, NULL);
+	prlimit(pid, RLIMIT_FSIZE, &fsize, NULL);
+	prlimit(pid, RLIMIT_CORE, &core, NULL);
+}
+
 /* Spawn the compiler; returns its pid or -errno. */
 static pid_t spawn_compiler(const struct kc_compile_spec *spec, char *const argv[])
 {
@@ -191,8 +206,10 @@ static pid_t spawn_compiler(const struct kc_compile_spec *spec, char *const argv
 	/* Compiles are background work: at a lower priority they leave the CPU to the daemon's
 	 * request threads and the jobs on the node first. Its children (cicc, ptxas) inherit
 	 * it. */
-	if (!err)
+	if (!err) {
 		setpriority(PRIO_PROCESS, (id_t)pid, KC_COMPILE_NICE);
+		limit_compiler(pid);
+	}
 	return err ? -err : pid;
 }
 
@@ -322,12 +339,20 @@ int kc_compile_run(const struct kc_compile_spec *spec, struct kc_compile_outcome
 		 * temporaries before it exits, so free space alone is not proof. */
 		int space = low_on_space(spec->scratch) ||
 			    (out->log && strstr(out->log, "No space left on device"));
+		/* a tool of nvcc's killed (the OOM killer, a memory limit) is no verdict either:
+		 * gcc says "Killed signal terminated program cc1plus" */
+		int killed = out->log && (strstr(out->log, "signal terminated program") ||
+					  strstr(out->log, "std::bad_alloc") ||
+					  strstr(out->log, "out of memory") ||
+					  strstr(out->log, "Out of memory"));
 		int reported = out->log && strstr(out->log, "error");
 		snprintf(out->why, sizeof(out->why), "compiler exited with status %d%s",
 			 WEXITSTATUS(status),
 			 space ? " (out of disk space)"
-			       : reported ? "" : " without reporting an error");
-		out->status = space || !reported ? KC_COMPILE_TRANSIENT : KC_COMPILE_REJECTED;
+			 : killed ? " (one of its tools was killed or ran out of memory)"
+			 : reported ? "" : " without reporting an error");
+		out->status = space || killed || !reported ? KC_COMPILE_TRANSIENT
+							   : KC_COMPILE_REJECTED;
 		return 0;
 	}
 	fd = openat(spec->scratch_fd, "kernel.cubin", O_RDONLY | O_CLOEXEC | O_NOFOLLOW);

@@ -12,6 +12,9 @@
 #include "flags.h"
 
 #define KC_COMPILE_NICE 10 /* nice value compilers run at (the daemon's threads stay at 0) */
+#define KC_COMPILE_AS_MIN (4ull << 30) /* bytes: least address space a compiler gets (it gets
+					* half the node's memory when that is more) */
+#define KC_COMPILE_FSIZE (4ull << 30)  /* bytes: largest file a compiler may write */
 
 enum kc_compile_status {
 	KC_COMPILE_OK,        /* a complete CUDA ELF is at <scratch>/kernel.cubin */

@@ -290,6 +290,12 @@ static void test_fakes(const char *cubin_copy)
 	CHECK(log_has(&r, "about to be killed"), "SIGKILL: output captured in the log");
 	run_done(&r);
 
+	run_compile(&r, fake("fake_tool_killed.sh"), "vector_add.cu", NULL, 30);
+	CHECK(r.ret == 0 && r.out.status == KC_COMPILE_TRANSIENT,
+	      "a tool killed (cc1plus, 'Killed signal terminated program'): KC_COMPILE_TRANSIENT");
+	CHECK(why_has(&r, "killed or ran out of memory"), "tool killed: why says so");
+	run_done(&r);
+
 	run_compile(&r, fake("fake_empty.sh"), "vector_add.cu", NULL, 30);
 	CHECK(r.ret == 0 && r.out.status == KC_COMPILE_TRANSIENT, "empty cubin: KC_COMPILE_TRANSIENT");
 	CHECK(why_has(&r, "empty"), "empty cubin: why says empty");
