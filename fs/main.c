@@ -17,6 +17,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <time.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "fs.h"
@@ -53,6 +54,29 @@ static int opt_proc(void *data, const char *arg, int key, struct fuse_args *outa
 		return 0; /* consumed: the next non-option is the mountpoint */
 	}
 	return 1;
+}
+
+/* Users must reach the store only through the mount (its entries belong to their creators
+ * there too, so a user who can enter it could rewrite files and records behind the mount).
+ * Warn when no directory above the backing directory keeps other users out. */
+static void warn_if_reachable(const char *backing)
+{
+	char path[4096];
+	snprintf(path, sizeof(path), "%s", backing);
+	for (char *slash = strrchr(path, '/'); slash; slash = strrchr(path, '/')) {
+		if (slash == path)
+			slash[1] = '\0';
+		else
+			*slash = '\0';
+		struct stat st;
+		if (stat(path, &st) != 0 || !(st.st_mode & S_IXOTH))
+			return; /* this one keeps others out */
+		if (slash == path)
+			break;
+	}
+	kc_log(KC_LOG_WARN, "the backing directory %s can be reached by every user, who could "
+	       "change entries behind the mount; put it in a directory only root can enter "
+	       "(chmod 700 its parent)", backing);
 }
 
 static void usage(const char *prog)
@@ -221,6 +245,7 @@ int main(int argc, char *argv[])
 		fprintf(stderr, "kcachefs: %s\n", why);
 		goto out_cfg;
 	}
+	warn_if_reachable(fs->store.root_path);
 	raise_fd_limit();
 	if (kc_inode_table_init(&fs->inodes, fs->store.root_fd) != 0)
 		goto out_store;

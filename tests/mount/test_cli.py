@@ -1,6 +1,9 @@
 """The command line: libfuse conventions, --help, --version, and clear start-up errors."""
 import os
+import shutil
 import subprocess
+import tempfile
+from pathlib import Path
 
 from conftest import KCACHEFS, Mount
 
@@ -91,3 +94,17 @@ def test_restart_after_crash_recovers(mount_factory, tmp_path):
     assert not leftover.exists()
     assert (entry / "kernel.cubin").read_bytes() == cubin
     assert m2.stats()["compiles_total"] == 0
+
+
+def test_a_backing_directory_every_user_can_reach_is_warned_about(mount_factory):
+    public = Path(tempfile.mkdtemp(prefix="kcachefs-reach-"))
+    os.chmod(public, 0o755)
+    m = Mount(public)
+    try:
+        m.start()
+        assert "can be reached by every user" in m.daemon_log()
+    finally:
+        m.stop()
+        shutil.rmtree(public)
+    private = mount_factory()  # under pytest's own directory, which only root can enter
+    assert "can be reached by every user" not in private.daemon_log()
