@@ -201,7 +201,7 @@ static int check_published(struct kc_cache *c, int entry_fd)
 {
 	struct stat st;
 	struct kc_record rec;
-	int fd = openat(entry_fd, KC_CUBIN_NAME, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	int fd = openat(entry_fd, KC_CUBIN_NAME, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
 
 	if (fd < 0)
 		return errno == ENOENT ? -ENOENT : -EIO;
@@ -420,6 +420,16 @@ static int run_compile(struct compile_job *j)
 		return -EIO;
 	}
 	const char *compiler = nvrtc ? cfg->nvrtc : cfg->nvcc;
+	if (kc_flags_include_problem(&args, why, sizeof(why)) != 0) {
+		/* not remembered: the directory may appear; retried after the hold-off */
+		snprintf(head, sizeof(head), "kcachefs: compile %.400s: failed (%.500s)\n", label, why);
+		write_log(c, j->entry_fd, head, NULL, 0);
+		atomic_fetch_add(&c->stats.compile_failures, 1);
+		kc_log(KC_LOG_WARN, "compile %s: %s", label, why);
+		kc_argv_free(&args);
+		j->transient = 1;
+		return -EIO;
+	}
 	for (size_t i = 0; i < args.n;) { /* the choice is the mount's, not a compiler flag */
 		if (strncmp(args.v[i], KC_FLAG_BACKEND, strlen(KC_FLAG_BACKEND)) != 0) {
 			i++;
@@ -614,7 +624,7 @@ static int recipe_meets_client_cubin(enum kc_role role, int entry_fd, const char
 		return 1;
 	}
 	struct kc_record rec;
-	int fd = openat(entry_fd, KC_CUBIN_NAME, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	int fd = openat(entry_fd, KC_CUBIN_NAME, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
 	if (fd < 0)
 		return 0;
 	int client = kc_record_read(fd, &rec) != 0 || rec.origin != KC_ORIGIN_COMPILED;
@@ -640,7 +650,7 @@ int kc_cache_stage(struct kc_cache *c, enum kc_role role, int src_dir, const cha
 	if (!kc_role_is_staged(role))
 		return -EINVAL;
 	entry_label(c, entry_fd, label, sizeof(label));
-	int fd = openat(src_dir, src_name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	int fd = openat(src_dir, src_name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
 	if (fd < 0)
 		return -errno;
 	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
@@ -718,7 +728,7 @@ int kc_cache_unstage(struct kc_cache *c, int entry_fd)
 	int removed = 0;
 
 	pthread_mutex_lock(&c->publish_lock);
-	int fd = openat(entry_fd, KC_CUBIN_NAME, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	int fd = openat(entry_fd, KC_CUBIN_NAME, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
 	if (fd >= 0) {
 		if (kc_record_read(fd, &rec) == 0 && rec.origin == KC_ORIGIN_COMPILED)
 			removed = unlinkat(entry_fd, KC_CUBIN_NAME, 0) == 0;

@@ -1,6 +1,7 @@
 /* flags.c - see flags.h */
 #include "flags.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -185,13 +186,13 @@ static int check_list(const char *arg, const char *list, int (*item_ok)(const ch
 	return 0;
 }
 
+/* Only the form is checked here: a stat could reach into the daemon's own mount and wait
+ * there, on a request thread. Whether the directory exists is checked when compiling
+ * (kc_flags_include_problem). */
 static int check_include_dir(const char *arg, const char *dir, char *why, size_t whylen)
 {
-	struct stat st;
 	if (dir[0] != '/')
 		return refuse(why, whylen, arg, "include directories must be absolute paths");
-	if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
-		return refuse(why, whylen, arg, "include directory does not exist");
 	return 0;
 }
 
@@ -231,9 +232,16 @@ int kc_flag_check(const char *arg, char *why, size_t whylen)
 		 * would run a command as the daemon's user. */
 		if (strchr("$`;|&<>()\"'\\*?[]{}~!#", *p))
 			return forbid(why, whylen, arg, "a shell metacharacter (nvcc runs a shell)");
-		if (*p == ' ' || *p == '\t' || (unsigned char)*p >= 0x80)
-			return refuse(why, whylen, arg, "blanks and non-ASCII bytes are not allowed");
+		if (!isalnum((unsigned char)*p) && !strchr("_-.,=/+:@%", *p))
+			return refuse(why, whylen, arg,
+				      "only letters, digits and _-.,=/+:@% are allowed");
 	}
+	/* nvcc splits the values of -I, -D and -U at commas: one argument would be several */
+	static const char *const split[] = {"-I", "--include-path=", "-D", "--define-macro=",
+					    "-U", "--undefine-macro=", NULL};
+	for (int i = 0; split[i]; i++)
+		if (starts(arg, split[i]) && strchr(arg, ','))
+			return refuse(why, whylen, arg, "nvcc would split it at the comma");
 	for (int i = 0; exact_ok[i]; i++)
 		if (strcmp(arg, exact_ok[i]) == 0)
 			return 0;
@@ -393,8 +401,8 @@ int kc_flags_to_nvrtc(const struct kc_argv *in, struct kc_argv *out, char *why, 
 		"-O0", "-O1", "-O2", "-O3", "--optimize=", "--compiler-options=", "-Xcompiler=", "--expt-relaxed-constexpr",
 		"--expt-extended-lambda", "--extended-lambda", "-g", "--debug",
 		"-Wno-deprecated-gpu-targets", "--Wno-deprecated-gpu-targets", "--threads=", "-t=",
-		"--resource-usage", "-res-usage", "--extra-device-vectorization", "--Werror=",
-		"-Werror=", "--diag-warn=", KC_FLAG_BACKEND, NULL,
+		"--resource-usage", "-res-usage", "--extra-device-vectorization", "--diag-warn=",
+		KC_FLAG_BACKEND, NULL,
 	};
 	for (size_t i = 0; i < in->n; i++) {
 		const char *a = in->v[i];
@@ -404,10 +412,17 @@ int kc_flags_to_nvrtc(const struct kc_argv *in, struct kc_argv *out, char *why, 
 			int prefix = same[k].nvcc[pl - 1] == '=' || strcmp(same[k].nvcc, "-D") == 0 ||
 				     strcmp(same[k].nvcc, "-U") == 0 || strcmp(same[k].nvcc, "-I") == 0;
 			if (prefix ? starts(a, same[k].nvcc) && a[pl] : strcmp(a, same[k].nvcc) == 0) {
-				char buf[FLAG_LINE_MAX + 64];
-				snprintf(buf, sizeof(buf), "%s%s", same[k].nvrtc, a + pl);
-				if (kc_argv_push(out, buf))
-					goto nomem;
+				/* nvcc takes a comma list of ptxas options; NVRTC one per argument */
+				int list = strcmp(same[k].nvrtc, "--ptxas-options=") == 0;
+				char buf[FLAG_LINE_MAX + 64], *save = NULL;
+				snprintf(buf, sizeof(buf), "%s", a + pl);
+				for (char *t = list ? strtok_r(buf, ",", &save) : buf; t;
+				     t = list ? strtok_r(NULL, ",", &save) : NULL) {
+					char one[FLAG_LINE_MAX + 64];
+					snprintf(one, sizeof(one), "%s%s", same[k].nvrtc, t);
+					if (kc_argv_push(out, one))
+						goto nomem;
+				}
 				done = 1;
 			}
 		}
@@ -425,4 +440,21 @@ int kc_flags_to_nvrtc(const struct kc_argv *in, struct kc_argv *out, char *why, 
 nomem:
 	kc_argv_free(out);
 	return -ENOMEM;
+}
+
+int kc_flags_include_problem(const struct kc_argv *args, char *why, size_t whylen)
+{
+	for (size_t i = 0; i < args->n; i++) {
+		const char *a = args->v[i], *dir = NULL;
+		if (starts(a, "-I"))
+			dir = a + 2;
+		else if (starts(a, "--include-path="))
+			dir = a + strlen("--include-path=");
+		struct stat st;
+		if (dir && (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))) {
+			snprintf(why, whylen, "flag '%s' refused: include directory does not exist", a);
+			return -ENOENT;
+		}
+	}
+	return 0;
 }

@@ -85,6 +85,10 @@ int main(int argc, char **argv)
 			strerror(errno));
 		return 2;
 	}
+	if (memchr(source, '\0', len)) { /* NVRTC takes a C string: it would stop there */
+		fprintf(stderr, "kcachefs-nvrtc: error: the source holds a NUL byte\n");
+		return 2;
+	}
 	nvrtcProgram prog;
 	nvrtcResult r = nvrtcCreateProgram(&prog, source, "kernel.cu", 0, NULL, NULL);
 	if (r != NVRTC_SUCCESS) {

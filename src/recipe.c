@@ -13,7 +13,8 @@
 
 static int read_small(int dir, const char *name, size_t max, char **out, size_t *len)
 {
-	int fd = openat(dir, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+	/* O_NONBLOCK: a FIFO put in the backing directory must not stall a request thread */
+	int fd = openat(dir, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
 	struct stat st;
 	size_t used = 0;
 

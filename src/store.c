@@ -240,8 +240,8 @@ int kc_store_commit(int src_dir, const char *src_name, int dst_dir, const char *
 		return 0;
 	if (errno != EEXIST)
 		return -errno;
-	int a = openat(src_dir, src_name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-	int b = openat(dst_dir, dst_name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+	int a = openat(src_dir, src_name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+	int b = openat(dst_dir, dst_name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
 	int same = (a < 0 || b < 0) ? -errno : kc_store_same_bytes(a, b);
 	if (a >= 0)
 		close(a);

@@ -5,11 +5,12 @@ import errno
 import os
 import signal
 import subprocess
+import threading
 import time
 
 import pytest
 
-from conftest import elf_symbols, entry_name, read_result, sample, start_openers, write_script
+from conftest import run_parallel, elf_symbols, entry_name, read_result, sample, start_openers, write_script
 
 PART_A = b'extern "C" __global__ void part_a(float *x) { x[threadIdx.x] += 1.0f; }\n'
 PART_B = b'extern "C" __global__ void part_b(float *x) { x[threadIdx.x] *= 2.0f; }\n'
@@ -186,3 +187,44 @@ def test_sigterm_during_compile_gives_every_waiter_eio(mount_factory, tmp_path):
     outs = [p.communicate(timeout=60)[0].split() for p in openers]
     assert outs == [["err", str(errno.EIO)]] * 4, outs
     assert m.proc.wait(timeout=30) == 0
+
+
+def test_nothing_in_the_backing_or_in_flags_can_stall_request_threads(mount_factory, tmp_path):
+    """A FIFO put in the backing directory where kernel.flags goes, and include directories
+    that point into the mount itself at a compiling cubin: lookups, stages and other
+    requests still answer (found by a break-it pass: both used to hold FUSE threads)."""
+    m = mount_factory(["compile_timeout=20"])
+    src = sample("vector_add")[0]
+    fifo_entry = m.mnt / "cache" / entry_name("fifo", src)
+    fifo_entry.mkdir(parents=True)
+    (fifo_entry / "kernel.cu").write_bytes(src)
+    os.mkfifo(m.backing / fifo_entry.relative_to(m.mnt) / "kernel.flags")
+    assert read_result(fifo_entry / "kernel.cubin") == ("err", errno.ENOENT)
+    # A compile that blocks (its source includes a FIFO nobody writes) ...
+    blocker = tmp_path / "never"
+    os.mkfifo(blocker)
+    s = m.stage("blocked", b'#include "%s"\n' % bytes(blocker))
+    opener = subprocess.Popen(["cat", str(s / "kernel.cubin")], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    time.sleep(0.5)
+    # ... and 12 stagers whose include directory is that compiling cubin, through the mount.
+    def stage(i):
+        e = m.mnt / "cache" / entry_name("inc%d" % i, src)
+        e.mkdir(parents=True, exist_ok=True)
+        (e / "kernel.cu").write_bytes(src)
+        try:
+            (e / "kernel.flags").write_bytes(b"-I%s\n" % bytes(s / "kernel.cubin"))
+            return "staged"
+        except OSError as err:
+            return errno.errorcode[err.errno]
+    results = run_parallel(12, stage, timeout=60)
+    assert set(results) <= {"staged"}, results
+    listed = []
+    t = threading.Thread(target=lambda: listed.append(os.listdir(m.mnt / "cache")))
+    t.start()
+    t.join(timeout=10)
+    assert listed, "the mount stopped answering"
+    opener.kill()
+    opener.wait()
+    with open(blocker, "wb"):  # let the blocked compile finish, if it still runs
+        pass

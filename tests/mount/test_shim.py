@@ -194,7 +194,7 @@ def test_refused_flags_stage_nothing(mount_factory, tmp_path):
         assert r.returncode == 1, (extra, r.stderr)
         assert r.stderr.startswith("kcachefs-nvcc: flag ") and why in r.stderr, r.stderr
         assert not out.exists()
-    for why, extra in {"does not exist": ["-I", "/no/such/include"],
+    for why, extra in {"split it at the comma": ["-I", "/usr/include,/tmp"],
                        "not on the allow-list": ["--frobnicate"]}.items():
         out = m.mnt / "k.cubin"
         args = [src, "-cubin", "-o", out, "-arch=sm_90a"] + extra

@@ -93,10 +93,10 @@ static void test_check(void)
 	refused("@file");
 	refused("--options-file=x");
 	refused("-optf=x");
-	unsupported("-I/does/not/exist");
+	allowed("-I/does/not/exist"); /* only the form here: existence is checked at compile */
 	unsupported("-Irelative");
 	unsupported("--include-path=relative");
-	unsupported("-I/etc/passwd"); /* exists, but is not a directory */
+	allowed("-I/etc/passwd"); /* likewise */
 	refused("--compiler-options=-fplugin=x.so");
 	refused("--compiler-options=-fPIC,-fplugin=x.so"); /* a bad one after a good one */
 	refused("-Xcompiler=-B/tmp");
@@ -144,7 +144,12 @@ static void test_check(void)
 	unsupported("-DX=a b");
 	unsupported("-Xcompiler=-Wall\t-o");
 	unsupported("-DX=\xc3\xa9");
-	allowed("-DX=a,b:c/d+e.f@g%h");
+	allowed("-DX=a.b:c/d+e.f@g%h-i_j");
+	unsupported("-DX=a,b"); /* nvcc would split it at the comma */
+	unsupported("-I/a,/b");
+	unsupported("--include-path=/a,/b");
+	unsupported("-UX,Y");
+	unsupported("-DX=a^b"); /* outside the allowed set, not a shell character */
 	/* prefixes refuse only what they name */
 	unsupported("-code=sm_90a");
 	unsupported("-cudart=static");
@@ -347,6 +352,23 @@ static void test_argv_arch(void)
 	kc_argv_free(&b);
 }
 
+static void test_include_problem(void)
+{
+	struct kc_argv a = {0};
+	char why[512] = "";
+	kc_argv_push(&a, "-I/usr");
+	kc_argv_push(&a, "--include-path=/tmp");
+	CHECK(kc_flags_include_problem(&a, why, sizeof(why)) == 0, "include dirs: existing ones pass");
+	kc_argv_push(&a, "-I/etc/passwd");
+	CHECK(kc_flags_include_problem(&a, why, sizeof(why)) == -ENOENT && strstr(why, "'-I/etc/passwd'"),
+	      "include dirs: a file is not a directory, and why names it");
+	kc_argv_free(&a);
+	kc_argv_push(&a, "--include-path=/does/not/exist");
+	CHECK(kc_flags_include_problem(&a, why, sizeof(why)) == -ENOENT && strstr(why, "does not exist"),
+	      "include dirs: a missing one is named");
+	kc_argv_free(&a);
+}
+
 static void test_nvrtc(void)
 {
 	struct kc_argv in = {0}, out = {0};
@@ -380,6 +402,18 @@ static void test_nvrtc(void)
 	kc_argv_free(&out);
 	kc_argv_free(&in);
 
+	kc_argv_push(&in, "-Xptxas=-v,-O3");
+	CHECK(kc_flags_to_nvrtc(&in, &out, why, sizeof(why)) == 0 && out.n == 2 &&
+		      strcmp(out.v[0], "--ptxas-options=-v") == 0 &&
+		      strcmp(out.v[1], "--ptxas-options=-O3") == 0,
+	      "nvrtc: a comma list of ptxas options becomes one option each");
+	kc_argv_free(&out);
+	kc_argv_free(&in);
+	kc_argv_push(&in, "--Werror=all-warnings");
+	CHECK(kc_flags_to_nvrtc(&in, &out, why, sizeof(why)) == -EINVAL,
+	      "nvrtc: warnings as errors are not dropped: refused (a source nvcc fails is not published)");
+	kc_argv_free(&in);
+
 	kc_argv_push(&in, "-lineinfo");
 	kc_argv_push(&in, "--resource-usage");
 	kc_argv_push(&in, "-Og");
@@ -408,5 +442,6 @@ int main(void)
 	test_split();
 	test_argv_arch();
 	test_nvrtc();
+	test_include_problem();
 	return tap_done();
 }

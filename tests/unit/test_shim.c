@@ -119,7 +119,7 @@ static void test_check(void)
 		{"k.cu -cubin -o k.cubin --options-file /tmp/f", "from a file", -EPERM},
 		{"k.cu -cubin -o k.cubin -M", "dependency", -EPERM},
 		{"k.cu -cubin -o k.cubin -ptx", "output kind", -EPERM},
-		{"k.cu -cubin -o k.cubin -I/no/such/dir", "does not exist", -EINVAL},
+		{"k.cu -cubin -o k.cubin -I/a,/b", "split it at the comma", -EINVAL},
 		{"k.cu -cubin -o k.cubin --frobnicate", "allow-list", -EINVAL},
 	};
 	for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++) {
