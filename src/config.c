@@ -32,11 +32,13 @@ static void identity(const char *path, char *out, size_t len)
 static void compiler_identity(struct kc_config *c)
 {
 	identity(c->nvcc, c->compiler_id, sizeof(c->compiler_id));
-	if (c->nvrtc) {
-		char id[256];
+	if (c->nvrtc) { /* its version, not its path: installed or in build/, it is the same */
+		char version[200];
 		size_t n = strlen(c->compiler_id);
-		identity(c->nvrtc, id, sizeof(id));
-		snprintf(c->compiler_id + n, sizeof(c->compiler_id) - n, "; %s", id);
+		if (kc_nvcc_version(c->nvrtc, version, sizeof(version)) == 0)
+			snprintf(c->compiler_id + n, sizeof(c->compiler_id) - n, "; %s", version);
+		else
+			snprintf(c->compiler_id + n, sizeof(c->compiler_id) - n, "; NVRTC unavailable");
 	}
 }
 

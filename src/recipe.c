@@ -96,6 +96,8 @@ int kc_recipe_load(int entry_fd, const struct kc_config *cfg, struct kc_recipe *
 	kc_sha256_update(&h, "kcachefs-recipe-v1\n", 19);
 	kc_sha256_field(&h, cfg->compiler_id, strlen(cfg->compiler_id));
 	kc_sha256_field(&h, cfg->arch, strlen(cfg->arch));
+	const char *backend = cfg->backend_nvrtc ? "nvrtc" : "nvcc"; /* -o compiler= */
+	kc_sha256_field(&h, backend, strlen(backend));
 	kc_sha256_field(&h, mflags, strlen(mflags));
 	kc_sha256_field(&h, r->flags, r->flags_len);
 	kc_sha256_field(&h, r->source, r->source_len);

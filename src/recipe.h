@@ -2,7 +2,8 @@
  * compile of them.
  *
  * recipe hash = SHA-256 over "kcachefs-recipe-v1\n", then for each of compiler id, arch,
- * mount flags, entry flags, source: the decimal byte length, '\n', the bytes, '\n'.
+ * the mount's default backend ("nvcc" or "nvrtc"), mount flags, entry flags, source: the
+ * decimal byte length, '\n', the bytes, '\n'.
  * The compiler identity and the target architecture are part of it, so a cubin (or a
  * rejection) recorded for another compiler or GPU is never taken for this one.
  */

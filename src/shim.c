@@ -243,6 +243,9 @@ int kc_shim_flags_file(const struct kc_shim_call *call, const char *compiler, de
 		if (dir && !(err = kc_shim_tree_fingerprint(dir, avoid, fp)))
 			fprintf(f, "# include-tree %s %s\n", dir, fp);
 	}
+	/* the shim stands for nvcc, whatever the mount's default backend (a caller's own
+	 * choice, later, wins) */
+	fprintf(f, "%snvcc\n", KC_FLAG_BACKEND);
 	for (size_t i = 0; i < call->flags.n; i++)
 		fprintf(f, "%s\n", call->flags.v[i]);
 	if (fclose(f) != 0 && !err)

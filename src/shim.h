@@ -53,8 +53,8 @@ int kc_shim_check(const struct kc_shim_call *call, char *why, size_t whylen);
 int kc_shim_tree_fingerprint(const char *dir, dev_t avoid, char hex[KC_SHA256_HEXLEN + 1]);
 
 /* Render the kernel.flags the shim stages: "# kcachefs-nvcc: <compiler>\n", then
- * "# include-tree <dir> <fingerprint>\n" for every include directory, then one argument
- * per line; avoid is the mount's device (see kc_shim_tree_fingerprint). *out is malloc'd
+ * "# include-tree <dir> <fingerprint>\n" for every include directory, then
+ * "--kcachefs-compiler=nvcc" (the shim stands for nvcc), then one argument per line; avoid is the mount's device (see kc_shim_tree_fingerprint). *out is malloc'd
  * (the caller frees it). Returns 0, -ENOMEM, or -errno from fingerprinting an include
  * directory. */
 int kc_shim_flags_file(const struct kc_shim_call *call, const char *compiler, dev_t avoid,

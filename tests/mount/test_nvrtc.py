@@ -7,7 +7,8 @@ import subprocess
 
 import pytest
 
-from conftest import (EM_CUDA, KCACHEFS, elf_machine, elf_symbols, read_result, sample)
+from conftest import (EM_CUDA, KCACHEFS, KERNELS, SHIM, Mount, elf_machine, elf_symbols,
+                      read_result, sample)
 
 NVRTC = KCACHEFS.parent / "kcachefs-nvrtc"
 pytestmark = pytest.mark.skipif(not NVRTC.exists(), reason="built without libnvrtc")
@@ -72,3 +73,31 @@ def test_compiler_option_errors(tmp_path):
     shutil.copy(KCACHEFS, alone / "kcachefs")  # without kcachefs-nvrtc beside it
     r = start(alone / "kcachefs", "compiler=nvrtc")
     assert r.returncode != 0 and "kcachefs-nvrtc is not next to kcachefs" in r.stderr
+
+
+def test_the_default_backend_is_part_of_every_recipe(tmp_path):
+    """Remounting with another -o compiler= recompiles the entries that did not choose; the
+    nvcc shim's entries choose nvcc, so they stay nvcc's compiles on an NVRTC mount."""
+    (tmp_path / "r").mkdir()
+    m = Mount(tmp_path / "r")
+    try:
+        m.start()
+        entry = m.stage("vector_add", *sample("vector_add"))
+        assert "vector_add" in elf_symbols((entry / "kernel.cubin").read_bytes())
+        assert "/nvcc," in (entry / "kernel.log").read_text().splitlines()[0]
+        m.stop()
+        m.options = ["compiler=nvrtc"]
+        m.start()
+        assert "vector_add" in elf_symbols((entry / "kernel.cubin").read_bytes())
+        assert "kcachefs-nvrtc," in (entry / "kernel.log").read_text().splitlines()[0]
+        assert m.stats()["compiles_total"] == 1
+        src = tmp_path / "alone" / "k.cu"
+        src.parent.mkdir()
+        shutil.copy(KERNELS / "saxpy.cu", src)
+        r = subprocess.run([str(SHIM), str(src), "-cubin", "-o", str(m.mnt / "s.cubin"),
+                            "-arch=sm_90a"], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        logs = [p.read_text() for p in (m.mnt / "kcachefs-nvcc").glob("*/kernel.log")]
+        assert len(logs) == 1 and "/nvcc," in logs[0].splitlines()[0], logs
+    finally:
+        m.stop()
