@@ -3,7 +3,7 @@
 #
 # Mounts the backing directory $KCACHEFS_BACKING (default /var/cache/kcachefs/store, in a
 # directory only root can enter, so users reach the store only through the mount) on
-# $KCACHEFS_MOUNT (default /mnt/kcache), stages a sample kernel (tests/kernels/block_sum.cu,
+# $KCACHEFS_MOUNTPOINT (default /mnt/kcache), stages a sample kernel (tests/kernels/block_sum.cu,
 # which includes CUB headers, with its flags) into a fresh kernel entry, starts 8 readers of
 # its kernel.cubin at once, and shows: one compile for 8 readers, identical bytes for all,
 # the ELF header of a CUDA cubin, the compile log and the statistics. The mount stays up;
@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh >/dev/null || { echo "run.sh: setup failed (run scripts/setup.sh to see why)" >&2; exit 1; }
 
 backing="${KCACHEFS_BACKING:-/var/cache/kcachefs/store}"
-mnt="${KCACHEFS_MOUNT:-/mnt/kcache}"
+mnt="${KCACHEFS_MOUNTPOINT:-/mnt/kcache}"
 [ -n "${KCACHEFS_BACKING:-}" ] || install -d -m 700 /var/cache/kcachefs
 mkdir -p "$backing" "$mnt"
 if ! grep -q " $mnt fuse.kcachefs " /proc/mounts; then

@@ -1,6 +1,7 @@
-"""What DeepGEMM's JIT does in its cache directory, syscall for syscall (DESIGN.md, "What
-current DeepGEMM does on disk"), so the mount can be tested against it without DeepGEMM
-itself. Both sequences return the cubin bytes they loaded.
+"""What DeepGEMM's JIT does in its cache directory, syscall for syscall (current versions:
+a private tmp/<id> renamed into cache/kernel.<name>.<hash>; older ones, such as commit
+477618c: files renamed into the final entry), so the mount can be tested against it
+without DeepGEMM itself. Both sequences return the cubin bytes they loaded.
 
 The compiler is DeepGEMM's: $DG_JIT_NVCC_COMPILER, else $CUDA_HOME/bin/nvcc. Like DeepGEMM,
 it is asked for "--version" (the "release X.Y" line gives the signature in every key) and
@@ -30,7 +31,7 @@ def compiler():
 
 
 def flags():
-    """DeepGEMM's nvcc flags for an sm_90a kernel (DESIGN.md quotes a real call)."""
+    """DeepGEMM's nvcc flags for an sm_90a kernel, as it printed a real call on an H200."""
     return ["-std=c++20", "--diag-suppress=39,161,174,177,186,940",
             "--ptxas-options=--register-usage-level=10", "-I" + os.path.realpath(INCLUDE),
             "--gpu-architecture=sm_90a",

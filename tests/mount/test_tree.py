@@ -1,5 +1,5 @@
-"""The mount is a real directory tree on local disk with POSIX semantics (DESIGN.md,
-contract point 1)."""
+"""The mount is a real directory tree on local disk with POSIX semantics (the README's
+on-disk contract)."""
 import errno
 import fcntl
 import os

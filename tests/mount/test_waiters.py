@@ -1,5 +1,5 @@
 """Waiters hold no FUSE worker thread: with 64 openers parked on one slow compile, the
-rest of the mount keeps answering (DESIGN.md, point 4)."""
+rest of the mount keeps answering."""
 import os
 import signal
 import time
