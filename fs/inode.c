@@ -188,6 +188,15 @@ void kc_inode_place(struct kc_inode_table *t, struct kc_inode *in, const struct 
 		close(old);
 }
 
+void kc_inode_hold(struct kc_inode_table *t, struct kc_inode *in)
+{
+	if (in->virt)
+		return;
+	pthread_mutex_lock(&t->lock);
+	in->nlookup++;
+	pthread_mutex_unlock(&t->lock);
+}
+
 void kc_inode_forget(struct kc_inode_table *t, struct kc_inode *in, uint64_t n)
 {
 	if (in->virt)

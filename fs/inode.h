@@ -58,6 +58,11 @@ void kc_inode_table_destroy(struct kc_inode_table *t);
 
 /* The inode behind a kernel ino (FUSE_ROOT_ID or an address this table handed out). */
 struct kc_inode *kc_inode_get(struct kc_inode_table *t, fuse_ino_t ino);
+
+/* Take a reference of the daemon's own on in, dropped with kc_inode_forget(t, in, 1): in,
+ * and so its node id, stays valid while the holder needs it, even after the kernel forgot
+ * it. No effect on virtual inodes. */
+void kc_inode_hold(struct kc_inode_table *t, struct kc_inode *in);
 fuse_ino_t kc_inode_ino(struct kc_inode_table *t, const struct kc_inode *in);
 
 /* Find or create the inode of the object behind fd (O_PATH, consumed: kept or closed) with

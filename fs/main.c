@@ -268,7 +268,7 @@ int main(int argc, char *argv[])
 		kc_log_init(1, cmd.debug ? KC_LOG_DEBUG : level);
 	/* Threads start after daemonizing (fork keeps only the calling thread). */
 	if (kc_cache_init(&fs->cache, &fs->cfg, &fs->store) != 0 ||
-	    kc_notifier_start(&fs->notifier, fs->se) != 0 || kc_sweeper_start(fs) != 0) {
+	    kc_notifier_start(&fs->notifier, fs->se, &fs->inodes) != 0 || kc_sweeper_start(fs) != 0) {
 		kc_log(KC_LOG_ERR, "cannot start worker threads");
 		goto out_cache;
 	}

@@ -10,16 +10,22 @@
 #define FUSE_USE_VERSION 312
 #include <fuse_lowlevel.h>
 
+#include "inode.h"
 #include "pool.h"
 
 struct kc_notifier {
 	struct fuse_session *se;
+	struct kc_inode_table *inodes; /* borrowed */
 	struct kc_pool *pool; /* one worker; NULL when not started */
 };
 
 /* Start the sender. Returns 0 or -errno. */
-int kc_notifier_start(struct kc_notifier *n, struct fuse_session *se);
-/* Queue an invalidation of name in directory parent (copied). Dropped on ENOMEM. */
+int kc_notifier_start(struct kc_notifier *n, struct fuse_session *se,
+		      struct kc_inode_table *inodes);
+/* Queue an invalidation of name in directory parent (copied). The parent inode is held
+ * until it is sent: a node id is the inode's address, and one freed meanwhile (the kernel
+ * forgot the directory) could be reused by another inode the invalidation would then hit.
+ * Dropped on ENOMEM. */
 void kc_notifier_inval_entry(struct kc_notifier *n, fuse_ino_t parent, const char *name);
 /* Send what is queued, then stop. */
 void kc_notifier_stop(struct kc_notifier *n);

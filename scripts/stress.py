@@ -334,7 +334,14 @@ def main():
         leftovers = os.listdir(os.path.join(backing, "dg", "tmp")) if os.path.isdir(
             os.path.join(backing, "dg", "tmp")) else []
         print("temp directories left by clients: %d" % len(leftovers))
-        ok = not total.errors and not total.mismatches and not twice and not leftovers
+        daemon_log.flush()
+        with open(daemon_log.name, errors="replace") as f:
+            # libfuse's own complaints, e.g. a notification that named a stale node id
+            fuse_errors = [l.strip() for l in f if l.startswith("fuse: ")]
+        print("libfuse errors in the daemon's log: %d%s" % (
+            len(fuse_errors), " (first: %s)" % fuse_errors[0] if fuse_errors else ""))
+        ok = (not total.errors and not total.mismatches and not twice and not leftovers and
+              not fuse_errors)
         print("stress: %s" % ("PASS" if ok else "FAIL"))
         status = 0 if ok else 1
     finally:
