@@ -45,14 +45,21 @@
 
 static const char *real_nvcc;
 
+/* One line on stderr: "kcachefs-nvcc: " prefix, the message, suffix. */
+static void say(const char *prefix, const char *suffix, const char *fmt, va_list ap)
+{
+	fprintf(stderr, "kcachefs-nvcc: %s", prefix);
+	vfprintf(stderr, fmt, ap);
+	fprintf(stderr, "%s\n", suffix);
+}
+
+/* An error of the shim itself: says why, returns the exit status 1. */
 static int fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static int fail(const char *fmt, ...)
 {
 	va_list ap;
 	va_start(ap, fmt);
-	fputs("kcachefs-nvcc: ", stderr);
-	vfprintf(stderr, fmt, ap);
-	fputc('\n', stderr);
+	say("", "", fmt, ap);
 	va_end(ap);
 	return 1;
 }
@@ -65,45 +72,6 @@ static int run_nvcc(char **argv)
 	argv[0] = (char *)real_nvcc;
 	execv(real_nvcc, argv);
 	return fail("cannot run %s: %s", real_nvcc, strerror(errno));
-}
-
-/* Read a whole file (at most max bytes). Returns 0 or -errno (-EFBIG above max). */
-static int read_all(int fd, size_t max, char **out, size_t *len)
-{
-	size_t cap = 1 << 16, used = 0;
-	char *buf = malloc(cap);
-
-	if (!buf)
-		return -ENOMEM;
-	for (;;) {
-		if (used == cap) {
-			if (cap >= max) {
-				free(buf);
-				return -EFBIG;
-			}
-			char *b = realloc(buf, cap * 2);
-			if (!b) {
-				free(buf);
-				return -ENOMEM;
-			}
-			buf = b;
-			cap *= 2;
-		}
-		ssize_t n = read(fd, buf + used, cap - used);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0) {
-			int err = -errno;
-			free(buf);
-			return err;
-		}
-		if (n == 0)
-			break;
-		used += (size_t)n;
-	}
-	*out = buf;
-	*len = used;
-	return 0;
 }
 
 /* Stage one file of the entry: write it and close it; the close is the commit. Returns 0
@@ -176,7 +144,7 @@ static char *read_log(int entry_fd, size_t *len, size_t *head)
 
 	if (fd < 0)
 		return NULL;
-	if (read_all(fd, 16u << 20, &log, len) != 0)
+	if (kc_read_all(fd, 16u << 20, &log, len) != 0)
 		log = NULL;
 	close(fd);
 	if (log) {
@@ -223,11 +191,12 @@ static void print_log(int entry_fd, uid_t owner, const char *input)
 static int to_nvcc(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static int to_nvcc(const char *fmt, ...)
 {
+	char suffix[4200];
 	va_list ap;
+	snprintf(suffix, sizeof(suffix), "; compiling with %s instead",
+		 real_nvcc ? real_nvcc : "nvcc");
 	va_start(ap, fmt);
-	fputs("kcachefs-nvcc: warning: ", stderr);
-	vfprintf(stderr, fmt, ap);
-	fprintf(stderr, "; compiling with %s instead\n", real_nvcc ? real_nvcc : "nvcc");
+	say("warning: ", suffix, fmt, ap);
 	va_end(ap);
 	return TO_NVCC;
 }
@@ -244,23 +213,28 @@ static int output_is_staged(const char *path)
 	       kc_name_classify(entry ? entry + 1 : dir, NULL) == KC_NAME_ENTRY;
 }
 
-/* What the mount at root compiles with, from its kcachefs_info: "<compiler>", and
- * "; mount flags: <flags>" after it when -o flags= adds arguments to every compile. */
-static int mount_compiler(const char *root, char *out, size_t len)
+/* From the mount's .kcachefs/stats (one read): the uid the daemon runs as (the file's
+ * owner), and what it compiles with (its kcachefs_info) as "<compiler>", with
+ * "; mount flags: <flags>" after it when -o flags= adds arguments to every compile.
+ * Returns 0 or -errno. */
+static int mount_info(int root_fd, uid_t *owner, char *out, size_t len)
 {
-	char path[PATH_MAX], *text = NULL, compiler[300], flags[4096];
+	char *text = NULL, compiler[300], flags[4096];
 	size_t n = 0;
-	snprintf(path, sizeof(path), "%s/.kcachefs/stats", root);
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	int err = fd < 0 ? -errno : read_all(fd, 1u << 20, &text, &n);
+	struct stat st;
+	int fd = openat(root_fd, ".kcachefs/stats", O_RDONLY | O_CLOEXEC);
+	int err = fd < 0 || fstat(fd, &st) != 0 ? -errno : kc_read_all(fd, 1u << 20, &text, &n);
 	if (fd >= 0)
 		close(fd);
 	if (!err)
 		err = kc_shim_info_label(text, n, "compiler", compiler, sizeof(compiler));
-	if (!err && kc_shim_info_label(text, n, "flags", flags, sizeof(flags)) == 0 && *flags)
-		snprintf(out, len, "%s; mount flags: %s", compiler, flags);
-	else if (!err)
-		snprintf(out, len, "%s", compiler);
+	if (!err) {
+		*owner = st.st_uid;
+		if (kc_shim_info_label(text, n, "flags", flags, sizeof(flags)) == 0 && *flags)
+			snprintf(out, len, "%s; mount flags: %s", compiler, flags);
+		else
+			snprintf(out, len, "%s", compiler);
+	}
 	free(text);
 	return err;
 }
@@ -306,7 +280,7 @@ static int holds(int entry_fd, const char *name, const char *buf, size_t len)
 	char *have = NULL;
 	size_t n = 0;
 	int fd = openat(entry_fd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-	int same = fd >= 0 && read_all(fd, len + 1, &have, &n) == 0 && n == len &&
+	int same = fd >= 0 && kc_read_all(fd, len + 1, &have, &n) == 0 && n == len &&
 		   memcmp(have, buf, len) == 0;
 	if (fd >= 0)
 		close(fd);
@@ -376,16 +350,6 @@ static int source_alone(const char *input, const char *dir)
 	return alone;
 }
 
-/* The uid the daemon runs as: the owner it gives .kcachefs/stats. */
-static int daemon_uid(int root_fd, uid_t *uid)
-{
-	struct stat st;
-	if (fstatat(root_fd, ".kcachefs/stats", &st, 0) != 0)
-		return -errno;
-	*uid = st.st_uid;
-	return 0;
-}
-
 /* Serve one compile call through the mount at root. Returns the exit status, or TO_NVCC
  * when the mount cannot serve it (a warning says why, except for calls that are simply not
  * the mount's: a missing source, an output that is not a plain file, local includes). */
@@ -409,7 +373,7 @@ static int serve(const struct kc_shim_call *call, const char *root)
 	if (nvcc_environment() || includes_on_a_mount(call) || output_is_staged(call->output))
 		return TO_NVCC;
 	fd = open(call->input, O_RDONLY | O_CLOEXEC);
-	if (fd < 0 || read_all(fd, SHIM_MAX_SOURCE, &source, &source_len) != 0 || !source_len)
+	if (fd < 0 || kc_read_all(fd, SHIM_MAX_SOURCE, &source, &source_len) != 0 || !source_len)
 		goto out; /* nvcc reports a missing or unreadable source in its own words */
 	close(fd);
 	fd = -1;
@@ -417,11 +381,11 @@ static int serve(const struct kc_shim_call *call, const char *root)
 	if (!source_alone(call->input, dir) || kc_shim_local_includes(source, source_len, dir))
 		goto out; /* includes next to the source: only a compile in place finds them */
 	root_fd = open(root, O_PATH | O_DIRECTORY | O_CLOEXEC);
-	if (root_fd < 0 || fstat(root_fd, &root_st) != 0 || daemon_uid(root_fd, &owner) != 0) {
+	if (root_fd < 0 || fstat(root_fd, &root_st) != 0) {
 		status = to_nvcc("cannot open the mount %s: %s", root, strerror(errno));
 		goto out;
 	}
-	if ((err = mount_compiler(root, compiler, sizeof(compiler))) != 0) {
+	if ((err = mount_info(root_fd, &owner, compiler, sizeof(compiler))) != 0) {
 		status = to_nvcc("cannot read the compiler of the mount %s: %s", root, strerror(-err));
 		goto out;
 	}
@@ -480,7 +444,7 @@ static int serve(const struct kc_shim_call *call, const char *root)
 				 root, KC_SHIM_DIR, name);
 		goto out;
 	}
-	err = read_all(fd, SIZE_MAX, &cubin, &cubin_len);
+	err = kc_read_all(fd, SIZE_MAX, &cubin, &cubin_len);
 	if (!err)
 		err = put_output(call->output, cubin, cubin_len);
 	if (err) {

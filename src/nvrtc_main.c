@@ -16,6 +16,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <nvrtc.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,26 +25,6 @@
 #include "flags.h"
 #include "io.h"
 #include "kc_build.h"
-
-static char *read_file(const char *path, size_t *len)
-{
-	FILE *f = fopen(path, "rb");
-	char *buf = NULL;
-	long n;
-
-	if (!f)
-		return NULL;
-	if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0 &&
-	    (buf = malloc((size_t)n + 1)) && fread(buf, 1, (size_t)n, f) == (size_t)n) {
-		buf[n] = '\0';
-		*len = (size_t)n;
-	} else {
-		free(buf);
-		buf = NULL;
-	}
-	fclose(f);
-	return buf;
-}
 
 int main(int argc, char **argv)
 {
@@ -79,10 +60,14 @@ int main(int argc, char **argv)
 	snprintf(inc, sizeof(inc), "--include-path=%s/include/cccl", home);
 	kc_argv_push(&opts, inc);
 
-	char *source = read_file(src_path, &len);
-	if (!source) {
+	char *source = NULL;
+	int in = open(src_path, O_RDONLY | O_CLOEXEC);
+	int rerr = in < 0 ? -errno : kc_read_all(in, SIZE_MAX, &source, &len);
+	if (in >= 0)
+		close(in);
+	if (rerr) {
 		fprintf(stderr, "kcachefs-nvrtc: error: cannot read %s: %s\n", src_path,
-			strerror(errno));
+			strerror(-rerr));
 		return 2;
 	}
 	if (memchr(source, '\0', len)) { /* NVRTC takes a C string: it would stop there */
