@@ -30,6 +30,8 @@ char *kc_ctl_stats_text(struct kc_fs *fs, size_t *len)
 	kc_cache_gauges(&fs->cache, &g);
 	g.parked = __atomic_load_n(&fs->parked, __ATOMIC_RELAXED);
 	g.inodes = kc_inode_count(&fs->inodes);
+	g.inodes_max = fs->inodes.max;
+	g.reliefs = __atomic_load_n(&fs->notifier.reliefs, __ATOMIC_RELAXED);
 	struct kc_stats_info info = {KC_VERSION, fs->cfg.compiler_id, fs->cfg.arch,
 				     fs->cfg.flags ? fs->cfg.flags : ""};
 	size_t need = kc_stats_render(&fs->cache.stats, &g, &info, NULL, 0) + 1;

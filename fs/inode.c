@@ -90,6 +90,7 @@ static struct kc_inode *ref_key(struct kc_inode_table *t, const struct kc_inode 
 		struct kc_inode *in = *found;
 		in->nlookup++;
 		pthread_mutex_unlock(&t->lock);
+		kc_inode_touch(t, in);
 		close(fd);
 		return in;
 	}
@@ -114,6 +115,7 @@ static struct kc_inode *ref_key(struct kc_inode_table *t, const struct kc_inode 
 	}
 	t->count++;
 	pthread_mutex_unlock(&t->lock);
+	kc_inode_touch(t, in);
 	return in;
 }
 
@@ -161,6 +163,76 @@ struct kc_inode *kc_inode_find(struct kc_inode_table *t, dev_t dev, ino_t ino)
 	struct kc_inode **found = tfind(&key, &t->tree, inode_cmp);
 	pthread_mutex_unlock(&t->lock);
 	return found ? *found : NULL;
+}
+
+struct kc_inode *kc_inode_find_held(struct kc_inode_table *t, dev_t dev, ino_t ino)
+{
+	struct kc_inode key = {.dev = dev, .ino = ino};
+	if (dev == t->root.dev && ino == t->root.ino)
+		return &t->root; /* never freed */
+	pthread_mutex_lock(&t->lock);
+	struct kc_inode **found = tfind(&key, &t->tree, inode_cmp);
+	struct kc_inode *in = found ? *found : NULL;
+	if (in)
+		in->nlookup++;
+	pthread_mutex_unlock(&t->lock);
+	return in;
+}
+
+void kc_inode_touch(struct kc_inode_table *t, struct kc_inode *in)
+{
+	__atomic_store_n(&in->last_use, __atomic_add_fetch(&t->clock, 1, __ATOMIC_RELAXED),
+			 __ATOMIC_RELAXED);
+}
+
+struct gather {
+	struct kc_inode **v;
+	size_t n, asked;
+};
+
+static void gather_one(const void *node, VISIT which, void *closure)
+{
+	struct gather *g = closure;
+	struct kc_inode *in = *(struct kc_inode *const *)node;
+	if ((which != postorder && which != leaf) || in->pending)
+		return;
+	if (__atomic_load_n(&in->last_use, __ATOMIC_RELAXED) == in->dropped_use) {
+		g->asked++;
+		return;
+	}
+	in->nlookup++;
+	g->v[g->n++] = in;
+}
+
+static int older(const void *a, const void *b)
+{
+	uint64_t x = (*(struct kc_inode *const *)a)->last_use;
+	uint64_t y = (*(struct kc_inode *const *)b)->last_use;
+	return x < y ? -1 : x > y;
+}
+
+struct kc_inode **kc_inode_to_forget(struct kc_inode_table *t, uint64_t keep, size_t *got)
+{
+	/* Hold every candidate while sorting outside the lock, then let go of the rest. */
+	pthread_mutex_lock(&t->lock);
+	uint64_t count = t->count;
+	struct gather g = {malloc((count + 1) * sizeof(*g.v)), 0, 0};
+	if (g.v)
+		twalk_r(t->tree, gather_one, &g);
+	pthread_mutex_unlock(&t->lock);
+	if (!g.v)
+		return NULL;
+	uint64_t left = count > g.asked ? count - g.asked : 0;
+	size_t n = left > keep ? (size_t)(left - keep) : 0;
+	if (n > g.n)
+		n = g.n;
+	qsort(g.v, g.n, sizeof(*g.v), older);
+	for (size_t i = n; i < g.n; i++)
+		kc_inode_forget(t, g.v[i], 1);
+	for (size_t i = 0; i < n; i++)
+		g.v[i]->dropped_use = __atomic_load_n(&g.v[i]->last_use, __ATOMIC_RELAXED);
+	*got = n;
+	return g.v;
 }
 
 void kc_inode_place(struct kc_inode_table *t, struct kc_inode *in, const struct kc_inode *parent,

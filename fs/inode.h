@@ -37,12 +37,17 @@ struct kc_inode {
 	int stored;          /* pending: its cubin's bytes and size were given to the kernel */
 	int cubin_fd;        /* pending: O_PATH fd of the cubin it became (-1 before): its
 			      * attributes stay this inode's after a re-stage removes it */
+	uint64_t last_use;   /* the table's clock at its last lookup, or a lookup inside it */
+	uint64_t dropped_use; /* last_use when the kernel was last asked to forget it */
 };
 
 struct kc_inode_table {
 	pthread_mutex_t lock;
 	void *tree;          /* tsearch tree of struct kc_inode *, keyed by (dev, ino) */
 	uint64_t count;
+	uint64_t max;        /* inodes kept before the kernel is asked to forget the least
+			      * recently used (notify.c); 0: no bound */
+	uint64_t clock;      /* ticks once per lookup (atomic) */
 	struct kc_inode root, ctl_dir, stats;
 };
 
@@ -81,6 +86,20 @@ struct kc_inode *kc_inode_ref_pending(struct kc_inode_table *t, int entry_fd,
 /* Find the inode of (dev, ino) if the kernel knows it; no reference is taken, so use it
  * only under the guarantee that the kernel still holds one (e.g. inside a request on it). */
 struct kc_inode *kc_inode_find(struct kc_inode_table *t, dev_t dev, ino_t ino);
+
+/* The same, and hold it (kc_inode_hold) when found: for use outside any request on it.
+ * Returns NULL when the kernel does not know (dev, ino). */
+struct kc_inode *kc_inode_find_held(struct kc_inode_table *t, dev_t dev, ino_t ino);
+
+/* Mark in as used now (a lookup inside a directory uses the directory). */
+void kc_inode_touch(struct kc_inode_table *t, struct kc_inode *in);
+
+/* The least recently used inodes to ask the kernel to forget so that at most keep stay:
+ * inodes already asked and not used since count as gone (their forget is on its way).
+ * Oldest first, each held (kc_inode_hold; the caller forgets each once) and marked as
+ * asked. The root and pending inodes are never chosen. Returns a malloc'ed array of *got
+ * (maybe 0), or NULL on ENOMEM. */
+struct kc_inode **kc_inode_to_forget(struct kc_inode_table *t, uint64_t keep, size_t *got);
 
 /* Record where an inode now lives: directory name (entry flag), or file name inside a
  * parent (role, and parent_fd dup'ed for staged roles). staging marks a stage temporary. */

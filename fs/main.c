@@ -27,7 +27,7 @@
 struct kc_opts {
 	char *backing;
 	char *nvcc, *arch, *flags, *log_level, *compiler;
-	char *jobs, *compile_timeout, *max_source_size; /* numbers, checked in main */
+	char *jobs, *compile_timeout, *max_source_size, *max_inodes; /* numbers, checked in main */
 	int autocompile;
 };
 
@@ -40,6 +40,7 @@ static const struct fuse_opt kc_opt_spec[] = {
 	OPT("jobs=%s", jobs),
 	OPT("compile_timeout=%s", compile_timeout),
 	OPT("max_source_size=%s", max_source_size),
+	OPT("max_inodes=%s", max_inodes),
 	OPT("log_level=%s", log_level),
 	OPT("autocompile", autocompile),
 	FUSE_OPT_END,
@@ -97,6 +98,9 @@ static void usage(const char *prog)
 	       "    -o compile_timeout=S   kill a compile after S seconds (default %d)\n"
 	       "    -o autocompile         compile entries that have kernel.cu but no kernel.flags\n"
 	       "    -o max_source_size=B   largest kernel.cu/kernel.flags accepted (default %u)\n"
+	       "    -o max_inodes=N        inodes kept for the kernel before it is asked to\n"
+	       "                           forget the least recently used (default: a quarter\n"
+	       "                           of the open file limit)\n"
 	       "    -o log_level=LEVEL     error, warning, info (default) or debug\n\n",
 	       prog, KC_DEFAULT_ARCH, KC_DEFAULT_COMPILE_TIMEOUT, KC_DEFAULT_MAX_SOURCE);
 	fuse_cmdline_help();
@@ -149,8 +153,9 @@ static int parse_number(const char *name, const char *text, unsigned long min, u
 }
 
 /* One O_PATH fd per known inode (two for staged files): allow as many as the system's
- * per-process maximum (fs.nr_open) when privileged, else the hard limit. */
-static void raise_fd_limit(void)
+ * per-process maximum (fs.nr_open) when privileged, else the hard limit. Returns the
+ * limit now in force. */
+static unsigned long raise_fd_limit(void)
 {
 	struct rlimit rl;
 	unsigned long nr_open = 0;
@@ -162,15 +167,17 @@ static void raise_fd_limit(void)
 		fclose(f);
 	}
 	if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
-		return;
+		return 1024;
 	if (nr_open > rl.rlim_max) {
 		struct rlimit more = {nr_open, nr_open};
 		if (setrlimit(RLIMIT_NOFILE, &more) == 0)
-			return;
+			return nr_open;
 	}
 	rl.rlim_cur = rl.rlim_max;
 	setrlimit(RLIMIT_NOFILE, &rl);
+	getrlimit(RLIMIT_NOFILE, &rl);
 	kc_log(KC_LOG_INFO, "open file limit %lu", (unsigned long)rl.rlim_cur);
+	return rl.rlim_cur == RLIM_INFINITY ? nr_open : (unsigned long)rl.rlim_cur;
 }
 
 int main(int argc, char *argv[])
@@ -216,10 +223,11 @@ int main(int argc, char *argv[])
 	if (!fs)
 		goto out_args;
 	clock_gettime(CLOCK_REALTIME, &fs->started);
-	unsigned long jobs = 0, timeout = 0, max_source = 0;
+	unsigned long jobs = 0, timeout = 0, max_source = 0, max_inodes = 0;
 	if (parse_number("jobs", o.jobs, 1, 1024, &jobs) ||
 	    parse_number("compile_timeout", o.compile_timeout, 1, 7 * 86400, &timeout) ||
-	    parse_number("max_source_size", o.max_source_size, 1, 1ul << 30, &max_source)) {
+	    parse_number("max_source_size", o.max_source_size, 1, 1ul << 30, &max_source) ||
+	    parse_number("max_inodes", o.max_inodes, 16, 1ul << 30, &max_inodes)) {
 		ret = 2;
 		goto out_cfg;
 	}
@@ -246,9 +254,15 @@ int main(int argc, char *argv[])
 		goto out_cfg;
 	}
 	warn_if_reachable(fs->store.root_path);
-	raise_fd_limit();
+	unsigned long fd_limit = raise_fd_limit();
 	if (kc_inode_table_init(&fs->inodes, fs->store.root_fd) != 0)
 		goto out_store;
+	/* A quarter of the descriptors for inodes (one each, two for staged files) leaves the
+	 * rest for open files, compiles and the kernel's lag in forgetting. */
+	fs->inodes.max = max_inodes ? max_inodes : fd_limit / 4;
+	if (max_inodes && max_inodes > fd_limit / 2)
+		kc_log(KC_LOG_WARN, "max_inodes=%lu is over half the open file limit %lu: lookups "
+		       "may fail with EMFILE", max_inodes, fd_limit);
 
 	/* The kernel checks permissions against the owners and modes we store. */
 	fuse_opt_add_arg(&args, "-odefault_permissions");
@@ -322,6 +336,7 @@ out_args:
 	free(o.compiler);
 	free(o.compile_timeout);
 	free(o.max_source_size);
+	free(o.max_inodes);
 	fuse_opt_free_args(&args);
 	return ret;
 }

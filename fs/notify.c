@@ -4,8 +4,12 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "log.h"
+#include "store.h"
 
 struct inval {
 	struct fuse_session *se;
@@ -30,6 +34,10 @@ int kc_notifier_start(struct kc_notifier *n, struct fuse_session *se,
 {
 	n->se = se;
 	n->inodes = inodes;
+	char link[32];
+	kc_fd_path(inodes->root.fd, link);
+	ssize_t len = readlink(link, n->root_path, sizeof(n->root_path) - 1);
+	n->root_path[len > 0 ? len : 0] = '\0';
 	n->pool = kc_pool_create(1);
 	return n->pool ? 0 : -errno;
 }
@@ -50,6 +58,85 @@ void kc_notifier_inval_entry(struct kc_notifier *n, fuse_ino_t parent, const cha
 		kc_inode_forget(n->inodes, it->held, 1);
 		free(it);
 	}
+}
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Invalidate the kernel's dentry of in, found by its current path under the root.
+ * Returns 0 when sent. */
+static int inval_by_path(struct kc_notifier *n, struct kc_inode *in)
+{
+	char link[32], path[4096];
+	kc_fd_path(in->fd, link);
+	ssize_t len = readlink(link, path, sizeof(path) - 1);
+	size_t rl = strlen(n->root_path);
+	if (len <= 0 || (size_t)len <= rl + 1 || strncmp(path, n->root_path, rl) != 0 ||
+	    path[rl] != '/')
+		return -1; /* unlinked, or outside the root */
+	path[len] = '\0';
+	char *rel = path + rl + 1, *slash = strrchr(rel, '/');
+	struct kc_inode *parent = &n->inodes->root;
+	if (slash) {
+		struct stat st;
+		*slash = '\0';
+		if (fstatat(n->inodes->root.fd, rel, &st, AT_SYMLINK_NOFOLLOW) != 0)
+			return -1;
+		parent = kc_inode_find_held(n->inodes, st.st_dev, st.st_ino);
+		if (!parent)
+			return -1; /* the kernel forgot the directory, and so this dentry */
+	}
+	const char *name = slash ? slash + 1 : rel;
+	int err = fuse_lowlevel_notify_inval_entry(n->se, kc_inode_ino(n->inodes, parent), name,
+						   strlen(name));
+	if (parent != &n->inodes->root)
+		kc_inode_forget(n->inodes, parent, 1);
+	return err;
+}
+
+static void relieve(void *arg)
+{
+	struct kc_notifier *n = arg;
+	struct kc_inode_table *t = n->inodes;
+	uint64_t count, low = t->max - t->max / 4;
+	/* Again while over: lookups may outpace one round. Inodes already asked for count as
+	 * gone, so a round with nothing new to ask ends it (their forgets are on the way). */
+	for (int round = 0; round < 8 && (count = kc_inode_count(t)) > t->max; round++) {
+		size_t got = 0, sent = 0;
+		struct kc_inode **v = kc_inode_to_forget(t, low, &got);
+		for (size_t i = 0; v && i < got; i++) {
+			sent += inval_by_path(n, v[i]) == 0;
+			kc_inode_forget(t, v[i], 1);
+		}
+		free(v);
+		if (!got)
+			break;
+		__atomic_add_fetch(&n->reliefs, 1, __ATOMIC_RELAXED);
+		kc_log(KC_LOG_DEBUG, "%llu inodes known to the kernel, over max_inodes %llu: "
+		       "invalidated %zu of the least recently used", (unsigned long long)count,
+		       (unsigned long long)t->max, sent);
+	}
+	__atomic_store_n(&n->relief_after, now_ns() + 1000000u, __ATOMIC_RELAXED);
+	__atomic_store_n(&n->relief_queued, 0, __ATOMIC_RELEASE);
+}
+
+void kc_notifier_relieve(struct kc_notifier *n)
+{
+	struct kc_inode_table *t = n->inodes;
+	if (!t->max || kc_inode_count(t) <= t->max || !n->pool ||
+	    __atomic_load_n(&n->relief_queued, __ATOMIC_ACQUIRE) ||
+	    now_ns() < __atomic_load_n(&n->relief_after, __ATOMIC_RELAXED))
+		return;
+	int idle = 0;
+	if (!__atomic_compare_exchange_n(&n->relief_queued, &idle, 1, 0, __ATOMIC_ACQ_REL,
+					 __ATOMIC_RELAXED))
+		return;
+	if (kc_pool_submit(n->pool, relieve, n) != 0)
+		__atomic_store_n(&n->relief_queued, 0, __ATOMIC_RELEASE);
 }
 
 void kc_notifier_stop(struct kc_notifier *n)

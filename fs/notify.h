@@ -17,6 +17,10 @@ struct kc_notifier {
 	struct fuse_session *se;
 	struct kc_inode_table *inodes; /* borrowed */
 	struct kc_pool *pool; /* one worker; NULL when not started */
+	char root_path[4096]; /* the backing root, as /proc names its descriptors */
+	int relief_queued;    /* a relief is queued or running (atomic) */
+	uint64_t relief_after; /* CLOCK_MONOTONIC ns before which no new relief starts */
+	uint64_t reliefs;     /* reliefs run (atomic; shown in stats) */
 };
 
 /* Start the sender. Returns 0 or -errno. */
@@ -27,6 +31,14 @@ int kc_notifier_start(struct kc_notifier *n, struct fuse_session *se,
  * forgot the directory) could be reused by another inode the invalidation would then hit.
  * Dropped on ENOMEM. */
 void kc_notifier_inval_entry(struct kc_notifier *n, fuse_ino_t parent, const char *name);
+/* Keep the inode table near its bound (inodes->max): when more inodes than that are known
+ * to the kernel, queue (at most one at a time, and not within 1 ms of the last) a relief
+ * that invalidates the kernel's dentries of the least recently used quarter, so the kernel
+ * forgets those it does not use (open files and working directories keep theirs). Each
+ * known inode holds a descriptor, so without this a node with many entries would run out
+ * of descriptors (EMFILE) and fail lookups. Cheap when under the bound: call after every
+ * new kernel reference. */
+void kc_notifier_relieve(struct kc_notifier *n);
 /* Send what is queued, then stop. */
 void kc_notifier_stop(struct kc_notifier *n);
 

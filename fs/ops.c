@@ -103,6 +103,8 @@ static int do_lookup(struct kc_fs *fs, struct kc_inode *parent, const char *name
 	struct kc_inode *in = kc_inode_ref(&fs->inodes, fd, &st, &err);
 	if (!in)
 		return err;
+	kc_inode_touch(&fs->inodes, parent);
+	kc_notifier_relieve(&fs->notifier);
 	kc_inode_place(&fs->inodes, in, parent, name, 0);
 	e->ino = kc_inode_ino(&fs->inodes, in);
 	e->attr = st;
@@ -144,6 +146,8 @@ static void reply_pending_entry(fuse_req_t req, struct kc_inode *entry, uint64_t
 	struct kc_inode *in = kc_inode_ref_pending(&fs->inodes, entry->fd, &est, recipe_id, &err);
 	if (!in)
 		return (void)fuse_reply_err(req, -err);
+	kc_inode_touch(&fs->inodes, entry);
+	kc_notifier_relieve(&fs->notifier);
 	e.ino = kc_inode_ino(&fs->inodes, in);
 	e.attr.st_ino = est.st_ino ^ 0x5a5a5a5aULL;
 	e.attr.st_mode = S_IFREG | 0444;
@@ -693,6 +697,7 @@ static void kc_create(fuse_req_t req, fuse_ino_t parent_ino, const char *name, m
 		kc_fh_free(fs, fh);
 		return (void)fuse_reply_err(req, -err);
 	}
+	kc_notifier_relieve(&fs->notifier);
 	kc_inode_place(&fs->inodes, in, parent, name, fh->kind == FH_STAGE);
 	e.ino = kc_inode_ino(&fs->inodes, in);
 	e.attr = st;

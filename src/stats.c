@@ -46,6 +46,8 @@ size_t kc_stats_render(const struct kc_stats *s, const struct kc_stats_gauges *g
 		{"kcachefs_flights", "gauge", "Entries with a compile in flight or queued."},
 		{"kcachefs_parked_requests", "gauge", "Requests waiting for a compile, not yet answered."},
 		{"kcachefs_inodes", "gauge", "Inodes the kernel holds (each keeps a descriptor open)."},
+		{"kcachefs_inodes_max", "gauge", "Inodes kept before the kernel is asked to forget the least recently used (-o max_inodes)."},
+		{"kcachefs_inode_reliefs_total", "counter", "Times the kernel was asked to forget inodes to stay under kcachefs_inodes_max."},
 	};
 	double v[] = {
 		(double)s->hits, (double)s->misses, (double)s->waits, (double)s->cubin_opens,
@@ -53,6 +55,7 @@ size_t kc_stats_render(const struct kc_stats *s, const struct kc_stats_gauges *g
 		(double)s->compile_failures, (double)s->rejected_lookups, (double)s->corrupt,
 		(double)s->published_bytes, (double)s->compile_usec / 1e6, (double)s->stages,
 		(double)s->stage_refusals, g->inflight, g->queued, g->flights, g->parked, (double)g->inodes,
+		(double)g->inodes_max, (double)g->reliefs,
 	};
 	size_t used = 0;
 

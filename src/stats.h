@@ -37,6 +37,8 @@ struct kc_stats_gauges {
 	unsigned flights;  /* entries with a compile in flight or queued */
 	unsigned parked;   /* requests (getattr, open) parked on a compile, not yet answered */
 	unsigned long inodes; /* inodes the kernel holds references to (each keeps an fd) */
+	unsigned long inodes_max; /* the bound kept by asking the kernel to forget */
+	unsigned long reliefs; /* times the kernel was asked to forget, to keep the bound */
 };
 
 /* Facts about the mount, rendered as the info metric kcachefs_info (value 1) with label

@@ -1,0 +1,110 @@
+"""The inode table stays near -o max_inodes: every inode the kernel holds keeps a descriptor
+open in the daemon, so past the bound the daemon asks the kernel to forget the least
+recently used ones (it invalidates their dentries). Nothing a process holds is disturbed:
+open files, directories held open, and openers waiting on a compile."""
+import hashlib
+import os
+import struct
+import time
+
+from conftest import EM_CUDA, read_result, run_parallel, sample, start_openers
+from test_waiters import slow_nvcc, wait_for_flight
+
+N = 600      # entries, each two inodes (its directory and its cubin) once touched
+MAX = 100    # -o max_inodes
+
+
+def payload(i):
+    """A distinct cubin-shaped file: a 64-bit EM_CUDA ELF header with no sections, then
+    bytes of its own (the mount checks the header of a client's cubin, not its code)."""
+    ident = b"\x7fELF\x02\x01\x01" + bytes(9)
+    header = ident + struct.pack("<HHIQQQIHHHHHH", 2, EM_CUDA, 1, 0, 0, 0, 0, 64, 0, 0, 0, 0, 0)
+    return header + hashlib.sha256(b"cubin %d" % i).digest() * (64 + i % 7)
+
+
+def entry(m, i):
+    return m.mnt / "cache" / ("kernel.s%d.%032x" % (i, i))
+
+
+def publish(m, n):
+    """n client cubins written through the mount, as DeepGEMM leaves them."""
+    for i in range(n):
+        entry(m, i).mkdir(parents=True)
+        (entry(m, i) / "kernel.cubin").write_bytes(payload(i))
+
+
+def read_all(k, m, n):
+    """Read every cubin (process k starts at its own offset); return (wrong, peak gauge)."""
+    wrong, peak = [], 0
+    for j in range(n):
+        i = (j + k * n // 4) % n
+        with open(entry(m, i) / "kernel.cubin", "rb") as f:
+            if f.read() != payload(i):
+                wrong.append(i)
+        if j % 10 == 0:
+            peak = max(peak, m.stats()["inodes"])
+    return wrong, peak
+
+
+def settle(m, bound, timeout=10):
+    """The inode gauge once it is at or under bound (the kernel's forgets are asynchronous)."""
+    deadline = time.monotonic() + timeout
+    while m.stats()["inodes"] > bound and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return m.stats()["inodes"]
+
+
+def test_inode_table_stays_near_max_inodes(mount_factory):
+    m = mount_factory(["max_inodes=%d" % MAX])
+    publish(m, N)
+    held = open(entry(m, 0) / "kernel.cubin", "rb")  # open across every relief
+    held_dir = os.open(entry(m, 1), os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        results = run_parallel(4, read_all, m, N)
+        st = m.stats()
+        assert all(isinstance(r, tuple) and r[0] == [] for r in results), results
+        assert st["inodes_max"] == MAX
+        assert st["inode_reliefs_total"] > 0
+        # Without the bound the table would hold 2 N + 1 inodes after these reads. The
+        # bound is kept late (the relief thread and the kernel's forgets lag the lookups of
+        # 4 processes: peaks of 1.2-3.2 x MAX were seen), so only half that is asserted.
+        peak = max(r[1] for r in results)
+        assert peak <= N, "inode gauge reached %d (max_inodes %d)" % (peak, MAX)
+        assert settle(m, MAX) <= MAX
+        # What processes held through the reliefs still works and reads the same bytes.
+        assert held.read() == payload(0)
+        fd = os.open("kernel.cubin", os.O_RDONLY, dir_fd=held_dir)
+        try:
+            assert os.read(fd, 1 << 20) == payload(1)
+        finally:
+            os.close(fd)
+    finally:
+        held.close()
+        os.close(held_dir)
+    log = m.daemon_log()
+    assert "out of file descriptors" not in log and "fuse:" not in log, log[-2000:]
+
+
+def test_waiters_on_a_compile_survive_reliefs(mount_factory, tmp_path):
+    """Openers parked on a compile keep their inode while the daemon makes the kernel forget
+    others; all get the one compile's cubin."""
+    release = tmp_path / "release"
+    m = mount_factory(["nvcc=%s" % slow_nvcc(tmp_path, release), "max_inodes=%d" % MAX])
+    publish(m, N)
+    e = m.stage("vector_add", *sample("vector_add"))
+    openers = start_openers(e / "kernel.cubin", 8)
+    try:
+        wait_for_flight(m)
+        before = m.stats()["inode_reliefs_total"]
+        for i in range(N):  # push the table over the bound while they wait
+            with open(entry(m, i) / "kernel.cubin", "rb") as f:
+                assert f.read() == payload(i)
+        assert m.stats()["inode_reliefs_total"] > before
+        assert m.stats()["parked_requests"] == 8
+    finally:
+        release.write_text("go")
+        outs = [p.communicate(timeout=120)[0].split() for p in openers]
+    size = len((e / "kernel.cubin").read_bytes())
+    assert outs == [["ok", str(size)]] * 8, outs
+    assert read_result(e / "kernel.cubin")[0] == "ok"
+    assert m.stats()["compiles_total"] == 1
