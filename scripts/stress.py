@@ -268,6 +268,8 @@ def main():
     ap.add_argument("-j", "--jobs", type=int, default=0, help="-o jobs= of the daemon")
     ap.add_argument("--kcachefs", default=os.path.join(REPO, "build", "kcachefs"))
     ap.add_argument("--log-level", default="info", help="-o log_level= of the daemon")
+    ap.add_argument("--max-inodes", type=int, default=0,
+                    help="-o max_inodes= of the daemon (small: the kernel is made to forget often)")
     ap.add_argument("--keep", action="store_true",
                     help="keep every iteration's entries (default: remove those two back)")
     args = ap.parse_args()
@@ -288,6 +290,8 @@ def main():
     opts = "nvcc=%s,compile_timeout=120,log_level=%s" % (compilers[args.compiler], args.log_level)
     if args.jobs:
         opts += ",jobs=%d" % args.jobs
+    if args.max_inodes:
+        opts += ",max_inodes=%d" % args.max_inodes
     daemon_log = open(os.path.join(work, "daemon.log"), "w")
     daemon = subprocess.Popen([args.kcachefs, "-f", "-o", opts, backing, mnt],
                               stdout=daemon_log, stderr=subprocess.STDOUT)
