@@ -70,7 +70,8 @@ static int dh_fill(struct kc_fs *fs, struct kc_inode *in, struct kc_dh *dh)
 	dh_clear(dh);
 	if (in->virt) {
 		if (dh_add(dh, &cap, ".", 2, DT_DIR) || dh_add(dh, &cap, "..", 1, DT_DIR) ||
-		    dh_add(dh, &cap, KC_CTL_STATS, 3, DT_REG))
+		    dh_add(dh, &cap, KC_CTL_STATS, 3, DT_REG) ||
+		    dh_add(dh, &cap, KC_CTL_METRICS, 4, DT_REG))
 			return -ENOMEM;
 		return 0;
 	}

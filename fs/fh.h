@@ -23,6 +23,9 @@ struct kc_fh {
 	pid_t writer_tid;    /* the last thread that wrote, and its process */
 	pid_t writer_tgid;
 	pid_t creator_tgid;  /* the process that created it (0: opened, not created) */
+	int pinned;          /* the entry (pin_dev, pin_ino) is kept from eviction until freed */
+	dev_t pin_dev;
+	ino_t pin_ino;
 	/* FH_STATS: */
 	char *buf;
 	size_t len;

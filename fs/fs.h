@@ -24,6 +24,7 @@ struct kc_fs {
 	struct kc_cache cache;
 	struct kc_inode_table inodes;
 	struct kc_notifier notifier;
+	struct kc_evict evict;     /* the bounded cache (-o max_size, -o max_entries) */
 	struct fuse_session *se;
 	struct timespec started; /* mount time, shown as .kcachefs times */
 	/* waiter.c: the sweeper of waiters interrupted by a signal their process survived */
@@ -61,11 +62,15 @@ void kc_dir_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file
 
 /* .kcachefs control directory (ctl.c). */
 #define KC_CTL_NAME ".kcachefs"
-#define KC_CTL_STATS "stats"
+#define KC_CTL_STATS "stats"          /* for people; truncating it zeroes the counters */
+#define KC_CTL_METRICS "metrics.prom" /* the Prometheus text format */
 
 /* Attributes of a virtual inode. */
 void kc_ctl_attr(struct kc_fs *fs, const struct kc_inode *in, struct stat *st);
-/* Render the stats text into a malloc'ed buffer (*len bytes). Returns NULL on ENOMEM. */
-char *kc_ctl_stats_text(struct kc_fs *fs, size_t *len);
+/* Render the text of the virtual file in (stats or metrics.prom) into a malloc'ed buffer
+ * (*len bytes). Returns NULL on ENOMEM. */
+char *kc_ctl_stats_text(struct kc_fs *fs, const struct kc_inode *in, size_t *len);
+/* Zero the counters (truncation of .kcachefs/stats by the daemon's user). */
+void kc_ctl_reset(struct kc_fs *fs);
 
 #endif

@@ -39,6 +39,7 @@ int kc_inode_table_init(struct kc_inode_table *t, int root_fd)
 	pthread_mutex_init(&t->lock, NULL);
 	init_virtual(&t->ctl_dir, KC_VIRT_CTL_DIR, S_IFDIR);
 	init_virtual(&t->stats, KC_VIRT_STATS, S_IFREG);
+	init_virtual(&t->metrics, KC_VIRT_METRICS, S_IFREG);
 	init_virtual(&t->root, KC_VIRT_NONE, S_IFDIR);
 	t->root.nlookup = 2;
 	t->root.fd = fcntl(root_fd, F_DUPFD_CLOEXEC, 0);
@@ -253,6 +254,7 @@ void kc_inode_place(struct kc_inode_table *t, struct kc_inode *in, const struct 
 	int old = in->parent_fd;
 	in->entry = entry;
 	in->role = role;
+	in->entry_ino = parent->entry ? parent->ino : 0;
 	in->parent_fd = parent_fd;
 	in->staging = staging;
 	pthread_mutex_unlock(&t->lock);

@@ -4,7 +4,8 @@
  * backing object (so it follows renames and keeps the backing inode number from being
  * reused), is keyed by (st_dev, st_ino), and lives while the kernel's lookup count is
  * above zero. The fuse_ino_t the kernel sees is the struct's address; FUSE_ROOT_ID is the
- * root. Two virtual inodes (.kcachefs and .kcachefs/stats) have fd -1 and are never freed.
+ * root. Three virtual inodes (.kcachefs, .kcachefs/stats and .kcachefs/metrics.prom) have
+ * fd -1 and are never freed.
  */
 #ifndef KC_INODE_H
 #define KC_INODE_H
@@ -17,7 +18,7 @@
 
 #include "name.h"
 
-enum kc_virtual { KC_VIRT_NONE = 0, KC_VIRT_CTL_DIR, KC_VIRT_STATS };
+enum kc_virtual { KC_VIRT_NONE = 0, KC_VIRT_CTL_DIR, KC_VIRT_STATS, KC_VIRT_METRICS };
 
 struct kc_inode {
 	int fd;              /* O_PATH on the backing object; -1 for virtual inodes */
@@ -39,6 +40,7 @@ struct kc_inode {
 			      * attributes stay this inode's after a re-stage removes it */
 	uint64_t last_use;   /* the table's clock at its last lookup, or a lookup inside it */
 	uint64_t dropped_use; /* last_use when the kernel was last asked to forget it */
+	ino_t entry_ino;     /* a file in an entry: the entry directory's inode number */
 };
 
 struct kc_inode_table {
@@ -48,7 +50,7 @@ struct kc_inode_table {
 	uint64_t max;        /* inodes kept before the kernel is asked to forget the least
 			      * recently used (notify.c); 0: no bound */
 	uint64_t clock;      /* ticks once per lookup (atomic) */
-	struct kc_inode root, ctl_dir, stats;
+	struct kc_inode root, ctl_dir, stats, metrics;
 };
 
 /* Inodes in the table (the kernel holds a reference to each): a gauge, read without the

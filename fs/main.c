@@ -28,6 +28,7 @@ struct kc_opts {
 	char *backing;
 	char *nvcc, *arch, *flags, *log_level, *compiler;
 	char *jobs, *compile_timeout, *max_source_size, *max_inodes; /* numbers, checked in main */
+	char *max_size, *max_entries;
 	int autocompile;
 };
 
@@ -41,6 +42,8 @@ static const struct fuse_opt kc_opt_spec[] = {
 	OPT("compile_timeout=%s", compile_timeout),
 	OPT("max_source_size=%s", max_source_size),
 	OPT("max_inodes=%s", max_inodes),
+	OPT("max_size=%s", max_size),
+	OPT("max_entries=%s", max_entries),
 	OPT("log_level=%s", log_level),
 	OPT("autocompile", autocompile),
 	FUSE_OPT_END,
@@ -80,6 +83,13 @@ static void warn_if_reachable(const char *backing)
 	       "(chmod 700 its parent)", backing);
 }
 
+/* An entry left the tree: the kernel must not keep showing it. */
+static void on_evicted(void *arg, const char *rel_path)
+{
+	struct kc_fs *fs = arg;
+	kc_notifier_inval_path(&fs->notifier, rel_path);
+}
+
 static void usage(const char *prog)
 {
 	printf("usage: %s [options] BACKING_DIR MOUNTPOINT\n\n"
@@ -98,6 +108,9 @@ static void usage(const char *prog)
 	       "    -o compile_timeout=S   kill a compile after S seconds (default %d)\n"
 	       "    -o autocompile         compile entries that have kernel.cu but no kernel.flags\n"
 	       "    -o max_source_size=B   largest kernel.cu/kernel.flags accepted (default %u)\n"
+	       "    -o max_size=SIZE       evict least recently used entries when their bytes\n"
+	       "                           exceed SIZE (K, M, G, T suffixes; default no bound)\n"
+	       "    -o max_entries=N       evict when more entries than N are published\n"
 	       "    -o max_inodes=N        inodes kept for the kernel before it is asked to\n"
 	       "                           forget the least recently used (default: a quarter\n"
 	       "                           of the open file limit)\n"
@@ -223,11 +236,19 @@ int main(int argc, char *argv[])
 	if (!fs)
 		goto out_args;
 	clock_gettime(CLOCK_REALTIME, &fs->started);
-	unsigned long jobs = 0, timeout = 0, max_source = 0, max_inodes = 0;
+	unsigned long jobs = 0, timeout = 0, max_source = 0, max_inodes = 0, max_entries = 0;
+	uint64_t max_size = 0;
 	if (parse_number("jobs", o.jobs, 1, 1024, &jobs) ||
 	    parse_number("compile_timeout", o.compile_timeout, 1, 7 * 86400, &timeout) ||
 	    parse_number("max_source_size", o.max_source_size, 1, 1ul << 30, &max_source) ||
-	    parse_number("max_inodes", o.max_inodes, 16, 1ul << 30, &max_inodes)) {
+	    parse_number("max_inodes", o.max_inodes, 16, 1ul << 30, &max_inodes) ||
+	    parse_number("max_entries", o.max_entries, 1, 1ul << 40, &max_entries)) {
+		ret = 2;
+		goto out_cfg;
+	}
+	if (o.max_size && kc_parse_size(o.max_size, &max_size) != 0) {
+		fprintf(stderr, "kcachefs: max_size=%s: a size in bytes is needed, with an optional "
+			"K, M, G or T suffix (e.g. 20G)\n", o.max_size);
 		ret = 2;
 		goto out_cfg;
 	}
@@ -257,6 +278,10 @@ int main(int argc, char *argv[])
 	unsigned long fd_limit = raise_fd_limit();
 	if (kc_inode_table_init(&fs->inodes, fs->store.root_fd) != 0)
 		goto out_store;
+	kc_evict_init(&fs->evict, &fs->store, &fs->cache.flights, &fs->cache.stats, max_size,
+		      max_entries);
+	fs->evict.evicted = on_evicted;
+	fs->evict.arg = fs;
 	/* A quarter of the descriptors for inodes (one each, two for staged files) leaves the
 	 * rest for open files, compiles and the kernel's lag in forgetting. */
 	fs->inodes.max = max_inodes ? max_inodes : fd_limit / 4;
@@ -281,8 +306,10 @@ int main(int argc, char *argv[])
 	if (!cmd.foreground)
 		kc_log_init(1, cmd.debug ? KC_LOG_DEBUG : level);
 	/* Threads start after daemonizing (fork keeps only the calling thread). */
-	if (kc_cache_init(&fs->cache, &fs->cfg, &fs->store) != 0 ||
-	    kc_notifier_start(&fs->notifier, fs->se, &fs->inodes) != 0 || kc_sweeper_start(fs) != 0) {
+	int started = kc_cache_init(&fs->cache, &fs->cfg, &fs->store) == 0;
+	fs->cache.evict = &fs->evict; /* every publish is told to the index */
+	if (!started || kc_notifier_start(&fs->notifier, fs->se, &fs->inodes) != 0 ||
+	    kc_sweeper_start(fs) != 0 || kc_evict_start(&fs->evict) != 0) {
 		kc_log(KC_LOG_ERR, "cannot start worker threads");
 		goto out_cache;
 	}
@@ -308,6 +335,7 @@ out_cache:
 	 * aborts what the kernel still queues, which also frees a notification that waits on
 	 * a directory lock held by such a request; only then is the notifier joined. */
 	kc_sweeper_stop(fs);
+	kc_evict_stop(&fs->evict);
 	kc_cache_shutdown(&fs->cache);
 	fuse_session_unmount(fs->se);
 	kc_notifier_stop(&fs->notifier);
@@ -319,6 +347,7 @@ out_signals:
 out_session:
 	fuse_session_destroy(fs->se);
 out_inodes:
+	kc_evict_destroy(&fs->evict);
 	kc_inode_table_destroy(&fs->inodes);
 out_store:
 	kc_store_close(&fs->store);
@@ -337,6 +366,8 @@ out_args:
 	free(o.compile_timeout);
 	free(o.max_source_size);
 	free(o.max_inodes);
+	free(o.max_size);
+	free(o.max_entries);
 	fuse_opt_free_args(&args);
 	return ret;
 }

@@ -2,6 +2,7 @@
 #include "notify.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -67,6 +68,27 @@ static uint64_t now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+int kc_notifier_inval_path(struct kc_notifier *n, const char *rel)
+{
+	char dir[4096];
+	const char *slash = strrchr(rel, '/'), *name = slash ? slash + 1 : rel;
+	struct kc_inode *parent = &n->inodes->root;
+	if (slash) {
+		struct stat st;
+		snprintf(dir, sizeof(dir), "%.*s", (int)(slash - rel), rel);
+		if (fstatat(n->inodes->root.fd, dir, &st, AT_SYMLINK_NOFOLLOW) != 0)
+			return -errno;
+		parent = kc_inode_find_held(n->inodes, st.st_dev, st.st_ino);
+		if (!parent)
+			return -ENOENT; /* the kernel forgot the directory, and so this dentry */
+	}
+	int err = fuse_lowlevel_notify_inval_entry(n->se, kc_inode_ino(n->inodes, parent), name,
+						   strlen(name));
+	if (parent != &n->inodes->root)
+		kc_inode_forget(n->inodes, parent, 1);
+	return err;
+}
+
 /* Invalidate the kernel's dentry of in, found by its current path under the root.
  * Returns 0 when sent. */
 static int inval_by_path(struct kc_notifier *n, struct kc_inode *in)
@@ -79,23 +101,7 @@ static int inval_by_path(struct kc_notifier *n, struct kc_inode *in)
 	    path[rl] != '/')
 		return -1; /* unlinked, or outside the root */
 	path[len] = '\0';
-	char *rel = path + rl + 1, *slash = strrchr(rel, '/');
-	struct kc_inode *parent = &n->inodes->root;
-	if (slash) {
-		struct stat st;
-		*slash = '\0';
-		if (fstatat(n->inodes->root.fd, rel, &st, AT_SYMLINK_NOFOLLOW) != 0)
-			return -1;
-		parent = kc_inode_find_held(n->inodes, st.st_dev, st.st_ino);
-		if (!parent)
-			return -1; /* the kernel forgot the directory, and so this dentry */
-	}
-	const char *name = slash ? slash + 1 : rel;
-	int err = fuse_lowlevel_notify_inval_entry(n->se, kc_inode_ino(n->inodes, parent), name,
-						   strlen(name));
-	if (parent != &n->inodes->root)
-		kc_inode_forget(n->inodes, parent, 1);
-	return err;
+	return kc_notifier_inval_path(n, path + rl + 1);
 }
 
 static void relieve(void *arg)

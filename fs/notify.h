@@ -31,6 +31,11 @@ int kc_notifier_start(struct kc_notifier *n, struct fuse_session *se,
  * forgot the directory) could be reused by another inode the invalidation would then hit.
  * Dropped on ENOMEM. */
 void kc_notifier_inval_entry(struct kc_notifier *n, fuse_ino_t parent, const char *name);
+/* Invalidate the kernel's dentry of rel (a path relative to the backing root) now, from
+ * a thread that serves no request (it waits for the directory's lock). Returns 0 when
+ * sent, or -errno (-ENOENT: the kernel does not know its directory). */
+int kc_notifier_inval_path(struct kc_notifier *n, const char *rel);
+
 /* Keep the inode table near its bound (inodes->max): when more inodes than that are known
  * to the kernel, queue (at most one at a time, and not within 1 ms of the last) a relief
  * that invalidates the kernel's dentries of the least recently used quarter, so the kernel

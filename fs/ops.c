@@ -106,6 +106,8 @@ static int do_lookup(struct kc_fs *fs, struct kc_inode *parent, const char *name
 	kc_inode_touch(&fs->inodes, parent);
 	kc_notifier_relieve(&fs->notifier);
 	kc_inode_place(&fs->inodes, in, parent, name, 0);
+	if (in->entry)
+		kc_evict_touch(&fs->evict, st.st_dev, st.st_ino);
 	e->ino = kc_inode_ino(&fs->inodes, in);
 	e->attr = st;
 	e->attr_timeout = e->entry_timeout = timeout_for(in);
@@ -170,6 +172,8 @@ static void kc_lookup(fuse_req_t req, fuse_ino_t parent_ino, const char *name)
 	if (parent->virt) {
 		if (parent->virt == KC_VIRT_CTL_DIR && strcmp(name, KC_CTL_STATS) == 0)
 			return reply_virtual_entry(req, &fs->inodes.stats);
+		if (parent->virt == KC_VIRT_CTL_DIR && strcmp(name, KC_CTL_METRICS) == 0)
+			return reply_virtual_entry(req, &fs->inodes.metrics);
 		return (void)fuse_reply_err(req, ENOENT);
 	}
 	if (parent->entry && strcmp(name, KC_CUBIN_NAME) == 0) {
@@ -233,6 +237,13 @@ static void kc_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to
 	char path[32];
 	int r = 0;
 
+	if (in->virt == KC_VIRT_STATS && (to_set & FUSE_SET_ATTR_SIZE) && attr->st_size == 0 &&
+	    !(to_set & (FUSE_SET_ATTR_MODE | FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID))) {
+		kc_ctl_reset(fs_of(req)); /* truncate -s 0 .kcachefs/stats */
+		struct stat st;
+		kc_ctl_attr(fs_of(req), in, &st);
+		return (void)fuse_reply_attr(req, &st, KC_TIMEOUT_PLAIN);
+	}
 	/* A published cubin is immutable: no mode, owner, size or time changes. */
 	if (in->virt || (in->pending && !fh) ||
 	    (in->role == KC_ROLE_CUBIN && !in->staging && !(fh && fh->kind == FH_STAGE)))
@@ -367,6 +378,8 @@ static void kc_unlink(fuse_req_t req, fuse_ino_t parent_ino, const char *name)
 	if (unlinkat(parent->fd, name, 0) != 0)
 		return (void)fuse_reply_err(req, errno);
 	recipe_removed(req, parent_ino, parent, name);
+	if (parent->entry)
+		kc_evict_note_fd(&fs->evict, parent->fd);
 	fuse_reply_err(req, 0);
 }
 
@@ -377,7 +390,13 @@ static void kc_rmdir(fuse_req_t req, fuse_ino_t parent_ino, const char *name)
 
 	if (reserved(fs, parent, name))
 		return (void)fuse_reply_err(req, is_ctl_name(fs, parent, name) ? EBUSY : EPERM);
-	fuse_reply_err(req, unlinkat(parent->fd, name, AT_REMOVEDIR) == 0 ? 0 : errno);
+	struct stat st;
+	if (fstatat(parent->fd, name, &st, AT_SYMLINK_NOFOLLOW) != 0)
+		return (void)fuse_reply_err(req, errno);
+	if (unlinkat(parent->fd, name, AT_REMOVEDIR) != 0)
+		return (void)fuse_reply_err(req, errno);
+	kc_evict_forget(&fs->evict, st.st_dev, st.st_ino);
+	fuse_reply_err(req, 0);
 }
 
 /* Refresh the role of the known inode at parent/name, if any. */
@@ -448,6 +467,14 @@ static void kc_rename(fuse_req_t req, fuse_ino_t parent_ino, const char *name,
 	replace_role(fs, newparent, newname);
 	if (flags & RENAME_EXCHANGE)
 		replace_role(fs, parent, name);
+	/* The index of published entries follows: an entry moved in (or out), or a cubin
+	 * moved out of its entry. */
+	if (S_ISDIR(st.st_mode))
+		kc_evict_note(&fs->evict, newparent->fd, newname);
+	if (parent->entry)
+		kc_evict_note(&fs->evict, parent->fd, ".");
+	if (flags & RENAME_EXCHANGE)
+		kc_evict_note(&fs->evict, parent->fd, name);
 	fuse_reply_err(req, 0);
 }
 
@@ -519,6 +546,9 @@ static void open_cubin(fuse_req_t req, struct kc_inode *in, int fd, struct fuse_
 	 * kernel need not send FLUSH (FOPEN_NOFLUSH, Linux 5.17+; older kernels ignore it). */
 	fi->noflush = 1;
 	atomic_fetch_add(&fs->cache.stats.cubin_opens, 1);
+	ino_t entry_ino = in->pending ? in->ino : in->entry_ino;
+	if (entry_ino)
+		kc_evict_touch(&fs->evict, in->dev, entry_ino);
 	fuse_reply_open(req, fi);
 }
 
@@ -596,11 +626,15 @@ static void kc_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 
 	if (in->virt == KC_VIRT_CTL_DIR)
 		return (void)fuse_reply_err(req, EISDIR);
-	if (in->virt == KC_VIRT_STATS) {
-		if (writing)
+	if (in->virt) {
+		/* Only stats opens for writing (the kernel checked the caller is the daemon's
+		 * user), so that it can be truncated: that zeroes the counters. */
+		if (writing && in->virt != KC_VIRT_STATS)
 			return (void)fuse_reply_err(req, EACCES);
+		if (fi->flags & O_TRUNC)
+			kc_ctl_reset(fs);
 		struct kc_fh *fh = kc_fh_new(FH_STATS, -1);
-		if (!fh || !(fh->buf = kc_ctl_stats_text(fs, &fh->len))) {
+		if (!fh || !(fh->buf = kc_ctl_stats_text(fs, in, &fh->len))) {
 			free(fh);
 			return (void)fuse_reply_err(req, ENOMEM);
 		}
@@ -732,8 +766,8 @@ static void kc_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *in_
 	struct kc_fs *fs = fs_of(req);
 	struct kc_fh *fh = fh_of(fi);
 
-	if (fh->kind == FH_STATS)
-		return (void)fuse_reply_err(req, EBADF);
+	if (fh->kind == FH_STATS) /* only truncation means something: it resets */
+		return (void)fuse_reply_err(req, EINVAL);
 	int err = kc_stage_prepare_write(fs, inode_of(req, ino), fh);
 	if (err)
 		return (void)fuse_reply_err(req, -err);

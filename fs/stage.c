@@ -55,6 +55,8 @@ void kc_stage_note_writer(fuse_req_t req, struct kc_fh *fh)
 
 void kc_fh_free(struct kc_fs *fs, struct kc_fh *fh)
 {
+	if (fh->pinned)
+		kc_evict_unpin(&fs->evict, fh->pin_dev, fh->pin_ino);
 	if (fh->kind == FH_STAGE) {
 		if (fh->tmpname[0])
 			unlinkat(fs->store.tmp_fd, fh->tmpname, 0);
@@ -97,6 +99,13 @@ int kc_stage_begin(struct kc_fs *fs, struct kc_fh *fh, int seed_fd, mode_t mode)
 		seed = open(path, O_RDONLY | O_CLOEXEC);
 		if (seed < 0)
 			return -errno;
+	}
+	struct stat est;
+	if (!fh->pinned && fh->entry_fd >= 0 && fstat(fh->entry_fd, &est) == 0 &&
+	    kc_evict_pin(&fs->evict, est.st_dev, est.st_ino) == 0) {
+		fh->pinned = 1; /* a stage in progress: its entry is not evicted */
+		fh->pin_dev = est.st_dev;
+		fh->pin_ino = est.st_ino;
 	}
 	int fd = kc_store_tmpfile(&fs->store, mode & 07777, fh->tmpname);
 	if (fd < 0) {

@@ -77,11 +77,11 @@ check() { # check DESCRIPTION COMMAND...: ok or FAIL by the command's status
 }
 
 is_mounted() { [ -n "$mnt" ] && awk -v m="$mnt" '$2 == m { f = 1 } END { exit !f }' /proc/mounts; }
-stat_value() { awk -v k="$1" '$1 == k { print $2; f = 1 } END { exit !f }' "$mnt/.kcachefs/stats"; }
+stat_value() { awk -v k="$1" '$1 == k { print $2; f = 1 } END { exit !f }' "$mnt/.kcachefs/metrics.prom"; }
 expect_stat() { # expect_stat METRIC -eq|-ge VALUE: compare a counter of the stats file
 	local v
 	if ! v=$(stat_value "$1"); then
-		bad "$1 is not in .kcachefs/stats"
+		bad "$1 is not in .kcachefs/metrics.prom"
 		return
 	fi
 	v=${v%%.*}
@@ -388,7 +388,7 @@ ls -l "${entry[vector_add]}" | sed 's/^/  /'
 
 # ---------------------------------------------------------------------------- stats
 section "stats"
-grep -v '^#' "$mnt/.kcachefs/stats" | sed 's/^/  /'
+sed 's/^/  /' "$mnt/.kcachefs/stats"
 expect_stat kcachefs_compiles_total -eq 3
 expect_stat kcachefs_misses_total -eq 3
 expect_stat kcachefs_compile_failures_total -eq 0
@@ -419,7 +419,7 @@ if [ -s "${entry[broken]}/kernel.log" ]; then
 else
 	bad "broken's kernel.log is missing or empty"
 fi
-grep -v '^#' "$mnt/.kcachefs/stats" | grep -E 'compiles_total|failures|rejected' | sed 's/^/  /'
+grep -v '^#' "$mnt/.kcachefs/metrics.prom" | grep -E 'compiles_total|failures|rejected' | sed 's/^/  /'
 expect_stat kcachefs_compile_failures_total -eq 1 # the second open did not compile again
 expect_stat kcachefs_rejected_lookups_total -ge 1
 expect_stat kcachefs_compiles_total -eq 3

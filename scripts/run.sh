@@ -23,7 +23,7 @@ else
 	echo "already mounted: kcachefs on $mnt"
 fi
 
-stat_of() { awk -v k="kcachefs_$1" '$1 == k {print $2}' "$mnt/.kcachefs/stats"; }
+stat_of() { awk -v k="kcachefs_$1" '$1 == k {print $2}' "$mnt/.kcachefs/metrics.prom"; }
 
 # A fresh entry each run, so the demo shows a cold compile: the source carries the time.
 src="$(cat tests/kernels/block_sum.cu; echo "// kcachefs demo $(date +%s.%N)")"
@@ -60,7 +60,7 @@ sys.exit(0 if ok else 1)
 PY
 echo "log:     $(head -n1 "$entry/kernel.log")"
 echo "stats:   ($mnt/.kcachefs/stats)"
-grep -v '^#' "$mnt/.kcachefs/stats" | sed 's/^/  /'
+sed 's/^/  /' "$mnt/.kcachefs/stats"
 echo
 echo "kcachefs stays mounted on $mnt. Point a JIT cache at it, e.g. DG_JIT_CACHE_DIR=$mnt"
 echo "Unmount with:  fusermount3 -u $mnt    (or: umount $mnt)"

@@ -250,7 +250,7 @@ def worker(i, args, mnt, template, barrier, queue):
 
 def stats(mnt):
     out = {}
-    with open(os.path.join(mnt, ".kcachefs", "stats")) as f:
+    with open(os.path.join(mnt, ".kcachefs", "metrics.prom")) as f:
         for line in f:
             if line.strip() and not line.startswith("#") and "{" not in line:
                 k, v = line.split()

@@ -458,7 +458,9 @@ static int run_compile(struct compile_job *j)
 		snprintf(out.why, sizeof(out.why), "out of memory");
 	}
 	kc_argv_free(&args);
-	atomic_fetch_add(&c->stats.compile_usec, (uint64_t)(out.seconds * 1e6));
+	kc_stats_observe_compile(&c->stats, out.seconds);
+	if (out.timed_out)
+		atomic_fetch_add(&c->stats.compile_timeouts, 1);
 	kc_log(KC_LOG_DEBUG, "compile %s: compiler ran %.2f s: %s", label, out.seconds, out.why);
 
 	result = -EIO;
@@ -485,6 +487,8 @@ static int run_compile(struct compile_job *j)
 	kc_compile_outcome_free(&out);
 	close(scratch_fd);
 	kc_store_remove_tree(scratch);
+	if (result == 0 && c->evict)
+		kc_evict_note_fd(c->evict, j->entry_fd);
 	return result;
 }
 
@@ -714,12 +718,13 @@ int kc_cache_stage(struct kc_cache *c, enum kc_role role, int src_dir, const cha
 	}
 	atomic_fetch_add(&c->stats.stages, 1);
 	kc_log(KC_LOG_DEBUG, "%s: %s %s", label, names[role], err ? "kept (same or published)" : "staged");
-	if (err)
-		return KC_STAGE_KEPT;
+	int ret = err ? KC_STAGE_KEPT : 0;
 	/* A new source or flags file is a new recipe: what was compiled before is stale. */
-	if (role != KC_ROLE_CUBIN && kc_cache_unstage(c, entry_fd))
-		return KC_STAGE_CUBIN_REMOVED;
-	return 0;
+	if (!err && role != KC_ROLE_CUBIN && kc_cache_unstage(c, entry_fd))
+		ret = KC_STAGE_CUBIN_REMOVED;
+	if (c->evict)
+		kc_evict_note_fd(c->evict, entry_fd);
+	return ret;
 }
 
 int kc_cache_unstage(struct kc_cache *c, int entry_fd)

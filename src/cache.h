@@ -10,6 +10,7 @@
 #include <pthread.h>
 
 #include "config.h"
+#include "evict.h"
 #include "flight.h"
 #include "name.h"
 #include "pool.h"
@@ -29,6 +30,7 @@ struct kc_cache {
 	void *verified;              /* tsearch tree: cubins whose record matched */
 	pthread_mutex_t holdoff_lock;
 	struct holdoff *holdoffs;    /* recent passing failures, see KC_RETRY_HOLDOFF */
+	struct kc_evict *evict;      /* borrowed, may be NULL: told of every publish */
 };
 
 /* Seconds after a compile failed for a passing cause (timeout, killed, out of space) during

@@ -324,6 +324,7 @@ int kc_compile_run(const struct kc_compile_spec *spec, struct kc_compile_outcome
 	if (out->why[0])
 		return 0;
 	if (w == -ETIMEDOUT) {
+		out->timed_out = 1;
 		snprintf(out->why, sizeof(out->why), "timed out after %u s and was killed",
 			 spec->timeout_s);
 		return 0;

@@ -38,6 +38,7 @@ struct kc_compile_outcome {
 			 * with a note saying so), owned, NUL-terminated */
 	size_t log_len;
 	double seconds; /* wall time of the compiler run */
+	int timed_out;  /* killed at timeout_s */
 	char why[256];  /* one line: "exit status 1", "killed by signal 9", ... */
 };
 

@@ -136,3 +136,12 @@ unsigned kc_flight_count(struct kc_flight_table *t)
 	pthread_mutex_unlock(&t->lock);
 	return n;
 }
+
+int kc_flight_run_if_idle(struct kc_flight_table *t, const struct kc_flight_key *key,
+			  int (*fn)(void *arg), void *arg)
+{
+	pthread_mutex_lock(&t->lock);
+	int ret = *find(t, key) ? -EBUSY : fn(arg);
+	pthread_mutex_unlock(&t->lock);
+	return ret;
+}

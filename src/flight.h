@@ -66,6 +66,12 @@ int kc_flight_cancel(struct kc_flight_table *t, struct kc_waiter *w);
 struct kc_waiter *kc_flight_sweep(struct kc_flight_table *t,
 				  int (*pred)(struct kc_waiter *w, void *arg), void *arg);
 
+/* Run fn(arg) under the table lock if no flight for key exists, so that none starts while
+ * it runs (eviction removes an entry this way). Returns fn's value, or -EBUSY when a flight
+ * is there. */
+int kc_flight_run_if_idle(struct kc_flight_table *t, const struct kc_flight_key *key,
+			  int (*fn)(void *arg), void *arg);
+
 /* Number of flights now (for statistics). */
 unsigned kc_flight_count(struct kc_flight_table *t);
 

@@ -213,7 +213,7 @@ static int output_is_staged(const char *path)
 	       kc_name_classify(entry ? entry + 1 : dir, NULL) == KC_NAME_ENTRY;
 }
 
-/* From the mount's .kcachefs/stats (one read): the uid the daemon runs as (the file's
+/* From the mount's .kcachefs/metrics.prom (one read): the uid the daemon runs as (the file's
  * owner), and what it compiles with (its kcachefs_info) as "<compiler>", with
  * "; mount flags: <flags>" after it when -o flags= adds arguments to every compile.
  * Returns 0 or -errno. */
@@ -222,7 +222,7 @@ static int mount_info(int root_fd, uid_t *owner, char *out, size_t len)
 	char *text = NULL, compiler[300], flags[4096];
 	size_t n = 0;
 	struct stat st;
-	int fd = openat(root_fd, ".kcachefs/stats", O_RDONLY | O_CLOEXEC);
+	int fd = openat(root_fd, ".kcachefs/metrics.prom", O_RDONLY | O_CLOEXEC);
 	int err = fd < 0 || fstat(fd, &st) != 0 ? -errno : kc_read_all(fd, 1u << 20, &text, &n);
 	if (fd >= 0)
 		close(fd);

@@ -70,7 +70,7 @@ int kc_shim_flags_file(const struct kc_shim_call *call, const char *compiler, de
 int kc_shim_local_includes(const char *src, size_t len, const char *src_dir);
 
 /* The value of label (e.g. "compiler", "flags") of the kcachefs_info line of a
- * .kcachefs/stats text, unescaped, into out. Returns 0, or -ENOENT when the text has none. */
+ * .kcachefs/metrics.prom text, unescaped, into out. Returns 0, or -ENOENT when the text has none. */
 int kc_shim_info_label(const char *stats, size_t len, const char *label, char *out,
 		       size_t outlen);
 

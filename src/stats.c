@@ -1,11 +1,14 @@
 /* stats.c - see stats.h */
 #include "stats.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
 struct metric {
-	const char *name, *type, *help;
+	const char *name, *type, *help; /* Prometheus */
+	const char *label;              /* for people */
+	unsigned long long value;
 };
 
 /* Append str at buf + *used, counting what does not fit (buf stays NUL-free here). */
@@ -25,60 +28,125 @@ static void put_label(char *buf, size_t len, size_t *used, const char *value)
 	}
 }
 
-size_t kc_stats_render(const struct kc_stats *s, const struct kc_stats_gauges *g,
-		       const struct kc_stats_info *info, char *buf, size_t len)
+static void putf(char *buf, size_t len, size_t *used, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+
+static void putf(char *buf, size_t len, size_t *used, const char *fmt, ...)
 {
-	static const struct metric m[] = {
-		{"kcachefs_hits_total", "counter", "Cubin lookups served from a published cubin."},
-		{"kcachefs_misses_total", "counter", "Cubin lookups that started a compile."},
-		{"kcachefs_waits_total", "counter", "Requests (getattr, open) of a compiling cubin that waited for its compile."},
-		{"kcachefs_cubin_opens_total", "counter", "Opens of published cubins."},
-		{"kcachefs_compiles_total", "counter", "Compiler runs that published a cubin."},
-		{"kcachefs_compile_failures_total", "counter", "Compiler runs that failed."},
-		{"kcachefs_rejected_lookups_total", "counter", "Lookups refused by a remembered compile rejection."},
-		{"kcachefs_corrupt_cubins_total", "counter", "Published cubins whose SHA-256 did not match."},
-		{"kcachefs_published_bytes_total", "counter", "Bytes of cubins published by compiles."},
-		{"kcachefs_compile_seconds_total", "counter", "Wall time of all compiler runs."},
-		{"kcachefs_stages_total", "counter", "Staged files committed (kernel.cu, kernel.flags, kernel.cubin)."},
-		{"kcachefs_stage_refusals_total", "counter", "Staged files refused."},
-		{"kcachefs_compiles_in_flight", "gauge", "Compiler runs in progress."},
-		{"kcachefs_compiles_queued", "gauge", "Compiles waiting for a job slot."},
-		{"kcachefs_flights", "gauge", "Entries with a compile in flight or queued."},
-		{"kcachefs_parked_requests", "gauge", "Requests waiting for a compile, not yet answered."},
-		{"kcachefs_inodes", "gauge", "Inodes the kernel holds (each keeps a descriptor open)."},
-		{"kcachefs_inodes_max", "gauge", "Inodes kept before the kernel is asked to forget the least recently used (-o max_inodes)."},
-		{"kcachefs_inode_reliefs_total", "counter", "Times the kernel was asked to forget inodes to stay under kcachefs_inodes_max."},
+	char one[512];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(one, sizeof(one), fmt, ap);
+	va_end(ap);
+	put(buf, len, used, one);
+}
+
+static const double bucket_bounds[KC_STATS_NBUCKETS] = KC_STATS_BUCKETS;
+
+size_t kc_stats_render(const struct kc_stats *s, const struct kc_stats_gauges *g,
+		       const struct kc_stats_info *info, enum kc_stats_format format, char *buf,
+		       size_t len)
+{
+	const struct metric m[] = {
+		{"kcachefs_hits_total", "counter", "Cubin lookups served from a published cubin.", "hits", s->hits},
+		{"kcachefs_misses_total", "counter", "Cubin lookups that started a compile.", "misses", s->misses},
+		{"kcachefs_waits_total", "counter", "Requests (getattr, open) of a compiling cubin that waited for its compile.", "waiters served", s->waits},
+		{"kcachefs_cubin_opens_total", "counter", "Opens of published cubins.", "cubin opens", s->cubin_opens},
+		{"kcachefs_compiles_total", "counter", "Compiler runs that published a cubin.", "compiles ok", s->compiles},
+		{"kcachefs_compile_failures_total", "counter", "Compiler runs that failed (timeouts included).", "compiles failed", s->compile_failures},
+		{"kcachefs_compile_timeouts_total", "counter", "Compiler runs killed at compile_timeout.", "compiles timed out", s->compile_timeouts},
+		{"kcachefs_rejected_lookups_total", "counter", "Lookups refused by a remembered compile rejection.", "rejected lookups", s->rejected_lookups},
+		{"kcachefs_corrupt_cubins_total", "counter", "Published cubins whose SHA-256 did not match.", "corrupt cubins", s->corrupt},
+		{"kcachefs_published_bytes_total", "counter", "Bytes of cubins published by compiles.", "bytes published", s->published_bytes},
+		{"kcachefs_stages_total", "counter", "Staged files committed (kernel.cu, kernel.flags, kernel.cubin).", "stages", s->stages},
+		{"kcachefs_stage_refusals_total", "counter", "Staged files refused.", "stages refused", s->stage_refusals},
+		{"kcachefs_evictions_total", "counter", "Entries evicted to stay under max_size and max_entries.", "evictions", s->evictions},
+		{"kcachefs_evicted_bytes_total", "counter", "Bytes of the entries evicted.", "bytes evicted", s->evicted_bytes},
+		{"kcachefs_inode_reliefs_total", "counter", "Times the kernel was asked to forget inodes to stay under kcachefs_inodes_max.", "inode reliefs", g->reliefs},
+		{"kcachefs_entries", "gauge", "Published entries in the store.", "entries", g->entries},
+		{"kcachefs_stored_bytes", "gauge", "Bytes of the published entries (their regular files).", "bytes stored", g->stored_bytes},
+		{"kcachefs_compiles_in_flight", "gauge", "Compiler runs in progress.", "compiles in flight", g->inflight},
+		{"kcachefs_compiles_queued", "gauge", "Compiles waiting for a job slot.", "compiles queued", g->queued},
+		{"kcachefs_flights", "gauge", "Entries with a compile in flight or queued.", "flights", g->flights},
+		{"kcachefs_parked_requests", "gauge", "Requests waiting for a compile, not yet answered.", "parked requests", g->parked},
+		{"kcachefs_inodes", "gauge", "Inodes the kernel holds (each keeps a descriptor open).", "inodes", g->inodes},
+		{"kcachefs_inodes_max", "gauge", "Inodes kept before the kernel is asked to forget the least recently used (-o max_inodes).", "inodes max", g->inodes_max},
 	};
-	double v[] = {
-		(double)s->hits, (double)s->misses, (double)s->waits, (double)s->cubin_opens,
-		(double)s->compiles,
-		(double)s->compile_failures, (double)s->rejected_lookups, (double)s->corrupt,
-		(double)s->published_bytes, (double)s->compile_usec / 1e6, (double)s->stages,
-		(double)s->stage_refusals, g->inflight, g->queued, g->flights, g->parked, (double)g->inodes,
-		(double)g->inodes_max, (double)g->reliefs,
-	};
+	const int prom = format == KC_STATS_PROMETHEUS;
 	size_t used = 0;
 
+	if (!prom)
+		putf(buf, len, &used, "kcachefs %s, arch %s, compiler %s%s%s\n", info->version,
+		     info->arch, info->compiler, info->flags[0] ? ", flags " : "", info->flags);
 	for (size_t i = 0; i < sizeof(m) / sizeof(m[0]); i++) {
-		char *dst = used < len ? buf + used : NULL;
-		int n = snprintf(dst, dst ? len - used : 0,
-				 "# HELP %s %s\n# TYPE %s %s\n%s %.*f\n", m[i].name, m[i].help,
-				 m[i].name, m[i].type, m[i].name,
-				 strcmp(m[i].name, "kcachefs_compile_seconds_total") == 0 ? 6 : 0, v[i]);
-		used += (size_t)n;
+		if (prom)
+			putf(buf, len, &used, "# HELP %s %s\n# TYPE %s %s\n%s %llu\n", m[i].name,
+			     m[i].help, m[i].name, m[i].type, m[i].name, m[i].value);
+		else
+			putf(buf, len, &used, "%-20s %llu\n", m[i].label, m[i].value);
 	}
-	static const char *const labels[] = {",version=\"", "\",compiler=\"", "\",arch=\"",
-					     "\",flags=\""};
-	const char *values[] = {info->version, info->compiler, info->arch, info->flags};
-	put(buf, len, &used, "# HELP kcachefs_info The mount's version, and the compiler, target "
-			     "architecture and flags that are part of every recipe.\n# TYPE kcachefs_info gauge\n"
-			     "kcachefs_info{");
-	for (int i = 0; i < 4; i++) {
-		put(buf, len, &used, labels[i] + (i == 0));
-		put_label(buf, len, &used, values[i] ? values[i] : "");
+	/* The compile duration histogram (cumulative buckets, as Prometheus wants). */
+	const char *h = "kcachefs_compile_duration_seconds";
+	double sum = (double)s->compile_usec / 1e6;
+	if (prom)
+		putf(buf, len, &used, "# HELP %s Wall time of compiler runs.\n# TYPE %s histogram\n",
+		     h, h);
+	else
+		putf(buf, len, &used, "%-20s %.3f s in %llu runs; runs of at most", "compile time", sum,
+		     (unsigned long long)s->compile_runs);
+	for (int b = 0; b <= KC_STATS_NBUCKETS; b++) {
+		unsigned long long n = b < KC_STATS_NBUCKETS ? s->compile_buckets[b] : s->compile_runs;
+		char le[16];
+		if (b < KC_STATS_NBUCKETS)
+			snprintf(le, sizeof(le), "%g", bucket_bounds[b]);
+		if (prom)
+			putf(buf, len, &used, "%s_bucket{le=\"%s\"} %llu\n", h,
+			     b < KC_STATS_NBUCKETS ? le : "+Inf", n);
+		else if (b < KC_STATS_NBUCKETS)
+			putf(buf, len, &used, "%s %s s: %llu", b ? "," : "", le, n);
 	}
-	put(buf, len, &used, "\"} 1\n");
+	if (prom)
+		putf(buf, len, &used, "%s_sum %.6f\n%s_count %llu\n", h, sum, h,
+		     (unsigned long long)s->compile_runs);
+	else
+		put(buf, len, &used, "\n");
+	if (prom) {
+		static const char *const labels[] = {",version=\"", "\",compiler=\"", "\",arch=\"",
+						     "\",flags=\""};
+		const char *values[] = {info->version, info->compiler, info->arch, info->flags};
+		put(buf, len, &used, "# HELP kcachefs_info The mount's version, and the compiler, "
+				     "target architecture and flags that are part of every recipe.\n"
+				     "# TYPE kcachefs_info gauge\nkcachefs_info{");
+		for (int i = 0; i < 4; i++) {
+			put(buf, len, &used, labels[i] + (i == 0));
+			put_label(buf, len, &used, values[i] ? values[i] : "");
+		}
+		put(buf, len, &used, "\"} 1\n");
+	}
 	if (len)
 		buf[used < len ? used : len - 1] = '\0';
 	return used;
+}
+
+void kc_stats_observe_compile(struct kc_stats *s, double seconds)
+{
+	atomic_fetch_add(&s->compile_usec, (uint64_t)(seconds * 1e6));
+	for (int b = 0; b < KC_STATS_NBUCKETS; b++)
+		if (seconds <= bucket_bounds[b])
+			atomic_fetch_add(&s->compile_buckets[b], 1);
+	atomic_fetch_add(&s->compile_runs, 1);
+}
+
+void kc_stats_reset(struct kc_stats *s)
+{
+	atomic_uint_fast64_t *all[] = {
+		&s->hits, &s->misses, &s->waits, &s->cubin_opens, &s->compiles,
+		&s->compile_failures, &s->rejected_lookups, &s->corrupt, &s->published_bytes,
+		&s->compile_usec, &s->stages, &s->stage_refusals, &s->compile_timeouts,
+		&s->compile_runs, &s->evictions, &s->evicted_bytes,
+	};
+	for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
+		atomic_store(all[i], 0);
+	for (int b = 0; b < KC_STATS_NBUCKETS; b++)
+		atomic_store(&s->compile_buckets[b], 0);
 }

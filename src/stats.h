@@ -1,12 +1,14 @@
-/* stats.h - the mount's counters and their text form.
+/* stats.h - the mount's counters and their two text forms.
  *
- * The text is the Prometheus text exposition format (version 0.0.4): "# HELP"/"# TYPE"
- * lines and one "name value" line per metric, which people read with cat and a node
- * exporter's textfile collector or a scrape job reads as is.
+ * .kcachefs/metrics.prom is the Prometheus text exposition format (version 0.0.4):
+ * "# HELP"/"# TYPE" lines and "name value" lines, which a node exporter's textfile
+ * collector or a scrape job reads as is. .kcachefs/stats is the same numbers for people:
+ * one "what: value" line each. Both come from one table of metrics (stats.c).
  *
  * Lookups are counted as the daemon sees them: the kernel merges concurrent lookups of one
  * name into one request (the others wait in the kernel) and caches published cubins, so
- * opens, which always reach the daemon, are counted separately.
+ * opens, which always reach the daemon, are counted separately. Counters are exact while
+ * mounted and start at zero at every mount; kc_stats_reset zeroes them.
  */
 #ifndef KC_STATS_H
 #define KC_STATS_H
@@ -14,6 +16,10 @@
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+
+/* Upper bounds (seconds) of the compile duration histogram's buckets; +Inf follows. */
+#define KC_STATS_BUCKETS {0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600}
+#define KC_STATS_NBUCKETS 10
 
 struct kc_stats {
 	atomic_uint_fast64_t hits;             /* cubin lookups served from a published cubin */
@@ -28,6 +34,11 @@ struct kc_stats {
 	atomic_uint_fast64_t compile_usec;     /* wall time of all compiler runs, microseconds */
 	atomic_uint_fast64_t stages;           /* kernel.cu/.flags/.cubin committed */
 	atomic_uint_fast64_t stage_refusals;   /* stages refused (EEXIST, EINVAL, EFBIG) */
+	atomic_uint_fast64_t compile_timeouts; /* compiler runs killed at compile_timeout */
+	atomic_uint_fast64_t compile_runs;     /* compiler runs observed (the histogram's count) */
+	atomic_uint_fast64_t compile_buckets[KC_STATS_NBUCKETS]; /* runs of <= each bound */
+	atomic_uint_fast64_t evictions;        /* entries evicted (evict.c) */
+	atomic_uint_fast64_t evicted_bytes;    /* their bytes */
 };
 
 /* Gauges sampled when the text is made. */
@@ -39,6 +50,8 @@ struct kc_stats_gauges {
 	unsigned long inodes; /* inodes the kernel holds references to (each keeps an fd) */
 	unsigned long inodes_max; /* the bound kept by asking the kernel to forget */
 	unsigned long reliefs; /* times the kernel was asked to forget, to keep the bound */
+	unsigned long entries; /* published entries in the store (evict.c's index) */
+	unsigned long long stored_bytes; /* their bytes */
 };
 
 /* Facts about the mount, rendered as the info metric kcachefs_info (value 1) with label
@@ -50,8 +63,21 @@ struct kc_stats_info {
 	const char *flags;    /* -o flags= ("" for none), added to every compile */
 };
 
+enum kc_stats_format {
+	KC_STATS_PROMETHEUS, /* metrics.prom */
+	KC_STATS_TEXT,       /* stats: for people */
+};
+
 /* Render into buf (NUL-terminated, truncated to len). Returns the length it needed. */
 size_t kc_stats_render(const struct kc_stats *s, const struct kc_stats_gauges *g,
-		       const struct kc_stats_info *info, char *buf, size_t len);
+		       const struct kc_stats_info *info, enum kc_stats_format format, char *buf,
+		       size_t len);
+
+/* Count one compiler run of seconds (wall time) in the sum and the histogram. */
+void kc_stats_observe_compile(struct kc_stats *s, double seconds);
+
+/* Zero every counter (not the gauges). Each is zeroed atomically; a count made during the
+ * reset may land before or after it. */
+void kc_stats_reset(struct kc_stats *s);
 
 #endif

@@ -129,7 +129,7 @@ class Mount:
 
     def stats(self):
         out = {}
-        for line in (self.mnt / ".kcachefs" / "stats").read_text().splitlines():
+        for line in (self.mnt / ".kcachefs" / "metrics.prom").read_text().splitlines():
             if line and not line.startswith("#") and "{" not in line:
                 k, v = line.split()
                 out[k.replace("kcachefs_", "")] = float(v)

@@ -32,7 +32,8 @@ def test_usage_errors(tmp_path):
     r = run("-o", "log_level=loud", str(tmp_path), str(tmp_path / "m"))
     assert r.returncode == 2 and "log_level" in r.stderr
     for bad in ("jobs=0", "jobs=x", "compile_timeout=0", "compile_timeout=-1",
-                "max_source_size=1k", "max_inodes=15", "max_inodes=many"):
+                "max_source_size=1k", "max_inodes=15", "max_inodes=many",
+                "max_size=0", "max_size=10X", "max_size=-1G", "max_entries=0"):
         (tmp_path / "b").mkdir(exist_ok=True)
         r = run("-f", "-o", bad, str(tmp_path / "b"), str(tmp_path / "m"))
         assert r.returncode == 2 and bad.split("=")[0] in r.stderr, bad

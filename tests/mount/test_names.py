@@ -51,12 +51,13 @@ def test_other_names(mount_factory):
     for op in (lambda: os.rmdir(m.mnt / ".kcachefs"),
                lambda: os.rename(m.mnt / ".kcachefs", m.mnt / "x"),
                lambda: open(m.mnt / ".kcachefs" / "new", "w"),
-               lambda: open(m.mnt / ".kcachefs" / "stats", "w")):
+               lambda: open(m.mnt / ".kcachefs" / "metrics.prom", "w"),
+               lambda: open(m.mnt / ".kcachefs" / "metrics.prom", "a")):
         with pytest.raises(OSError) as e:
             op()
         assert e.value.errno in (errno.EPERM, errno.EBUSY, errno.EACCES)
-    assert os.listdir(m.mnt / ".kcachefs") == ["stats"]
-    assert "kcachefs_compiles_total 0" in (m.mnt / ".kcachefs" / "stats").read_text()
+    assert sorted(os.listdir(m.mnt / ".kcachefs")) == ["metrics.prom", "stats"]
+    assert "kcachefs_compiles_total 0" in (m.mnt / ".kcachefs" / "metrics.prom").read_text()
     # The backing store's own state directory is never visible.
     assert (m.backing / ".kcachefs" / "tmp").is_dir()
     assert "tmp" not in os.listdir(m.mnt / ".kcachefs")

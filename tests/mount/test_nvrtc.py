@@ -22,7 +22,7 @@ def test_a_mount_of_nvrtc_compiles_valid_cubins(mount_factory, kernel):
     assert elf_machine(data) == EM_CUDA and kernel in elf_symbols(data)
     head = (entry / "kernel.log").read_text().splitlines()[0]
     assert "published (ok)" in head and "with %s," % NVRTC in head, head
-    info = [l for l in (m.mnt / ".kcachefs" / "stats").read_text().splitlines()
+    info = [l for l in (m.mnt / ".kcachefs" / "metrics.prom").read_text().splitlines()
             if l.startswith("kcachefs_info{")][0]
     assert "NVRTC 13" in info or "NVRTC " in info, info
 

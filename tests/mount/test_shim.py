@@ -346,7 +346,7 @@ def test_the_key_names_the_mounts_compiler(mount_factory, tmp_path):
     """The mount compiles with its own compiler: the key names that one, not whatever the
     caller's CUDA_HOME points at."""
     m = mount_factory()
-    info = [l for l in (m.mnt / ".kcachefs" / "stats").read_text().splitlines()
+    info = [l for l in (m.mnt / ".kcachefs" / "metrics.prom").read_text().splitlines()
             if l.startswith("kcachefs_info{")]
     assert len(info) == 1 and 'compiler="%s ' % NVCC in info[0], info
     r = shim([lonely(tmp_path), "-cubin", "-o", m.mnt / "v.cubin", "-arch=sm_90a"])

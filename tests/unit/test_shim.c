@@ -274,13 +274,13 @@ static void test_info_compiler(void)
 	      "info: the compiler label, unescaped");
 	CHECK(kc_shim_info_label("kcachefs_hits_total 3\n", 22, "compiler", out, sizeof(out)) == -ENOENT,
 	      "info: no kcachefs_info line");
-	/* round trip through the renderer of .kcachefs/stats */
+	/* round trip through the renderer of .kcachefs/metrics.prom */
 	struct kc_stats st = {0};
 	struct kc_stats_gauges g = {0};
 	struct kc_stats_info info = {"0.1.0", "/odd \"path\"\\nvcc\nBuild x,flags=\"y", "sm_90a",
 				     "-DA=\"b\" -lineinfo"};
 	char buf[8192];
-	size_t need = kc_stats_render(&st, &g, &info, buf, sizeof(buf));
+	size_t need = kc_stats_render(&st, &g, &info, KC_STATS_PROMETHEUS, buf, sizeof(buf));
 	CHECK(need < sizeof(buf) && strlen(buf) == need, "info: rendered whole");
 	CHECK(kc_shim_info_label(buf, need, "compiler", out, sizeof(out)) == 0 &&
 		      strcmp(out, info.compiler) == 0,
@@ -294,7 +294,7 @@ static void test_info_compiler(void)
 	CHECK(kc_shim_info_label(buf, need, "nolabel", out, sizeof(out)) == -ENOENT,
 	      "info: a label that is not there");
 	char small[64];
-	size_t again = kc_stats_render(&st, &g, &info, small, sizeof(small));
+	size_t again = kc_stats_render(&st, &g, &info, KC_STATS_PROMETHEUS, small, sizeof(small));
 	CHECK(again == need && strlen(small) == sizeof(small) - 1,
 	      "render: truncated output is NUL-terminated and the needed length is returned");
 	const char cut[] = "\nkcachefs_info{version=\"0\",compiler=\"/opt/nv";

@@ -1,0 +1,486 @@
+/* evict.c - see evict.h */
+#define _GNU_SOURCE
+#include "evict.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <inttypes.h>
+#include <search.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/xattr.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "name.h"
+
+#define USED_XATTR "user.kcachefs.used"
+
+struct rec {
+	dev_t dev;
+	ino_t ino;
+	uint64_t bytes;
+	int64_t used;      /* milliseconds since the epoch */
+	int64_t persisted; /* seconds: the value in USED_XATTR, 0 if none */
+	unsigned pins;     /* files being staged in it */
+	int indexed;       /* a published entry, counted in entries and bytes */
+	char *path;        /* relative to the backing root; NULL while only pinned */
+};
+
+static int64_t now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int rec_cmp(const void *a, const void *b)
+{
+	const struct rec *x = a, *y = b;
+	if (x->dev != y->dev)
+		return x->dev < y->dev ? -1 : 1;
+	return x->ino < y->ino ? -1 : x->ino > y->ino;
+}
+
+static struct rec *find(struct kc_evict *e, dev_t dev, ino_t ino)
+{
+	struct rec key = {.dev = dev, .ino = ino};
+	struct rec **r = tfind(&key, &e->tree, rec_cmp);
+	return r ? *r : NULL;
+}
+
+static struct rec *find_or_add(struct kc_evict *e, dev_t dev, ino_t ino)
+{
+	struct rec *r = find(e, dev, ino);
+	if (r)
+		return r;
+	r = calloc(1, sizeof(*r));
+	if (!r)
+		return NULL;
+	r->dev = dev;
+	r->ino = ino;
+	if (!tsearch(r, &e->tree, rec_cmp)) {
+		free(r);
+		return NULL;
+	}
+	return r;
+}
+
+/* Remove r from the index's counts, and from the tree unless it is pinned. */
+static void drop(struct kc_evict *e, struct rec *r)
+{
+	if (r->indexed) {
+		e->entries--;
+		e->bytes -= r->bytes;
+		r->indexed = 0;
+	}
+	if (r->pins)
+		return;
+	tdelete(r, &e->tree, rec_cmp);
+	free(r->path);
+	free(r);
+}
+
+static int over(const struct kc_evict *e, unsigned percent)
+{
+	return (e->max_bytes && e->bytes > e->max_bytes / 100 * percent) ||
+	       (e->max_entries && e->entries > e->max_entries * percent / 100);
+}
+
+int kc_evict_init(struct kc_evict *e, struct kc_store *store, struct kc_flight_table *flights,
+		  struct kc_stats *stats, uint64_t max_bytes, uint64_t max_entries)
+{
+	memset(e, 0, sizeof(*e));
+	e->store = store;
+	e->stats = stats;
+	e->flights = flights;
+	e->max_bytes = max_bytes;
+	e->max_entries = max_entries;
+	pthread_mutex_init(&e->lock, NULL);
+	pthread_cond_init(&e->wake, NULL);
+	return 0;
+}
+
+/* The path of dir relative to the backing root, or -1 if it is not inside it. */
+static int rel_path(struct kc_evict *e, int dir, char *out, size_t len)
+{
+	char link[32], path[4096];
+	kc_fd_path(dir, link);
+	ssize_t n = readlink(link, path, sizeof(path) - 1);
+	size_t rl = strlen(e->store->root_path);
+	if (n <= 0)
+		return -1;
+	path[n] = '\0';
+	if ((size_t)n <= rl + 1 || strncmp(path, e->store->root_path, rl) != 0 || path[rl] != '/')
+		return -1;
+	snprintf(out, len, "%s", path + rl + 1);
+	return strncmp(out, KC_STATE_DIR "/", sizeof(KC_STATE_DIR)) == 0 ? -1 : 0;
+}
+
+/* Measure the directory open on dfd (O_RDONLY) and update the index. now_used: mark it
+ * used now (a publish), else take the persisted last use or the cubin's mtime (a scan). */
+static void measure(struct kc_evict *e, int dfd, int now_used)
+{
+	char rel[4096];
+	struct stat st;
+	if (fstat(dfd, &st) != 0 || !S_ISDIR(st.st_mode))
+		return;
+	int known = rel_path(e, dfd, rel, sizeof(rel)) == 0;
+	const char *base = strrchr(rel, '/');
+	base = base ? base + 1 : rel;
+	uint64_t bytes = 0;
+	int64_t cubin_mtime = -1, persisted = 0;
+	if (known && kc_name_classify(base, NULL) == KC_NAME_ENTRY) {
+		int fd = dup(dfd);
+		DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+		struct dirent *de;
+		while (d && (de = readdir(d)) != NULL) {
+			struct stat fst;
+			if (fstatat(dfd, de->d_name, &fst, AT_SYMLINK_NOFOLLOW) != 0 ||
+			    !S_ISREG(fst.st_mode))
+				continue;
+			bytes += (uint64_t)fst.st_size;
+			if (strcmp(de->d_name, KC_CUBIN_NAME) == 0)
+				cubin_mtime = fst.st_mtim.tv_sec;
+		}
+		if (d)
+			closedir(d);
+		else if (fd >= 0)
+			close(fd);
+		char buf[32];
+		ssize_t n = fgetxattr(dfd, USED_XATTR, buf, sizeof(buf) - 1);
+		if (n > 0) {
+			buf[n] = '\0';
+			persisted = strtoll(buf, NULL, 10);
+		}
+	}
+	int64_t now = now_ms();
+	pthread_mutex_lock(&e->lock);
+	struct rec *r = find(e, st.st_dev, st.st_ino);
+	if (cubin_mtime < 0) { /* not a published entry (any more) */
+		if (r)
+			drop(e, r);
+		pthread_mutex_unlock(&e->lock);
+		return;
+	}
+	r = r ? r : find_or_add(e, st.st_dev, st.st_ino);
+	char *path = strdup(rel);
+	if (!r || !path) {
+		free(path);
+		pthread_mutex_unlock(&e->lock);
+		return;
+	}
+	free(r->path);
+	r->path = path;
+	if (!r->indexed) {
+		r->indexed = 1;
+		e->entries++;
+		r->bytes = 0;
+		r->used = now_used ? now : (persisted > 0 ? persisted : cubin_mtime) * 1000;
+		r->persisted = persisted;
+	} else if (now_used) {
+		r->used = now;
+	}
+	e->bytes += bytes - r->bytes;
+	r->bytes = bytes;
+	if (over(e, 100))
+		pthread_cond_signal(&e->wake);
+	pthread_mutex_unlock(&e->lock);
+}
+
+void kc_evict_note(struct kc_evict *e, int dir, const char *name)
+{
+	int fd = openat(dir, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+	if (fd < 0)
+		return;
+	measure(e, fd, 1);
+	close(fd);
+}
+
+void kc_evict_note_fd(struct kc_evict *e, int entry_fd)
+{
+	char link[32];
+	kc_fd_path(entry_fd, link);
+	int fd = open(link, O_RDONLY | O_DIRECTORY | O_NONBLOCK | O_CLOEXEC);
+	if (fd < 0)
+		return;
+	measure(e, fd, 1);
+	close(fd);
+}
+
+void kc_evict_touch(struct kc_evict *e, dev_t dev, ino_t ino)
+{
+	int64_t now = now_ms();
+	char full[8192], buf[32];
+	pthread_mutex_lock(&e->lock);
+	struct rec *r = find(e, dev, ino);
+	int persist = r && r->indexed && now / 1000 - r->persisted >= KC_EVICT_PERSIST;
+	if (r && r->indexed)
+		r->used = now;
+	if (persist) {
+		r->persisted = now / 1000;
+		snprintf(full, sizeof(full), "%s/%s", e->store->root_path, r->path);
+	}
+	pthread_mutex_unlock(&e->lock);
+	if (persist) {
+		int n = snprintf(buf, sizeof(buf), "%" PRId64, now / 1000);
+		if (lsetxattr(full, USED_XATTR, buf, (size_t)n, 0) != 0)
+			kc_log(KC_LOG_DEBUG, "%s: cannot record its last use: %s", full, strerror(errno));
+	}
+}
+
+void kc_evict_forget(struct kc_evict *e, dev_t dev, ino_t ino)
+{
+	pthread_mutex_lock(&e->lock);
+	struct rec *r = find(e, dev, ino);
+	if (r)
+		drop(e, r);
+	pthread_mutex_unlock(&e->lock);
+}
+
+int kc_evict_pin(struct kc_evict *e, dev_t dev, ino_t ino)
+{
+	pthread_mutex_lock(&e->lock);
+	struct rec *r = find_or_add(e, dev, ino);
+	if (r)
+		r->pins++;
+	pthread_mutex_unlock(&e->lock);
+	return r ? 0 : -ENOMEM;
+}
+
+void kc_evict_unpin(struct kc_evict *e, dev_t dev, ino_t ino)
+{
+	pthread_mutex_lock(&e->lock);
+	struct rec *r = find(e, dev, ino);
+	if (r && r->pins && --r->pins == 0 && !r->indexed)
+		drop(e, r);
+	pthread_mutex_unlock(&e->lock);
+}
+
+void kc_evict_sample(struct kc_evict *e, struct kc_evict_stats *out)
+{
+	pthread_mutex_lock(&e->lock);
+	out->entries = e->entries;
+	out->bytes = e->bytes;
+	out->scanned = e->scanned;
+	pthread_mutex_unlock(&e->lock);
+}
+
+/* The start-up scan: nftw's callback takes no user pointer. */
+static __thread struct kc_evict *scanning;
+
+static int scan_visit(const char *path, const struct stat *st, int type, struct FTW *ftw)
+{
+	(void)st;
+	if (type != FTW_D)
+		return FTW_CONTINUE;
+	const char *base = path + ftw->base;
+	if (ftw->level == 1 && strcmp(base, KC_STATE_DIR) == 0)
+		return FTW_SKIP_SUBTREE;
+	if (ftw->level == 0 || kc_name_classify(base, NULL) != KC_NAME_ENTRY)
+		return FTW_CONTINUE;
+	int fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+	if (fd >= 0) {
+		measure(scanning, fd, 0);
+		close(fd);
+	}
+	return scanning->stop ? FTW_STOP : FTW_SKIP_SUBTREE;
+}
+
+/* One victim, removed under the flight table's lock (no compile of it can start). */
+struct victim {
+	struct kc_evict *e;
+	dev_t dev;
+	ino_t ino;
+	int64_t before;    /* only if last used before this (ms) */
+	uint64_t bytes;
+	int64_t used;
+	char path[4096];   /* relative to the root */
+	char trash[64];    /* its name in tmp/ once moved */
+};
+
+static int move_out(void *arg)
+{
+	struct victim *v = arg;
+	struct kc_evict *e = v->e;
+	struct stat st;
+	int ret = -EAGAIN;
+	pthread_mutex_lock(&e->lock);
+	struct rec *r = find(e, v->dev, v->ino);
+	if (r && r->indexed && !r->pins && r->used < v->before && r->path &&
+	    fstatat(e->store->root_fd, r->path, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+	    st.st_dev == v->dev && st.st_ino == v->ino) {
+		snprintf(v->path, sizeof(v->path), "%s", r->path);
+		snprintf(v->trash, sizeof(v->trash), "evicted.%ju", (uintmax_t)v->ino);
+		if (renameat(e->store->root_fd, v->path, e->store->tmp_fd, v->trash) == 0) {
+			v->bytes = r->bytes;
+			v->used = r->used;
+			atomic_fetch_add(&e->stats->evictions, 1);
+			atomic_fetch_add(&e->stats->evicted_bytes, r->bytes);
+			drop(e, r);
+			ret = 0;
+		} else {
+			ret = -errno;
+		}
+	}
+	pthread_mutex_unlock(&e->lock);
+	return ret;
+}
+
+static int oldest_first(const void *a, const void *b)
+{
+	const struct victim *x = a, *y = b;
+	return x->used < y->used ? -1 : x->used > y->used;
+}
+
+struct listing {
+	struct victim *v;
+	size_t n;
+};
+
+static void list_one(const void *node, VISIT which, void *closure)
+{
+	struct rec *r = *(struct rec *const *)node;
+	struct listing *l = closure;
+	if ((which == postorder || which == leaf) && r->indexed && !r->pins) {
+		l->v[l->n].dev = r->dev;
+		l->v[l->n].ino = r->ino;
+		l->v[l->n].used = r->used;
+		l->n++;
+	}
+}
+
+/* Evict the least recently used entries until under the low watermark. Returns how many
+ * went. */
+static unsigned evict_pass(struct kc_evict *e)
+{
+	pthread_mutex_lock(&e->lock);
+	struct listing l = {malloc((e->entries + 1) * sizeof(*l.v)), 0};
+	if (l.v)
+		twalk_r(e->tree, list_one, &l);
+	pthread_mutex_unlock(&e->lock);
+	if (!l.v)
+		return 0;
+	qsort(l.v, l.n, sizeof(*l.v), oldest_first);
+	unsigned gone = 0;
+	int64_t before = now_ms() - KC_EVICT_GRACE * 1000;
+	for (size_t i = 0; i < l.n && !e->stop; i++) {
+		pthread_mutex_lock(&e->lock);
+		int more = over(e, KC_EVICT_LOW_PERCENT);
+		pthread_mutex_unlock(&e->lock);
+		if (!more)
+			break;
+		struct victim *v = &l.v[i];
+		v->e = e;
+		v->before = before;
+		struct kc_flight_key key = {v->dev, v->ino};
+		if (kc_flight_run_if_idle(e->flights, &key, move_out, v) != 0)
+			continue; /* compiling, staging, used again, or gone */
+		char trash[4200];
+		snprintf(trash, sizeof(trash), "%s/%s/tmp/%s", e->store->root_path, KC_STATE_DIR,
+			 v->trash);
+		if (kc_store_remove_tree(trash) != 0)
+			kc_log(KC_LOG_WARN, "cannot remove evicted %s: %s", trash, strerror(errno));
+		kc_log(KC_LOG_INFO, "%s: evicted (%" PRIu64 " bytes, last used %.1f s ago)",
+		       v->path, v->bytes, (double)(now_ms() - v->used) / 1000);
+		if (e->evicted)
+			e->evicted(e->arg, v->path);
+		gone++;
+	}
+	free(l.v);
+	return gone;
+}
+
+static void *cleaner(void *arg)
+{
+	struct kc_evict *e = arg;
+	scanning = e;
+	if (nftw(e->store->root_path, scan_visit, 32, FTW_PHYS | FTW_ACTIONRETVAL) != 0 &&
+	    !e->stop)
+		kc_log(KC_LOG_WARN, "scan of %s for eviction: %s", e->store->root_path,
+		       strerror(errno));
+	pthread_mutex_lock(&e->lock);
+	e->scanned = 1;
+	kc_log(KC_LOG_INFO, "%" PRIu64 " published entries, %" PRIu64 " bytes", e->entries,
+	       e->bytes);
+	while (!e->stop) {
+		if (!over(e, 100)) {
+			pthread_cond_wait(&e->wake, &e->lock);
+			continue;
+		}
+		pthread_mutex_unlock(&e->lock);
+		unsigned gone = evict_pass(e);
+		pthread_mutex_lock(&e->lock);
+		if (!gone && over(e, 100) && !e->stop) {
+			/* Nothing could go (all compiling, staged or just used): try again later. */
+			struct timespec ts;
+			clock_gettime(CLOCK_REALTIME, &ts);
+			ts.tv_sec += 1;
+			pthread_cond_timedwait(&e->wake, &e->lock, &ts);
+		}
+	}
+	pthread_mutex_unlock(&e->lock);
+	return NULL;
+}
+
+int kc_evict_start(struct kc_evict *e)
+{
+	int err = pthread_create(&e->thread, NULL, cleaner, e);
+	if (err)
+		return -err;
+	e->started = 1;
+	return 0;
+}
+
+static void free_rec(void *p)
+{
+	struct rec *r = p;
+	free(r->path);
+	free(r);
+}
+
+void kc_evict_stop(struct kc_evict *e)
+{
+	if (!e->started)
+		return;
+	pthread_mutex_lock(&e->lock);
+	e->stop = 1;
+	pthread_cond_signal(&e->wake);
+	pthread_mutex_unlock(&e->lock);
+	pthread_join(e->thread, NULL);
+	e->started = 0;
+}
+
+void kc_evict_destroy(struct kc_evict *e)
+{
+	kc_evict_stop(e);
+	tdestroy(e->tree, free_rec);
+	e->tree = NULL;
+	pthread_cond_destroy(&e->wake);
+	pthread_mutex_destroy(&e->lock);
+}
+
+int kc_parse_size(const char *text, uint64_t *out)
+{
+	char *end;
+	if (!text || text[0] < '0' || text[0] > '9')
+		return -EINVAL;
+	errno = 0;
+	unsigned long long v = strtoull(text, &end, 10);
+	unsigned shift = 0;
+	switch (*end) {
+	case 'K': case 'k': shift = 10; end++; break;
+	case 'M': case 'm': shift = 20; end++; break;
+	case 'G': case 'g': shift = 30; end++; break;
+	case 'T': case 't': shift = 40; end++; break;
+	}
+	if (errno || *end || v == 0 || v > (UINT64_MAX >> shift))
+		return -EINVAL;
+	*out = (uint64_t)v << shift;
+	return 0;
+}
