@@ -1,0 +1,205 @@
+/* test_evict.c - the index of published entries and the cleaner, without FUSE. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/xattr.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "evict.h"
+#include "tap.h"
+
+static char root[64];
+static char evicted[8][256];
+static int nevicted;
+
+static void on_evicted(void *arg, const char *rel)
+{
+	(void)arg;
+	if (nevicted < 8)
+		snprintf(evicted[nevicted++], sizeof(evicted[0]), "%s", rel);
+}
+
+static void test_parse_size(void)
+{
+	uint64_t v = 0;
+	CHECK(kc_parse_size("4096", &v) == 0 && v == 4096, "size: bytes");
+	CHECK(kc_parse_size("20G", &v) == 0 && v == 20ull << 30, "size: G suffix");
+	CHECK(kc_parse_size("512k", &v) == 0 && v == 512ull << 10, "size: k suffix");
+	CHECK(kc_parse_size("1T", &v) == 0 && v == 1ull << 40, "size: T suffix");
+	const char *bad[] = {"", "0", "-1G", "10X", "1GB", "G", " 1", "99999999999999999999",
+			     "17179869184G"};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		char what[64];
+		snprintf(what, sizeof(what), "size: '%s' refused", bad[i]);
+		CHECK(kc_parse_size(bad[i], &v) == -EINVAL, what);
+	}
+}
+
+/* cache/kernel.k<i>.<32 hex>, with a cubin of bytes bytes (none if 0), last used at used
+ * (seconds since the epoch; 0: no record). */
+static void make_entry(int i, size_t bytes, long used)
+{
+	char path[256];
+	snprintf(path, sizeof(path), "%s/cache/kernel.k%d.%032x", root, i, i);
+	mkdir(path, 0755);
+	if (bytes) {
+		char file[300];
+		snprintf(file, sizeof(file), "%s/kernel.cubin", path);
+		FILE *f = fopen(file, "w");
+		for (size_t n = 0; f && n < bytes; n++)
+			fputc('x', f);
+		if (f)
+			fclose(f);
+	}
+	if (used) {
+		char v[32];
+		int n = snprintf(v, sizeof(v), "%ld", used);
+		setxattr(path, "user.kcachefs.used", v, (size_t)n, 0);
+	}
+}
+
+static int entry_exists(int i)
+{
+	char path[256];
+	snprintf(path, sizeof(path), "%s/cache/kernel.k%d.%032x", root, i, i);
+	return access(path, F_OK) == 0;
+}
+
+static void entry_id(int i, dev_t *dev, ino_t *ino)
+{
+	char path[256];
+	struct stat st;
+	snprintf(path, sizeof(path), "%s/cache/kernel.k%d.%032x", root, i, i);
+	stat(path, &st);
+	*dev = st.st_dev;
+	*ino = st.st_ino;
+}
+
+static void test_index(struct kc_store *s)
+{
+	struct kc_flight_table flights;
+	struct kc_stats stats = {0};
+	struct kc_evict e;
+	struct kc_evict_stats es;
+	char path[256];
+
+	kc_flight_table_init(&flights);
+	kc_evict_init(&e, s, &flights, &stats, 0, 0);
+	snprintf(path, sizeof(path), "%s/cache", root);
+	int cache = open(path, O_PATH | O_DIRECTORY | O_CLOEXEC);
+	make_entry(1, 100, 0);
+	make_entry(2, 0, 0);
+	mkdir(strcat(path, "/plain"), 0755);
+	kc_evict_note(&e, cache, "kernel.k1.00000000000000000000000000000001");
+	kc_evict_note(&e, cache, "kernel.k2.00000000000000000000000000000002");
+	kc_evict_note(&e, cache, "plain");
+	kc_evict_note(&e, cache, "absent");
+	kc_evict_sample(&e, &es);
+	CHECK(es.entries == 1 && es.bytes == 100,
+	      "note: an entry with a cubin is indexed; one without, a plain directory and a "
+	      "missing name are not");
+	make_entry(1, 0, 0);
+	snprintf(path, sizeof(path), "%s/cache/kernel.k1.%032x/kernel.cu", root, 1);
+	FILE *f = fopen(path, "w");
+	fputs("source", f);
+	fclose(f);
+	kc_evict_note(&e, cache, "kernel.k1.00000000000000000000000000000001");
+	kc_evict_sample(&e, &es);
+	CHECK(es.entries == 1 && es.bytes == 106, "note: bytes are every regular file's");
+	snprintf(path, sizeof(path), "%s/cache/kernel.k1.%032x/kernel.cubin", root, 1);
+	unlink(path);
+	kc_evict_note(&e, cache, "kernel.k1.00000000000000000000000000000001");
+	kc_evict_sample(&e, &es);
+	CHECK(es.entries == 0 && es.bytes == 0, "note: an entry that lost its cubin leaves");
+	close(cache);
+	kc_evict_destroy(&e);
+	kc_flight_table_destroy(&flights);
+}
+
+static void test_cleaner(struct kc_store *s)
+{
+	struct kc_flight_table flights;
+	struct kc_stats stats = {0};
+	struct kc_evict e;
+	struct kc_evict_stats es;
+	long now = (long)time(NULL);
+
+	/* Entries 10..16, used in that order long ago; 11 is being staged, 12 compiling. */
+	for (int i = 10; i <= 16; i++)
+		make_entry(i, 1000, now - 1000 + i);
+	kc_flight_table_init(&flights);
+	kc_evict_init(&e, s, &flights, &stats, 0, 4);
+	e.evicted = on_evicted;
+	dev_t dev;
+	ino_t ino;
+	entry_id(11, &dev, &ino);
+	CHECK(kc_evict_pin(&e, dev, ino) == 0, "pin an entry being staged");
+	entry_id(12, &dev, &ino);
+	struct kc_flight_key key = {dev, ino};
+	CHECK(kc_flight_join(&flights, &key, NULL, NULL, NULL) == KC_FLIGHT_LEADER,
+	      "a compile in flight on another");
+	entry_id(15, &dev, &ino);
+	CHECK(kc_evict_start(&e) == 0, "start the cleaner");
+	for (int t = 0; t < 500; t++) {
+		kc_evict_sample(&e, &es);
+		if (es.scanned && stats.evictions >= 4)
+			break;
+		usleep(10000);
+	}
+	usleep(100000);
+	kc_evict_sample(&e, &es);
+	/* 7 > 4: down to 90 % of 4 (3 entries); 11 and 12 may not go: 10, 13, 14, 15 go. */
+	CHECK(es.entries == 3 && stats.evictions == 4 && stats.evicted_bytes == 4000,
+	      "cleaner: evicted down to the low watermark");
+	CHECK(!entry_exists(10) && entry_exists(11) && entry_exists(12) && !entry_exists(13) &&
+		      !entry_exists(14) && !entry_exists(15) && entry_exists(16),
+	      "cleaner: the least recently used went; staged and compiling ones stayed");
+	CHECK(nevicted == 4 && strcmp(evicted[0], "cache/kernel.k10.0000000000000000000000000000000a") == 0,
+	      "cleaner: each eviction is reported with its path, oldest first");
+	char tmp[256];
+	snprintf(tmp, sizeof(tmp), "%s/.kcachefs/tmp/evicted.%ju", root, (uintmax_t)ino);
+	CHECK(access(tmp, F_OK) != 0, "cleaner: nothing of an evicted entry stays in tmp/");
+	/* Used now: not a victim within the grace period, even when the oldest by record. */
+	make_entry(20, 1000, now - 5000);
+	int cache = open(strcat(strcpy(tmp, root), "/cache"), O_PATH | O_DIRECTORY | O_CLOEXEC);
+	kc_evict_note(&e, cache, "kernel.k20.00000000000000000000000000000014");
+	usleep(300000);
+	CHECK(entry_exists(20), "cleaner: an entry published just now is kept (grace)");
+	close(cache);
+	kc_evict_stop(&e);
+	kc_flight_finish(&flights, &key, 0);
+	entry_id(11, &dev, &ino);
+	kc_evict_unpin(&e, dev, ino);
+	kc_evict_destroy(&e);
+	kc_flight_table_destroy(&flights);
+}
+
+int main(void)
+{
+	struct kc_store s;
+	char why[512], path[128];
+
+	test_parse_size();
+	strcpy(root, "/tmp/kc-test-evict.XXXXXX");
+	if (!mkdtemp(root)) {
+		perror("mkdtemp");
+		return 1;
+	}
+	snprintf(path, sizeof(path), "%s/cache", root);
+	mkdir(path, 0755);
+	if (kc_store_open(&s, root, why, sizeof(why)) == 0) {
+		test_index(&s);
+		test_cleaner(&s);
+		kc_store_close(&s);
+	} else {
+		CHECK(0, "open the store");
+		printf("# %s\n", why);
+	}
+	CHECK(kc_store_remove_tree(root) == 0, "remove the test directory");
+	return tap_done();
+}
