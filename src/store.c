@@ -173,6 +173,16 @@ out:
 
 void kc_store_close(struct kc_store *s)
 {
+	/* Still holding the lock: leave no temporary or scratch directory behind. */
+	if (s->lock_fd >= 0 && s->tmp_fd >= 0 && s->scratch_fd >= 0 && s->root_path) {
+		static const char *const subs[] = {"tmp", "scratch"};
+		for (unsigned i = 0; i < 2; i++) {
+			char sub[4200];
+			snprintf(sub, sizeof(sub), "%s/" KC_STATE_DIR "/%s", s->root_path, subs[i]);
+			if (kc_store_remove_tree(sub) != 0 || mkdir(sub, 0700) != 0)
+				kc_log(KC_LOG_WARN, "cannot clean %s: %s", sub, strerror(errno));
+		}
+	}
 	int *fds[] = {&s->root_fd, &s->tmp_fd, &s->scratch_fd, &s->lock_fd};
 	for (unsigned i = 0; i < 4; i++) {
 		if (*fds[i] >= 0)

@@ -39,6 +39,7 @@ struct kc_store {
  * lock), -ENOTSUP (the filesystem has no user extended attributes), -EROFS, other -errno;
  * *why gets a line for the operator. */
 int kc_store_open(struct kc_store *s, const char *path, char *why, size_t whylen);
+/* Empty tmp/ and scratch/ (nothing is in progress once the daemon stops), unlock, close. */
 void kc_store_close(struct kc_store *s);
 
 /* Create a new empty temporary in tmp/ (O_RDWR, mode). name receives its name in tmp/.

@@ -1,10 +1,11 @@
 """Waiters hold no FUSE worker thread: with 64 openers parked on one slow compile, the
 rest of the mount keeps answering."""
+import errno
 import os
 import signal
 import time
 
-from conftest import sample, start_openers, write_script
+from conftest import entry_name, sample, start_openers, write_script
 
 
 def wait_for_flight(m, timeout=60):
@@ -101,12 +102,52 @@ def test_killed_waiters_leave_others_unaffected(mount_factory, tmp_path):
     assert m.stats()["compiles_total"] == 1
 
 
+def compilers_running(script):
+    """Processes whose command line names script (the gated compiler)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open("/proc/%s/cmdline" % pid, "rb") as f:
+                if str(script).encode() in f.read():
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
 def test_unmount_during_compile_answers_waiters(mount_factory, tmp_path):
-    """Stopping the daemon kills its compiler: waiters get an error, not a hang."""
+    """SIGTERM (systemd's stop) with a compile in flight: the compiler is stopped, every
+    waiter gets EIO at once, temporaries are removed, the daemon exits 0, and a remount on
+    the same backing directory starts clean and compiles the entry on its next open."""
     m, entry, openers, release = gated_openers(mount_factory, tmp_path, 4)
+    # A stage still open at the shutdown: its temporary lies in the state directory's tmp/.
+    half = m.mnt / "cache" / entry_name("saxpy", b"// half\n") / "kernel.cu"
+    half.parent.mkdir()
+    stage = open(half, "wb")
+    stage.write(b"// half")
+    stage.flush()
+    assert list((m.backing / ".kcachefs" / "tmp").iterdir())
+    assert compilers_running(tmp_path / "nvcc-gated")
+    deadline = time.monotonic() + 30
+    while m.stats()["parked_requests"] < 4:  # all four wait in the daemon, not the kernel
+        assert time.monotonic() < deadline, m.stats()
+        time.sleep(0.05)
     m.proc.send_signal(signal.SIGTERM)
     outs = [p.communicate(timeout=60)[0].split() for p in openers]
-    assert all(o[0] == "err" for o in outs), outs
+    assert outs == [["err", str(errno.EIO)]] * 4, outs
     assert m.proc.wait(timeout=30) == 0
-    assert not any(p.name.startswith("c") for p in (m.backing / ".kcachefs" / "scratch").iterdir())
+    try:
+        stage.close()
+    except OSError:
+        pass  # the mount is gone: the stage is lost, as a crash would lose it
+    assert not compilers_running(tmp_path / "nvcc-gated")
+    state = m.backing / ".kcachefs"
+    assert list((state / "scratch").iterdir()) == []
+    assert list((state / "tmp").iterdir()) == []
     assert not (m.backing / entry.relative_to(m.mnt) / "kernel.cubin").exists()
+    assert "unmounting" in m.daemon_log()
+    release.write_text("open")
+    m2 = mount_factory(["nvcc=%s" % slow_nvcc(tmp_path, release)], name="m")
+    assert m2.stats()["flights"] == 0 and m2.stats()["compiles_total"] == 0
+    assert (entry / "kernel.cubin").read_bytes()[:4] == b"\x7fELF"
+    assert m2.stats()["compiles_total"] == 1
