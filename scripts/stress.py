@@ -268,6 +268,11 @@ def main():
     ap.add_argument("-j", "--jobs", type=int, default=0, help="-o jobs= of the daemon")
     ap.add_argument("--kcachefs", default=os.path.join(REPO, "build", "kcachefs"))
     ap.add_argument("--log-level", default="info", help="-o log_level= of the daemon")
+    ap.add_argument("--max-entries", type=int, default=0,
+                    help="-o max_entries= of the daemon: entries are evicted during the run "
+                    "(and may then be compiled again)")
+    ap.add_argument("--show-stats", action="store_true",
+                    help="print the mount's .kcachefs/stats at the end")
     ap.add_argument("--max-inodes", type=int, default=0,
                     help="-o max_inodes= of the daemon (small: the kernel is made to forget often)")
     ap.add_argument("--keep", action="store_true",
@@ -292,6 +297,8 @@ def main():
         opts += ",jobs=%d" % args.jobs
     if args.max_inodes:
         opts += ",max_inodes=%d" % args.max_inodes
+    if args.max_entries:
+        opts += ",max_entries=%d" % args.max_entries
     daemon_log = open(os.path.join(work, "daemon.log"), "w")
     daemon = subprocess.Popen([args.kcachefs, "-f", "-o", opts, backing, mnt],
                               stdout=daemon_log, stderr=subprocess.STDOUT)
@@ -316,12 +323,23 @@ def main():
             p.join()
         elapsed = time.monotonic() - started
         s = stats(mnt)
+        bound_ok = True
+        if args.max_entries:
+            # Once the load stops, the bound holds within the grace period and a pass.
+            deadline = time.monotonic() + 10
+            while stats(mnt)["entries"] > args.max_entries and time.monotonic() < deadline:
+                time.sleep(0.1)
+            after = stats(mnt)
+            bound_ok = after["entries"] <= args.max_entries
+            print("eviction: %d evicted; %d entries (max_entries %d) after the load stopped"
+                  % (after["evictions_total"], after["entries"], args.max_entries))
 
         compiled = collections.Counter(l.strip() for l in open(log) if l.strip())
         sources = {hashlib.sha256(source_of(k, it, args.seed)).hexdigest(): k
                    for k in range(args.kernels) for it in range(args.iterations)}
         twice = {h: n for h, n in compiled.items()
-                 if n > 1 and not expected_failure(args.compiler, sources.get(h, 0))}
+                 if n > 1 and not expected_failure(args.compiler, sources.get(h, 0))
+                 and not args.max_entries}  # an evicted entry is compiled again
         print("stress: P=%d K=%d I=%d compiler=%s seed=%d: %.1f s"
               % (args.procs, args.kernels, args.iterations, args.compiler, args.seed, elapsed))
         print("opens (cubins read whole): %d, bytes: %d, expected EIO: %d"
@@ -345,7 +363,10 @@ def main():
         print("libfuse errors in the daemon's log: %d%s" % (
             len(fuse_errors), " (first: %s)" % fuse_errors[0] if fuse_errors else ""))
         ok = (not total.errors and not total.mismatches and not twice and not leftovers and
-              not fuse_errors)
+              not fuse_errors and bound_ok)
+        if args.show_stats:
+            with open(os.path.join(mnt, ".kcachefs", "stats")) as f:
+                print("$ cat %s/.kcachefs/stats\n%s" % (mnt, f.read()), end="")
         print("stress: %s" % ("PASS" if ok else "FAIL"))
         status = 0 if ok else 1
     finally:
