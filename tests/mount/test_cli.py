@@ -134,3 +134,62 @@ def test_the_man_page_documents_every_option_and_renders_cleanly(tmp_path):
                         "--no-rebuild", "--quiet"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert list(tmp_path.rglob("share/man/man1/kcachefs.1*")), list(tmp_path.rglob("*"))
+
+
+def daemon_messages(tmp_path, options, work):
+    """Run kcachefs as a daemon with -o options, call work(mnt), unmount; return the syslog
+    datagrams it sent to /dev/log (a socket of this test's own)."""
+    import socket
+    import time
+    tmp_path.mkdir()
+    m = Mount(tmp_path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind("/dev/log")
+    sock.settimeout(0.2)
+    try:
+        r = subprocess.run([str(KCACHEFS), "-o", options, str(m.backing), str(m.mnt)],
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stderr
+        try:
+            work(m.mnt)
+        finally:
+            subprocess.run(["umount", str(m.mnt)], check=True)
+        deadline = time.monotonic() + 20
+        while subprocess.run(["pgrep", "-f", str(m.backing)], capture_output=True).returncode == 0:
+            assert time.monotonic() < deadline, "the daemon did not exit"
+            time.sleep(0.05)
+        messages = []
+        while True:
+            try:
+                messages.append(sock.recv(65536).decode(errors="replace"))
+            except socket.timeout:
+                return messages
+    finally:
+        sock.close()
+        os.unlink("/dev/log")
+
+
+def test_a_daemon_logs_to_syslog_with_levels(tmp_path):
+    if os.path.exists("/dev/log"):
+        import pytest
+        pytest.skip("a syslog daemon owns /dev/log here; its messages cannot be read back")
+    from conftest import sample, entry_name
+
+    def compile_one(mnt):
+        src, flags = sample("vector_add")
+        e = mnt / entry_name("vector_add", src, flags)
+        e.mkdir()
+        (e / "kernel.cu").write_bytes(src)
+        (e / "kernel.flags").write_bytes(flags)
+        assert (e / "kernel.cubin").read_bytes()[:4] == b"\x7fELF"
+
+    msgs = daemon_messages(tmp_path / "info", "log_level=info", compile_one)
+    compiled = [x for x in msgs if "published (ok)" in x]
+    assert len(compiled) == 1, msgs
+    # <30>: facility daemon (3), priority info (6); the line names the entry, the result,
+    # the seconds and the compiler.
+    assert compiled[0].startswith("<30>") and "kcachefs[" in compiled[0]
+    assert "kernel.vector_add." in compiled[0] and " s with /" in compiled[0]
+    assert any(x.startswith("<30>") and "unmounting" in x for x in msgs)
+    quiet = daemon_messages(tmp_path / "warning", "log_level=warning", compile_one)
+    assert not any("published (ok)" in x or "unmounting" in x for x in quiet), quiet
