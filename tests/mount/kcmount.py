@@ -107,14 +107,16 @@ class Mount:
             # fusermount3 where it is installed; plain umount (as root) elsewhere
             unmount = ["fusermount3", "-u"] if shutil.which("fusermount3") else ["umount"]
             r = subprocess.run(unmount + [str(self.mnt)], capture_output=True)
-            if r.returncode != 0:
-                subprocess.run(["umount", "-l", str(self.mnt)], capture_output=True)
+            if r.returncode != 0 and self.proc.poll() is None:
+                # Busy (a process waits on a compile): stop the daemon as systemd would;
+                # it kills its compilers, answers the waiters and unmounts.
+                self.proc.send_signal(signal.SIGTERM)
         try:
             rc = self.proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
+            self.proc.kill()  # its compilers may outlive it, as after any crash
             rc = self.proc.wait()
-            subprocess.run(["umount", "-l", str(self.mnt)], capture_output=True)
+        subprocess.run(["umount", "-l", str(self.mnt)], capture_output=True)
         self.proc = None
         self.log.close()
         return rc

@@ -24,7 +24,7 @@ FAULTS = {
                          "truncated"),
     "exit-0-garbage": ('head -c 5000 /dev/urandom > "$4"; exit 0', "passing", "not a 64-bit ELF"),
     "sigkill": ('kill -KILL $$', "passing", "killed by signal 9"),
-    "hang": ('exec sleep 300', "passing", "timed out"),
+    "hang": ('exec sleep 300 0.TAG', "passing", "timed out"),  # TAG: this run's own
     "not-runnable": (None, "passing", "cannot run"),
 }
 
@@ -43,6 +43,8 @@ def children(pid):
 @pytest.mark.parametrize("fault", sorted(FAULTS))
 def test_compiler_fault(mount_factory, tmp_path, fault):
     first, kind, why = FAULTS[fault]
+    tag = "%d%d" % (os.getpid(), time.monotonic_ns() % 1000000)  # tells its sleep from others'
+    first = first and first.replace("TAG", tag)
     marker = tmp_path / "faulted"
     if first is None:
         nvcc = tmp_path / "no-such-compiler"
@@ -64,7 +66,7 @@ def test_compiler_fault(mount_factory, tmp_path, fault):
     assert s["compile_failures_total"] == 1 and s["compiles_total"] == 0
     assert not compiler_processes(str(tmp_path)), "a compiler process remains"
     assert children(m.proc.pid) == [], "the daemon left a child (zombie or running)"
-    assert not compiler_processes("sleep 300"), "a compiler process remains"
+    assert not compiler_processes("sleep 300 0.%s" % tag), "a compiler process remains"
     assert os.listdir(m.backing / ".kcachefs" / "scratch") == []
     time.sleep(2.2)  # past the retry hold-off
     if first is None:  # the compiler appears: the next open compiles
