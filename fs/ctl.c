@@ -41,6 +41,8 @@ char *kc_ctl_stats_text(struct kc_fs *fs, const struct kc_inode *in, size_t *len
 	kc_evict_sample(&fs->evict, &es);
 	g.entries = es.entries;
 	g.stored_bytes = es.bytes;
+	g.max_bytes = fs->evict.max_bytes;
+	g.max_entries = fs->evict.max_entries;
 	struct kc_stats_info info = {KC_VERSION, fs->cfg.compiler_id, fs->cfg.arch,
 				     fs->cfg.flags ? fs->cfg.flags : ""};
 	size_t need = kc_stats_render(&fs->cache.stats, &g, &info, format, NULL, 0) + 1;

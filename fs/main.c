@@ -3,7 +3,7 @@
  * Option parsing is libfuse's (fuse_opt_parse for the mount's -o options, then
  * fuse_parse_cmdline for -f, -d, -s and the mountpoint), so the program is mountable from
  * fstab through mount.fuse3. Exit status: 0 after a clean unmount, 1 on a start-up error,
- * 2 on a usage error.
+ * 2 on a usage error (a missing argument, an unknown option or a bad value).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -189,7 +189,7 @@ static unsigned long raise_fd_limit(void)
 	rl.rlim_cur = rl.rlim_max;
 	setrlimit(RLIMIT_NOFILE, &rl);
 	getrlimit(RLIMIT_NOFILE, &rl);
-	kc_log(KC_LOG_INFO, "open file limit %lu", (unsigned long)rl.rlim_cur);
+	kc_log(KC_LOG_DEBUG, "open file limit %lu", (unsigned long)rl.rlim_cur);
 	return rl.rlim_cur == RLIM_INFINITY ? nr_open : (unsigned long)rl.rlim_cur;
 }
 
@@ -292,15 +292,19 @@ int main(int argc, char *argv[])
 	/* The kernel checks permissions against the owners and modes we store. */
 	fuse_opt_add_arg(&args, "-odefault_permissions");
 	fs->se = fuse_session_new(&args, &kc_fs_ops, sizeof(kc_fs_ops), fs);
-	if (!fs->se)
+	if (!fs->se) {
+		ret = 2; /* libfuse said why: an option neither it nor kcachefs knows */
 		goto out_inodes;
+	}
 	if (fuse_set_signal_handlers(fs->se) != 0)
 		goto out_session;
 	if (fuse_session_mount(fs->se, cmd.mountpoint) != 0)
 		goto out_signals;
-	kc_log(KC_LOG_INFO, "serving %s on %s: compiler %s, arch %s%s, jobs %u, timeout %u s",
-	       fs->store.root_path, cmd.mountpoint, fs->cfg.compiler_id, fs->cfg.arch,
-	       fs->cfg.arch_detected ? " (detected)" : "", fs->cfg.jobs, fs->cfg.compile_timeout);
+	kc_log(KC_LOG_INFO, "serving %s on %s: compiler %s, arch %s%s, jobs %u, timeout %u s, "
+	       "max_size %llu, max_entries %llu (0: no bound)", fs->store.root_path,
+	       cmd.mountpoint, fs->cfg.compiler_id, fs->cfg.arch,
+	       fs->cfg.arch_detected ? " (detected)" : "", fs->cfg.jobs, fs->cfg.compile_timeout,
+	       (unsigned long long)max_size, (unsigned long long)max_entries);
 	if (fuse_daemonize(cmd.foreground) != 0)
 		goto out_unmount;
 	if (!cmd.foreground)

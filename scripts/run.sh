@@ -18,7 +18,9 @@ mnt="${KCACHEFS_MOUNTPOINT:-/mnt/kcache}"
 mkdir -p "$backing" "$mnt"
 if ! grep -q " $mnt fuse.kcachefs " /proc/mounts; then
 	build/kcachefs "$backing" "$mnt" ${KCACHEFS_OPTIONS:+-o "$KCACHEFS_OPTIONS"}
-	echo "mounted: kcachefs $backing on $mnt (daemon logs go to syslog)"
+	if [ -S /dev/log ]; then where="daemon logs go to syslog"; else
+		where="no syslog here (/dev/log): daemon logs are lost; run build/kcachefs -f to see them"; fi
+	echo "mounted: kcachefs $backing on $mnt ($where)"
 else
 	echo "already mounted: kcachefs on $mnt"
 fi

@@ -112,6 +112,13 @@ int kc_config_resolve(struct kc_config *c, char *why, size_t whylen)
 		snprintf(why, whylen, "arch=%s: architecture must look like sm_90a", c->arch);
 		return -EINVAL;
 	}
+	/* A typo (sm_12 for sm_120) would fail every compile later: ask nvcc now. A compiler
+	 * that cannot list its targets (a wrapper, not runnable yet) is not held against. */
+	if (kc_nvcc_supports_arch(c->nvcc, c->arch) == 0) {
+		snprintf(why, whylen, "arch=%s: %s does not compile for it (see its --list-gpu-code)",
+			 c->arch, c->nvcc);
+		return -EINVAL;
+	}
 	if (c->flags) {
 		int err = kc_flags_split(c->flags, &c->mount_flags, why, whylen);
 		if (err)

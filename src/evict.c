@@ -86,10 +86,16 @@ static void drop(struct kc_evict *e, struct rec *r)
 	free(r);
 }
 
-static int over(const struct kc_evict *e, unsigned percent)
+/* Over the bounds (low: over the low watermarks, KC_EVICT_LOW_PERCENT of each, rounded
+ * up so that a small max_entries=2 keeps 2, not 1). */
+static int over(const struct kc_evict *e, int low)
 {
-	return (e->max_bytes && e->bytes > e->max_bytes / 100 * percent) ||
-	       (e->max_entries && e->entries > e->max_entries * percent / 100);
+	uint64_t bytes = e->max_bytes, entries = e->max_entries;
+	if (low) {
+		bytes -= bytes / 100 * (100 - KC_EVICT_LOW_PERCENT);
+		entries -= entries * (100 - KC_EVICT_LOW_PERCENT) / 100;
+	}
+	return (bytes && e->bytes > bytes) || (entries && e->entries > entries);
 }
 
 int kc_evict_init(struct kc_evict *e, struct kc_store *store, struct kc_flight_table *flights,
@@ -188,7 +194,11 @@ static void measure(struct kc_evict *e, int dfd, int now_used)
 	}
 	e->bytes += bytes - r->bytes;
 	r->bytes = bytes;
-	if (over(e, 100))
+	if (e->max_bytes && bytes > e->max_bytes && now_used)
+		kc_log(KC_LOG_WARN, "%s: %" PRIu64 " bytes, more than max_size %" PRIu64 " on its own: "
+		       "it is evicted once unused for %d s", rel, bytes, e->max_bytes,
+		       KC_EVICT_GRACE);
+	if (over(e, 0))
 		pthread_cond_signal(&e->wake);
 	pthread_mutex_unlock(&e->lock);
 }
@@ -371,7 +381,7 @@ static unsigned evict_pass(struct kc_evict *e)
 	int64_t before = now_ms() - KC_EVICT_GRACE * 1000;
 	for (size_t i = 0; i < l.n && !e->stop; i++) {
 		pthread_mutex_lock(&e->lock);
-		int more = over(e, KC_EVICT_LOW_PERCENT);
+		int more = over(e, 1);
 		pthread_mutex_unlock(&e->lock);
 		if (!more)
 			break;
@@ -409,14 +419,14 @@ static void *cleaner(void *arg)
 	kc_log(KC_LOG_INFO, "%" PRIu64 " published entries, %" PRIu64 " bytes", e->entries,
 	       e->bytes);
 	while (!e->stop) {
-		if (!over(e, 100)) {
+		if (!over(e, 0)) {
 			pthread_cond_wait(&e->wake, &e->lock);
 			continue;
 		}
 		pthread_mutex_unlock(&e->lock);
 		unsigned gone = evict_pass(e);
 		pthread_mutex_lock(&e->lock);
-		if (!gone && over(e, 100) && !e->stop) {
+		if (!gone && over(e, 0) && !e->stop) {
 			/* Nothing could go (all compiling, staged or just used): try again later. */
 			struct timespec ts;
 			clock_gettime(CLOCK_REALTIME, &ts);
@@ -456,9 +466,26 @@ void kc_evict_stop(struct kc_evict *e)
 	e->started = 0;
 }
 
+/* The last uses since the hourly writes, written at a clean stop (twalk_r closure). */
+static void persist_one(const void *node, VISIT which, void *closure)
+{
+	struct rec *r = *(struct rec *const *)node;
+	struct kc_evict *e = closure;
+	if ((which != postorder && which != leaf) || !r->indexed || !r->path ||
+	    r->used / 1000 <= r->persisted)
+		return;
+	char full[8192], buf[32];
+	snprintf(full, sizeof(full), "%s/%s", e->store->root_path, r->path);
+	int n = snprintf(buf, sizeof(buf), "%" PRId64, r->used / 1000);
+	if (lsetxattr(full, USED_XATTR, buf, (size_t)n, 0) == 0)
+		r->persisted = r->used / 1000;
+}
+
 void kc_evict_destroy(struct kc_evict *e)
 {
 	kc_evict_stop(e);
+	if (e->store && e->store->root_path)
+		twalk_r(e->tree, persist_one, e);
 	tdestroy(e->tree, free_rec);
 	e->tree = NULL;
 	pthread_cond_destroy(&e->wake);

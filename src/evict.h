@@ -58,7 +58,8 @@ int kc_evict_start(struct kc_evict *e);
 /* Stop and join the cleaner (an eviction in progress finishes); the index stays usable.
  * Call before the flight table goes. */
 void kc_evict_stop(struct kc_evict *e);
-/* Stop the cleaner if running, and free the index. */
+/* Stop the cleaner if running, write the last uses not yet persisted, free the index.
+ * Call while the store is open. */
 void kc_evict_destroy(struct kc_evict *e);
 
 /* (Re)measure the directory name in dir (any fd on a directory of the backing tree, O_PATH

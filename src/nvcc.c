@@ -67,16 +67,17 @@ char *kc_nvcc_find(const char *not_this)
 	return strdup(fallback);
 }
 
-int kc_nvcc_version(const char *nvcc, char *out, size_t outlen)
+int kc_nvcc_output(const char *nvcc, const char *arg, char *out, size_t outlen)
 {
 	int pipefd[2];
 	posix_spawn_file_actions_t fa;
-	char *argv[] = {(char *)nvcc, "--version", NULL};
-	char buf[4096];
+	char *argv[] = {(char *)nvcc, (char *)arg, NULL};
 	size_t used = 0;
 	pid_t pid;
 	int status = 0;
 
+	if (outlen == 0)
+		return -EINVAL;
 	if (pipe2(pipefd, O_CLOEXEC) != 0)
 		return -errno;
 	posix_spawn_file_actions_init(&fa);
@@ -90,24 +91,52 @@ int kc_nvcc_version(const char *nvcc, char *out, size_t outlen)
 		return -err;
 	}
 	for (;;) {
-		ssize_t n = read(pipefd[0], buf + used, sizeof(buf) - 1 - used);
+		char drain[512];
+		int full = used == outlen - 1;
+		ssize_t n = read(pipefd[0], full ? drain : out + used,
+				 full ? sizeof(drain) : outlen - 1 - used);
 		if (n < 0 && errno == EINTR)
 			continue;
 		if (n <= 0)
 			break;
-		used += (size_t)n;
-		if (used == sizeof(buf) - 1)
-			break;
+		if (!full)
+			used += (size_t)n;
 	}
 	close(pipefd[0]);
 	while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
 		;
-	buf[used] = '\0';
-	while (used > 0 && (buf[used - 1] == '\n' || buf[used - 1] == '\r'))
-		buf[--used] = '\0';
+	out[used] = '\0';
+	while (used > 0 && (out[used - 1] == '\n' || out[used - 1] == '\r'))
+		out[--used] = '\0';
 	if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || used == 0)
 		return -EIO;
+	return 0;
+}
+
+int kc_nvcc_version(const char *nvcc, char *out, size_t outlen)
+{
+	char buf[4096];
+	int err = kc_nvcc_output(nvcc, "--version", buf, sizeof(buf));
+	if (err)
+		return err;
 	char *last = strrchr(buf, '\n');
 	snprintf(out, outlen, "%s", last ? last + 1 : buf);
 	return 0;
+}
+
+int kc_nvcc_supports_arch(const char *nvcc, const char *arch)
+{
+	char list[4096], base[32];
+	int err = kc_nvcc_output(nvcc, "--list-gpu-code", list, sizeof(list));
+	if (err)
+		return err;
+	size_t n = strspn(arch, "sm_0123456789");
+	snprintf(base, sizeof(base), "%.*s", (int)(n < sizeof(base) ? n : sizeof(base) - 1), arch);
+	int listed = 0, found = 0;
+	for (char *save = NULL, *t = strtok_r(list, " \t\r\n", &save); t;
+	     t = strtok_r(NULL, " \t\r\n", &save)) {
+		listed += strncmp(t, "sm_", 3) == 0;
+		found |= strcmp(t, base) == 0;
+	}
+	return listed ? found : -EIO;
 }

@@ -21,4 +21,14 @@ char *kc_nvcc_find(const char *not_this);
  * killed, or prints nothing. */
 int kc_nvcc_version(const char *nvcc, char *out, size_t outlen);
 
+/* Run "<nvcc> <arg>" the same way and copy its whole output (NUL-terminated, at most
+ * outlen - 1 bytes, trailing newlines removed) to out. Same returns. */
+int kc_nvcc_output(const char *nvcc, const char *arg, char *out, size_t outlen);
+
+/* Whether nvcc can compile for arch ("sm_90a", "sm_100f": the letter after the number is
+ * a variant of the listed sm_XY): 1 if "<nvcc> --list-gpu-code" lists it, 0 if it lists
+ * others and not this one, -errno when nvcc cannot say (not runnable, an older nvcc or a
+ * wrapper without that option). */
+int kc_nvcc_supports_arch(const char *nvcc, const char *arch);
+
 #endif

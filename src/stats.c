@@ -65,6 +65,8 @@ size_t kc_stats_render(const struct kc_stats *s, const struct kc_stats_gauges *g
 		{"kcachefs_inode_reliefs_total", "counter", "Times the kernel was asked to forget inodes to stay under kcachefs_inodes_max.", "inode reliefs", g->reliefs},
 		{"kcachefs_entries", "gauge", "Published entries in the store.", "entries", g->entries},
 		{"kcachefs_stored_bytes", "gauge", "Bytes of the published entries (their regular files).", "bytes stored", g->stored_bytes},
+		{"kcachefs_max_size_bytes", "gauge", "The bound on kcachefs_stored_bytes (-o max_size; 0: none).", "max size", g->max_bytes},
+		{"kcachefs_max_entries", "gauge", "The bound on kcachefs_entries (-o max_entries; 0: none).", "max entries", g->max_entries},
 		{"kcachefs_compiles_in_flight", "gauge", "Compiler runs in progress.", "compiles in flight", g->inflight},
 		{"kcachefs_compiles_queued", "gauge", "Compiles waiting for a job slot.", "compiles queued", g->queued},
 		{"kcachefs_flights", "gauge", "Entries with a compile in flight or queued.", "flights", g->flights},

@@ -52,6 +52,7 @@ struct kc_stats_gauges {
 	unsigned long reliefs; /* times the kernel was asked to forget, to keep the bound */
 	unsigned long entries; /* published entries in the store (evict.c's index) */
 	unsigned long long stored_bytes; /* their bytes */
+	unsigned long long max_bytes, max_entries; /* -o max_size, -o max_entries (0: none) */
 };
 
 /* Facts about the mount, rendered as the info metric kcachefs_info (value 1) with label

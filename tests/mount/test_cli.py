@@ -34,7 +34,8 @@ def test_usage_errors(tmp_path):
     assert r.returncode == 2 and "log_level" in r.stderr
     for bad in ("jobs=0", "jobs=x", "compile_timeout=0", "compile_timeout=-1",
                 "max_source_size=1k", "max_inodes=15", "max_inodes=many",
-                "max_size=0", "max_size=10X", "max_size=-1G", "max_entries=0"):
+                "max_size=0", "max_size=10X", "max_size=-1G", "max_entries=0",
+                "no_such_option", "no_such_option=1"):
         (tmp_path / "b").mkdir(exist_ok=True)
         r = run("-f", "-o", bad, str(tmp_path / "b"), str(tmp_path / "m"))
         assert r.returncode == 2 and bad.split("=")[0] in r.stderr, bad
@@ -47,7 +48,7 @@ def test_startup_errors_are_clear(tmp_path):
     backing.mkdir()
     r = run("-f", str(tmp_path / "missing"), str(mnt))
     assert r.returncode == 1 and "missing" in r.stderr
-    for arch in ("gpu9000", "sm_9", "compute_90", "sm_90b"):
+    for arch in ("gpu9000", "sm_9", "compute_90", "sm_90b", "sm_12"):  # sm_12: not in CUDA 13
         r = run("-f", "-o", "arch=" + arch, str(backing), str(mnt))
         assert r.returncode == 1 and "arch" in r.stderr, arch
     r = run("-f", "-o", "flags=-ccbin=/bin/sh", str(backing), str(mnt))
