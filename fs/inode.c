@@ -195,7 +195,8 @@ static void gather_one(const void *node, VISIT which, void *closure)
 {
 	struct gather *g = closure;
 	struct kc_inode *in = *(struct kc_inode *const *)node;
-	if ((which != postorder && which != leaf) || in->pending)
+	if ((which != postorder && which != leaf) || in->pending ||
+	    (in->type == S_IFDIR && !in->entry))
 		return;
 	if (__atomic_load_n(&in->last_use, __ATOMIC_RELAXED) == in->dropped_use) {
 		g->asked++;
@@ -212,7 +213,8 @@ static int older(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
-struct kc_inode **kc_inode_to_forget(struct kc_inode_table *t, uint64_t keep, size_t *got)
+struct kc_inode **kc_inode_to_forget(struct kc_inode_table *t, uint64_t keep, size_t *got,
+				     size_t *need)
 {
 	/* Hold every candidate while sorting outside the lock, then let go of the rest. */
 	pthread_mutex_lock(&t->lock);
@@ -224,16 +226,15 @@ struct kc_inode **kc_inode_to_forget(struct kc_inode_table *t, uint64_t keep, si
 	if (!g.v)
 		return NULL;
 	uint64_t left = count > g.asked ? count - g.asked : 0;
-	size_t n = left > keep ? (size_t)(left - keep) : 0;
-	if (n > g.n)
-		n = g.n;
+	*need = left > keep ? (size_t)(left - keep) : 0;
 	qsort(g.v, g.n, sizeof(*g.v), older);
-	for (size_t i = n; i < g.n; i++)
-		kc_inode_forget(t, g.v[i], 1);
-	for (size_t i = 0; i < n; i++)
-		g.v[i]->dropped_use = __atomic_load_n(&g.v[i]->last_use, __ATOMIC_RELAXED);
-	*got = n;
+	*got = g.n;
 	return g.v;
+}
+
+void kc_inode_asked(struct kc_inode *in)
+{
+	in->dropped_use = __atomic_load_n(&in->last_use, __ATOMIC_RELAXED);
 }
 
 void kc_inode_place(struct kc_inode_table *t, struct kc_inode *in, const struct kc_inode *parent,

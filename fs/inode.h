@@ -96,12 +96,17 @@ struct kc_inode *kc_inode_find_held(struct kc_inode_table *t, dev_t dev, ino_t i
 /* Mark in as used now (a lookup inside a directory uses the directory). */
 void kc_inode_touch(struct kc_inode_table *t, struct kc_inode *in);
 
-/* The least recently used inodes to ask the kernel to forget so that at most keep stay:
- * inodes already asked and not used since count as gone (their forget is on its way).
- * Oldest first, each held (kc_inode_hold; the caller forgets each once) and marked as
- * asked. The root and pending inodes are never chosen. Returns a malloc'ed array of *got
- * (maybe 0), or NULL on ENOMEM. */
-struct kc_inode **kc_inode_to_forget(struct kc_inode_table *t, uint64_t keep, size_t *got);
+/* Candidates for the kernel to forget so that at most keep inodes stay, least recently
+ * used first: files, and entry directories (other directories may be working directories
+ * or mount points, which an invalidation would unhash). Inodes already asked and not used
+ * since count as gone (their forget is on its way) and are left out, as are the root and
+ * pending inodes. *need is how many of them must be asked. Each is held (kc_inode_hold;
+ * the caller forgets each once). Returns a malloc'ed array of *got, or NULL on ENOMEM. */
+struct kc_inode **kc_inode_to_forget(struct kc_inode_table *t, uint64_t keep, size_t *got,
+				     size_t *need);
+/* Record that the kernel was asked to forget in (kc_inode_to_forget leaves it out until it
+ * is used again). */
+void kc_inode_asked(struct kc_inode *in);
 
 /* Record where an inode now lives: directory name (entry flag), or file name inside a
  * parent (role, and parent_fd dup'ed for staged roles). staging marks a stage temporary. */

@@ -5,6 +5,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -13,17 +15,29 @@
 #include "store.h"
 
 struct inval {
-	struct fuse_session *se;
+	struct kc_notifier *n;
 	struct kc_inode_table *inodes;
 	struct kc_inode *held; /* the parent, held until sent */
 	fuse_ino_t parent;
 	char name[];
 };
 
+/* Send one invalidation unless the session is over (a request the loop dropped may hold
+ * the directory's lock: see kc_notifier_stop). */
+static int notify_entry(struct kc_notifier *n, fuse_ino_t parent, const char *name)
+{
+	if (fuse_session_exited(n->se))
+		return -ESHUTDOWN;
+	__atomic_add_fetch(&n->sending, 1, __ATOMIC_SEQ_CST);
+	int err = fuse_lowlevel_notify_inval_entry(n->se, parent, name, strlen(name));
+	__atomic_sub_fetch(&n->sending, 1, __ATOMIC_SEQ_CST);
+	return err;
+}
+
 static void send_inval(void *arg)
 {
 	struct inval *it = arg;
-	int err = fuse_lowlevel_notify_inval_entry(it->se, it->parent, it->name, strlen(it->name));
+	int err = notify_entry(it->n, it->parent, it->name);
 	if (err && err != -ENOENT)
 		kc_log(KC_LOG_DEBUG, "invalidate %s: %s", it->name, strerror(-err));
 	kc_inode_forget(it->inodes, it->held, 1);
@@ -49,7 +63,7 @@ void kc_notifier_inval_entry(struct kc_notifier *n, fuse_ino_t parent, const cha
 	struct inval *it = malloc(sizeof(*it) + len + 1);
 	if (!it)
 		return;
-	it->se = n->se;
+	it->n = n;
 	it->inodes = n->inodes;
 	it->held = kc_inode_get(n->inodes, parent);
 	it->parent = parent;
@@ -82,8 +96,7 @@ int kc_notifier_inval_path(struct kc_notifier *n, const char *rel)
 		if (!parent)
 			return -ENOENT; /* the kernel forgot the directory, and so this dentry */
 	}
-	int err = fuse_lowlevel_notify_inval_entry(n->se, kc_inode_ino(n->inodes, parent), name,
-						   strlen(name));
+	int err = notify_entry(n, kc_inode_ino(n->inodes, parent), name);
 	if (parent != &n->inodes->root)
 		kc_inode_forget(n->inodes, parent, 1);
 	return err;
@@ -112,14 +125,19 @@ static void relieve(void *arg)
 	/* Again while over: lookups may outpace one round. Inodes already asked for count as
 	 * gone, so a round with nothing new to ask ends it (their forgets are on the way). */
 	for (int round = 0; round < 8 && (count = kc_inode_count(t)) > t->max; round++) {
-		size_t got = 0, sent = 0;
-		struct kc_inode **v = kc_inode_to_forget(t, low, &got);
+		size_t got = 0, need = 0, sent = 0;
+		struct kc_inode **v = kc_inode_to_forget(t, low, &got, &need);
+		/* Oldest first, until enough were sent: one that cannot be (unlinked, a path
+		 * too long) stays a candidate and is passed over. */
 		for (size_t i = 0; v && i < got; i++) {
-			sent += inval_by_path(n, v[i]) == 0;
+			if (sent < need && !fuse_session_exited(n->se) && inval_by_path(n, v[i]) == 0) {
+				kc_inode_asked(v[i]);
+				sent++;
+			}
 			kc_inode_forget(t, v[i], 1);
 		}
 		free(v);
-		if (!got)
+		if (!sent)
 			break;
 		__atomic_add_fetch(&n->reliefs, 1, __ATOMIC_RELAXED);
 		kc_log(KC_LOG_DEBUG, "%llu inodes known to the kernel, over max_inodes %llu: "
@@ -145,9 +163,48 @@ void kc_notifier_relieve(struct kc_notifier *n)
 		__atomic_store_n(&n->relief_queued, 0, __ATOMIC_RELEASE);
 }
 
+void kc_notifier_note_connection(struct kc_notifier *n, const char *mountpoint)
+{
+	char line[8192], mnt[4096];
+	unsigned major, minor;
+	FILE *f = fopen("/proc/self/mountinfo", "re");
+	/* "<id> <parent> <major>:<minor> <root> <mountpoint> ..."; the last match is ours. */
+	while (f && fgets(line, sizeof(line), f))
+		if (sscanf(line, "%*u %*u %u:%u %*s %4095s", &major, &minor, mnt) == 3 &&
+		    strcmp(mnt, mountpoint) == 0)
+			n->conn = ((unsigned long)major << 20) | minor; /* the kernel's dev_t */
+	if (f)
+		fclose(f);
+}
+
+/* Abort the connection (the kernel fails every request still waiting). Returns 0 or -1. */
+static int abort_connection(unsigned long conn)
+{
+	static const char dir[] = "/sys/fs/fuse/connections";
+	char path[128];
+	snprintf(path, sizeof(path), "%s/%lu/abort", dir, conn);
+	int mounted = access(path, W_OK) != 0 && mount("fusectl", dir, "fusectl", 0, NULL) == 0;
+	int fd = open(path, O_WRONLY | O_CLOEXEC);
+	int ok = fd >= 0 && write(fd, "1", 1) == 1;
+	if (fd >= 0)
+		close(fd);
+	if (mounted)
+		umount2(dir, MNT_DETACH); /* leave the node as it was */
+	return ok ? 0 : -1;
+}
+
 void kc_notifier_stop(struct kc_notifier *n)
 {
-	if (n->pool)
-		kc_pool_destroy(n->pool);
+	if (!n->pool)
+		return;
+	for (int i = 0; i < 100 && __atomic_load_n(&n->sending, __ATOMIC_SEQ_CST); i++)
+		usleep(10000);
+	if (__atomic_load_n(&n->sending, __ATOMIC_SEQ_CST)) {
+		int r = n->conn ? abort_connection(n->conn) : -1;
+		kc_log(r == 0 ? KC_LOG_WARN : KC_LOG_ERR, "an invalidation is blocked by a request "
+		       "left unanswered at the stop: %s", r == 0 ? "connection aborted"
+		       : "cannot abort the connection (mount fusectl on /sys/fs/fuse/connections)");
+	}
+	kc_pool_destroy(n->pool);
 	n->pool = NULL;
 }

@@ -21,6 +21,8 @@ struct kc_notifier {
 	int relief_queued;    /* a relief is queued or running (atomic) */
 	uint64_t relief_after; /* CLOCK_MONOTONIC ns before which no new relief starts */
 	uint64_t reliefs;     /* reliefs run (atomic; shown in stats) */
+	int sending;          /* notifications being written to the kernel now (atomic) */
+	unsigned long conn;   /* the kernel's connection number (/sys/fs/fuse/connections) */
 };
 
 /* Start the sender. Returns 0 or -errno. */
@@ -44,7 +46,15 @@ int kc_notifier_inval_path(struct kc_notifier *n, const char *rel);
  * of descriptors (EMFILE) and fail lookups. Cheap when under the bound: call after every
  * new kernel reference. */
 void kc_notifier_relieve(struct kc_notifier *n);
-/* Send what is queued, then stop. */
+/* Remember the connection of the mount on mountpoint (from /proc/self/mountinfo; no FUSE
+ * request is made), for kc_notifier_stop. Call after mounting. */
+void kc_notifier_note_connection(struct kc_notifier *n, const char *mountpoint);
+
+/* Stop, after the session loop ended: what is still queued is dropped (the kernel's caches
+ * go with the mount). A notification already being written can wait forever on a
+ * directory lock that a request holds which the loop read and dropped at its exit (libfuse
+ * does not answer those); if one is still in the kernel after a second, the connection is
+ * aborted through fusectl (mounted if needed), which fails that request and frees it. */
 void kc_notifier_stop(struct kc_notifier *n);
 
 #endif

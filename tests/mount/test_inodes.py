@@ -4,7 +4,10 @@ recently used ones (it invalidates their dentries). Nothing a process holds is d
 open files, directories held open, and openers waiting on a compile."""
 import hashlib
 import os
+import signal
 import struct
+import subprocess
+import sys
 import time
 
 from conftest import EM_CUDA, read_result, run_parallel, sample, start_openers
@@ -108,3 +111,58 @@ def test_waiters_on_a_compile_survive_reliefs(mount_factory, tmp_path):
     assert outs == [["ok", str(size)]] * 8, outs
     assert read_result(e / "kernel.cubin")[0] == "ok"
     assert m.stats()["compiles_total"] == 1
+
+
+def test_a_stop_during_reliefs_does_not_hang(mount_factory):
+    """SIGTERM while 4 processes keep the daemon relieving: libfuse drops the requests its
+    workers read after the stop, and an invalidation waiting on such a request's directory
+    lock would hang the daemon and the processes for good. The daemon exits, and so do
+    they (with an error)."""
+    m = mount_factory(["max_inodes=16"])
+    loop = ("import os, sys\nd = sys.argv[1]\nos.makedirs(d, exist_ok=True)\n"
+            "[open('%s/f%d' % (d, j), 'w').close() for j in range(200)]\n"
+            "print('ready', flush=True)\n"
+            "while True:\n    [os.stat('%s/f%d' % (d, j)) for j in range(200)]\n")
+    procs = [subprocess.Popen([sys.executable, "-c", loop, str(m.mnt / ("w%d" % i))],
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+             for i in range(4)]
+    try:
+        for p in procs:
+            assert p.stdout.readline() == "ready\n"
+        time.sleep(0.5)
+        assert m.stats()["inode_reliefs_total"] > 0
+        m.proc.send_signal(signal.SIGTERM)
+        assert m.proc.wait(timeout=30) == 0
+        for p in procs:
+            assert p.wait(timeout=30) != 0  # the mount went away under it
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def test_working_directories_and_bind_mounts_survive_reliefs(mount_factory, tmp_path):
+    """Reliefs invalidate only files and entry directories: unhashing another directory
+    would break getcwd() of a process working in it and detach a bind mount of it (as a
+    container's volume would be)."""
+    m = mount_factory(["max_inodes=16"])
+    work = m.mnt / "triton" / "sub"
+    work.mkdir(parents=True)
+    target = tmp_path / "volume"
+    target.mkdir()
+    subprocess.run(["mount", "--bind", str(m.mnt / "triton"), str(target)], check=True)
+    here = os.getcwd()
+    try:
+        os.chdir(work)
+        publish(m, 100)  # far over the bound: many reliefs
+        for i in range(100):
+            (entry(m, i) / "kernel.cubin").read_bytes()
+        assert m.stats()["inode_reliefs_total"] > 0
+        assert os.getcwd() == str(work)
+        assert os.path.ismount(target) and os.listdir(target) == ["sub"]
+        (target / "sub" / "f").write_text("x")
+        assert (work / "f").read_text() == "x"
+    finally:
+        os.chdir(here)
+        subprocess.run(["umount", str(target)], check=True)
