@@ -45,14 +45,17 @@ char *kc_ctl_stats_text(struct kc_fs *fs, const struct kc_inode *in, size_t *len
 	g.max_entries = fs->evict.max_entries;
 	struct kc_stats_info info = {KC_VERSION, fs->cfg.compiler_id, fs->cfg.arch,
 				     fs->cfg.flags ? fs->cfg.flags : ""};
-	size_t need = kc_stats_render(&fs->cache.stats, &g, &info, format, NULL, 0) + 1;
-	char *buf = malloc(need);
-	if (!buf)
-		return NULL;
-	*len = kc_stats_render(&fs->cache.stats, &g, &info, format, buf, need);
-	if (*len >= need)
-		*len = need - 1;
-	return buf;
+	/* One rendering that fits, never two of which the second may grow (a counter gaining
+	 * a digit meanwhile would cut the text). */
+	for (size_t cap = 8192;; cap *= 2) {
+		char *buf = malloc(cap);
+		if (!buf)
+			return NULL;
+		*len = kc_stats_render(&fs->cache.stats, &g, &info, format, buf, cap);
+		if (*len < cap)
+			return buf;
+		free(buf);
+	}
 }
 
 void kc_ctl_reset(struct kc_fs *fs)

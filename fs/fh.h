@@ -29,12 +29,16 @@ struct kc_fh {
 	/* FH_STATS: */
 	char *buf;
 	size_t len;
+	struct kc_fh *prev, *next; /* every live handle, for kc_fh_free_all */
 };
 
 /* A new handle of kind for fd (owned). Returns NULL on ENOMEM. */
 struct kc_fh *kc_fh_new(enum fh_kind kind, int fd);
 /* Close its fds, remove an uncommitted stage temporary, free it. */
 void kc_fh_free(struct kc_fs *fs, struct kc_fh *fh);
+/* Free the handles the kernel never released (files still open when the session ended).
+ * Only after the session loop and every thread that uses handles have stopped. */
+void kc_fh_free_all(struct kc_fs *fs);
 
 /* Give fh a fresh stage temporary with mode, seeded with the bytes of the file behind
  * seed_fd (any fd, write-only too) if seed_fd >= 0. Returns 0 or -errno. */

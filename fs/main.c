@@ -20,6 +20,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "fh.h"
 #include "fs.h"
 #include "kc_build.h"
 #include "log.h"
@@ -203,10 +204,11 @@ int main(int argc, char *argv[])
 	char why[1024];
 	int ret = 1;
 
-	if (fuse_opt_parse(&args, &o, kc_opt_spec, opt_proc) != 0)
-		return 2;
-	if (fuse_parse_cmdline(&args, &cmd) != 0)
-		return 2;
+	if (fuse_opt_parse(&args, &o, kc_opt_spec, opt_proc) != 0 ||
+	    fuse_parse_cmdline(&args, &cmd) != 0) {
+		ret = 2;
+		goto out_args;
+	}
 	if (cmd.show_help) {
 		usage(argv[0]);
 		ret = 0;
@@ -298,8 +300,13 @@ int main(int argc, char *argv[])
 	}
 	if (fuse_set_signal_handlers(fs->se) != 0)
 		goto out_session;
+	/* Resolved before mounting: afterwards, a stat of the mountpoint would wait on us. */
+	char real_mnt[PATH_MAX];
+	if (!realpath(cmd.mountpoint, real_mnt))
+		snprintf(real_mnt, sizeof(real_mnt), "%s", cmd.mountpoint);
 	if (fuse_session_mount(fs->se, cmd.mountpoint) != 0)
 		goto out_signals;
+	kc_notifier_note_connection(&fs->notifier, real_mnt);
 	kc_log(KC_LOG_INFO, "serving %s on %s: compiler %s, arch %s%s, jobs %u, timeout %u s, "
 	       "max_size %llu, max_entries %llu (0: no bound)", fs->store.root_path,
 	       cmd.mountpoint, fs->cfg.compiler_id, fs->cfg.arch,
@@ -343,6 +350,7 @@ out_cache:
 	kc_cache_shutdown(&fs->cache);
 	fuse_session_unmount(fs->se);
 	kc_notifier_stop(&fs->notifier);
+	kc_fh_free_all(fs); /* files still open at the stop: the kernel releases none now */
 	goto out_signals;
 out_unmount:
 	fuse_session_unmount(fs->se);

@@ -635,7 +635,8 @@ static void kc_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 			kc_ctl_reset(fs);
 		struct kc_fh *fh = kc_fh_new(FH_STATS, -1);
 		if (!fh || !(fh->buf = kc_ctl_stats_text(fs, in, &fh->len))) {
-			free(fh);
+			if (fh)
+				kc_fh_free(fs, fh);
 			return (void)fuse_reply_err(req, ENOMEM);
 		}
 		fi->fh = (uintptr_t)fh;
@@ -751,7 +752,15 @@ static void kc_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 	if (fh->kind == FH_STATS) {
 		size_t start = (size_t)off < fh->len ? (size_t)off : fh->len;
 		size_t n = fh->len - start < size ? fh->len - start : size;
-		return (void)fuse_reply_buf(req, fh->buf + start, n);
+		/* Reply from a copy: once the kernel has the reply, the reader may close and
+		 * the RELEASE free fh on another thread before this writev returns. */
+		char *copy = malloc(n ? n : 1);
+		if (!copy)
+			return (void)fuse_reply_err(req, ENOMEM);
+		memcpy(copy, fh->buf + start, n);
+		fuse_reply_buf(req, copy, n);
+		free(copy);
+		return;
 	}
 	struct fuse_bufvec buf = FUSE_BUFVEC_INIT(size);
 	buf.buf[0].flags = FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK;
@@ -766,8 +775,17 @@ static void kc_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *in_
 	struct kc_fs *fs = fs_of(req);
 	struct kc_fh *fh = fh_of(fi);
 
-	if (fh->kind == FH_STATS) /* only truncation means something: it resets */
-		return (void)fuse_reply_err(req, EINVAL);
+	if (fh->kind == FH_STATS) { /* truncation resets; so does writing "0" (echo 0 >) */
+		char head[4] = {0};
+		size_t n = fuse_buf_size(in_buf);
+		struct fuse_bufvec dst = FUSE_BUFVEC_INIT(sizeof(head) - 1);
+		dst.buf[0].mem = head;
+		if (off != 0 || n > 2 || fuse_buf_copy(&dst, in_buf, 0) < 1 ||
+		    !(strcmp(head, "0") == 0 || strcmp(head, "0\n") == 0))
+			return (void)fuse_reply_err(req, EINVAL);
+		kc_ctl_reset(fs);
+		return (void)fuse_reply_write(req, n);
+	}
 	int err = kc_stage_prepare_write(fs, inode_of(req, ino), fh);
 	if (err)
 		return (void)fuse_reply_err(req, -err);

@@ -1,6 +1,7 @@
 /* stage.c - see fh.h: file handles and stages. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <pthread.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,8 +54,19 @@ void kc_stage_note_writer(fuse_req_t req, struct kc_fh *fh)
 	fh->dirty = 1;
 }
 
+static pthread_mutex_t live_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct kc_fh *live; /* every handle not freed yet */
+
 void kc_fh_free(struct kc_fs *fs, struct kc_fh *fh)
 {
+	pthread_mutex_lock(&live_lock);
+	if (fh->prev)
+		fh->prev->next = fh->next;
+	else
+		live = fh->next;
+	if (fh->next)
+		fh->next->prev = fh->prev;
+	pthread_mutex_unlock(&live_lock);
 	if (fh->pinned)
 		kc_evict_unpin(&fs->evict, fh->pin_dev, fh->pin_ino);
 	if (fh->kind == FH_STAGE) {
@@ -184,8 +196,20 @@ struct kc_fh *kc_fh_new(enum fh_kind kind, int fd)
 		fh->kind = kind;
 		fh->fd = fd;
 		fh->entry_fd = -1;
+		pthread_mutex_lock(&live_lock);
+		fh->next = live;
+		if (live)
+			live->prev = fh;
+		live = fh;
+		pthread_mutex_unlock(&live_lock);
 	}
 	return fh;
+}
+
+void kc_fh_free_all(struct kc_fs *fs)
+{
+	while (live)
+		kc_fh_free(fs, live);
 }
 
 

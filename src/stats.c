@@ -76,6 +76,14 @@ size_t kc_stats_render(const struct kc_stats *s, const struct kc_stats_gauges *g
 	};
 	const int prom = format == KC_STATS_PROMETHEUS;
 	size_t used = 0;
+	/* The histogram as one snapshot: +Inf equals _count, buckets never decrease. */
+	unsigned long long runs, buckets[KC_STATS_NBUCKETS], usec;
+	pthread_mutex_lock((pthread_mutex_t *)&s->hist_lock);
+	runs = s->compile_runs;
+	usec = s->compile_usec;
+	for (int b = 0; b < KC_STATS_NBUCKETS; b++)
+		buckets[b] = s->compile_buckets[b];
+	pthread_mutex_unlock((pthread_mutex_t *)&s->hist_lock);
 
 	if (!prom)
 		putf(buf, len, &used, "kcachefs %s, arch %s, compiler %s%s%s\n", info->version,
@@ -89,15 +97,15 @@ size_t kc_stats_render(const struct kc_stats *s, const struct kc_stats_gauges *g
 	}
 	/* The compile duration histogram (cumulative buckets, as Prometheus wants). */
 	const char *h = "kcachefs_compile_duration_seconds";
-	double sum = (double)s->compile_usec / 1e6;
+	double sum = (double)usec / 1e6;
 	if (prom)
 		putf(buf, len, &used, "# HELP %s Wall time of compiler runs.\n# TYPE %s histogram\n",
 		     h, h);
 	else
 		putf(buf, len, &used, "%-20s %.3f s in %llu runs; runs of at most", "compile time", sum,
-		     (unsigned long long)s->compile_runs);
+		     runs);
 	for (int b = 0; b <= KC_STATS_NBUCKETS; b++) {
-		unsigned long long n = b < KC_STATS_NBUCKETS ? s->compile_buckets[b] : s->compile_runs;
+		unsigned long long n = b < KC_STATS_NBUCKETS ? buckets[b] : runs;
 		char le[16];
 		if (b < KC_STATS_NBUCKETS)
 			snprintf(le, sizeof(le), "%g", bucket_bounds[b]);
@@ -108,8 +116,7 @@ size_t kc_stats_render(const struct kc_stats *s, const struct kc_stats_gauges *g
 			putf(buf, len, &used, "%s %s s: %llu", b ? "," : "", le, n);
 	}
 	if (prom)
-		putf(buf, len, &used, "%s_sum %.6f\n%s_count %llu\n", h, sum, h,
-		     (unsigned long long)s->compile_runs);
+		putf(buf, len, &used, "%s_sum %.6f\n%s_count %llu\n", h, sum, h, runs);
 	else
 		put(buf, len, &used, "\n");
 	if (prom) {
@@ -132,11 +139,13 @@ size_t kc_stats_render(const struct kc_stats *s, const struct kc_stats_gauges *g
 
 void kc_stats_observe_compile(struct kc_stats *s, double seconds)
 {
+	pthread_mutex_lock(&s->hist_lock);
 	atomic_fetch_add(&s->compile_usec, (uint64_t)(seconds * 1e6));
 	for (int b = 0; b < KC_STATS_NBUCKETS; b++)
 		if (seconds <= bucket_bounds[b])
 			atomic_fetch_add(&s->compile_buckets[b], 1);
 	atomic_fetch_add(&s->compile_runs, 1);
+	pthread_mutex_unlock(&s->hist_lock);
 }
 
 void kc_stats_reset(struct kc_stats *s)
@@ -147,8 +156,10 @@ void kc_stats_reset(struct kc_stats *s)
 		&s->compile_usec, &s->stages, &s->stage_refusals, &s->compile_timeouts,
 		&s->compile_runs, &s->evictions, &s->evicted_bytes,
 	};
+	pthread_mutex_lock(&s->hist_lock);
 	for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
 		atomic_store(all[i], 0);
 	for (int b = 0; b < KC_STATS_NBUCKETS; b++)
 		atomic_store(&s->compile_buckets[b], 0);
+	pthread_mutex_unlock(&s->hist_lock);
 }

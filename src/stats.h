@@ -13,6 +13,7 @@
 #ifndef KC_STATS_H
 #define KC_STATS_H
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -39,6 +40,8 @@ struct kc_stats {
 	atomic_uint_fast64_t compile_buckets[KC_STATS_NBUCKETS]; /* runs of <= each bound */
 	atomic_uint_fast64_t evictions;        /* entries evicted (evict.c) */
 	atomic_uint_fast64_t evicted_bytes;    /* their bytes */
+	pthread_mutex_t hist_lock; /* the histogram (compile_usec, _runs, _buckets) moves as one;
+				    * all zero is its initial state, as in a zeroed struct */
 };
 
 /* Gauges sampled when the text is made. */
