@@ -29,7 +29,14 @@ struct rec {
 	int64_t persisted; /* seconds: the value in USED_XATTR, 0 if none */
 	unsigned pins;     /* files being staged in it */
 	int indexed;       /* a published entry, counted in entries and bytes */
-	char *path;        /* relative to the backing root; NULL while only pinned */
+	char *path;        /* relative to the backing root as last seen; NULL while pinned */
+	struct file_handle *handle; /* finds it wherever it was moved since (NULL: none) */
+};
+
+/* Trees moved into tmp/ whose removal failed (e.g. EMFILE): retried by the cleaner. */
+struct trash {
+	struct trash *next;
+	char name[64];
 };
 
 static int64_t now_ms(void)
@@ -83,7 +90,23 @@ static void drop(struct kc_evict *e, struct rec *r)
 		return;
 	tdelete(r, &e->tree, rec_cmp);
 	free(r->path);
+	free(r->handle);
 	free(r);
+}
+
+/* A handle of the directory dfd for open_by_handle_at (malloc'ed), or NULL. */
+static struct file_handle *handle_of(int dfd)
+{
+	struct file_handle *h = malloc(sizeof(*h) + MAX_HANDLE_SZ);
+	int mount_id;
+	if (h) {
+		h->handle_bytes = MAX_HANDLE_SZ;
+		if (name_to_handle_at(dfd, "", h, &mount_id, AT_EMPTY_PATH) != 0) {
+			free(h);
+			h = NULL;
+		}
+	}
+	return h;
 }
 
 /* Over the bounds (low: over the low watermarks, KC_EVICT_LOW_PERCENT of each, rounded
@@ -166,6 +189,7 @@ static void measure(struct kc_evict *e, int dfd, int now_used)
 		}
 	}
 	int64_t now = now_ms();
+	struct file_handle *handle = cubin_mtime >= 0 ? handle_of(dfd) : NULL;
 	pthread_mutex_lock(&e->lock);
 	struct rec *r = find(e, st.st_dev, st.st_ino);
 	if (cubin_mtime < 0) { /* not a published entry (any more) */
@@ -178,16 +202,23 @@ static void measure(struct kc_evict *e, int dfd, int now_used)
 	char *path = strdup(rel);
 	if (!r || !path) {
 		free(path);
+		free(handle);
 		pthread_mutex_unlock(&e->lock);
 		return;
 	}
 	free(r->path);
 	r->path = path;
+	if (handle) {
+		free(r->handle);
+		r->handle = handle;
+	}
 	if (!r->indexed) {
 		r->indexed = 1;
 		e->entries++;
 		r->bytes = 0;
 		r->used = now_used ? now : (persisted > 0 ? persisted : cubin_mtime) * 1000;
+		if (r->used > now)
+			r->used = now; /* a time in the future (a clock step, a forged mtime) */
 		r->persisted = persisted;
 	} else if (now_used) {
 		r->used = now;
@@ -314,32 +345,104 @@ struct victim {
 	char trash[64];    /* its name in tmp/ once moved */
 };
 
+/* The current path of r relative to the root, through its handle (the entry, or a
+ * directory above it, may have been renamed since it was indexed). Returns 0, -ENOENT when
+ * it is gone or outside the tree, or -1 when the handle cannot be used (not privileged):
+ * the recorded path then stands. */
+static int current_path(struct kc_evict *e, struct rec *r, char *out, size_t len)
+{
+	if (!r->handle)
+		return -1;
+	int fd = open_by_handle_at(e->store->root_fd, r->handle, O_PATH | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0)
+		return errno == ESTALE || errno == ENOENT ? -ENOENT : -1;
+	int ok = rel_path(e, fd, out, len) == 0;
+	close(fd);
+	return ok ? 0 : -ENOENT;
+}
+
 static int move_out(void *arg)
 {
 	struct victim *v = arg;
 	struct kc_evict *e = v->e;
 	struct stat st;
+	char path[4096];
 	int ret = -EAGAIN;
 	pthread_mutex_lock(&e->lock);
 	struct rec *r = find(e, v->dev, v->ino);
-	if (r && r->indexed && !r->pins && r->used < v->before && r->path &&
-	    fstatat(e->store->root_fd, r->path, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
-	    st.st_dev == v->dev && st.st_ino == v->ino) {
-		snprintf(v->path, sizeof(v->path), "%s", r->path);
-		snprintf(v->trash, sizeof(v->trash), "evicted.%ju", (uintmax_t)v->ino);
-		if (renameat(e->store->root_fd, v->path, e->store->tmp_fd, v->trash) == 0) {
-			v->bytes = r->bytes;
-			v->used = r->used;
-			atomic_fetch_add(&e->stats->evictions, 1);
-			atomic_fetch_add(&e->stats->evicted_bytes, r->bytes);
-			drop(e, r);
-			ret = 0;
-		} else {
-			ret = -errno;
+	if (!r || !r->indexed || r->pins || r->used >= v->before || !r->path)
+		goto out;
+	int where = current_path(e, r, path, sizeof(path));
+	if (where == -ENOENT) { /* removed, or evicted with an entry around it */
+		drop(e, r);
+		goto out;
+	}
+	if (where == 0 && strcmp(path, r->path) != 0) {
+		char *moved = strdup(path);
+		if (moved) {
+			free(r->path);
+			r->path = moved;
 		}
 	}
+	if (fstatat(e->store->root_fd, r->path, &st, AT_SYMLINK_NOFOLLOW) != 0 ||
+	    st.st_dev != v->dev || st.st_ino != v->ino)
+		goto out;
+	snprintf(v->path, sizeof(v->path), "%s", r->path);
+	snprintf(v->trash, sizeof(v->trash), "evicted.%ju.%" PRIu64, (uintmax_t)v->ino,
+		 ++e->trashed);
+	if (renameat(e->store->root_fd, v->path, e->store->tmp_fd, v->trash) != 0) {
+		ret = -errno;
+		goto out;
+	}
+	/* A client may have swapped another directory in under that name meanwhile: then
+	 * that one is put back, and nothing is evicted. */
+	if (fstatat(e->store->tmp_fd, v->trash, &st, AT_SYMLINK_NOFOLLOW) != 0 ||
+	    st.st_dev != v->dev || st.st_ino != v->ino) {
+		if (renameat2(e->store->tmp_fd, v->trash, e->store->root_fd, v->path,
+			      RENAME_NOREPLACE) != 0)
+			kc_log(KC_LOG_ERR, "%s: moved aside by a race with a rename, and cannot be put "
+			       "back (%s); it is in %s/tmp/%s", v->path, strerror(errno),
+			       KC_STATE_DIR, v->trash);
+		goto out;
+	}
+	v->bytes = r->bytes;
+	v->used = r->used;
+	atomic_fetch_add(&e->stats->evictions, 1);
+	atomic_fetch_add(&e->stats->evicted_bytes, r->bytes);
+	drop(e, r);
+	ret = 0;
+out:
 	pthread_mutex_unlock(&e->lock);
 	return ret;
+}
+
+/* Remove tmp/name; on failure keep it on the retry list. Cleaner thread only. */
+static void remove_trash(struct kc_evict *e, const char *name)
+{
+	char path[4200];
+	snprintf(path, sizeof(path), "%s/%s/tmp/%s", e->store->root_path, KC_STATE_DIR, name);
+	if (kc_store_remove_tree(path) == 0)
+		return;
+	kc_log(KC_LOG_WARN, "cannot remove evicted %s yet: %s", path, strerror(errno));
+	struct trash *t = calloc(1, sizeof(*t));
+	if (t) {
+		snprintf(t->name, sizeof(t->name), "%s", name);
+		t->next = e->trash;
+		e->trash = t;
+	}
+}
+
+/* Try the removals that failed before again. Cleaner thread only. */
+static void retry_trash(struct kc_evict *e)
+{
+	struct trash *list = e->trash;
+	e->trash = NULL;
+	while (list) {
+		struct trash *t = list;
+		list = t->next;
+		remove_trash(e, t->name);
+		free(t);
+	}
 }
 
 static int oldest_first(const void *a, const void *b)
@@ -391,11 +494,7 @@ static unsigned evict_pass(struct kc_evict *e)
 		struct kc_flight_key key = {v->dev, v->ino};
 		if (kc_flight_run_if_idle(e->flights, &key, move_out, v) != 0)
 			continue; /* compiling, staging, used again, or gone */
-		char trash[4200];
-		snprintf(trash, sizeof(trash), "%s/%s/tmp/%s", e->store->root_path, KC_STATE_DIR,
-			 v->trash);
-		if (kc_store_remove_tree(trash) != 0)
-			kc_log(KC_LOG_WARN, "cannot remove evicted %s: %s", trash, strerror(errno));
+		remove_trash(e, v->trash);
 		kc_log(KC_LOG_INFO, "%s: evicted (%" PRIu64 " bytes, last used %.1f s ago)",
 		       v->path, v->bytes, (double)(now_ms() - v->used) / 1000);
 		if (e->evicted)
@@ -424,6 +523,7 @@ static void *cleaner(void *arg)
 			continue;
 		}
 		pthread_mutex_unlock(&e->lock);
+		retry_trash(e);
 		unsigned gone = evict_pass(e);
 		pthread_mutex_lock(&e->lock);
 		if (!gone && over(e, 0) && !e->stop) {
@@ -451,6 +551,7 @@ static void free_rec(void *p)
 {
 	struct rec *r = p;
 	free(r->path);
+	free(r->handle);
 	free(r);
 }
 
@@ -486,6 +587,11 @@ void kc_evict_destroy(struct kc_evict *e)
 	kc_evict_stop(e);
 	if (e->store && e->store->root_path)
 		twalk_r(e->tree, persist_one, e);
+	while (e->trash) { /* tmp/ is emptied when the store closes */
+		struct trash *t = e->trash;
+		e->trash = t->next;
+		free(t);
+	}
 	tdestroy(e->tree, free_rec);
 	e->tree = NULL;
 	pthread_cond_destroy(&e->wake);

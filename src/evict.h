@@ -32,6 +32,8 @@
 #define KC_EVICT_GRACE 2        /* seconds: an entry used this recently is never a victim */
 #define KC_EVICT_PERSIST 3600   /* seconds between writes of an entry's user.kcachefs.used */
 
+struct trash;
+
 struct kc_evict {
 	struct kc_store *store;           /* borrowed */
 	struct kc_flight_table *flights;  /* borrowed: entries compiling are not evicted */
@@ -47,6 +49,8 @@ struct kc_evict {
 	void *tree;                       /* tsearch tree of records keyed by (dev, ino) */
 	uint64_t entries, bytes;          /* published entries indexed, and their bytes */
 	int scanned, stop, started, poked;
+	uint64_t trashed;                 /* names tmp/evicted.<ino>.<n> apart */
+	struct trash *trash;              /* removals to retry (cleaner thread only) */
 	pthread_t thread;
 };
 

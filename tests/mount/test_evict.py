@@ -189,6 +189,11 @@ def test_reset_zeroes_the_counters_for_the_daemon_user_only(mount_factory):
         assert e.value.errno == errno.EINVAL
     finally:
         os.close(fd)
+    compile_variant(m, 2)
+    assert m.stats()["compiles_total"] == 1
+    with open(m.mnt / ".kcachefs" / "stats", "w") as f:  # echo 0 > stats
+        f.write("0\n")
+    assert m.stats()["compiles_total"] == 0
     with pytest.raises(OSError) as e:
         os.truncate(m.mnt / ".kcachefs" / "stats", 10)
     assert e.value.errno == errno.EPERM
