@@ -144,16 +144,22 @@ static int low_on_space(const char *dir)
 
 /* Resource limits of a compiler and its tools (they inherit them): address space half of
  * the node's memory (at least 4 GiB), so that one source (#include "/dev/zero") cannot push
- * the node's GPU jobs into the OOM killer; files it writes at most 4 GiB; no core dumps.
- * Set right after the spawn, before nvcc starts its tools. */
-static void limit_compiler(pid_t pid)
+ * the node's GPU jobs into the OOM killer; files it writes at most 4 GiB; CPU time the
+ * timeout plus a minute per process (the wall-clock timeout kills the group anyway; this
+ * stops a tool that outlives it); KC_COMPILE_NOFILE open files; no core dumps. Set right
+ * after the spawn, before nvcc starts its tools. */
+static void limit_compiler(pid_t pid, unsigned timeout_s)
 {
 	long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
 	rlim_t half = pages > 0 && page > 0 ? (rlim_t)pages * (rlim_t)page / 2 : 0;
 	rlim_t as = half > KC_COMPILE_AS_MIN ? half : KC_COMPILE_AS_MIN;
+	rlim_t cpu = (rlim_t)timeout_s + 60;
 	struct rlimit mem = {as, as}, fsize = {KC_COMPILE_FSIZE, KC_COMPILE_FSIZE}, core = {0, 0};
+	struct rlimit cpu_l = {cpu, cpu}, files = {KC_COMPILE_NOFILE, KC_COMPILE_NOFILE};
 	prlimit(pid, RLIMIT_AS, &mem, NULL);
 	prlimit(pid, RLIMIT_FSIZE, &fsize, NULL);
+	prlimit(pid, RLIMIT_CPU, &cpu_l, NULL);
+	prlimit(pid, RLIMIT_NOFILE, &files, NULL);
 	prlimit(pid, RLIMIT_CORE, &core, NULL);
 }
 
@@ -208,7 +214,7 @@ static pid_t spawn_compiler(const struct kc_compile_spec *spec, char *const argv
 	 * it. */
 	if (!err) {
 		setpriority(PRIO_PROCESS, (id_t)pid, KC_COMPILE_NICE);
-		limit_compiler(pid);
+		limit_compiler(pid, spec->timeout_s);
 	}
 	return err ? -err : pid;
 }

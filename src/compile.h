@@ -15,6 +15,7 @@
 #define KC_COMPILE_AS_MIN (4ull << 30) /* bytes: least address space a compiler gets (it gets
 					* half the node's memory when that is more) */
 #define KC_COMPILE_FSIZE (4ull << 30)  /* bytes: largest file a compiler may write */
+#define KC_COMPILE_NOFILE 1024         /* open files of each compiler process */
 
 enum kc_compile_status {
 	KC_COMPILE_OK,        /* a complete CUDA ELF is at <scratch>/kernel.cubin */

@@ -356,6 +356,11 @@ static void test_fakes(const char *cubin_copy)
 	CHECK(why_has(&r, "cannot run"), "missing compiler: why says cannot run");
 	run_done(&r);
 
+	run_compile(&r, fake("fake_limits.sh"), "vector_add.cu", NULL, 30);
+	CHECK(log_has(&r, "limits: nofile 1024 cpu 90 core 0 fsize 8388608"),
+	      "limits: 1024 files, CPU time the timeout plus 60 s, no core, 4 GiB files");
+	run_done(&r);
+
 	/* a non-empty scratch directory (kernel.cu already there) is not silently reused */
 	run_compile(&r, fake("fake_nooutput.sh"), "vector_add.cu", NULL, 30);
 	struct kc_compile_outcome again;
