@@ -30,7 +30,7 @@ struct kc_opts {
 	char *nvcc, *arch, *flags, *log_level, *compiler;
 	char *jobs, *compile_timeout, *max_source_size, *max_inodes; /* numbers, checked in main */
 	char *max_size, *max_entries;
-	int autocompile;
+	int autocompile, verify_keys;
 };
 
 #define OPT(t, p) {t, offsetof(struct kc_opts, p), 1}
@@ -47,6 +47,7 @@ static const struct fuse_opt kc_opt_spec[] = {
 	OPT("max_entries=%s", max_entries),
 	OPT("log_level=%s", log_level),
 	OPT("autocompile", autocompile),
+	OPT("verify_keys", verify_keys),
 	FUSE_OPT_END,
 };
 
@@ -108,6 +109,8 @@ static void usage(const char *prog)
 	       "    -o jobs=N              concurrent compiles (default: online CPUs)\n"
 	       "    -o compile_timeout=S   kill a compile after S seconds (default %d)\n"
 	       "    -o autocompile         compile entries that have kernel.cu but no kernel.flags\n"
+	       "    -o verify_keys         an entry's <hash> must be the key of its kernel.cu and\n"
+	       "                           kernel.flags (src/key.h), or they are refused\n"
 	       "    -o max_source_size=B   largest kernel.cu/kernel.flags accepted (default %u)\n"
 	       "    -o max_size=SIZE       evict least recently used entries when their bytes\n"
 	       "                           exceed SIZE (K, M, G, T suffixes; default no bound)\n"
@@ -266,6 +269,7 @@ int main(int argc, char *argv[])
 	fs->cfg.jobs = (unsigned)jobs;
 	fs->cfg.compile_timeout = (unsigned)timeout;
 	fs->cfg.autocompile = o.autocompile;
+	fs->cfg.verify_keys = o.verify_keys;
 	fs->cfg.max_source_size = max_source;
 	o.nvcc = o.arch = o.flags = NULL;
 	if (kc_config_resolve(&fs->cfg, why, sizeof(why)) != 0) {

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "compile.h"
+#include "io.h"
 #include "key.h"
 #include "log.h"
 #include "recipe.h"
@@ -85,6 +86,13 @@ static void mark_verified(struct kc_cache *c, const struct stat *st)
 }
 
 /* The entry's path relative to the backing root, for log lines. */
+/* The basename of the entry directory from its label. */
+static const char *entry_base(const char *label)
+{
+	const char *slash = strrchr(label, '/');
+	return slash ? slash + 1 : label;
+}
+
 static void entry_label(struct kc_cache *c, int entry_fd, char *buf, size_t len)
 {
 	char link[32], path[4096];
@@ -567,6 +575,18 @@ int kc_cache_lookup_cubin(struct kc_cache *c, int entry_fd, struct kc_waiter *w,
 			kc_log(KC_LOG_WARN, "%s: cannot read recipe: %s", label, strerror(-err));
 			return -EIO;
 		}
+		if (c->cfg->verify_keys) { /* also what came in by a directory rename */
+			char why[400];
+			entry_label(c, entry_fd, label, sizeof(label));
+			if (kc_key_names(entry_base(label), j->recipe.source, j->recipe.source_len,
+					 j->recipe.flags, j->recipe.flags_len, why, sizeof(why)) != 1) {
+				kc_log(KC_LOG_WARN, "%s: not compiled: %s", label, why);
+				kc_recipe_free(&j->recipe);
+				free(j);
+				atomic_fetch_add(&c->stats.rejected_lookups, 1);
+				return -EIO;
+			}
+		}
 		struct kc_flight_key key = {est.st_dev, est.st_ino};
 		if (kc_store_is_rejected(entry_fd, j->recipe.hash) ||
 		    held_off(c, &key, j->recipe.hash)) {
@@ -610,6 +630,56 @@ int kc_cache_lookup_cubin(struct kc_cache *c, int entry_fd, struct kc_waiter *w,
 		return KC_PENDING;
 	}
 	return -EIO;
+}
+
+/* The contents of dir/name (malloc'd, *len bytes; NULL with *len 0 when absent). Returns 0
+ * or -errno. */
+static int read_small(int dir, const char *name, size_t max, char **out, size_t *len)
+{
+	*out = NULL;
+	*len = 0;
+	int fd = openat(dir, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+	if (fd < 0)
+		return errno == ENOENT ? 0 : -errno;
+	int err = kc_read_all(fd, max, out, len);
+	close(fd);
+	return err;
+}
+
+/* -o verify_keys, under publish_lock before role's file is committed: with its partner
+ * (kernel.cu for kernel.flags, and the reverse) staged, the pair must be what the entry's
+ * name says (key.h), else -EINVAL and kernel.log says why. Alone, it is not verified yet,
+ * and replaces a lone file of other bytes (EEXIST would let anyone hold a name with a
+ * source no key could ever match). Returns 0 or -errno. */
+static int verify_stage(struct kc_cache *c, enum kc_role role, int src_dir, const char *src_name,
+			int entry_fd, const char *label)
+{
+	const char *mine = role == KC_ROLE_SOURCE ? KC_SOURCE_NAME : KC_FLAGS_NAME;
+	const char *other = role == KC_ROLE_SOURCE ? KC_FLAGS_NAME : KC_SOURCE_NAME;
+	size_t max = c->cfg->max_source_size, nlen = 0, plen = 0;
+	char *next = NULL, *partner = NULL, why[400];
+	int err = read_small(src_dir, src_name, max, &next, &nlen);
+	if (!err)
+		err = read_small(entry_fd, other, max, &partner, &plen);
+	if (!err && partner) {
+		int ok = role == KC_ROLE_SOURCE
+				 ? kc_key_names(entry_base(label), next, nlen, partner, plen, why, sizeof(why))
+				 : kc_key_names(entry_base(label), partner, plen, next, nlen, why, sizeof(why));
+		if (ok == 0) {
+			char head[600];
+			snprintf(head, sizeof(head), "kcachefs: %s refused: %s\n", mine, why);
+			write_log(c, entry_fd, head, NULL, 0);
+			kc_log(KC_LOG_WARN, "%s: %s refused: %s", label, mine, why);
+			err = -EINVAL;
+		} else if (ok < 0) {
+			err = ok;
+		}
+	} else if (!err) {
+		unlinkat(entry_fd, mine, 0); /* a lone, unverified file gives way */
+	}
+	free(next);
+	free(partner);
+	return err;
 }
 
 /* A cubin a client published is not the compile of any recipe, and a recipe's cubin is the
@@ -695,6 +765,8 @@ int kc_cache_stage(struct kc_cache *c, enum kc_role role, int src_dir, const cha
 		int meet = recipe_meets_client_cubin(role, entry_fd, label);
 		if (meet == 1)
 			unlinkat(src_dir, src_name, 0);
+		if (!meet && c->cfg->verify_keys && role != KC_ROLE_CUBIN)
+			meet = verify_stage(c, role, src_dir, src_name, entry_fd, label);
 		err = meet ? meet : kc_store_commit(src_dir, src_name, entry_fd, names[role]);
 		pthread_mutex_unlock(&c->publish_lock);
 		if (meet) {

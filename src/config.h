@@ -22,6 +22,7 @@ struct kc_config {
 	unsigned jobs;         /* concurrent compiles; 0: number of online CPUs */
 	unsigned compile_timeout; /* seconds; 0: KC_DEFAULT_COMPILE_TIMEOUT */
 	int autocompile;       /* compile entries that have kernel.cu but no kernel.flags */
+	int verify_keys;       /* an entry's <hash> must be its recipe's key (key.h) */
 	size_t max_source_size; /* bytes of kernel.cu / kernel.flags accepted */
 	char *nvrtc;           /* the kcachefs-nvrtc backend (NVRTC in its own process), found
 				* next to the daemon; NULL when this build has none */

@@ -1,6 +1,10 @@
 /* key.c - see key.h */
 #include "key.h"
 
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
 int kc_key_compute(const void *source, size_t source_len, const void *flags, size_t flags_len,
 		   char hex[KC_SHA256_HEXLEN + 1])
 {
@@ -13,5 +17,22 @@ int kc_key_compute(const void *source, size_t source_len, const void *flags, siz
 	kc_sha256_field(&h, source, source_len);
 	kc_sha256_field(&h, flags, flags_len);
 	kc_sha256_final(&h, hex);
+	return 0;
+}
+
+int kc_key_names(const char *entry_name, const void *source, size_t source_len,
+		 const void *flags, size_t flags_len, char *why, size_t whylen)
+{
+	char key[KC_SHA256_HEXLEN + 1];
+	const char *dot = strrchr(entry_name, '.');
+	const char *hash = dot ? dot + 1 : "";
+	size_t n = strlen(hash);
+	if (kc_key_compute(source, source_len, flags, flags_len, key) != 0)
+		return -ENOMEM;
+	if (n >= 16 && n <= KC_SHA256_HEXLEN && strncmp(key, hash, n) == 0)
+		return 1;
+	snprintf(why, whylen, "the key of kernel.cu and kernel.flags is %.*s, not the entry's "
+		 "%.64s%s (-o verify_keys; see src/key.h)", (int)(n >= 16 && n <= 64 ? n : 64),
+		 key, hash, n > 64 ? "...: longer than a SHA-256" : "");
 	return 0;
 }

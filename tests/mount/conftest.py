@@ -3,6 +3,9 @@ own test suite does, and always unmount, also when a test fails. The library the
 kcmount.py (no pytest in it), re-exported here for the tests.
 """
 import os
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -48,3 +51,26 @@ def counting_nvcc(tmp_path):
         return len([l for l in log.read_text().splitlines() if l.strip()])
 
     return make, calls
+
+
+@pytest.fixture
+def public_mount_factory():
+    """Like mount_factory, but under a directory every user can traverse (pytest's own
+    temp directory is private to root), for tests that run a second user."""
+    root = Path(tempfile.mkdtemp(prefix="kcachefs-public-"))
+    os.chmod(root, 0o755)
+    mounts = []
+
+    def make(options=()):
+        d = root / str(len(mounts))
+        d.mkdir()
+        mounts.append(Mount(d, options).start())
+        return mounts[-1]
+
+    try:
+        yield make
+    finally:
+        for m in mounts:
+            m.stop()
+        assert not any(os.path.ismount(m.mnt) for m in mounts), "mount left behind"
+        shutil.rmtree(root)

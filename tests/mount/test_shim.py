@@ -286,29 +286,6 @@ def test_a_planted_client_cubin_is_never_served(mount_factory, tmp_path):
     assert other != saxpy
 
 
-@pytest.fixture
-def public_mount_factory():
-    """Like mount_factory, but under a directory every user can traverse (pytest's own
-    temp directory is private to root), for tests that run a second user."""
-    root = Path(tempfile.mkdtemp(prefix="kcachefs-public-"))
-    os.chmod(root, 0o755)
-    mounts = []
-
-    def make(options=()):
-        d = root / str(len(mounts))
-        d.mkdir()
-        mounts.append(Mount(d, options).start())
-        return mounts[-1]
-
-    try:
-        yield make
-    finally:
-        for m in mounts:
-            m.stop()
-        assert not any(os.path.ismount(m.mnt) for m in mounts), "mount left behind"
-        shutil.rmtree(root)
-
-
 def as_nobody(args):
     return subprocess.run([str(a) for a in args], capture_output=True, text=True, cwd="/",
                           preexec_fn=lambda: (os.setgid(65534), os.setuid(65534)))

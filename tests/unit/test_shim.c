@@ -228,6 +228,29 @@ static void test_fingerprint_and_flags_file(void)
 	CHECK(kc_key_compute("s", 1, "rc", 2, k1) == 0 && kc_key_compute("sr", 2, "c", 1, k2) == 0 &&
 		      strcmp(k1, k2) != 0,
 	      "key: the boundary between source and flags counts");
+	/* -o verify_keys: the name's <hash> is a prefix (16 to 64 digits) of the key */
+	static const struct {
+		int digits;        /* of the key in the name; 66: the key and "00" */
+		const char *source;
+		int want;
+		const char *what;
+	} names[] = {
+		{16, "src", 1, "verify_keys: a 16-digit prefix of the key names the recipe"},
+		{64, "src", 1, "verify_keys: the whole key names it"},
+		{64, "src!", 0, "verify_keys: another source does not match"},
+		{66, "src", 0, "verify_keys: a hash longer than a SHA-256 never matches"},
+		{15, "src", 0, "verify_keys: a prefix shorter than 16 digits never matches"},
+	};
+	char name[160], nwhy[400];
+	kc_key_compute("src", 3, "-O3\n", 4, k1);
+	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+		snprintf(name, sizeof(name), "kernel.k.%.*s%s", names[i].digits > 64 ? 64 : names[i].digits,
+			 k1, names[i].digits > 64 ? "00" : "");
+		nwhy[0] = '\0';
+		int got = kc_key_names(name, names[i].source, strlen(names[i].source), "-O3\n", 4,
+				       nwhy, sizeof(nwhy));
+		CHECK(got == names[i].want && (got || strstr(nwhy, "verify_keys")), names[i].what);
+	}
 	free(flags);
 	kc_shim_call_free(&c);
 

@@ -1,0 +1,192 @@
+"""Shared nodes (README, "the threat model"): two real Unix users on an allow_other mount, the
+permissions the kernel checks (default_permissions), what nobody can change, and
+-o verify_keys against a poisoned pre-stage."""
+import errno
+import hashlib
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import KERNELS, SHIM, sample
+
+
+def key_of(source, flags):
+    """The key of src/key.h: SHA-256 over "kcachefs-key-v1\\n", then each file as a field
+    (its decimal length, '\\n', the bytes, '\\n')."""
+    h = hashlib.sha256(b"kcachefs-key-v1\n")
+    for part in (source, flags):
+        h.update(b"%d\n" % len(part) + part + b"\n")
+    return h.hexdigest()
+
+
+@pytest.fixture
+def two_users():
+    """Two throwaway system users (alice, bob), removed afterwards: [(uid, gid), ...]."""
+    names = ["kcfs-alice-%d" % os.getpid(), "kcfs-bob-%d" % os.getpid()]
+    users = []
+    try:
+        for n in names:
+            subprocess.run(["useradd", "--system", "--no-create-home", "--shell",
+                            "/usr/sbin/nologin", n], check=True, capture_output=True)
+            ids = subprocess.run(["id", "-u", n], capture_output=True, text=True).stdout
+            gid = subprocess.run(["id", "-g", n], capture_output=True, text=True).stdout
+            users.append((int(ids), int(gid)))
+        yield users
+    finally:
+        for n in names:
+            subprocess.run(["userdel", n], capture_output=True)
+
+
+def as_user(user, code, *args):
+    """Run Python code as user; returns its stdout (code prints results)."""
+    uid, gid = user
+    r = subprocess.run([sys.executable, "-c", code, *map(str, args)], user=uid, group=gid,
+                       extra_groups=[], cwd="/", capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.split()
+
+
+# Try an operation; print "ok" or the errno name.
+TRY = """
+import errno, os, sys
+def attempt(fn):
+    try:
+        fn()
+        print("ok")
+    except OSError as e:
+        print(errno.errorcode[e.errno])
+"""
+
+
+def stage_as(user, entry, source, flags):
+    code = TRY + """
+entry, src, flags = sys.argv[1], sys.argv[2], sys.argv[3]
+attempt(lambda: os.mkdir(entry))
+def put(name, path):
+    with open(path, "rb") as f:
+        data = f.read()
+    with open(os.path.join(entry, name), "wb") as f:
+        f.write(data)
+attempt(lambda: put("kernel.cu", src))
+attempt(lambda: put("kernel.flags", flags))
+"""
+    return as_user(user, code, entry, source, flags)
+
+
+def test_two_users_permissions_and_what_nobody_can_change(public_mount_factory, two_users):
+    alice, bob = two_users
+    m = public_mount_factory(["allow_other"])
+    shared = m.mnt / "cache"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)  # like /tmp
+    src, flags = sample("vector_add")
+    files = m.root / "in"  # readable by the other users (pytest's tmp_path is not)
+    files.mkdir()
+    os.chmod(files, 0o755)
+    (files / "k.cu").write_bytes(src)
+    (files / "k.flags").write_bytes(flags)
+    entry = shared / ("kernel.vector_add.%s" % key_of(src, flags)[:32])
+    assert stage_as(alice, entry, files / "k.cu", files / "k.flags") == ["ok"] * 3
+    assert os.stat(entry).st_uid == alice[0]
+    assert os.stat(entry / "kernel.cu").st_uid == alice[0]
+    cubin = (entry / "kernel.cubin").read_bytes()
+    assert cubin[:4] == b"\x7fELF" and os.stat(entry / "kernel.cubin").st_mode & 0o777 == 0o444
+
+    code = TRY + """
+entry = sys.argv[1]
+attempt(lambda: open(os.path.join(entry, "kernel.cubin"), "rb").read())   # read: ok
+attempt(lambda: open(os.path.join(entry, "kernel.cu"), "r+b"))             # write
+attempt(lambda: os.unlink(os.path.join(entry, "kernel.cu")))               # delete
+attempt(lambda: open(os.path.join(entry, "extra"), "wb"))                  # add
+attempt(lambda: os.rename(entry, entry + ".x"))                            # sticky dir
+attempt(lambda: os.rmdir(entry))
+attempt(lambda: os.chmod(entry, 0o777))
+"""
+    assert as_user(bob, code, entry) == ["ok", "EACCES", "EACCES", "EACCES", "EPERM",
+                                         "EPERM", "EPERM"]
+    # What nobody changes, root included: the published cubin and the staged source.
+    for flagset in (os.O_WRONLY, os.O_RDWR | os.O_TRUNC):
+        with pytest.raises(OSError) as e:
+            os.open(entry / "kernel.cubin", flagset)
+        assert e.value.errno == errno.EPERM
+    with pytest.raises(OSError) as e:
+        with open(entry / "kernel.cu", "wb") as f:
+            f.write(b"// root's other source\n")
+    assert e.value.errno == errno.EEXIST
+    assert (entry / "kernel.cu").read_bytes() == src
+    assert (entry / "kernel.cubin").read_bytes() == cubin
+    # Alice may do what Bob may not.
+    code = TRY + """
+entry = sys.argv[1]
+attempt(lambda: os.unlink(os.path.join(entry, "kernel.flags")))
+"""
+    assert as_user(alice, code, entry) == ["ok"]
+
+
+def test_verify_keys_refuses_a_poisoned_prestage(public_mount_factory, two_users):
+    alice, bob = two_users
+    honest_src, flags = sample("vector_add")
+    poison = (KERNELS / "saxpy.cu").read_bytes()
+    key = key_of(honest_src, flags)
+    plain = public_mount_factory(["allow_other"])
+    files = plain.root / "in"  # readable by the other users (pytest's tmp_path is not)
+    files.mkdir()
+    os.chmod(files, 0o755)
+    for name, data in (("honest.cu", honest_src), ("poison.cu", poison), ("k.flags", flags)):
+        (files / name).write_bytes(data)
+
+    # Without verify_keys the attack works: a poisoned recipe renamed in under the name an
+    # honest client will compute is compiled and served.
+    for m, refused in ((plain, False),
+                       (public_mount_factory(["allow_other", "verify_keys"]), True)):
+        shared = m.mnt / "cache"
+        shared.mkdir()
+        os.chmod(shared, 0o1777)
+        entry = shared / ("kernel.vector_add." + key[:40])
+        code = TRY + """
+shared, entry, poison, flags = sys.argv[1:5]
+tmp = os.path.join(shared, "tmp-bob")
+os.mkdir(tmp)
+for name, path in (("kernel.cu", poison), ("kernel.flags", flags)):
+    with open(path, "rb") as f, open(os.path.join(tmp, name), "wb") as out:
+        out.write(f.read())
+attempt(lambda: os.rename(tmp, entry))
+attempt(lambda: open(os.path.join(entry, "kernel.cubin"), "rb").read())
+"""
+        out = as_user(bob, code, shared, entry, files / "poison.cu", files / "k.flags")
+        assert out == (["ok", "EIO"] if refused else ["ok", "ok"]), out
+        if refused:
+            assert "not compiled: the key of kernel.cu and kernel.flags" in m.daemon_log()
+            assert m.stats()["compiles_total"] == 0
+
+    # Staging the pair file by file: the second file is refused, and a lone file gives way.
+    m = public_mount_factory(["allow_other", "verify_keys"])
+    (m.mnt / "cache").mkdir()
+    os.chmod(m.mnt / "cache", 0o1777)
+    entry = m.mnt / "cache" / ("kernel.vector_add." + key[:16])
+    assert stage_as(alice, entry, files / "poison.cu", files / "k.flags") == ["ok", "ok", "EINVAL"]
+    assert "kernel.flags refused: the key of" in (entry / "kernel.log").read_text()
+    assert not os.path.exists(entry / "kernel.flags")
+    assert stage_as(alice, entry, files / "honest.cu", files / "k.flags") == ["EEXIST", "ok", "ok"]
+    assert (entry / "kernel.cu").read_bytes() == honest_src
+    assert b"vector_add" in (entry / "kernel.cubin").read_bytes()
+    # A hash longer than a SHA-256 can never be a key.
+    long_entry = m.mnt / "cache" / ("kernel.vector_add." + key + "00")
+    assert stage_as(alice, long_entry, files / "honest.cu", files / "k.flags") == ["ok", "ok",
+                                                                                    "EINVAL"]
+
+
+def test_the_shims_entries_satisfy_verify_keys(mount_factory, tmp_path):
+    m = mount_factory(["verify_keys"])
+    (tmp_path / "src").mkdir()
+    src = tmp_path / "src" / "k.cu"  # alone in its directory, as the shim wants
+    src.write_bytes((KERNELS / "vector_add.cu").read_bytes())
+    out = m.mnt / "out"
+    out.mkdir()
+    r = subprocess.run([str(SHIM), str(src), "-cubin", "-o", str(out / "k.cubin"), "-O3",
+                        "-arch=sm_90a"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert m.stats()["compiles_total"] == 1, "the mount compiled it, not nvcc"
+    assert "refused" not in m.daemon_log() and "not compiled" not in m.daemon_log()
