@@ -14,6 +14,10 @@ import pytest
     ("kernel.gémm.0123456789abcdef", "UTF-8 in the name"),
     ("kernel.gemm.0123456789abcdeg", "not hex"),
     ("kernel.", "nothing after the prefix"),
+    ("kernel.ge\nmm.0123456789abcdef", "a newline in the name"),
+    ("kernel.gemm\x01.0123456789abcdef", "a control character in the name"),
+    ("kernel.gemm.0123456789abcdef\x7f", "DEL after the hash"),
+    ("kernel.gemm.0123456789abcdef ", "a blank after the hash"),
 ])
 def test_bad_entry_names_are_einval(mount_factory, name, why):
     m = mount_factory()
@@ -41,6 +45,17 @@ def test_other_names(mount_factory):
     assert os.listdir(m.mnt / entry) == ["kernel.cu"]
     os.mkdir(m.mnt / "données-ü-日本")
     assert "données-ü-日本" in os.listdir(m.mnt)
+    # Outside entries any byte but '/' and NUL is a name, as on the backing filesystem.
+    odd = "tab\tnew\nline\x01\x7f"
+    os.mkdir(m.mnt / odd)
+    assert odd in os.listdir(m.mnt) and (m.backing / odd).is_dir()
+    os.mkdir(m.mnt / ("y" * 255))
+    with pytest.raises(OSError) as e:
+        os.mkdir(m.mnt / ".")
+    assert e.value.errno == errno.EEXIST
+    # .kcachefs is reserved at the root only; below it, it is a name like any other.
+    os.mkdir(m.mnt / odd / ".kcachefs")
+    assert (m.backing / odd / ".kcachefs").is_dir()
     with pytest.raises(OSError) as e:
         os.mkdir(m.mnt / "..")
     assert e.value.errno == errno.EEXIST
