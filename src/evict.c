@@ -104,6 +104,9 @@ static struct file_handle *handle_of(int dfd)
 		if (name_to_handle_at(dfd, "", h, &mount_id, AT_EMPTY_PATH) != 0) {
 			free(h);
 			h = NULL;
+		} else { /* 8 bytes on ext4: keep what it needs, not MAX_HANDLE_SZ */
+			struct file_handle *fit = realloc(h, sizeof(*h) + h->handle_bytes);
+			h = fit ? fit : h;
 		}
 	}
 	return h;
