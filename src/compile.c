@@ -24,6 +24,7 @@
 #include "log.h"
 
 #define LOG_MAX (1u << 20)
+#define LOG_TAIL (64u << 10) /* of a cut output, the end kept */
 #define MAX_RUNNING 256
 #ifndef EM_CUDA
 #define EM_CUDA 190
@@ -82,18 +83,30 @@ static void read_log(int dirfd, struct kc_compile_outcome *out)
 	struct stat st;
 	char note[128];
 	out->log = malloc(LOG_MAX + sizeof(note));
-	if (out->log) {
-		ssize_t n = pread(fd, out->log, LOG_MAX, 0);
+	if (out->log && fstat(fd, &st) == 0) {
+		int cut = (size_t)st.st_size > LOG_MAX;
+		/* Cut in the middle: the head, and the last LOG_TAIL bytes, where compilers put
+		 * their summary (the errors after pages of warnings that echo a source line). */
+		size_t head = cut ? LOG_MAX - LOG_TAIL : LOG_MAX;
+		ssize_t n = pread(fd, out->log, head, 0);
 		out->log_len = n > 0 ? (size_t)n : 0;
-		if (fstat(fd, &st) == 0 && (size_t)st.st_size > out->log_len) {
-			/* cut at the last whole line, and say so */
+		if (cut) {
 			char *nl = memrchr(out->log, '\n', out->log_len);
 			out->log_len = nl ? (size_t)(nl - out->log + 1) : out->log_len;
+			char *tail = malloc(LOG_TAIL);
+			ssize_t t = tail ? pread(fd, tail, LOG_TAIL, st.st_size - LOG_TAIL) : -1;
+			char *start = t > 0 ? memchr(tail, '\n', (size_t)t) : NULL;
+			size_t tl = start ? (size_t)(tail + t - start - 1) : 0;
 			int m = snprintf(note, sizeof(note),
-					 "[kcachefs: the compiler's output is cut here; %lld bytes more]\n",
-					 (long long)st.st_size - (long long)out->log_len);
+					 "[kcachefs: %lld bytes of the compiler's output left out here]\n",
+					 (long long)st.st_size - (long long)(out->log_len + tl));
 			memcpy(out->log + out->log_len, note, (size_t)m);
 			out->log_len += (size_t)m;
+			if (tl) {
+				memcpy(out->log + out->log_len, start + 1, tl);
+				out->log_len += tl;
+			}
+			free(tail);
 		}
 		out->log[out->log_len] = '\0';
 	}
@@ -269,6 +282,12 @@ static int wait_compiler(pid_t pid, unsigned timeout_s, int *status)
 	return timed_out ? -ETIMEDOUT : 0;
 }
 
+/* Whether the compiler's output holds text, anywhere: it may echo NUL bytes of a source. */
+static int says(const struct kc_compile_outcome *out, const char *text)
+{
+	return out->log && memmem(out->log, out->log_len, text, strlen(text)) != NULL;
+}
+
 int kc_compile_run(const struct kc_compile_spec *spec, struct kc_compile_outcome *out)
 {
 	char src[4200], cubin[4200];
@@ -344,15 +363,12 @@ int kc_compile_run(const struct kc_compile_spec *spec, struct kc_compile_outcome
 		/* Rejected only when the compiler said why: an "error" in its output, with disk
 		 * space to spare. A full disk can also leave no log at all, and nvcc frees its
 		 * temporaries before it exits, so free space alone is not proof. */
-		int space = low_on_space(spec->scratch) ||
-			    (out->log && strstr(out->log, "No space left on device"));
+		int space = low_on_space(spec->scratch) || says(out, "No space left on device");
 		/* a tool of nvcc's killed (the OOM killer, a memory limit) is no verdict either:
 		 * gcc says "Killed signal terminated program cc1plus" */
-		int killed = out->log && (strstr(out->log, "signal terminated program") ||
-					  strstr(out->log, "std::bad_alloc") ||
-					  strstr(out->log, "out of memory") ||
-					  strstr(out->log, "Out of memory"));
-		int reported = out->log && strstr(out->log, "error");
+		int killed = says(out, "signal terminated program") || says(out, "std::bad_alloc") ||
+			     says(out, "out of memory") || says(out, "Out of memory");
+		int reported = says(out, "error");
 		snprintf(out->why, sizeof(out->why), "compiler exited with status %d%s",
 			 WEXITSTATUS(status),
 			 space ? " (out of disk space)"

@@ -35,8 +35,10 @@ struct kc_compile_spec {
 
 struct kc_compile_outcome {
 	enum kc_compile_status status;
-	char *log;      /* the compiler's stdout+stderr (at most 1 MiB: past that, cut at a line
-			 * with a note saying so), owned, NUL-terminated */
+	char *log;      /* the compiler's stdout+stderr, owned, NUL-terminated (it may also hold
+			 * NULs a compiler echoed from the source: use log_len); at most 1 MiB:
+			 * past that, the head and the last 64 KiB, at whole lines, with a note of
+			 * what was left out between */
 	size_t log_len;
 	double seconds; /* wall time of the compiler run */
 	int timed_out;  /* killed at timeout_s */

@@ -190,3 +190,29 @@ def test_the_shims_entries_satisfy_verify_keys(mount_factory, tmp_path):
     assert r.returncode == 0 and r.stderr == "", r.stderr
     assert m.stats()["compiles_total"] == 1, "the mount compiled it, not nvcc"
     assert "refused" not in m.daemon_log() and "not compiled" not in m.daemon_log()
+
+
+def test_hostile_input_is_a_compile_error_not_a_crash(mount_factory):
+    """Binary garbage, a NUL byte and a source over max_source_size: errors with reasons,
+    and the daemon keeps serving."""
+    m = mount_factory(["max_source_size=4096"])
+    garbage = hashlib.sha256(b"seed").digest() * 100  # 3200 bytes, NULs and all
+    src, flags = sample("vector_add")
+    for i, source in enumerate((garbage, b"__global__ void k() {}\0 trailing\n")):
+        e = m.mnt / ("kernel.junk%d.%032x" % (i, i))
+        e.mkdir()
+        (e / "kernel.cu").write_bytes(source)
+        (e / "kernel.flags").write_bytes(flags)
+        with pytest.raises(OSError) as err:
+            (e / "kernel.cubin").read_bytes()
+        assert err.value.errno == errno.EIO
+        assert "rejected" in (e / "kernel.log").read_text(errors="replace")
+    big = m.mnt / ("kernel.big.%032x" % 9)
+    big.mkdir()
+    with pytest.raises(OSError) as err:
+        (big / "kernel.cu").write_bytes(b"// x\n" * 1000)
+    assert err.value.errno == errno.EFBIG
+    assert not (big / "kernel.cu").exists()
+    good = m.stage("vector_add", src, flags)
+    assert (good / "kernel.cubin").read_bytes()[:4] == b"\x7fELF"
+    assert m.proc.poll() is None
