@@ -320,6 +320,12 @@ static void kc_symlink(fuse_req_t req, const char *link, fuse_ino_t parent_ino, 
 
 	if (reserved(fs, parent, name) || staged_name(parent, name))
 		return (void)fuse_reply_err(req, EPERM);
+	if (kc_name_classify(name, NULL) != KC_NAME_PLAIN) {
+		/* A link named like an entry would lead clients out of the mount's control. */
+		kc_log(KC_LOG_WARN, "symlink '%s' refused: a name of the kernel.<name>.<hash> form "
+		       "is for entry directories", name);
+		return (void)fuse_reply_err(req, EINVAL);
+	}
 	if (symlinkat(link, parent->fd, name) != 0)
 		return (void)fuse_reply_err(req, errno);
 	own_by_caller(req, parent->fd, name, AT_SYMLINK_NOFOLLOW);
@@ -452,6 +458,10 @@ static void kc_rename(fuse_req_t req, fuse_ino_t parent_ino, const char *name,
 			err = kc_stage_result(fs, kc_cache_stage(&fs->cache, role, parent->fd, name,
 							newparent->fd),
 				     newparent_ino, newname);
+	} else if (S_ISLNK(st.st_mode) && kc_name_classify(newname, NULL) != KC_NAME_PLAIN) {
+		kc_log(KC_LOG_WARN, "rename of a symlink to '%s' refused: a name of the "
+		       "kernel.<name>.<hash> form is for entry directories", newname);
+		err = -EINVAL;
 	} else if (S_ISDIR(st.st_mode) &&
 		   kc_name_classify(newname, &why) == KC_NAME_BAD_ENTRY) {
 		kc_log(KC_LOG_WARN, "rename to '%s' refused: not a valid kernel entry name (%s)",
@@ -522,6 +532,17 @@ static void open_cubin(fuse_req_t req, struct kc_inode *in, int fd, struct fuse_
 	if (err) { /* check again with the entry at hand, so that a bad cubin is dealt with */
 		entry_fd = kc_inode_entry_fd(&fs->inodes, in, &role);
 		err = kc_cache_verify_open(&fs->cache, fd, entry_fd);
+	}
+	if (!err && fs->cfg.verify_keys) { /* the entry's name, now, must say what this is */
+		if (entry_fd < 0)
+			entry_fd = kc_inode_entry_fd(&fs->inodes, in, &role);
+		int v = kc_cache_verify_name(&fs->cache, fd, entry_fd, fuse_req_ctx(req)->uid);
+		if (v) {
+			close(fd);
+			if (entry_fd >= 0)
+				close(entry_fd);
+			return (void)fuse_reply_err(req, -v);
+		}
 	}
 	struct kc_fh *fh = err ? NULL : kc_fh_new(FH_PLAIN, fd);
 

@@ -8,7 +8,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <limits.h>
 #include <sys/stat.h>
+#include <sys/xattr.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -86,11 +88,22 @@ static void mark_verified(struct kc_cache *c, const struct stat *st)
 }
 
 /* The entry's path relative to the backing root, for log lines. */
-/* The basename of the entry directory from its label. */
-static const char *entry_base(const char *label)
+/* The name of the entry directory behind entry_fd, whole (a label is cut for logs).
+ * Returns 0, or -ENAMETOOLONG when the kernel cannot give its path. */
+static int entry_name_of(int entry_fd, char name[256])
 {
-	const char *slash = strrchr(label, '/');
-	return slash ? slash + 1 : label;
+	char link[32], path[PATH_MAX + 1];
+	kc_fd_path(entry_fd, link);
+	ssize_t n = readlink(link, path, sizeof(path));
+	if (n <= 0 || (size_t)n >= sizeof(path))
+		return -ENAMETOOLONG;
+	path[n] = '\0';
+	const char *slash = strrchr(path, '/');
+	const char *base = slash ? slash + 1 : path;
+	if (strlen(base) > 255)
+		return -ENAMETOOLONG;
+	memcpy(name, base, strlen(base) + 1);
+	return 0;
 }
 
 static void entry_label(struct kc_cache *c, int entry_fd, char *buf, size_t len)
@@ -156,9 +169,15 @@ static const char *cubin_problem(struct kc_cache *c, int fd, const struct stat *
 	uint64_t size = 0;
 
 	int err = kc_record_read(fd, rec);
-	if (err == -ENODATA) { /* placed by a client outside the mount's staging: as is */
+	if (err == -ENODATA) { /* placed outside the mount's staging (a directory renamed in) */
+		static __thread char why[300];
+		char what[256];
 		rec->origin = KC_ORIGIN_CLIENT;
 		rec->recipe[0] = '\0';
+		if (kc_cubin_check(fd, what, sizeof(what)) != 0) { /* as staging would refuse */
+			snprintf(why, sizeof(why), "it has no record and %s", what);
+			return why;
+		}
 		mark_verified(c, st);
 		return NULL;
 	}
@@ -270,6 +289,35 @@ int kc_cache_verify_open(struct kc_cache *c, int fd, int entry_fd)
 	if (entry_fd >= 0)
 		cubin_bad(c, entry_fd, &st, bad);
 	return -EIO;
+}
+
+int kc_cache_verify_name(struct kc_cache *c, int fd, int entry_fd, uid_t reader)
+{
+	char key[KC_SHA256_HEXLEN + 1], name[256], link[32], label[512];
+	struct stat st;
+	if (!c->cfg->verify_keys)
+		return 0;
+	if (entry_fd < 0 || entry_name_of(entry_fd, name) != 0 || fstat(fd, &st) != 0)
+		return -EIO;
+	kc_fd_path(fd, link);
+	ssize_t n = getxattr(link, KC_KEY_XATTR, key, KC_SHA256_HEXLEN);
+	if (n == KC_SHA256_HEXLEN) {
+		key[n] = '\0';
+		if (kc_key_hash_matches(name, key))
+			return 0;
+		entry_label(c, entry_fd, label, sizeof(label));
+		kc_log(KC_LOG_WARN, "%s: kernel.cubin refused: compiled from a recipe of key %.64s, "
+		       "which the entry's name does not give (-o verify_keys; was the entry renamed?)",
+		       label, key);
+		return -EIO;
+	}
+	/* A client's cubin: no recipe says what it is. Its owner trusts it; nobody else. */
+	if (reader == 0 ? st.st_uid == 0 : reader == st.st_uid)
+		return 0;
+	entry_label(c, entry_fd, label, sizeof(label));
+	kc_log(KC_LOG_INFO, "%s: a client's kernel.cubin is served to its owner only "
+	       "(-o verify_keys): uid %u asked", label, (unsigned)reader);
+	return -EACCES;
 }
 
 /* Passing failures are held off briefly: the kernel queues concurrent lookups of one name
@@ -576,10 +624,13 @@ int kc_cache_lookup_cubin(struct kc_cache *c, int entry_fd, struct kc_waiter *w,
 			return -EIO;
 		}
 		if (c->cfg->verify_keys) { /* also what came in by a directory rename */
-			char why[400];
+			char why[400], name[256];
 			entry_label(c, entry_fd, label, sizeof(label));
-			if (kc_key_names(entry_base(label), j->recipe.source, j->recipe.source_len,
-					 j->recipe.flags, j->recipe.flags_len, why, sizeof(why)) != 1) {
+			if (entry_name_of(entry_fd, name) != 0)
+				snprintf(why, sizeof(why), "its path is too long to check its key");
+			if (entry_name_of(entry_fd, name) != 0 ||
+			    kc_key_names(name, j->recipe.source, j->recipe.source_len, j->recipe.flags,
+					 j->recipe.flags_len, why, sizeof(why)) != 1) {
 				kc_log(KC_LOG_WARN, "%s: not compiled: %s", label, why);
 				kc_recipe_free(&j->recipe);
 				free(j);
@@ -657,14 +708,18 @@ static int verify_stage(struct kc_cache *c, enum kc_role role, int src_dir, cons
 	const char *mine = role == KC_ROLE_SOURCE ? KC_SOURCE_NAME : KC_FLAGS_NAME;
 	const char *other = role == KC_ROLE_SOURCE ? KC_FLAGS_NAME : KC_SOURCE_NAME;
 	size_t max = c->cfg->max_source_size, nlen = 0, plen = 0;
-	char *next = NULL, *partner = NULL, why[400];
+	char *next = NULL, *partner = NULL, why[400], name[256];
+	if (entry_name_of(entry_fd, name) != 0) {
+		kc_log(KC_LOG_WARN, "%s: %s refused: its path is too long to check its key", label, mine);
+		return -EINVAL;
+	}
 	int err = read_small(src_dir, src_name, max, &next, &nlen);
 	if (!err)
 		err = read_small(entry_fd, other, max, &partner, &plen);
 	if (!err && partner) {
 		int ok = role == KC_ROLE_SOURCE
-				 ? kc_key_names(entry_base(label), next, nlen, partner, plen, why, sizeof(why))
-				 : kc_key_names(entry_base(label), partner, plen, next, nlen, why, sizeof(why));
+				 ? kc_key_names(name, next, nlen, partner, plen, why, sizeof(why))
+				 : kc_key_names(name, partner, plen, next, nlen, why, sizeof(why));
 		if (ok == 0) {
 			char head[600];
 			snprintf(head, sizeof(head), "kcachefs: %s refused: %s\n", mine, why);
@@ -730,6 +785,13 @@ int kc_cache_stage(struct kc_cache *c, enum kc_role role, int src_dir, const cha
 	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
 		close(fd);
 		return -EINVAL;
+	}
+	if (st.st_nlink > 1) { /* another name could change the staged bytes in place */
+		kc_log(KC_LOG_WARN, "%s: %s refused: the file has other hard links", label,
+		       names[role]);
+		close(fd);
+		atomic_fetch_add(&c->stats.stage_refusals, 1);
+		return -EPERM;
 	}
 	if (role != KC_ROLE_CUBIN && (size_t)st.st_size > c->cfg->max_source_size) {
 		kc_log(KC_LOG_WARN, "%s: %s refused: %lld bytes exceed max_source_size %zu", label,

@@ -68,6 +68,12 @@ uint64_t kc_cache_cubin_recipe_id(int fd);
  * the next lookup compiles it again (the caller invalidates the kernel's entry). */
 int kc_cache_verify_open(struct kc_cache *c, int fd, int entry_fd);
 
+/* -o verify_keys, at every open of a published cubin (fd) in its entry (entry_fd) by uid
+ * reader: a compiled cubin's recorded key must be what the entry's name gives, or -EIO (an
+ * entry renamed to another key); a client's cubin (no key) is served only to its owner, or
+ * -EACCES. Returns 0 when it may be served, or always 0 without verify_keys. */
+int kc_cache_verify_name(struct kc_cache *c, int fd, int entry_fd, uid_t reader);
+
 /* Results of kc_cache_stage besides 0 (src took the name): */
 #define KC_STAGE_KEPT 1          /* the stored file stayed (same bytes, or a cubin was already
 				  * published); src was removed */

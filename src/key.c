@@ -20,6 +20,14 @@ int kc_key_compute(const void *source, size_t source_len, const void *flags, siz
 	return 0;
 }
 
+int kc_key_hash_matches(const char *entry_name, const char *key)
+{
+	const char *dot = strrchr(entry_name, '.');
+	const char *hash = dot ? dot + 1 : "";
+	size_t n = strlen(hash);
+	return n >= 16 && n <= KC_SHA256_HEXLEN && strncmp(key, hash, n) == 0;
+}
+
 int kc_key_names(const char *entry_name, const void *source, size_t source_len,
 		 const void *flags, size_t flags_len, char *why, size_t whylen)
 {
@@ -29,7 +37,7 @@ int kc_key_names(const char *entry_name, const void *source, size_t source_len,
 	size_t n = strlen(hash);
 	if (kc_key_compute(source, source_len, flags, flags_len, key) != 0)
 		return -ENOMEM;
-	if (n >= 16 && n <= KC_SHA256_HEXLEN && strncmp(key, hash, n) == 0)
+	if (kc_key_hash_matches(entry_name, key))
 		return 1;
 	snprintf(why, whylen, "the key of kernel.cu and kernel.flags is %.*s, not the entry's "
 		 "%.64s%s (-o verify_keys; see src/key.h)", (int)(n >= 16 && n <= 64 ? n : 64),

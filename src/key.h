@@ -25,6 +25,10 @@
 int kc_key_compute(const void *source, size_t source_len, const void *flags, size_t flags_len,
 		   char hex[KC_SHA256_HEXLEN + 1]);
 
+/* Whether the <hash> of entry_name (kernel.<name>.<hash>) is a prefix of 16 to 64 digits of
+ * key (64 hex digits). */
+int kc_key_hash_matches(const char *entry_name, const char *key);
+
 /* -o verify_keys: whether the entry named entry_name (kernel.<name>.<hash>) may hold the
  * recipe (source, flags): its <hash> must be the first strlen(<hash>) digits of the key
  * (so at most 64; 16 to 64 lowercase hex). Returns 1 if it may, 0 if not (why says so),

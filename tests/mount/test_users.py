@@ -216,3 +216,85 @@ def test_hostile_input_is_a_compile_error_not_a_crash(mount_factory):
     good = m.stage("vector_add", src, flags)
     assert (good / "kernel.cubin").read_bytes()[:4] == b"\x7fELF"
     assert m.proc.poll() is None
+
+
+def test_verify_keys_holds_against_renames_links_and_client_cubins(public_mount_factory,
+                                                                    two_users):
+    """From a break-it round: an entry renamed (with its cubin) to another key's name, a
+    client's cubin beside a lone kernel.cu under autocompile, a symbolic link named like an
+    entry, a hard-linked file renamed onto kernel.cu, a non-ELF 'cubin' renamed in."""
+    honest, eve = two_users
+    src, flags = sample("vector_add")
+    evil = src.replace(b"a[i] + b[i]", b"a[i] - b[i] + 1337.0f")
+    assert evil != src
+    kh, ke = key_of(src, flags), key_of(evil, flags)
+    m = public_mount_factory(["allow_other", "verify_keys", "autocompile"])
+    os.chmod(m.mnt, 0o1777)
+    files = m.root / "in"
+    files.mkdir()
+    os.chmod(files, 0o755)
+    for name, data in (("src.cu", src), ("evil.cu", evil), ("k.flags", flags)):
+        (files / name).write_bytes(data)
+    # 1. Eve's own (valid) compile, renamed to the honest key's name: nobody is served it.
+    evil_entry = m.mnt / ("kernel.va." + ke[:32])
+    assert stage_as(eve, evil_entry, files / "evil.cu", files / "k.flags") == ["ok"] * 3
+    code = TRY + """
+import sys
+a, b = sys.argv[1], sys.argv[2]
+attempt(lambda: open(os.path.join(a, "kernel.cubin"), "rb").read())
+attempt(lambda: os.rename(a, b))
+attempt(lambda: open(os.path.join(b, "kernel.cubin"), "rb").read())
+"""
+    renamed = m.mnt / ("kernel.va." + kh[:32])
+    assert as_user(eve, code, evil_entry, renamed) == ["ok", "ok", "EIO"]
+    with pytest.raises(OSError) as e:
+        (renamed / "kernel.cubin").read_bytes()
+    assert e.value.errno == errno.EIO
+    assert "which the entry's name does not give" in m.daemon_log()
+    # 2. A client's cubin beside a lone kernel.cu (a recipe under autocompile): served to
+    #    its owner only.
+    lone = m.mnt / ("kernel.ac." + key_of(src, b"")[:32])
+    code = TRY + """
+import shutil, sys
+entry, src, cubin = sys.argv[1:4]
+os.mkdir(entry)
+os.chmod(entry, 0o777)
+shutil.copyfile(src, os.path.join(entry, "kernel.cu"))
+shutil.copyfile(cubin, os.path.join(entry, "x.bin"))
+attempt(lambda: os.rename(os.path.join(entry, "x.bin"), os.path.join(entry, "kernel.cubin")))
+attempt(lambda: open(os.path.join(entry, "kernel.cubin"), "rb").read())
+"""
+    cubin_file = files / "evil.cubin"
+    cubin_file.write_bytes((m.backing / renamed.name / "kernel.cubin").read_bytes())
+    assert as_user(eve, code, lone, files / "src.cu", cubin_file) == ["ok", "ok"]
+    code = TRY + """
+import sys
+attempt(lambda: open(sys.argv[1], "rb").read())
+"""
+    assert as_user(honest, code, lone / "kernel.cubin") == ["EACCES"]
+    # 3. A symbolic link named like an entry, made or renamed: refused.
+    code = TRY + """
+import sys
+d = sys.argv[1]
+attempt(lambda: os.symlink("/tmp", os.path.join(d, sys.argv[2])))
+os.symlink("/tmp", os.path.join(d, "plain-link"))
+attempt(lambda: os.rename(os.path.join(d, "plain-link"), os.path.join(d, sys.argv[2])))
+"""
+    assert as_user(eve, code, m.mnt, "kernel.sx." + kh[:32]) == ["EINVAL", "EINVAL"]
+    # 4. A file with another hard link cannot become a staged file by rename.
+    entry = m.mnt / ("kernel.hl." + kh[:32])
+    entry.mkdir()
+    (m.mnt / "a.cu").write_bytes(src)
+    os.link(m.mnt / "a.cu", m.mnt / "b.cu")
+    with pytest.raises(OSError) as e:
+        os.rename(m.mnt / "a.cu", entry / "kernel.cu")
+    assert e.value.errno == errno.EPERM
+    assert not (entry / "kernel.cu").exists()
+    # 5. A directory renamed in with a 'cubin' that is no CUDA ELF: never served.
+    plain = m.mnt / "plain"
+    plain.mkdir()
+    (plain / "kernel.cubin").write_bytes(b"not an elf at all")
+    os.rename(plain, m.mnt / ("kernel.ne." + kh[:32]))
+    with pytest.raises(OSError) as e:
+        (m.mnt / ("kernel.ne." + kh[:32]) / "kernel.cubin").read_bytes()
+    assert e.value.errno == errno.EIO
