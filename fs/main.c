@@ -29,7 +29,7 @@ struct kc_opts {
 	char *backing;
 	char *nvcc, *arch, *flags, *log_level, *compiler;
 	char *jobs, *compile_timeout, *max_source_size, *max_inodes; /* numbers, checked in main */
-	char *max_size, *max_entries;
+	char *max_size, *max_entries, *compile_user;
 	int autocompile, verify_keys;
 };
 
@@ -48,6 +48,7 @@ static const struct fuse_opt kc_opt_spec[] = {
 	OPT("log_level=%s", log_level),
 	OPT("autocompile", autocompile),
 	OPT("verify_keys", verify_keys),
+	OPT("compile_user=%s", compile_user),
 	FUSE_OPT_END,
 };
 
@@ -109,6 +110,8 @@ static void usage(const char *prog)
 	       "    -o jobs=N              concurrent compiles (default: online CPUs)\n"
 	       "    -o compile_timeout=S   kill a compile after S seconds (default %d)\n"
 	       "    -o autocompile         compile entries that have kernel.cu but no kernel.flags\n"
+	       "    -o compile_user=NAME   run compilers as NAME, e.g. nobody (default: as the\n"
+	       "                           daemon; give it on shared nodes)\n"
 	       "    -o verify_keys         an entry's <hash> must be the key of its kernel.cu and\n"
 	       "                           kernel.flags (src/key.h), or they are refused\n"
 	       "    -o max_source_size=B   largest kernel.cu/kernel.flags accepted (default %u)\n"
@@ -270,6 +273,8 @@ int main(int argc, char *argv[])
 	fs->cfg.compile_timeout = (unsigned)timeout;
 	fs->cfg.autocompile = o.autocompile;
 	fs->cfg.verify_keys = o.verify_keys;
+	fs->cfg.compile_user = o.compile_user;
+	o.compile_user = NULL;
 	fs->cfg.max_source_size = max_source;
 	o.nvcc = o.arch = o.flags = NULL;
 	if (kc_config_resolve(&fs->cfg, why, sizeof(why)) != 0) {
@@ -312,10 +317,11 @@ int main(int argc, char *argv[])
 		goto out_signals;
 	kc_notifier_note_connection(&fs->notifier, real_mnt);
 	kc_log(KC_LOG_INFO, "serving %s on %s: compiler %s, arch %s%s, jobs %u, timeout %u s, "
-	       "max_size %llu, max_entries %llu (0: no bound)", fs->store.root_path,
-	       cmd.mountpoint, fs->cfg.compiler_id, fs->cfg.arch,
+	       "max_size %llu, max_entries %llu (0: no bound), compiles run as uid %u",
+	       fs->store.root_path, cmd.mountpoint, fs->cfg.compiler_id, fs->cfg.arch,
 	       fs->cfg.arch_detected ? " (detected)" : "", fs->cfg.jobs, fs->cfg.compile_timeout,
-	       (unsigned long long)max_size, (unsigned long long)max_entries);
+	       (unsigned long long)max_size, (unsigned long long)max_entries,
+	       fs->cfg.setpriv ? fs->cfg.compile_uid : (unsigned)geteuid());
 	if (fuse_daemonize(cmd.foreground) != 0)
 		goto out_unmount;
 	if (!cmd.foreground)
@@ -384,6 +390,7 @@ out_args:
 	free(o.max_inodes);
 	free(o.max_size);
 	free(o.max_entries);
+	free(o.compile_user);
 	fuse_opt_free_args(&args);
 	return ret;
 }

@@ -507,7 +507,8 @@ static int run_compile(struct compile_job *j)
 	struct kc_compile_spec spec = {
 		.nvcc = compiler, .args = &args, .source = j->recipe.source,
 		.source_len = j->recipe.source_len, .scratch = scratch, .scratch_fd = scratch_fd,
-		.timeout_s = cfg->compile_timeout,
+		.timeout_s = cfg->compile_timeout, .setpriv = cfg->setpriv, .uid = cfg->compile_uid,
+		.gid = cfg->compile_gid,
 	};
 	if (kc_compile_run(&spec, &out) != 0) {
 		out.status = KC_COMPILE_TRANSIENT;

@@ -25,6 +25,7 @@
 
 #define LOG_MAX (1u << 20)
 #define LOG_TAIL (64u << 10) /* of a cut output, the end kept */
+#define KC_COMPILE_CWD "/proc/self/cwd" /* the scratch directory as the compiler sees it */
 #define MAX_RUNNING 256
 #ifndef EM_CUDA
 #define EM_CUDA 190
@@ -113,6 +114,32 @@ static void read_log(int dirfd, struct kc_compile_outcome *out)
 	close(fd);
 }
 
+/* The compiler saw its scratch directory as KC_COMPILE_CWD: say where it is. */
+static void log_with_scratch(struct kc_compile_outcome *out, const char *scratch)
+{
+	static const char cwd[] = KC_COMPILE_CWD;
+	char *buf = NULL;
+	size_t used = 0, pos = 0;
+	if (!out->log || !memmem(out->log, out->log_len, cwd, sizeof(cwd) - 1))
+		return;
+	FILE *f = open_memstream(&buf, &used);
+	if (!f)
+		return;
+	for (const char *m; (m = memmem(out->log + pos, out->log_len - pos, cwd, sizeof(cwd) - 1));) {
+		fwrite(out->log + pos, 1, (size_t)(m - out->log) - pos, f);
+		fputs(scratch, f);
+		pos = (size_t)(m - out->log) + sizeof(cwd) - 1;
+	}
+	fwrite(out->log + pos, 1, out->log_len - pos, f);
+	if (fclose(f) != 0) {
+		free(buf);
+		return;
+	}
+	free(out->log);
+	out->log = buf;
+	out->log_len = used;
+}
+
 int kc_cubin_check(int fd, char *why, size_t whylen)
 {
 	Elf64_Ehdr eh;
@@ -193,8 +220,9 @@ static pid_t spawn_compiler(const struct kc_compile_spec *spec, char *const argv
 
 	snprintf(env_path, sizeof(env_path), "PATH=%.*s:/usr/local/bin:/usr/bin:/bin",
 		 slash ? (int)(slash - spec->nvcc) : 0, spec->nvcc);
-	snprintf(env_tmp, sizeof(env_tmp), "TMPDIR=%s", spec->scratch);
-	snprintf(env_home, sizeof(env_home), "HOME=%s", home ? home : "/");
+	snprintf(env_tmp, sizeof(env_tmp), "TMPDIR=" KC_COMPILE_CWD);
+	snprintf(env_home, sizeof(env_home), "HOME=%s", spec->setpriv ? KC_COMPILE_CWD
+					 : home ? home : "/");
 	envp[ne++] = env_path;
 	envp[ne++] = env_tmp;
 	envp[ne++] = env_home;
@@ -219,7 +247,8 @@ static pid_t spawn_compiler(const struct kc_compile_spec *spec, char *const argv
 	posix_spawnattr_setpgroup(&attr, 0);
 	posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK |
 						POSIX_SPAWN_SETSIGDEF);
-	int err = posix_spawn(&pid, spec->nvcc, &fa, &attr, argv, envp);
+	int err = posix_spawn(&pid, spec->setpriv ? spec->setpriv : spec->nvcc, &fa, &attr, argv,
+			      envp);
 	posix_spawn_file_actions_destroy(&fa);
 	posix_spawnattr_destroy(&attr);
 	/* Compiles are background work: at a lower priority they leave the CPU to the daemon's
@@ -303,17 +332,31 @@ int kc_compile_run(const struct kc_compile_spec *spec, struct kc_compile_outcome
 		snprintf(out->why, sizeof(out->why), "daemon is shutting down");
 		return 0;
 	}
-	snprintf(src, sizeof(src), "%s/kernel.cu", spec->scratch);
-	snprintf(cubin, sizeof(cubin), "%s/kernel.cubin", spec->scratch);
+	snprintf(src, sizeof(src), KC_COMPILE_CWD "/kernel.cu");
+	snprintf(cubin, sizeof(cubin), KC_COMPILE_CWD "/kernel.cubin");
 
 	int fd = openat(spec->scratch_fd, "kernel.cu", O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC,
 			0600);
 	int err = fd < 0 ? -errno : kc_write_all(fd, spec->source, spec->source_len);
+	/* An unprivileged compiler owns its scratch directory and source, nothing else. */
+	if (!err && spec->setpriv &&
+	    (fchown(fd, spec->uid, spec->gid) != 0 || fchown(spec->scratch_fd, spec->uid, spec->gid) != 0))
+		err = -errno;
 	if (fd >= 0)
 		close(fd);
 	if (err) {
 		snprintf(out->why, sizeof(out->why), "cannot write scratch source: %s", strerror(-err));
 		return 0;
+	}
+	char reuid[32], regid[32];
+	snprintf(reuid, sizeof(reuid), "--reuid=%u", spec->uid);
+	snprintf(regid, sizeof(regid), "--regid=%u", spec->gid);
+	if (spec->setpriv &&
+	    (kc_argv_push(&argv, spec->setpriv) || kc_argv_push(&argv, reuid) ||
+	     kc_argv_push(&argv, regid) || kc_argv_push(&argv, "--clear-groups") ||
+	     kc_argv_push(&argv, "--no-new-privs") || kc_argv_push(&argv, "--"))) {
+		kc_argv_free(&argv);
+		return -ENOMEM;
 	}
 	if (kc_argv_push(&argv, spec->nvcc) || kc_argv_push(&argv, src) ||
 	    kc_argv_push(&argv, "-cubin") || kc_argv_push(&argv, "-o") ||
@@ -345,6 +388,7 @@ int kc_compile_run(const struct kc_compile_spec *spec, struct kc_compile_outcome
 	untrack(pid);
 	out->seconds = now_s() - t0;
 	read_log(spec->scratch_fd, out);
+	log_with_scratch(out, spec->scratch);
 
 	if (out->why[0])
 		return 0;

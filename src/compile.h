@@ -31,6 +31,12 @@ struct kc_compile_spec {
 	const char *scratch;       /* absolute path of an empty private directory */
 	int scratch_fd;            /* fd on that directory */
 	unsigned timeout_s;
+	/* Run as (uid, gid) through setpriv (util-linux; NULL: as the daemon). The compiler then
+	 * reaches the scratch directory only as its working directory (its parents may be
+	 * closed to that user): its paths are /proc/self/cwd/..., which its log shows as the
+	 * scratch path again. */
+	const char *setpriv;
+	unsigned uid, gid;
 };
 
 struct kc_compile_outcome {

@@ -4,6 +4,7 @@
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <pwd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -85,6 +86,38 @@ static int detect_arch(char *arch, size_t len)
 	return 0;
 }
 
+/* Whom compiles run as: -o compile_user=NAME (e.g. nobody: a compiler run as root reads
+ * any file into kernel.log, #include "/etc/shadow"); absent or "root": as the daemon.
+ * Returns 0 or -EINVAL with why filled. */
+static int resolve_compile_user(struct kc_config *c, char *why, size_t whylen)
+{
+	const char *name = c->compile_user;
+	if (!name || strcmp(name, "root") == 0)
+		return 0;
+	if (geteuid() != 0) {
+		snprintf(why, whylen, "compile_user=%s: only a daemon run as root can change the "
+			 "compilers' user", name);
+		return -EINVAL;
+	}
+	struct passwd *pw = getpwnam(name);
+	if (!pw) {
+		snprintf(why, whylen, "compile_user=%s: no such user (compile_user=root keeps compiles "
+			 "as root)", name);
+		return -EINVAL;
+	}
+	static const char *const where[] = {"/usr/bin/setpriv", "/bin/setpriv", "/usr/sbin/setpriv"};
+	for (unsigned i = 0; i < sizeof(where) / sizeof(where[0]) && !c->setpriv; i++)
+		if (access(where[i], X_OK) == 0)
+			c->setpriv = strdup(where[i]);
+	if (!c->setpriv) {
+		snprintf(why, whylen, "compile_user=%s: setpriv (util-linux) is not installed", name);
+		return -EINVAL;
+	}
+	c->compile_uid = (unsigned)pw->pw_uid;
+	c->compile_gid = (unsigned)pw->pw_gid;
+	return 0;
+}
+
 int kc_config_resolve(struct kc_config *c, char *why, size_t whylen)
 {
 	char arch[32];
@@ -124,6 +157,8 @@ int kc_config_resolve(struct kc_config *c, char *why, size_t whylen)
 		if (err)
 			return err;
 	}
+	if (resolve_compile_user(c, why, whylen) != 0)
+		return -EINVAL;
 	if (c->jobs == 0) {
 		long n = sysconf(_SC_NPROCESSORS_ONLN);
 		c->jobs = n > 0 ? (unsigned)n : 1;
@@ -140,6 +175,8 @@ void kc_config_free(struct kc_config *c)
 {
 	free(c->nvcc);
 	free(c->nvrtc);
+	free(c->compile_user);
+	free(c->setpriv);
 	c->nvrtc = NULL;
 	free(c->arch);
 	free(c->flags);

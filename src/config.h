@@ -23,6 +23,10 @@ struct kc_config {
 	unsigned compile_timeout; /* seconds; 0: KC_DEFAULT_COMPILE_TIMEOUT */
 	int autocompile;       /* compile entries that have kernel.cu but no kernel.flags */
 	int verify_keys;       /* an entry's <hash> must be its recipe's key (key.h) */
+	char *compile_user;    /* -o compile_user= as given; NULL: compiles run as the daemon */
+	char *setpriv;         /* util-linux setpriv, when compiles drop to compile_uid; NULL:
+				* they run as the daemon */
+	unsigned compile_uid, compile_gid;
 	size_t max_source_size; /* bytes of kernel.cu / kernel.flags accepted */
 	char *nvrtc;           /* the kcachefs-nvrtc backend (NVRTC in its own process), found
 				* next to the daemon; NULL when this build has none */
@@ -32,7 +36,8 @@ struct kc_config {
 	int arch_detected;     /* 1 if arch came from the node's GPU */
 };
 
-/* Fill in defaults and resolve: nvcc (-o nvcc=, else $CUDA_HOME/bin/nvcc, else nvcc on
+/* Fill in defaults and resolve: the compilers' user (compile_user; -EINVAL for an unknown
+ * user, a non-root daemon asked to change it, or no setpriv), nvcc (-o nvcc=, else $CUDA_HOME/bin/nvcc, else nvcc on
  * PATH, else /usr/local/cuda/bin/nvcc), its identity (runs "nvcc --version"; a compiler
  * that cannot run leaves the id "<path> unavailable" and is reported by a warning), the
  * NVRTC backend (kcachefs-nvrtc in the daemon's own directory; -EINVAL when -o

@@ -298,3 +298,41 @@ attempt(lambda: os.rename(os.path.join(d, "plain-link"), os.path.join(d, sys.arg
     with pytest.raises(OSError) as e:
         (m.mnt / ("kernel.ne." + kh[:32]) / "kernel.cubin").read_bytes()
     assert e.value.errno == errno.EIO
+
+
+def test_compile_user_keeps_root_files_out_of_kernel_log(mount_factory, tmp_path):
+    """-o compile_user=nobody: the compiler runs as nobody (setpriv), reaching its scratch
+    directory only as its working directory. #include "/etc/shadow" fails on permissions and
+    kernel.log holds no line of the file; real kernels still compile; as root (the default)
+    the same source would have put the file's lines in kernel.log."""
+    secret = tmp_path / "secret.h"  # root-only, like /etc/shadow, with a known line
+    secret.write_text("kcachefs-secret-line-4711\n")
+    os.chmod(secret, 0o600)
+    leak = b'#include "%s"\n' % bytes(secret)
+    for user, leaked in (("root", True), ("nobody", False)):
+        m = mount_factory(["compile_user=%s" % user], name=user)
+        e = m.stage("leak", leak)
+        with pytest.raises(OSError) as err:
+            (e / "kernel.cubin").read_bytes()
+        assert err.value.errno == errno.EIO
+        log = (e / "kernel.log").read_text(errors="replace")
+        assert ("kcachefs-secret-line-4711" in log) == leaked, log
+        if not leaked:
+            assert "Permission denied" in log
+            assert "compiles run as uid 65534" in m.daemon_log()
+            src, flags = sample("block_sum")  # CUB headers: the toolkit is readable by all
+            good = m.stage("block_sum", src, flags)
+            assert b"block_sum" in (good / "kernel.cubin").read_bytes()
+            scratch = m.backing / ".kcachefs" / "scratch"
+            assert list(scratch.iterdir()) == []
+
+
+def test_compile_user_errors(tmp_path):
+    from conftest import KCACHEFS
+    (tmp_path / "b").mkdir()
+    (tmp_path / "m").mkdir()
+    r = subprocess.run([str(KCACHEFS), "-f", "-o", "compile_user=no-such-user-kc",
+                        str(tmp_path / "b"), str(tmp_path / "m")], capture_output=True,
+                       text=True, timeout=30)
+    assert r.returncode == 1 and "compile_user=no-such-user-kc: no such user" in r.stderr
+    assert not os.path.ismount(tmp_path / "m")
