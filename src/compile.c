@@ -76,11 +76,10 @@ static double now_s(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-static void read_log(int dirfd, struct kc_compile_outcome *out)
+/* Read the compiler's output from fd (the daemon's own descriptor of it: a compiler that
+ * owns its scratch directory could replace the name). */
+static void read_log(int fd, struct kc_compile_outcome *out)
 {
-	int fd = openat(dirfd, "compile.log", O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return;
 	struct stat st;
 	char note[128];
 	out->log = malloc(LOG_MAX + sizeof(note));
@@ -111,7 +110,6 @@ static void read_log(int dirfd, struct kc_compile_outcome *out)
 		}
 		out->log[out->log_len] = '\0';
 	}
-	close(fd);
 }
 
 /* The compiler saw its scratch directory as KC_COMPILE_CWD: say where it is. */
@@ -204,7 +202,7 @@ static void limit_compiler(pid_t pid, unsigned timeout_s)
 }
 
 /* Spawn the compiler; returns its pid or -errno. */
-static pid_t spawn_compiler(const struct kc_compile_spec *spec, char *const argv[])
+static pid_t spawn_compiler(const struct kc_compile_spec *spec, char *const argv[], int log_fd)
 {
 	char env_path[4096], env_tmp[4200], env_home[4200], env_cuda[4200];
 	char *envp[8];
@@ -215,7 +213,6 @@ static pid_t spawn_compiler(const struct kc_compile_spec *spec, char *const argv
 	posix_spawn_file_actions_t fa;
 	posix_spawnattr_t attr;
 	sigset_t none, all;
-	char logpath[4200];
 	pid_t pid;
 
 	snprintf(env_path, sizeof(env_path), "PATH=%.*s:/usr/local/bin:/usr/bin:/bin",
@@ -233,10 +230,9 @@ static pid_t spawn_compiler(const struct kc_compile_spec *spec, char *const argv
 	}
 	envp[ne] = NULL;
 
-	snprintf(logpath, sizeof(logpath), "%s/compile.log", spec->scratch);
 	posix_spawn_file_actions_init(&fa);
 	posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-	posix_spawn_file_actions_addopen(&fa, 1, logpath, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+	posix_spawn_file_actions_adddup2(&fa, log_fd, 1);
 	posix_spawn_file_actions_adddup2(&fa, 1, 2);
 	posix_spawn_file_actions_addchdir_np(&fa, spec->scratch);
 	posix_spawnattr_init(&attr);
@@ -366,9 +362,19 @@ int kc_compile_run(const struct kc_compile_spec *spec, struct kc_compile_outcome
 	}
 
 	double t0 = now_s();
-	pid_t pid = spawn_compiler(spec, argv.v);
+	/* The output file, opened here and kept: read back through this descriptor. */
+	int log_fd = openat(spec->scratch_fd, "compile.log",
+			    O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (log_fd < 0) {
+		kc_argv_free(&argv);
+		snprintf(out->why, sizeof(out->why), "cannot create the compile log: %s",
+			 strerror(errno));
+		return 0;
+	}
+	pid_t pid = spawn_compiler(spec, argv.v, log_fd);
 	kc_argv_free(&argv);
 	if (pid < 0) {
+		close(log_fd);
 		snprintf(out->why, sizeof(out->why), "compiler %s cannot run: %s", spec->nvcc,
 			 strerror((int)-pid));
 		return 0;
@@ -387,7 +393,8 @@ int kc_compile_run(const struct kc_compile_spec *spec, struct kc_compile_outcome
 	int w = wait_compiler(pid, spec->timeout_s, &status);
 	untrack(pid);
 	out->seconds = now_s() - t0;
-	read_log(spec->scratch_fd, out);
+	read_log(log_fd, out);
+	close(log_fd);
 	log_with_scratch(out, spec->scratch);
 
 	if (out->why[0])
