@@ -381,11 +381,20 @@ static int publish(struct compile_job *j, int scratch_fd, const char *label, uin
 	struct kc_cache *c = j->c;
 	struct kc_record rec = {.origin = KC_ORIGIN_COMPILED};
 	struct kc_recipe now;
-	int fd = openat(scratch_fd, KC_CUBIN_NAME, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+	int fd = openat(scratch_fd, KC_CUBIN_NAME, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+	struct stat st;
 	int err;
 
-	if (fd < 0)
+	if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+		if (fd >= 0)
+			close(fd);
 		return -EIO;
+	}
+	/* A compiler run as compile_user owned it: the published file is the daemon's. */
+	if (st.st_uid != geteuid() && fchown(fd, geteuid(), getegid()) != 0) {
+		close(fd);
+		return -EIO;
+	}
 	char key[KC_SHA256_HEXLEN + 1];
 	err = kc_sha256_fd(fd, rec.sha256, &rec.size);
 	strcpy(rec.recipe, j->recipe.hash);

@@ -380,7 +380,8 @@ int kc_compile_run(const struct kc_compile_spec *spec, struct kc_compile_outcome
 		return 0;
 	}
 	/* Recorded so that a daemon restarted after a crash can kill this group (store.c). */
-	fd = openat(spec->scratch_fd, "pgid", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	fd = openat(spec->scratch_fd, "pgid", O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+		    0600);
 	if (fd >= 0) {
 		dprintf(fd, "%d\n", (int)pid);
 		close(fd);
@@ -429,7 +430,8 @@ int kc_compile_run(const struct kc_compile_spec *spec, struct kc_compile_outcome
 							   : KC_COMPILE_REJECTED;
 		return 0;
 	}
-	fd = openat(spec->scratch_fd, "kernel.cubin", O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+	/* O_NONBLOCK: an unprivileged compiler owns the directory and could leave a FIFO */
+	fd = openat(spec->scratch_fd, "kernel.cubin", O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
 	if (fd < 0) {
 		snprintf(out->why, sizeof(out->why), "compiler exited 0 but wrote no cubin");
 		return 0;

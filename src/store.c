@@ -75,7 +75,8 @@ static void kill_orphan_compiles(const char *scratch_path)
 			continue;
 		cwd[n] = '\0';
 		snprintf(path, sizeof(path), "%.4096s/%.255s", scratch_path, de->d_name);
-		if (strncmp(cwd, path, strlen(path)) == 0) {
+		size_t pl = strlen(path);
+		if (strncmp(cwd, path, pl) == 0 && (cwd[pl] == '\0' || cwd[pl] == '/')) {
 			kc_log(KC_LOG_WARN, "killing compiler process group %d left by a previous daemon",
 			       pgid);
 			kill(-pgid, SIGKILL);
