@@ -329,7 +329,7 @@ int main(int argc, char *argv[])
 	/* Threads start after daemonizing (fork keeps only the calling thread). */
 	int started = kc_cache_init(&fs->cache, &fs->cfg, &fs->store) == 0;
 	fs->cache.evict = &fs->evict; /* every publish is told to the index */
-	if (!started || kc_notifier_start(&fs->notifier, fs->se, &fs->inodes) != 0 ||
+	if (!started || kc_notifier_start(&fs->notifier, fs->se, &fs->inodes, &fs->store) != 0 ||
 	    kc_sweeper_start(fs) != 0 || kc_evict_start(&fs->evict) != 0) {
 		kc_log(KC_LOG_ERR, "cannot start worker threads");
 		goto out_cache;

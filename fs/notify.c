@@ -2,6 +2,7 @@
 #include "notify.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,14 +46,11 @@ static void send_inval(void *arg)
 }
 
 int kc_notifier_start(struct kc_notifier *n, struct fuse_session *se,
-		      struct kc_inode_table *inodes)
+		      struct kc_inode_table *inodes, const struct kc_store *store)
 {
 	n->se = se;
 	n->inodes = inodes;
-	char link[32];
-	kc_fd_path(inodes->root.fd, link);
-	ssize_t len = readlink(link, n->root_path, sizeof(n->root_path) - 1);
-	n->root_path[len > 0 ? len : 0] = '\0';
+	n->store = store;
 	n->pool = kc_pool_create(1);
 	return n->pool ? 0 : -errno;
 }
@@ -106,15 +104,10 @@ int kc_notifier_inval_path(struct kc_notifier *n, const char *rel)
  * Returns 0 when sent. */
 static int inval_by_path(struct kc_notifier *n, struct kc_inode *in)
 {
-	char link[32], path[4096];
-	kc_fd_path(in->fd, link);
-	ssize_t len = readlink(link, path, sizeof(path) - 1);
-	size_t rl = strlen(n->root_path);
-	if (len <= 0 || (size_t)len <= rl + 1 || strncmp(path, n->root_path, rl) != 0 ||
-	    path[rl] != '/')
-		return -1; /* unlinked, or outside the root */
-	path[len] = '\0';
-	return kc_notifier_inval_path(n, path + rl + 1);
+	char rel[PATH_MAX];
+	if (kc_store_rel_path(n->store, in->fd, rel, sizeof(rel)) != 0)
+		return -1; /* unlinked, outside the root, or a path too long */
+	return kc_notifier_inval_path(n, rel);
 }
 
 static void relieve(void *arg)

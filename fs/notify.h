@@ -12,12 +12,13 @@
 
 #include "inode.h"
 #include "pool.h"
+#include "store.h"
 
 struct kc_notifier {
 	struct fuse_session *se;
 	struct kc_inode_table *inodes; /* borrowed */
 	struct kc_pool *pool; /* one worker; NULL when not started */
-	char root_path[4096]; /* the backing root, as /proc names its descriptors */
+	const struct kc_store *store; /* borrowed: paths of inodes relative to its root */
 	int relief_queued;    /* a relief is queued or running (atomic) */
 	uint64_t relief_after; /* CLOCK_MONOTONIC ns before which no new relief starts */
 	uint64_t reliefs;     /* reliefs run (atomic; shown in stats) */
@@ -27,7 +28,7 @@ struct kc_notifier {
 
 /* Start the sender. Returns 0 or -errno. */
 int kc_notifier_start(struct kc_notifier *n, struct fuse_session *se,
-		      struct kc_inode_table *inodes);
+		      struct kc_inode_table *inodes, const struct kc_store *store);
 /* Queue an invalidation of name in directory parent (copied). The parent inode is held
  * until it is sent: a node id is the inode's address, and one freed meanwhile (the kernel
  * forgot the directory) could be reused by another inode the invalidation would then hit.

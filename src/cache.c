@@ -87,25 +87,22 @@ static void mark_verified(struct kc_cache *c, const struct stat *st)
 	pthread_mutex_unlock(&c->verified_lock);
 }
 
-/* The entry's path relative to the backing root, for log lines. */
 /* The name of the entry directory behind entry_fd, whole (a label is cut for logs).
  * Returns 0, or -ENAMETOOLONG when the kernel cannot give its path. */
-static int entry_name_of(int entry_fd, char name[256])
+static int entry_name_of(struct kc_cache *c, int entry_fd, char name[256])
 {
-	char link[32], path[PATH_MAX + 1];
-	kc_fd_path(entry_fd, link);
-	ssize_t n = readlink(link, path, sizeof(path));
-	if (n <= 0 || (size_t)n >= sizeof(path))
+	char rel[PATH_MAX];
+	if (kc_store_rel_path(c->store, entry_fd, rel, sizeof(rel)) != 0)
 		return -ENAMETOOLONG;
-	path[n] = '\0';
-	const char *slash = strrchr(path, '/');
-	const char *base = slash ? slash + 1 : path;
+	const char *slash = strrchr(rel, '/');
+	const char *base = slash ? slash + 1 : rel;
 	if (strlen(base) > 255)
 		return -ENAMETOOLONG;
 	memcpy(name, base, strlen(base) + 1);
 	return 0;
 }
 
+/* The entry's path relative to the backing root, for log lines. */
 static void entry_label(struct kc_cache *c, int entry_fd, char *buf, size_t len)
 {
 	char link[32], path[4096];
@@ -297,7 +294,7 @@ int kc_cache_verify_name(struct kc_cache *c, int fd, int entry_fd, uid_t reader)
 	struct stat st;
 	if (!c->cfg->verify_keys)
 		return 0;
-	if (entry_fd < 0 || entry_name_of(entry_fd, name) != 0 || fstat(fd, &st) != 0)
+	if (entry_fd < 0 || entry_name_of(c, entry_fd, name) != 0 || fstat(fd, &st) != 0)
 		return -EIO;
 	kc_fd_path(fd, link);
 	ssize_t n = getxattr(link, KC_KEY_XATTR, key, KC_SHA256_HEXLEN);
@@ -636,9 +633,10 @@ int kc_cache_lookup_cubin(struct kc_cache *c, int entry_fd, struct kc_waiter *w,
 		if (c->cfg->verify_keys) { /* also what came in by a directory rename */
 			char why[400], name[256];
 			entry_label(c, entry_fd, label, sizeof(label));
-			if (entry_name_of(entry_fd, name) != 0)
+			int named = entry_name_of(c, entry_fd, name) == 0;
+			if (!named)
 				snprintf(why, sizeof(why), "its path is too long to check its key");
-			if (entry_name_of(entry_fd, name) != 0 ||
+			if (!named ||
 			    kc_key_names(name, j->recipe.source, j->recipe.source_len, j->recipe.flags,
 					 j->recipe.flags_len, why, sizeof(why)) != 1) {
 				kc_log(KC_LOG_WARN, "%s: not compiled: %s", label, why);
@@ -719,7 +717,7 @@ static int verify_stage(struct kc_cache *c, enum kc_role role, int src_dir, cons
 	const char *other = role == KC_ROLE_SOURCE ? KC_FLAGS_NAME : KC_SOURCE_NAME;
 	size_t max = c->cfg->max_source_size, nlen = 0, plen = 0;
 	char *next = NULL, *partner = NULL, why[400], name[256];
-	if (entry_name_of(entry_fd, name) != 0) {
+	if (entry_name_of(c, entry_fd, name) != 0) {
 		kc_log(KC_LOG_WARN, "%s: %s refused: its path is too long to check its key", label, mine);
 		return -EINVAL;
 	}

@@ -138,19 +138,12 @@ int kc_evict_init(struct kc_evict *e, struct kc_store *store, struct kc_flight_t
 	return 0;
 }
 
-/* The path of dir relative to the backing root, or -1 if it is not inside it. */
+/* The path of dir relative to the backing root, or -1 if it is not in the tree (the
+ * state directory is not). */
 static int rel_path(struct kc_evict *e, int dir, char *out, size_t len)
 {
-	char link[32], path[4096];
-	kc_fd_path(dir, link);
-	ssize_t n = readlink(link, path, sizeof(path) - 1);
-	size_t rl = strlen(e->store->root_path);
-	if (n <= 0)
+	if (kc_store_rel_path(e->store, dir, out, len) != 0)
 		return -1;
-	path[n] = '\0';
-	if ((size_t)n <= rl + 1 || strncmp(path, e->store->root_path, rl) != 0 || path[rl] != '/')
-		return -1;
-	snprintf(out, len, "%s", path + rl + 1);
 	return strncmp(out, KC_STATE_DIR "/", sizeof(KC_STATE_DIR)) == 0 ? -1 : 0;
 }
 

@@ -4,6 +4,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <limits.h>
 #include <signal.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -23,6 +24,23 @@
 #define REJECTED_XATTR "user.kcachefs.rejected"
 
 static atomic_uint_fast64_t tmp_counter;
+
+int kc_store_rel_path(const struct kc_store *s, int fd, char *out, size_t len)
+{
+	char link[32], path[PATH_MAX + 1];
+	kc_fd_path(fd, link);
+	ssize_t n = readlink(link, path, sizeof(path));
+	size_t rl = strlen(s->root_path);
+	if (n <= 0 || (size_t)n >= sizeof(path))
+		return -ENAMETOOLONG;
+	path[n] = '\0';
+	if ((size_t)n <= rl + 1 || strncmp(path, s->root_path, rl) != 0 || path[rl] != '/')
+		return -ENOENT;
+	if ((size_t)n - rl - 1 >= len)
+		return -ENAMETOOLONG;
+	memcpy(out, path + rl + 1, (size_t)n - rl);
+	return 0;
+}
 
 void kc_fd_path(int fd, char buf[32])
 {

@@ -66,6 +66,11 @@ int kc_store_same_bytes(int a, int b);
 int kc_store_write_atomic(struct kc_store *s, int dir, const char *name, const void *buf,
 			  size_t len);
 
+/* The current path of the object behind fd (any fd, O_PATH too), relative to the root of
+ * s, into out. Returns 0; -ENOENT when it is the root itself, outside the tree or unlinked;
+ * -ENAMETOOLONG when the kernel cannot give it or out is too small. */
+int kc_store_rel_path(const struct kc_store *s, int fd, char *out, size_t len);
+
 /* Path "/proc/self/fd/N" for fd, for calls that need a path (xattrs on O_PATH fds). */
 void kc_fd_path(int fd, char buf[32]);
 
