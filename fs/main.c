@@ -29,7 +29,7 @@ struct kc_opts {
 	char *backing;
 	char *nvcc, *arch, *flags, *log_level, *compiler;
 	char *jobs, *compile_timeout, *max_source_size, *max_inodes; /* numbers, checked in main */
-	char *max_size, *max_entries, *compile_user;
+	char *max_size, *max_entries, *compile_uids;
 	int autocompile, verify_keys;
 };
 
@@ -48,7 +48,7 @@ static const struct fuse_opt kc_opt_spec[] = {
 	OPT("log_level=%s", log_level),
 	OPT("autocompile", autocompile),
 	OPT("verify_keys", verify_keys),
-	OPT("compile_user=%s", compile_user),
+	OPT("compile_uids=%s", compile_uids),
 	FUSE_OPT_END,
 };
 
@@ -110,8 +110,9 @@ static void usage(const char *prog)
 	       "    -o jobs=N              concurrent compiles (default: online CPUs)\n"
 	       "    -o compile_timeout=S   kill a compile after S seconds (default %d)\n"
 	       "    -o autocompile         compile entries that have kernel.cu but no kernel.flags\n"
-	       "    -o compile_user=NAME   run compilers as NAME, e.g. nobody (default: as the\n"
-	       "                           daemon; give it on shared nodes)\n"
+	       "    -o compile_uids=N      run each compile as a uid of its own, N to N+255,\n"
+	       "                           which no user may have (default for a daemon run\n"
+	       "                           as root: %u); compile_uids=daemon: as the daemon\n"
 	       "    -o verify_keys         an entry's <hash> must be the key of its kernel.cu and\n"
 	       "                           kernel.flags (src/key.h), or they are refused\n"
 	       "    -o max_source_size=B   largest kernel.cu/kernel.flags accepted (default %u)\n"
@@ -122,7 +123,8 @@ static void usage(const char *prog)
 	       "                           forget the least recently used (default: a quarter\n"
 	       "                           of the open file limit)\n"
 	       "    -o log_level=LEVEL     error, warning, info (default) or debug\n\n",
-	       prog, KC_DEFAULT_ARCH, KC_DEFAULT_COMPILE_TIMEOUT, KC_DEFAULT_MAX_SOURCE);
+	       prog, KC_DEFAULT_ARCH, KC_DEFAULT_COMPILE_TIMEOUT, KC_DEFAULT_COMPILE_UIDS,
+	       KC_DEFAULT_MAX_SOURCE);
 	fuse_cmdline_help();
 	fuse_lowlevel_help();
 }
@@ -273,8 +275,8 @@ int main(int argc, char *argv[])
 	fs->cfg.compile_timeout = (unsigned)timeout;
 	fs->cfg.autocompile = o.autocompile;
 	fs->cfg.verify_keys = o.verify_keys;
-	fs->cfg.compile_user = o.compile_user;
-	o.compile_user = NULL;
+	fs->cfg.compile_uids_opt = o.compile_uids;
+	o.compile_uids = NULL;
 	fs->cfg.max_source_size = max_source;
 	o.nvcc = o.arch = o.flags = NULL;
 	if (kc_config_resolve(&fs->cfg, why, sizeof(why)) != 0) {
@@ -317,11 +319,14 @@ int main(int argc, char *argv[])
 		goto out_signals;
 	kc_notifier_note_connection(&fs->notifier, real_mnt);
 	kc_log(KC_LOG_INFO, "serving %s on %s: compiler %s, arch %s%s, jobs %u, timeout %u s, "
-	       "max_size %llu, max_entries %llu (0: no bound), compiles run as uid %u",
+	       "max_size %llu, max_entries %llu (0: no bound), compiles run as %s%u%s%s",
 	       fs->store.root_path, cmd.mountpoint, fs->cfg.compiler_id, fs->cfg.arch,
 	       fs->cfg.arch_detected ? " (detected)" : "", fs->cfg.jobs, fs->cfg.compile_timeout,
 	       (unsigned long long)max_size, (unsigned long long)max_entries,
-	       fs->cfg.setpriv ? fs->cfg.compile_uid : (unsigned)geteuid());
+	       fs->cfg.compile_uids ? "uids " : "the daemon, uid ",
+	       fs->cfg.compile_uids ? fs->cfg.compile_uids : (unsigned)geteuid(),
+	       fs->cfg.compile_uids ? "+" : "",
+	       fs->cfg.ns_flags ? " in namespaces of their own" : "");
 	if (fuse_daemonize(cmd.foreground) != 0)
 		goto out_unmount;
 	if (!cmd.foreground)
@@ -390,7 +395,7 @@ out_args:
 	free(o.max_inodes);
 	free(o.max_size);
 	free(o.max_entries);
-	free(o.compile_user);
+	free(o.compile_uids);
 	fuse_opt_free_args(&args);
 	return ret;
 }

@@ -371,29 +371,16 @@ static void write_log(struct kc_cache *c, int entry_fd, const char *head, const 
 	free(buf);
 }
 
-/* Move a compiled, checked cubin from scratch into the entry. Returns 0, -EAGAIN (the
- * recipe changed meanwhile: nothing published) or -EIO. */
-static int publish(struct compile_job *j, int scratch_fd, const char *label, uint64_t *bytes)
+/* Publish a compiled, checked cubin (fd, the daemon's temporary tmp_name in tmp/) into the
+ * entry. Returns 0, -EAGAIN (the recipe changed meanwhile: nothing published) or -EIO. */
+static int publish(struct compile_job *j, int fd, const char *tmp_name, const char *label,
+		   uint64_t *bytes)
 {
 	struct kc_cache *c = j->c;
 	struct kc_record rec = {.origin = KC_ORIGIN_COMPILED};
 	struct kc_recipe now;
-	int fd = openat(scratch_fd, KC_CUBIN_NAME, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-	struct stat st;
-	int err;
-
-	if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-		if (fd >= 0)
-			close(fd);
-		return -EIO;
-	}
-	/* A compiler run as compile_user owned it: the published file is the daemon's. */
-	if (st.st_uid != geteuid() && fchown(fd, geteuid(), getegid()) != 0) {
-		close(fd);
-		return -EIO;
-	}
 	char key[KC_SHA256_HEXLEN + 1];
-	err = kc_sha256_fd(fd, rec.sha256, &rec.size);
+	int err = kc_sha256_fd(fd, rec.sha256, &rec.size);
 	strcpy(rec.recipe, j->recipe.hash);
 	if (!err)
 		err = kc_record_write(fd, &rec);
@@ -404,7 +391,6 @@ static int publish(struct compile_job *j, int scratch_fd, const char *label, uin
 		err = kc_key_record_write(fd, key);
 	if (!err && (fchmod(fd, 0444) != 0 || fsync(fd) != 0))
 		err = -errno;
-	close(fd);
 	if (err) {
 		kc_log(KC_LOG_ERR, "%s: cannot prepare cubin for publishing: %s", label,
 		       strerror(-err));
@@ -420,9 +406,12 @@ static int publish(struct compile_job *j, int scratch_fd, const char *label, uin
 	} else {
 		err = -EAGAIN;
 	}
-	if (!err && renameat2(scratch_fd, KC_CUBIN_NAME, j->entry_fd, KC_CUBIN_NAME,
-			      RENAME_NOREPLACE) != 0)
-		err = errno == EEXIST ? 0 : -errno; /* EEXIST: a client published first */
+	if (!err && renameat2(c->store->tmp_fd, tmp_name, j->entry_fd, KC_CUBIN_NAME,
+			      RENAME_NOREPLACE) != 0) {
+		err = errno == EEXIST ? 0 : -errno;
+		if (!err) /* a client published first: ours is not needed */
+			unlinkat(c->store->tmp_fd, tmp_name, 0);
+	}
 	pthread_mutex_unlock(&c->publish_lock);
 	if (err == -EAGAIN) {
 		kc_log(KC_LOG_INFO, "%s: recipe changed during the compile; result discarded",
@@ -482,16 +471,6 @@ static int run_compile(struct compile_job *j)
 		return -EIO;
 	}
 	const char *compiler = nvrtc ? cfg->nvrtc : cfg->nvcc;
-	if (kc_flags_include_problem(&args, why, sizeof(why)) != 0) {
-		/* not remembered: the directory may appear; retried after the hold-off */
-		snprintf(head, sizeof(head), "kcachefs: compile %.400s: failed (%.500s)\n", label, why);
-		write_log(c, j->entry_fd, head, NULL, 0);
-		atomic_fetch_add(&c->stats.compile_failures, 1);
-		kc_log(KC_LOG_WARN, "compile %s: %s", label, why);
-		kc_argv_free(&args);
-		j->transient = 1;
-		return -EIO;
-	}
 	for (size_t i = 0; i < args.n;) { /* the choice is the mount's, not a compiler flag */
 		if (strncmp(args.v[i], KC_FLAG_BACKEND, strlen(KC_FLAG_BACKEND)) != 0) {
 			i++;
@@ -510,11 +489,22 @@ static int run_compile(struct compile_job *j)
 		atomic_fetch_add(&c->stats.compile_failures, 1);
 		return -EIO;
 	}
+	char out_name[64];
+	int out_fd = kc_store_tmpfile(c->store, 0600, out_name);
+	if (out_fd < 0) {
+		kc_log(KC_LOG_ERR, "compile %s: cannot create the cubin's temporary: %s", label,
+		       strerror(-out_fd));
+		kc_argv_free(&args);
+		close(scratch_fd);
+		kc_store_remove_tree(scratch);
+		atomic_fetch_add(&c->stats.compile_failures, 1);
+		return -EIO;
+	}
 	struct kc_compile_spec spec = {
 		.nvcc = compiler, .args = &args, .source = j->recipe.source,
 		.source_len = j->recipe.source_len, .scratch = scratch, .scratch_fd = scratch_fd,
-		.timeout_s = cfg->compile_timeout, .setpriv = cfg->setpriv, .uid = cfg->compile_uid,
-		.gid = cfg->compile_gid,
+		.timeout_s = cfg->compile_timeout, .first_uid = cfg->compile_uids,
+		.ns_flags = cfg->ns_flags, .out_fd = out_fd,
 	};
 	if (kc_compile_run(&spec, &out) != 0) {
 		out.status = KC_COMPILE_TRANSIENT;
@@ -528,7 +518,7 @@ static int run_compile(struct compile_job *j)
 
 	result = -EIO;
 	if (out.status == KC_COMPILE_OK) {
-		result = publish(j, scratch_fd, label, &bytes);
+		result = publish(j, out_fd, out_name, label, &bytes);
 		if (result == 0) {
 			atomic_fetch_add(&c->stats.compiles, 1);
 			atomic_fetch_add(&c->stats.published_bytes, bytes);
@@ -548,6 +538,9 @@ static int run_compile(struct compile_job *j)
 	j->transient = out.status != KC_COMPILE_REJECTED && result == -EIO;
 	kc_log(result == 0 ? KC_LOG_INFO : KC_LOG_WARN, "%.*s", (int)strlen(head) - 11, head + 10);
 	kc_compile_outcome_free(&out);
+	close(out_fd);
+	if (result != 0)
+		unlinkat(c->store->tmp_fd, out_name, 0);
 	close(scratch_fd);
 	kc_store_remove_tree(scratch);
 	if (result == 0 && c->evict)

@@ -8,7 +8,6 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
-#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +21,7 @@
 
 #include "io.h"
 #include "log.h"
+#include "sandbox.h"
 
 #define LOG_MAX (1u << 20)
 #define LOG_TAIL (64u << 10) /* of a cut output, the end kept */
@@ -31,31 +31,43 @@
 #define EM_CUDA 190
 #endif
 
+/* Running compilers by slot: a slot is reserved (-1) before the spawn, holds the pid while
+ * it runs, and gives a sandboxed compile its uid (first_uid + slot), so that no two
+ * running compiles share one. */
 static pthread_mutex_t running_lock = PTHREAD_MUTEX_INITIALIZER;
 static pid_t running[MAX_RUNNING];
 static int shutting_down;
 
-static int track(pid_t pid)
+static int reserve_slot(void)
 {
 	pthread_mutex_lock(&running_lock);
-	int ok = 0;
+	int slot = -1;
 	for (int i = 0; !shutting_down && i < MAX_RUNNING; i++) {
 		if (running[i] == 0) {
-			running[i] = pid;
-			ok = 1;
+			running[i] = -1;
+			slot = i;
 			break;
 		}
 	}
 	pthread_mutex_unlock(&running_lock);
-	return ok;
+	return slot;
 }
 
-static void untrack(pid_t pid)
+/* Returns 0, or -ESHUTDOWN when the daemon began stopping since the reservation. */
+static int track(int slot, pid_t pid)
 {
 	pthread_mutex_lock(&running_lock);
-	for (int i = 0; i < MAX_RUNNING; i++)
-		if (running[i] == pid)
-			running[i] = 0;
+	int ok = !shutting_down;
+	if (ok)
+		running[slot] = pid;
+	pthread_mutex_unlock(&running_lock);
+	return ok ? 0 : -ESHUTDOWN;
+}
+
+static void release_slot(int slot)
+{
+	pthread_mutex_lock(&running_lock);
+	running[slot] = 0;
 	pthread_mutex_unlock(&running_lock);
 }
 
@@ -184,44 +196,52 @@ static int low_on_space(const char *dir)
  * the node's memory (at least 4 GiB), so that one source (#include "/dev/zero") cannot push
  * the node's GPU jobs into the OOM killer; files it writes at most 4 GiB; CPU time the
  * timeout plus a minute per process (the wall-clock timeout kills the group anyway; this
- * stops a tool that outlives it); KC_COMPILE_NOFILE open files; no core dumps. Set right
- * after the spawn, before nvcc starts its tools. */
-static void limit_compiler(pid_t pid, unsigned timeout_s)
+ * stops a tool that outlives it); KC_COMPILE_NOFILE open files; no core dumps. */
+static void compiler_limits(struct kc_spawn *sp, unsigned timeout_s)
 {
 	long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
 	rlim_t half = pages > 0 && page > 0 ? (rlim_t)pages * (rlim_t)page / 2 : 0;
 	rlim_t as = half > KC_COMPILE_AS_MIN ? half : KC_COMPILE_AS_MIN;
 	rlim_t cpu = (rlim_t)timeout_s + 60;
-	struct rlimit mem = {as, as}, fsize = {KC_COMPILE_FSIZE, KC_COMPILE_FSIZE}, core = {0, 0};
-	struct rlimit cpu_l = {cpu, cpu}, files = {KC_COMPILE_NOFILE, KC_COMPILE_NOFILE};
-	prlimit(pid, RLIMIT_AS, &mem, NULL);
-	prlimit(pid, RLIMIT_FSIZE, &fsize, NULL);
-	prlimit(pid, RLIMIT_CPU, &cpu_l, NULL);
-	prlimit(pid, RLIMIT_NOFILE, &files, NULL);
-	prlimit(pid, RLIMIT_CORE, &core, NULL);
+	sp->as = (struct rlimit){as, as};
+	sp->fsize = (struct rlimit){KC_COMPILE_FSIZE, KC_COMPILE_FSIZE};
+	sp->cpu = (struct rlimit){cpu, cpu};
+	sp->nofile = (struct rlimit){KC_COMPILE_NOFILE, KC_COMPILE_NOFILE};
+	/* Compiles are background work: at a lower priority they leave the CPU to the daemon's
+	 * request threads and the jobs on the node first. */
+	sp->nice = KC_COMPILE_NICE;
 }
 
-/* Spawn the compiler; returns its pid or -errno. */
-static pid_t spawn_compiler(const struct kc_compile_spec *spec, char *const argv[], int log_fd)
+/* The include directories among the compiler's arguments, NULL-terminated (malloc'd array
+ * of pointers into args), or NULL when out of memory. */
+static const char **include_dirs(const struct kc_argv *args)
 {
-	char env_path[4096], env_tmp[4200], env_home[4200], env_cuda[4200];
+	const char **dirs = calloc(args->n + 1, sizeof(*dirs));
+	size_t n = 0;
+	for (size_t i = 0; dirs && i < args->n; i++)
+		if (kc_flags_include_dir(args->v[i]))
+			dirs[n++] = kc_flags_include_dir(args->v[i]);
+	return dirs;
+}
+
+/* Spawn the compiler as uid (KC_SANDBOX_AS_DAEMON: as the daemon); returns its pid, or
+ * -errno with why filled (bad_dir: an include directory it cannot reach). */
+static pid_t spawn_compiler(const struct kc_compile_spec *spec, char *const argv[], int log_fd,
+			    uid_t uid, int *bad_dir, char *why, size_t whylen)
+{
+	char env_path[4096], env_home[4200], env_cuda[4200];
 	char *envp[8];
 	int ne = 0;
 	const char *home = getenv("HOME");
 	const char *cuda = getenv("CUDA_HOME");
 	const char *slash = strrchr(spec->nvcc, '/');
-	posix_spawn_file_actions_t fa;
-	posix_spawnattr_t attr;
-	sigset_t none, all;
-	pid_t pid;
 
 	snprintf(env_path, sizeof(env_path), "PATH=%.*s:/usr/local/bin:/usr/bin:/bin",
 		 slash ? (int)(slash - spec->nvcc) : 0, spec->nvcc);
-	snprintf(env_tmp, sizeof(env_tmp), "TMPDIR=" KC_COMPILE_CWD);
-	snprintf(env_home, sizeof(env_home), "HOME=%s", spec->setpriv ? KC_COMPILE_CWD
+	snprintf(env_home, sizeof(env_home), "HOME=%s", uid != KC_SANDBOX_AS_DAEMON ? KC_COMPILE_CWD
 					 : home ? home : "/");
 	envp[ne++] = env_path;
-	envp[ne++] = env_tmp;
+	envp[ne++] = "TMPDIR=" KC_COMPILE_CWD;
 	envp[ne++] = env_home;
 	envp[ne++] = "LC_ALL=C";
 	if (cuda) {
@@ -230,31 +250,21 @@ static pid_t spawn_compiler(const struct kc_compile_spec *spec, char *const argv
 	}
 	envp[ne] = NULL;
 
-	posix_spawn_file_actions_init(&fa);
-	posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-	posix_spawn_file_actions_adddup2(&fa, log_fd, 1);
-	posix_spawn_file_actions_adddup2(&fa, 1, 2);
-	posix_spawn_file_actions_addchdir_np(&fa, spec->scratch);
-	posix_spawnattr_init(&attr);
-	sigemptyset(&none);
-	sigfillset(&all);
-	posix_spawnattr_setsigmask(&attr, &none);
-	posix_spawnattr_setsigdefault(&attr, &all);
-	posix_spawnattr_setpgroup(&attr, 0);
-	posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK |
-						POSIX_SPAWN_SETSIGDEF);
-	int err = posix_spawn(&pid, spec->setpriv ? spec->setpriv : spec->nvcc, &fa, &attr, argv,
-			      envp);
-	posix_spawn_file_actions_destroy(&fa);
-	posix_spawnattr_destroy(&attr);
-	/* Compiles are background work: at a lower priority they leave the CPU to the daemon's
-	 * request threads and the jobs on the node first. Its children (cicc, ptxas) inherit
-	 * it. */
-	if (!err) {
-		setpriority(PRIO_PROCESS, (id_t)pid, KC_COMPILE_NICE);
-		limit_compiler(pid, spec->timeout_s);
+	const char **dirs = include_dirs(spec->args);
+	if (!dirs) {
+		*bad_dir = -1;
+		snprintf(why, whylen, "out of memory");
+		return -ENOMEM;
 	}
-	return err ? -err : pid;
+	struct kc_spawn sp = {
+		.path = spec->nvcc, .argv = argv, .envp = envp, .cwd_fd = spec->scratch_fd,
+		.out_fd = log_fd, .uid = uid, .gid = (gid_t)uid, .ns_flags = spec->ns_flags,
+		.dirs = dirs,
+	};
+	compiler_limits(&sp, spec->timeout_s);
+	pid_t pid = kc_sandbox_spawn(&sp, bad_dir, why, whylen);
+	free(dirs);
+	return pid;
 }
 
 /* Wait for pid with a timeout; kills its group on timeout. Returns 0 with *status, or
@@ -313,50 +323,89 @@ static int says(const struct kc_compile_outcome *out, const char *text)
 	return out->log && memmem(out->log, out->log_len, text, strlen(text)) != NULL;
 }
 
-int kc_compile_run(const struct kc_compile_spec *spec, struct kc_compile_outcome *out)
+/* Write the source into the scratch directory; a sandboxed compiler (uid) owns the
+ * directory and the source, nothing else. Returns 0 or -errno. */
+static int stage_source(const struct kc_compile_spec *spec, uid_t uid)
 {
-	char src[4200], cubin[4200];
-	struct kc_argv argv = {0};
-	int status = 0;
-
-	memset(out, 0, sizeof(*out));
-	out->status = KC_COMPILE_TRANSIENT;
-	pthread_mutex_lock(&running_lock);
-	int stopping = shutting_down;
-	pthread_mutex_unlock(&running_lock);
-	if (stopping) {
-		snprintf(out->why, sizeof(out->why), "daemon is shutting down");
-		return 0;
-	}
-	snprintf(src, sizeof(src), KC_COMPILE_CWD "/kernel.cu");
-	snprintf(cubin, sizeof(cubin), KC_COMPILE_CWD "/kernel.cubin");
-
 	int fd = openat(spec->scratch_fd, "kernel.cu", O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC,
 			0600);
 	int err = fd < 0 ? -errno : kc_write_all(fd, spec->source, spec->source_len);
-	/* An unprivileged compiler owns its scratch directory and source, nothing else. */
-	if (!err && spec->setpriv &&
-	    (fchown(fd, spec->uid, spec->gid) != 0 || fchown(spec->scratch_fd, spec->uid, spec->gid) != 0))
+	if (!err && uid != KC_SANDBOX_AS_DAEMON &&
+	    (fchown(fd, uid, (gid_t)uid) != 0 || fchown(spec->scratch_fd, uid, (gid_t)uid) != 0))
 		err = -errno;
 	if (fd >= 0)
 		close(fd);
+	return err;
+}
+
+/* Copy the compiler's cubin into spec->out_fd, a file only the daemon ever had: what is
+ * hashed and published is then what was checked, whatever the compiler's uid does with its
+ * own file later. Returns 0, or -EINVAL with why filled. */
+static int take_cubin(const struct kc_compile_spec *spec, uid_t uid, char *why, size_t whylen)
+{
+	/* O_NONBLOCK and O_NOFOLLOW: the compiler owned the directory and could leave a FIFO
+	 * or a link there */
+	int fd = openat(spec->scratch_fd, "kernel.cubin",
+			O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+	struct stat st;
+	if (fd < 0) {
+		snprintf(why, whylen, "wrote no cubin");
+		return -EINVAL;
+	}
+	int err = 0;
+	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1 ||
+	    (uid != KC_SANDBOX_AS_DAEMON && st.st_uid != uid)) {
+		snprintf(why, whylen, "left a kernel.cubin that is not a file of its own");
+		err = -EINVAL;
+	}
+	char buf[1 << 16];
+	off_t copied = 0;
+	while (!err) {
+		ssize_t n = read(fd, buf, sizeof(buf));
+		if (n == 0)
+			break;
+		if (n < 0 && errno == EINTR)
+			continue;
+		err = n < 0 ? -errno : kc_write_all(spec->out_fd, buf, (size_t)n);
+		copied += n > 0 ? n : 0;
+		if (err)
+			snprintf(why, whylen, "cubin cannot be copied: %s", strerror(-err));
+	}
+	close(fd);
+	if (!err && copied != st.st_size) {
+		snprintf(why, whylen, "cubin changed while it was copied");
+		err = -EINVAL;
+	}
+	return err ? -EINVAL : kc_cubin_check(spec->out_fd, why, whylen);
+}
+
+int kc_compile_run(const struct kc_compile_spec *spec, struct kc_compile_outcome *out)
+{
+	struct kc_argv argv = {0};
+	int status = 0, bad_dir;
+	char why[sizeof(out->why)];
+
+	memset(out, 0, sizeof(*out));
+	out->status = KC_COMPILE_TRANSIENT;
+	int slot = reserve_slot();
+	if (slot < 0) {
+		snprintf(out->why, sizeof(out->why), "daemon is shutting down or runs %d compiles",
+			 MAX_RUNNING);
+		return 0;
+	}
+	uid_t uid = spec->first_uid ? (uid_t)(spec->first_uid + (unsigned)slot)
+				    : KC_SANDBOX_AS_DAEMON;
+	int err = stage_source(spec, uid);
 	if (err) {
+		release_slot(slot);
 		snprintf(out->why, sizeof(out->why), "cannot write scratch source: %s", strerror(-err));
 		return 0;
 	}
-	char reuid[32], regid[32];
-	snprintf(reuid, sizeof(reuid), "--reuid=%u", spec->uid);
-	snprintf(regid, sizeof(regid), "--regid=%u", spec->gid);
-	if (spec->setpriv &&
-	    (kc_argv_push(&argv, spec->setpriv) || kc_argv_push(&argv, reuid) ||
-	     kc_argv_push(&argv, regid) || kc_argv_push(&argv, "--clear-groups") ||
-	     kc_argv_push(&argv, "--no-new-privs") || kc_argv_push(&argv, "--"))) {
-		kc_argv_free(&argv);
-		return -ENOMEM;
-	}
-	if (kc_argv_push(&argv, spec->nvcc) || kc_argv_push(&argv, src) ||
+	if (kc_argv_push(&argv, spec->nvcc) || kc_argv_push(&argv, KC_COMPILE_CWD "/kernel.cu") ||
 	    kc_argv_push(&argv, "-cubin") || kc_argv_push(&argv, "-o") ||
-	    kc_argv_push(&argv, cubin) || kc_argv_extend(&argv, spec->args)) {
+	    kc_argv_push(&argv, KC_COMPILE_CWD "/kernel.cubin") ||
+	    kc_argv_extend(&argv, spec->args)) {
+		release_slot(slot);
 		kc_argv_free(&argv);
 		return -ENOMEM;
 	}
@@ -366,33 +415,40 @@ int kc_compile_run(const struct kc_compile_spec *spec, struct kc_compile_outcome
 	int log_fd = openat(spec->scratch_fd, "compile.log",
 			    O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
 	if (log_fd < 0) {
+		release_slot(slot);
 		kc_argv_free(&argv);
 		snprintf(out->why, sizeof(out->why), "cannot create the compile log: %s",
 			 strerror(errno));
 		return 0;
 	}
-	pid_t pid = spawn_compiler(spec, argv.v, log_fd);
+	pid_t pid = spawn_compiler(spec, argv.v, log_fd, uid, &bad_dir, why, sizeof(why));
 	kc_argv_free(&argv);
 	if (pid < 0) {
+		release_slot(slot);
 		close(log_fd);
-		snprintf(out->why, sizeof(out->why), "compiler %s cannot run: %s", spec->nvcc,
-			 strerror((int)-pid));
+		if (bad_dir >= 0 && uid != KC_SANDBOX_AS_DAEMON)
+			snprintf(out->why, sizeof(out->why), "include directory %.200s for the "
+				 "compiler's uid %u", why, (unsigned)uid);
+		else if (bad_dir >= 0)
+			snprintf(out->why, sizeof(out->why), "include directory %.200s", why);
+		else
+			snprintf(out->why, sizeof(out->why), "compiler %.240s", why);
 		return 0;
 	}
 	/* Recorded so that a daemon restarted after a crash can kill this group (store.c). */
-	fd = openat(spec->scratch_fd, "pgid", O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
-		    0600);
+	int fd = openat(spec->scratch_fd, "pgid", O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW |
+			O_CLOEXEC, 0600);
 	if (fd >= 0) {
 		dprintf(fd, "%d\n", (int)pid);
 		close(fd);
 	}
-	if (!track(pid)) {
+	if (track(slot, pid) != 0) {
 		kill(-pid, SIGKILL);
-		snprintf(out->why, sizeof(out->why), "daemon is shutting down or runs %d compiles",
-			 MAX_RUNNING);
+		snprintf(out->why, sizeof(out->why), "daemon is shutting down");
 	}
 	int w = wait_compiler(pid, spec->timeout_s, &status);
-	untrack(pid);
+	kc_sandbox_kill_uids(uid, 1); /* a process that left the group (setsid) ends here too */
+	release_slot(slot);
 	out->seconds = now_s() - t0;
 	read_log(log_fd, out);
 	close(log_fd);
@@ -430,21 +486,42 @@ int kc_compile_run(const struct kc_compile_spec *spec, struct kc_compile_outcome
 							   : KC_COMPILE_REJECTED;
 		return 0;
 	}
-	/* O_NONBLOCK: an unprivileged compiler owns the directory and could leave a FIFO */
-	fd = openat(spec->scratch_fd, "kernel.cubin", O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-	if (fd < 0) {
-		snprintf(out->why, sizeof(out->why), "compiler exited 0 but wrote no cubin");
-		return 0;
-	}
-	char why[200];
-	err = kc_cubin_check(fd, why, sizeof(why));
-	close(fd);
-	if (err) {
-		snprintf(out->why, sizeof(out->why), "compiler exited 0 but %s", why);
+	if (take_cubin(spec, uid, why, sizeof(why)) != 0) {
+		snprintf(out->why, sizeof(out->why), "compiler exited 0 but %.200s", why);
 		return 0;
 	}
 	out->status = KC_COMPILE_OK;
 	snprintf(out->why, sizeof(out->why), "ok");
+	return 0;
+}
+
+int kc_compile_probe(const char *compiler, unsigned uid, int ns_flags, char *why, size_t whylen)
+{
+	char *argv[] = {(char *)compiler, "--version", NULL};
+	struct kc_argv none = {0};
+	int bad_dir, status = 0;
+	int root = open("/", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	int out = open("/dev/null", O_WRONLY | O_CLOEXEC);
+	struct kc_compile_spec spec = {.nvcc = compiler, .args = &none, .scratch_fd = root,
+				       .timeout_s = 60, .ns_flags = ns_flags};
+	pid_t pid = root < 0 || out < 0 ? -EMFILE
+		    : spawn_compiler(&spec, argv, out, (uid_t)uid, &bad_dir, why, whylen);
+	if (root >= 0)
+		close(root);
+	if (out >= 0)
+		close(out);
+	if (pid == -EMFILE)
+		snprintf(why, whylen, "out of descriptors");
+	if (pid < 0)
+		return (int)pid;
+	int w = wait_compiler(pid, spec.timeout_s, &status);
+	kc_sandbox_kill_uids((uid_t)uid, 1);
+	if (w != 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+		snprintf(why, whylen, "--version %s %d", WIFEXITED(status) ? "exited with status"
+			 : "was killed by signal", WIFEXITED(status) ? WEXITSTATUS(status)
+			 : WTERMSIG(status));
+		return -EACCES;
+	}
 	return 0;
 }
 

@@ -1,8 +1,10 @@
 /* compile.h - the nvcc compile driver: one compiler run as a child process.
  *
- * argv only, never a shell; the child runs in its own process group in a private scratch
- * directory, with a scrubbed environment, its output captured to a log, and is killed
- * (the whole group) when it exceeds the timeout or the daemon shuts down.
+ * argv only, never a shell; the child runs in the sandbox (sandbox.h: a uid of its own,
+ * its own namespaces, limits) in a private scratch directory, with a scrubbed environment,
+ * its output captured to a log, and is killed (the whole group) when it exceeds the
+ * timeout or the daemon shuts down. The include directories of its flags are checked as
+ * its uid, so that an -I path tells nobody what only root may see.
  */
 #ifndef KC_COMPILE_H
 #define KC_COMPILE_H
@@ -18,7 +20,7 @@
 #define KC_COMPILE_NOFILE 1024         /* open files of each compiler process */
 
 enum kc_compile_status {
-	KC_COMPILE_OK,        /* a complete CUDA ELF is at <scratch>/kernel.cubin */
+	KC_COMPILE_OK,        /* a complete CUDA ELF was copied to out_fd */
 	KC_COMPILE_REJECTED,  /* the compiler ran and reported errors: remember it */
 	KC_COMPILE_TRANSIENT, /* killed, timed out, out of space, not runnable, bad output */
 };
@@ -31,12 +33,13 @@ struct kc_compile_spec {
 	const char *scratch;       /* absolute path of an empty private directory */
 	int scratch_fd;            /* fd on that directory */
 	unsigned timeout_s;
-	/* Run as (uid, gid) through setpriv (util-linux; NULL: as the daemon). The compiler then
-	 * reaches the scratch directory only as its working directory (its parents may be
-	 * closed to that user): its paths are /proc/self/cwd/..., which its log shows as the
-	 * scratch path again. */
-	const char *setpriv;
-	unsigned uid, gid;
+	/* Who runs it (sandbox.h): uid and gid first_uid + n, where n < 256 is a slot no other
+	 * running compile holds; 0: as the daemon. It then reaches the scratch directory only
+	 * as its working directory (its parents are closed to that uid): its paths are
+	 * /proc/self/cwd/..., which its log shows as the scratch path again. */
+	unsigned first_uid;
+	int ns_flags;              /* CLONE_NEW* it runs in (kc_sandbox_namespaces) */
+	int out_fd;                /* an empty file of the daemon's: the cubin is copied here */
 };
 
 struct kc_compile_outcome {
@@ -56,6 +59,12 @@ struct kc_compile_outcome {
  * kc_compile_outcome_free. */
 int kc_compile_run(const struct kc_compile_spec *spec, struct kc_compile_outcome *out);
 void kc_compile_outcome_free(struct kc_compile_outcome *out);
+
+/* Run "<compiler> --version" as a compile would run with first_uid uid and ns_flags (its
+ * output discarded), to learn at the mount whether that uid can run it. Returns 0, or
+ * -errno with why filled: the uid cannot start it (-EACCES, -ENOENT...) or it failed
+ * (-EACCES). */
+int kc_compile_probe(const char *compiler, unsigned uid, int ns_flags, char *why, size_t whylen);
 
 /* Check that fd holds a complete CUDA ELF (magic, EM_CUDA, section and program header
  * tables inside the file). Returns 0 or -EINVAL with why filled. */

@@ -10,8 +10,10 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "compile.h"
 #include "log.h"
 #include "nvcc.h"
+#include "sandbox.h"
 
 /* "<path> <last line of --version>", or "<path> unavailable" with a warning. */
 static void identity(const char *path, char *out, size_t len)
@@ -86,36 +88,78 @@ static int detect_arch(char *arch, size_t len)
 	return 0;
 }
 
-/* Whom compiles run as: -o compile_user=NAME (e.g. nobody: a compiler run as root reads
- * any file into kernel.log, #include "/etc/shadow"); absent or "root": as the daemon.
- * Returns 0 or -EINVAL with why filled. */
-static int resolve_compile_user(struct kc_config *c, char *why, size_t whylen)
+/* Whom compiles run as, and in what: -o compile_uids=FIRST|daemon (config.h). Returns 0
+ * or -EINVAL with why filled. */
+static int resolve_compile_uids(struct kc_config *c, char *why, size_t whylen)
 {
-	const char *name = c->compile_user;
-	if (!name || strcmp(name, "root") == 0)
+	const char *opt = c->compile_uids_opt;
+	int root = geteuid() == 0;
+	char nswhy[200];
+
+	if (root) {
+		c->ns_flags = kc_sandbox_namespaces(nswhy, sizeof(nswhy));
+		if (!c->ns_flags)
+			kc_log(KC_LOG_WARN, "compiles run without namespaces of their own (%s): "
+			       "processes they leave are still killed with their group", nswhy);
+	}
+	if (!opt) {
+		c->compile_uids = root ? KC_DEFAULT_COMPILE_UIDS : 0;
+	} else if (strcmp(opt, "daemon") == 0) {
+		c->compile_uids = 0;
 		return 0;
-	if (geteuid() != 0) {
-		snprintf(why, whylen, "compile_user=%s: only a daemon run as root can change the "
-			 "compilers' user", name);
-		return -EINVAL;
+	} else {
+		char *end;
+		errno = 0;
+		unsigned long first = strtoul(opt, &end, 10);
+		if (errno || end == opt || *end || opt[0] == '-' || first == 0 ||
+		    first > 0xFFFFFFFEul - KC_COMPILE_UID_SLOTS) {
+			snprintf(why, whylen, "compile_uids=%s: give the first of %u free uids "
+				 "(1 to %lu), or daemon", opt, KC_COMPILE_UID_SLOTS,
+				 0xFFFFFFFEul - KC_COMPILE_UID_SLOTS);
+			return -EINVAL;
+		}
+		if (!root) {
+			snprintf(why, whylen, "compile_uids=%s: only a daemon run as root can run "
+				 "compiles as other uids", opt);
+			return -EINVAL;
+		}
+		c->compile_uids = (unsigned)first;
 	}
-	struct passwd *pw = getpwnam(name);
-	if (!pw) {
-		snprintf(why, whylen, "compile_user=%s: no such user (compile_user=root keeps compiles "
-			 "as root)", name);
-		return -EINVAL;
+	/* A uid that is somebody's would give that user the compiles, and them that user's
+	 * files; so the range is ours, and what runs in it was left by a daemon that died. */
+	for (unsigned i = 0; c->compile_uids && i < KC_COMPILE_UID_SLOTS; i++) {
+		struct passwd *pw = getpwuid((uid_t)(c->compile_uids + i));
+		if (pw) {
+			snprintf(why, whylen, "compile_uids=%u: uid %u is the user %.64s; compiles need "
+				 "%u uids nobody has", c->compile_uids, c->compile_uids + i,
+				 pw->pw_name, KC_COMPILE_UID_SLOTS);
+			return -EINVAL;
+		}
 	}
-	static const char *const where[] = {"/usr/bin/setpriv", "/bin/setpriv", "/usr/sbin/setpriv"};
-	for (unsigned i = 0; i < sizeof(where) / sizeof(where[0]) && !c->setpriv; i++)
-		if (access(where[i], X_OK) == 0)
-			c->setpriv = strdup(where[i]);
-	if (!c->setpriv) {
-		snprintf(why, whylen, "compile_user=%s: setpriv (util-linux) is not installed", name);
-		return -EINVAL;
+	unsigned left = c->compile_uids ? kc_sandbox_count_uids(c->compile_uids,
+								  KC_COMPILE_UID_SLOTS) : 0;
+	if (left) {
+		kc_log(KC_LOG_WARN, "killing %u compiler processes left by a previous daemon "
+		       "(uids %u+)", left, c->compile_uids);
+		kc_sandbox_kill_uids(c->compile_uids, KC_COMPILE_UID_SLOTS);
 	}
-	c->compile_uid = (unsigned)pw->pw_uid;
-	c->compile_gid = (unsigned)pw->pw_gid;
 	return 0;
+}
+
+/* A compiler the daemon can run must run as the compiles' uid too: say so at the mount, not
+ * at every compile. Returns 0 or -EACCES with why filled. */
+static int check_compiler_runs_sandboxed(const struct kc_config *c, const char *compiler,
+					 char *why, size_t whylen)
+{
+	char version[200], probe[300];
+	if (!c->compile_uids || kc_nvcc_version(compiler, version, sizeof(version)) != 0)
+		return 0;
+	if (kc_compile_probe(compiler, c->compile_uids, c->ns_flags, probe, sizeof(probe)) == 0)
+		return 0;
+	snprintf(why, whylen, "compile_uids=%u: %.200s runs as the daemon but not as uid %u "
+		 "(%.300s): make it and its toolkit readable by all users, or give "
+		 "compile_uids=daemon", c->compile_uids, compiler, c->compile_uids, probe);
+	return -EACCES;
 }
 
 int kc_config_resolve(struct kc_config *c, char *why, size_t whylen)
@@ -157,7 +201,7 @@ int kc_config_resolve(struct kc_config *c, char *why, size_t whylen)
 		if (err)
 			return err;
 	}
-	if (resolve_compile_user(c, why, whylen) != 0)
+	if (resolve_compile_uids(c, why, whylen) != 0)
 		return -EINVAL;
 	if (c->jobs == 0) {
 		long n = sysconf(_SC_NPROCESSORS_ONLN);
@@ -168,6 +212,9 @@ int kc_config_resolve(struct kc_config *c, char *why, size_t whylen)
 	if (c->max_source_size == 0)
 		c->max_source_size = KC_DEFAULT_MAX_SOURCE;
 	compiler_identity(c);
+	if (check_compiler_runs_sandboxed(c, c->nvcc, why, whylen) != 0 ||
+	    (c->nvrtc && check_compiler_runs_sandboxed(c, c->nvrtc, why, whylen) != 0))
+		return -EACCES;
 	return 0;
 }
 
@@ -175,8 +222,8 @@ void kc_config_free(struct kc_config *c)
 {
 	free(c->nvcc);
 	free(c->nvrtc);
-	free(c->compile_user);
-	free(c->setpriv);
+	free(c->compile_uids_opt);
+	c->compile_uids_opt = NULL;
 	c->nvrtc = NULL;
 	free(c->arch);
 	free(c->flags);

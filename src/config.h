@@ -13,6 +13,11 @@
 #define KC_DEFAULT_ARCH "sm_90a"           /* when no GPU is found and no -o arch= */
 #define KC_DEFAULT_COMPILE_TIMEOUT 600     /* seconds */
 #define KC_DEFAULT_MAX_SOURCE (16u << 20)  /* bytes */
+/* First uid of the compiles of a daemon run as root: 0x7FFF0000, 256 uids just below 2^31,
+ * above what useradd (1000-60000), systemd (DynamicUser= 61184-65519, containers
+ * 524288-1879048191, the foreign range 2147352576-2147418111) and subuid ranges hand out. */
+#define KC_DEFAULT_COMPILE_UIDS 2147418112u
+#define KC_COMPILE_UID_SLOTS 256u            /* uids a range holds: compiles at once */
 
 struct kc_config {
 	char *nvcc;            /* absolute path of the compiler; NULL before resolution */
@@ -23,10 +28,11 @@ struct kc_config {
 	unsigned compile_timeout; /* seconds; 0: KC_DEFAULT_COMPILE_TIMEOUT */
 	int autocompile;       /* compile entries that have kernel.cu but no kernel.flags */
 	int verify_keys;       /* an entry's <hash> must be its recipe's key (key.h) */
-	char *compile_user;    /* -o compile_user= as given; NULL: compiles run as the daemon */
-	char *setpriv;         /* util-linux setpriv, when compiles drop to compile_uid; NULL:
-				* they run as the daemon */
-	unsigned compile_uid, compile_gid;
+	char *compile_uids_opt; /* -o compile_uids= as given; NULL: the default */
+	unsigned compile_uids; /* first uid of the compiles' range (compile.h: uid and gid
+				* compile_uids + n for the n-th running compile, n < 256); 0:
+				* compiles run as the daemon */
+	int ns_flags;          /* CLONE_NEW* compiles run in (sandbox.h); 0: none */
 	size_t max_source_size; /* bytes of kernel.cu / kernel.flags accepted */
 	char *nvrtc;           /* the kcachefs-nvrtc backend (NVRTC in its own process), found
 				* next to the daemon; NULL when this build has none */
@@ -36,8 +42,10 @@ struct kc_config {
 	int arch_detected;     /* 1 if arch came from the node's GPU */
 };
 
-/* Fill in defaults and resolve: the compilers' user (compile_user; -EINVAL for an unknown
- * user, a non-root daemon asked to change it, or no setpriv), nvcc (-o nvcc=, else $CUDA_HOME/bin/nvcc, else nvcc on
+/* Fill in defaults and resolve: the compilers' uids (compile_uids; -EINVAL for a value
+ * that is not "daemon" or a number whose 256 uids are free of users, or a daemon not run
+ * as root given one; -EACCES when the compiler runs as the daemon and not as those uids),
+ * their namespaces (when root; none, with a warning, where the kernel refuses them), nvcc (-o nvcc=, else $CUDA_HOME/bin/nvcc, else nvcc on
  * PATH, else /usr/local/cuda/bin/nvcc), its identity (runs "nvcc --version"; a compiler
  * that cannot run leaves the id "<path> unavailable" and is reported by a warning), the
  * NVRTC backend (kcachefs-nvrtc in the daemon's own directory; -EINVAL when -o

@@ -6,7 +6,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #define FLAG_LINE_MAX 4096
 
@@ -188,7 +187,7 @@ static int check_list(const char *arg, const char *list, int (*item_ok)(const ch
 
 /* Only the form is checked here: a stat could reach into the daemon's own mount and wait
  * there, on a request thread. Whether the directory exists is checked when compiling
- * (kc_flags_include_problem). */
+ * by the compiler's own uid (compile.c). */
 static int check_include_dir(const char *arg, const char *dir, char *why, size_t whylen)
 {
 	if (dir[0] != '/')
@@ -442,19 +441,11 @@ nomem:
 	return -ENOMEM;
 }
 
-int kc_flags_include_problem(const struct kc_argv *args, char *why, size_t whylen)
+const char *kc_flags_include_dir(const char *arg)
 {
-	for (size_t i = 0; i < args->n; i++) {
-		const char *a = args->v[i], *dir = NULL;
-		if (starts(a, "-I"))
-			dir = a + 2;
-		else if (starts(a, "--include-path="))
-			dir = a + strlen("--include-path=");
-		struct stat st;
-		if (dir && (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))) {
-			snprintf(why, whylen, "flag '%s' refused: include directory does not exist", a);
-			return -ENOENT;
-		}
-	}
-	return 0;
+	if (starts(arg, "-I") && arg[2])
+		return arg + 2;
+	if (starts(arg, "--include-path="))
+		return arg + strlen("--include-path=");
+	return NULL;
 }

@@ -29,7 +29,7 @@ void kc_argv_free(struct kc_argv *a);
  * runs a program, loads a plugin, reads options from a file, changes the output kind);
  * -EINVAL if it is merely not allowed (unknown, a relative include directory, a comma in
  * an -I/-D/-U value, which nvcc would split, a malformed architecture, characters outside
- * [A-Za-z0-9_-.,=/+:@%]). No file is looked at: see kc_flags_include_problem. Either way a one-line reason naming the
+ * [A-Za-z0-9_-.,=/+:@%]). No file is looked at: the compiler's uid checks include directories (compile.h). Either way a one-line reason naming the
  * argument is written to why[0..whylen). */
 int kc_flag_check(const char *arg, char *why, size_t whylen);
 
@@ -51,10 +51,9 @@ const char *kc_flags_arch(const struct kc_argv *args);
 /* Nonzero if args already choose a target architecture (-arch=, --gpu-architecture=). */
 int kc_flags_have_arch(const struct kc_argv *args);
 
-/* Check that every include directory of args exists (a stat each: call it where waiting is
- * harmless, not on a FUSE request thread). Returns 0, or -ENOENT with why naming the first
- * that does not. */
-int kc_flags_include_problem(const struct kc_argv *args, char *why, size_t whylen);
+/* The include directory an argument names ("-I<dir>", "--include-path=<dir>": a pointer
+ * into arg), or NULL. */
+const char *kc_flags_include_dir(const char *arg);
 
 /* The compile backend an entry asks for in its kernel.flags: KC_FLAG_BACKEND followed by
  * "nvcc" or "nvrtc" (the last one wins; the allow-list takes no other value). */

@@ -216,16 +216,6 @@ int kc_shim_tree_fingerprint(const char *dir, dev_t avoid, char hex[KC_SHA256_HE
 	return err;
 }
 
-/* The include directory an argument names, or NULL. */
-static const char *include_dir(const char *arg)
-{
-	if (strncmp(arg, "-I", 2) == 0 && arg[2])
-		return arg + 2;
-	if (strncmp(arg, "--include-path=", 15) == 0)
-		return arg + 15;
-	return NULL;
-}
-
 int kc_shim_flags_file(const struct kc_shim_call *call, const char *compiler, dev_t avoid,
 		       char **out, size_t *out_len)
 {
@@ -238,7 +228,7 @@ int kc_shim_flags_file(const struct kc_shim_call *call, const char *compiler, de
 		return -ENOMEM;
 	fprintf(f, "# kcachefs-nvcc: %s\n", compiler);
 	for (size_t i = 0; i < call->flags.n && !err; i++) {
-		const char *dir = include_dir(call->flags.v[i]);
+		const char *dir = kc_flags_include_dir(call->flags.v[i]);
 		char fp[KC_SHA256_HEXLEN + 1];
 		if (dir && !(err = kc_shim_tree_fingerprint(dir, avoid, fp)))
 			fprintf(f, "# include-tree %s %s\n", dir, fp);

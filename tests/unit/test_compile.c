@@ -68,6 +68,7 @@ static int spit(const char *path, const void *buf, size_t len)
 struct run {
 	char scratch[256];
 	int scratch_fd;
+	int out_fd; /* the cubin's copy */
 	struct kc_compile_outcome out;
 	int ret;
 	double wall;
@@ -83,13 +84,16 @@ static void run_compile(struct run *r, const char *compiler, const char *kernel,
 	struct kc_argv none = {0};
 
 	memset(r, 0, sizeof(*r));
-	r->scratch_fd = -1;
+	r->scratch_fd = r->out_fd = -1;
 	snprintf(r->scratch, sizeof(r->scratch), "%s/run.XXXXXX", base);
 	if (!mkdtemp(r->scratch)) {
 		r->ret = -errno;
 		return;
 	}
 	r->scratch_fd = open(r->scratch, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	snprintf(path, sizeof(path), "%s.out", r->scratch);
+	r->out_fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+	unlink(path);
 	snprintf(path, sizeof(path), "%s/%s", kernels, kernel);
 	char *src = slurp(path, &srclen);
 	if (!src)
@@ -103,6 +107,7 @@ static void run_compile(struct run *r, const char *compiler, const char *kernel,
 		.scratch = r->scratch,
 		.scratch_fd = r->scratch_fd,
 		.timeout_s = timeout_s,
+		.out_fd = r->out_fd,
 	};
 	double t0 = now_s();
 	r->ret = kc_compile_run(&spec, &r->out);
@@ -115,6 +120,8 @@ static void run_done(struct run *r)
 	kc_compile_outcome_free(&r->out);
 	if (r->scratch_fd >= 0)
 		close(r->scratch_fd);
+	if (r->out_fd >= 0)
+		close(r->out_fd);
 	kc_store_remove_tree(r->scratch);
 }
 

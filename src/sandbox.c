@@ -1,0 +1,204 @@
+/* sandbox.c - see sandbox.h */
+#define _GNU_SOURCE
+#include "sandbox.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#ifndef CLOSE_RANGE_CLOEXEC
+#define CLOSE_RANGE_CLOEXEC (1U << 2)
+#endif
+
+#define KC_SANDBOX_NS (CLONE_NEWNET | CLONE_NEWIPC)
+
+enum stage { STAGE_SETUP = -1, STAGE_IDENTITY = -2, STAGE_EXEC = -3 }; /* >= 0: a dir */
+
+/* What a child that could not start its program sends back before it exits. */
+struct failure {
+	int err;
+	int stage;
+};
+
+static void fail_child(int pipe_fd, int err, int stage)
+{
+	struct failure f = {.err = err, .stage = stage};
+	ssize_t n = write(pipe_fd, &f, sizeof(f));
+	(void)n;
+	_exit(127);
+}
+
+/* fork semantics (a copy of the address space) in new namespaces: glibc's clone() wants a
+ * stack of its own, fork() takes no flags. */
+static pid_t clone_ns(int ns_flags)
+{
+	return (pid_t)syscall(SYS_clone, (unsigned long)(SIGCHLD | ns_flags), NULL, NULL, NULL,
+			      NULL);
+}
+
+/* The child, between clone and exec: system calls only. */
+static void child(const struct kc_spawn *sp, int pipe_fd, int devnull)
+{
+	struct sigaction dfl;
+	sigset_t none;
+
+	memset(&dfl, 0, sizeof(dfl));
+	dfl.sa_handler = SIG_DFL;
+	for (int s = 1; s < NSIG; s++)
+		sigaction(s, &dfl, NULL); /* SIGKILL, SIGSTOP and libc's own refuse: harmless */
+	sigemptyset(&none);
+	sigprocmask(SIG_SETMASK, &none, NULL);
+	/* Nothing of the daemon's reaches the compiler: not /dev/fuse, not the store. */
+	syscall(SYS_close_range, 3u, ~0u, CLOSE_RANGE_CLOEXEC);
+	if (setpgid(0, 0) != 0 || dup2(devnull, 0) < 0 || dup2(sp->out_fd, 1) < 0 ||
+	    dup2(sp->out_fd, 2) < 0 || fchdir(sp->cwd_fd) != 0)
+		fail_child(pipe_fd, errno, STAGE_SETUP);
+	struct rlimit core = {0, 0};
+	if (setrlimit(RLIMIT_AS, &sp->as) != 0 || setrlimit(RLIMIT_FSIZE, &sp->fsize) != 0 ||
+	    setrlimit(RLIMIT_CPU, &sp->cpu) != 0 || setrlimit(RLIMIT_NOFILE, &sp->nofile) != 0 ||
+	    setrlimit(RLIMIT_CORE, &core) != 0)
+		fail_child(pipe_fd, errno, STAGE_SETUP);
+	setpriority(PRIO_PROCESS, 0, sp->nice);
+	/* Raw system calls: glibc's setuid() would try to reach threads the child lacks. */
+	if (sp->uid != KC_SANDBOX_AS_DAEMON &&
+	    (syscall(SYS_setgroups, 0, NULL) != 0 ||
+	     syscall(SYS_setresgid, sp->gid, sp->gid, sp->gid) != 0 ||
+	     syscall(SYS_setresuid, sp->uid, sp->uid, sp->uid) != 0))
+		fail_child(pipe_fd, errno, STAGE_IDENTITY);
+	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
+		fail_child(pipe_fd, errno, STAGE_IDENTITY);
+	for (int i = 0; sp->dirs && sp->dirs[i]; i++) {
+		struct stat st;
+		if (stat(sp->dirs[i], &st) != 0)
+			fail_child(pipe_fd, errno, i);
+		if (!S_ISDIR(st.st_mode))
+			fail_child(pipe_fd, ENOTDIR, i);
+	}
+	execve(sp->path, sp->argv, sp->envp);
+	fail_child(pipe_fd, errno, STAGE_EXEC);
+}
+
+pid_t kc_sandbox_spawn(const struct kc_spawn *sp, int *bad_dir, char *why, size_t whylen)
+{
+	int p[2];
+
+	*bad_dir = -1;
+	if (pipe2(p, O_CLOEXEC) != 0) {
+		snprintf(why, whylen, "cannot start %s: %s", sp->path, strerror(errno));
+		return -errno;
+	}
+	int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
+	if (devnull < 0) {
+		int err = errno;
+		close(p[0]);
+		close(p[1]);
+		snprintf(why, whylen, "cannot open /dev/null: %s", strerror(err));
+		return -err;
+	}
+	pid_t pid = clone_ns(sp->ns_flags);
+	if (pid == 0) {
+		close(p[0]);
+		child(sp, p[1], devnull);
+	}
+	int clone_err = errno;
+	close(p[1]);
+	close(devnull);
+	if (pid < 0) {
+		close(p[0]);
+		snprintf(why, whylen, "cannot start %s: %s", sp->path, strerror(clone_err));
+		return -clone_err;
+	}
+	/* The pipe closes at the exec (O_CLOEXEC), or brings why there was none. */
+	struct failure f;
+	ssize_t n;
+	while ((n = read(p[0], &f, sizeof(f))) < 0 && errno == EINTR)
+		;
+	close(p[0]);
+	if (n != (ssize_t)sizeof(f))
+		return pid;
+	while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+		;
+	if (f.stage >= 0) {
+		*bad_dir = f.stage;
+		snprintf(why, whylen, "%s: %s", sp->dirs[f.stage], strerror(f.err));
+	}
+	else if (f.stage == STAGE_IDENTITY)
+		snprintf(why, whylen, "cannot run as uid %u: %s", (unsigned)sp->uid, strerror(f.err));
+	else if (f.stage == STAGE_EXEC)
+		snprintf(why, whylen, "cannot run %s: %s", sp->path, strerror(f.err));
+	else
+		snprintf(why, whylen, "cannot set up the process of %s: %s", sp->path,
+			 strerror(f.err));
+	return f.err > 0 ? -f.err : -EIO;
+}
+
+int kc_sandbox_namespaces(char *why, size_t whylen)
+{
+	pid_t pid = clone_ns(KC_SANDBOX_NS);
+	if (pid == 0)
+		_exit(0);
+	if (pid < 0) {
+		snprintf(why, whylen, "new network and IPC namespaces: %s", strerror(errno));
+		return 0;
+	}
+	int status = 0;
+	while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+		;
+	return KC_SANDBOX_NS;
+}
+
+unsigned kc_sandbox_count_uids(uid_t first, unsigned count)
+{
+	DIR *proc = opendir("/proc");
+	struct dirent *de;
+	unsigned n = 0;
+
+	while (proc && (de = readdir(proc)) != NULL) {
+		struct stat st;
+		char path[300], stat_line[512];
+		if (de->d_name[0] < '1' || de->d_name[0] > '9' ||
+		    fstatat(dirfd(proc), de->d_name, &st, 0) != 0 || st.st_uid < first ||
+		    st.st_uid - first >= count)
+			continue;
+		snprintf(path, sizeof(path), "/proc/%s/stat", de->d_name);
+		FILE *f = fopen(path, "re");
+		char *paren = f && fgets(stat_line, sizeof(stat_line), f) ? strrchr(stat_line, ')')
+									  : NULL;
+		n += paren && paren[1] == ' ' && paren[2] != 'Z'; /* a zombie waits for its parent */
+		if (f)
+			fclose(f);
+	}
+	if (proc)
+		closedir(proc);
+	return n;
+}
+
+void kc_sandbox_kill_uids(uid_t first, unsigned count)
+{
+	if (first == KC_SANDBOX_AS_DAEMON || first == 0 || count == 0)
+		return;
+	pid_t pid = clone_ns(0);
+	if (pid == 0) {
+		/* kill(-1) reaches every process the caller may signal: as uid, all of uid's. The
+		 * saved uid stays root, to take the next. */
+		for (unsigned i = 0; i < count; i++) {
+			if (syscall(SYS_setresuid, first + i, first + i, 0) != 0)
+				_exit(1);
+			kill(-1, SIGKILL);
+			if (syscall(SYS_setresuid, 0, 0, 0) != 0)
+				_exit(1);
+		}
+		_exit(0);
+	}
+	while (pid > 0 && waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+		;
+}

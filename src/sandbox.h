@@ -1,0 +1,61 @@
+/* sandbox.h - the process a compiler runs in: who it is, what it shares with the node.
+ *
+ * A compile is text that any user of the mount wrote, compiled by a daemon that runs as
+ * root. kc_sandbox_spawn starts a program as a uid of its own (no supplementary groups, no
+ * new privileges), in new network and IPC namespaces: it
+ * reaches no network and no System V IPC or POSIX message queue of the node. Limits are set
+ * before the program starts, so no tool it runs escapes them; kc_sandbox_kill_uids ends
+ * every process of the uid afterwards, also one that left the process group. The idea of a sandbox made of a fresh uid and namespaces is the one of
+ * bubblewrap and of systemd's DynamicUser=/PrivateNetwork=; nothing of theirs is used.
+ *
+ * Called from a multithreaded daemon: between clone and exec the child makes only
+ * async-signal-safe system calls on memory prepared before the clone.
+ */
+#ifndef KC_SANDBOX_H
+#define KC_SANDBOX_H
+
+#include <stddef.h>
+#include <sys/resource.h>
+#include <sys/types.h>
+
+#define KC_SANDBOX_AS_DAEMON ((uid_t)-1) /* uid of a spawn that keeps the daemon's identity */
+
+struct kc_spawn {
+	const char *path;    /* absolute path of the program */
+	char *const *argv;   /* NULL-terminated */
+	char *const *envp;   /* NULL-terminated: the whole environment, nothing inherited */
+	int cwd_fd;          /* the working directory (a directory fd) */
+	int out_fd;          /* stdout and stderr; stdin is /dev/null */
+	uid_t uid;           /* run as uid, gid (KC_SANDBOX_AS_DAEMON: as the daemon); changing
+			      * them needs a daemon run as root */
+	gid_t gid;
+	int ns_flags;        /* CLONE_NEW* to start it in (kc_sandbox_namespaces gives them) */
+	int nice;            /* nice value */
+	struct rlimit as, fsize, cpu, nofile; /* RLIMIT_AS, _FSIZE, _CPU, _NOFILE; no cores */
+	const char *const *dirs; /* NULL-terminated (or NULL): paths that must be directories
+				  * the program can reach, checked as uid before it starts */
+};
+
+/* Start sp->path. Returns the child's pid (the leader of its own process group: kill the
+ * group, then reap it), or -errno with why filled: the clone failed (-EAGAIN, -ENOMEM,
+ * -EPERM), a directory of sp->dirs cannot be reached as sp->uid (its errno: -ENOENT,
+ * -EACCES, -ENOTDIR; *bad_dir gets its index, why names it; else *bad_dir is -1), the
+ * identity or the limits could not be set (-EPERM), or the exec failed (-ENOENT, -EACCES,
+ * -ENOEXEC). On any error nothing is left running and the child is reaped. */
+pid_t kc_sandbox_spawn(const struct kc_spawn *sp, int *bad_dir, char *why, size_t whylen);
+
+/* The CLONE_NEW* flags (network, IPC) this daemon may give its compiles: both when the
+ * kernel allows them (root, no seccomp or container policy against them), else 0
+ * with why filled. Tries once, with a child that exits at once. */
+int kc_sandbox_namespaces(char *why, size_t whylen);
+
+/* SIGKILL every process of the uids first to first + count - 1 (a compile's, where no
+ * process of anybody else runs): from a child that takes each uid and signals -1. Nothing
+ * for KC_SANDBOX_AS_DAEMON or 0. Waits for the child, not for the processes to be gone. */
+void kc_sandbox_kill_uids(uid_t first, unsigned count);
+
+/* How many processes whose uid is first to first + count - 1 run (not zombies): a scan of
+ * /proc. */
+unsigned kc_sandbox_count_uids(uid_t first, unsigned count);
+
+#endif

@@ -1,0 +1,157 @@
+/* test_sandbox.c - kc_sandbox_spawn and kc_sandbox_kill_uids: identity, namespaces, limits,
+ * descriptors, the directory check, and each way a start can fail. Run as root for the
+ * identity checks (CI is); otherwise they are skipped. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "sandbox.h"
+#include "tap.h"
+
+#define UID 2147418112u /* KC_DEFAULT_COMPILE_UIDS */
+
+static char out_path[64];
+
+/* Run argv[0] in the sandbox with its output in out_path; returns the pid or -errno. */
+static pid_t start(char *const argv[], uid_t uid, int ns, const char *const *dirs, int *bad_dir,
+		   char *why, size_t whylen)
+{
+	char *const envp[] = {"PATH=/usr/bin:/bin", NULL};
+	int out = open(out_path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	int cwd = open("/", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	struct kc_spawn sp = {
+		.path = argv[0], .argv = argv, .envp = envp, .cwd_fd = cwd, .out_fd = out,
+		.uid = uid, .gid = (gid_t)uid, .ns_flags = ns, .nice = 5, .dirs = dirs,
+		.as = {RLIM_INFINITY, RLIM_INFINITY}, .fsize = {1 << 20, 1 << 20},
+		.cpu = {100, 100}, .nofile = {64, 64},
+	};
+	pid_t pid = kc_sandbox_spawn(&sp, bad_dir, why, whylen);
+	close(out);
+	close(cwd);
+	return pid;
+}
+
+static char *output(void)
+{
+	static char buf[4096];
+	FILE *f = fopen(out_path, "re");
+	size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+	buf[n] = '\0';
+	if (f)
+		fclose(f);
+	return buf;
+}
+
+/* Processes of uid that still run (zombies, which only wait for their parent, do not). */
+static int live_of_uid(uid_t uid)
+{
+	char cmd[200];
+	snprintf(cmd, sizeof(cmd), "ps -e -o uid=,stat= | awk '$1 == %u && $2 !~ /^Z/' | wc -l",
+		 (unsigned)uid);
+	FILE *f = popen(cmd, "r");
+	int n = -1;
+	if (f && fscanf(f, "%d", &n) != 1)
+		n = -1;
+	if (f)
+		pclose(f);
+	return n;
+}
+
+static int exit_status(pid_t pid)
+{
+	int status = -1;
+	while (pid > 0 && waitpid(pid, &status, 0) < 0 && errno == EINTR)
+		;
+	return status;
+}
+
+int main(void)
+{
+	char why[512];
+	int bad_dir;
+	int root = geteuid() == 0;
+
+	snprintf(out_path, sizeof(out_path), "/tmp/kc-test-sandbox.%d", (int)getpid());
+	/* a descriptor of the daemon's without O_CLOEXEC, as libraries leave them */
+	int leaky = open("/dev/null", O_RDONLY);
+	CHECK(leaky >= 0 && dup2(leaky, 100) == 100, "a descriptor without O_CLOEXEC at 100");
+
+	char why_ns[200] = "";
+	int ns = root ? kc_sandbox_namespaces(why_ns, sizeof(why_ns)) : 0;
+	if (root)
+		CHECK(ns != 0, "namespaces: root gets network and IPC namespaces");
+	char *const inspect[] = {"/bin/sh", "-c",
+		"echo uid=$(id -u) groups=$(id -G) nofile=$(ulimit -n) fsize=$(ulimit -f) "
+		"nice=$(nice) pgid=$(ps -o pgid= $$ | tr -d ' ') pid=$$; "
+		"echo net=$(tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '); "
+		"echo fds=$(ls /proc/self/fd | tr '\\n' ' ')", NULL};
+	pid_t pid = start(inspect, root ? UID : KC_SANDBOX_AS_DAEMON, ns, NULL, &bad_dir, why,
+			  sizeof(why));
+	int status = exit_status(pid);
+	char *out = output();
+	CHECK(pid > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0, "spawn: the program ran");
+	char want[200];
+	if (root) {
+		snprintf(want, sizeof(want), "uid=%u groups=%u ", UID, UID);
+		CHECK(strstr(out, want), "identity: its own uid, its gid, no other group");
+		CHECK(strstr(out, "net=lo\n"), "network: only a loopback of its own");
+	} else {
+		CHECK(1, "identity and network # SKIP not root");
+	}
+	CHECK(strstr(out, "nofile=64 ") && strstr(out, "fsize=2048 ") && strstr(out, "nice=5 "),
+	      "limits and nice value are set before the program starts");
+	snprintf(want, sizeof(want), "pgid=%d pid=%d", (int)pid, (int)pid);
+	CHECK(strstr(out, want), "process group: its own, which it leads");
+	CHECK(strstr(out, "fds=0 1 2 3\n"), "descriptors: stdin, stdout, stderr only (3 is ls's)");
+	if (!strstr(out, "fds=0 1 2 3\n") || !strstr(out, "nofile=64"))
+		printf("# output: %s\n", out);
+
+	char *const missing[] = {"/nonexistent/kc-compiler", NULL};
+	pid = start(missing, KC_SANDBOX_AS_DAEMON, 0, NULL, &bad_dir, why, sizeof(why));
+	CHECK(pid == -ENOENT && bad_dir == -1 && strstr(why, "cannot run /nonexistent/kc-compiler"),
+	      "exec failure: -ENOENT, why names the program");
+
+	char *const t[] = {"/bin/true", NULL};
+	const char *const dirs[] = {"/usr", "/nonexistent-kc-dir", NULL};
+	pid = start(t, KC_SANDBOX_AS_DAEMON, 0, dirs, &bad_dir, why, sizeof(why));
+	CHECK(pid == -ENOENT && bad_dir == 1 && strncmp(why, "/nonexistent-kc-dir: ", 21) == 0,
+	      "directories: a missing one is -ENOENT, with its index and name");
+	const char *const file[] = {"/etc/passwd", NULL};
+	pid = start(t, KC_SANDBOX_AS_DAEMON, 0, file, &bad_dir, why, sizeof(why));
+	CHECK(pid == -ENOTDIR && bad_dir == 0, "directories: a file is -ENOTDIR");
+	if (root) {
+		const char *const closed[] = {"/root/.", NULL};
+		pid = start(t, UID, ns, closed, &bad_dir, why, sizeof(why));
+		CHECK(pid == -EACCES && bad_dir == 0, "directories: checked as the uid (/root: EACCES)");
+	}
+
+	if (root) {
+		/* a process of the uid that left the group: only kc_sandbox_kill_uids ends it */
+		char *const away[] = {"/usr/bin/setsid", "-f", "/bin/sleep", "1000.4242", NULL};
+		pid = start(away, UID + 1, ns, NULL, &bad_dir, why, sizeof(why));
+		exit_status(pid);
+		for (int i = 0; i < 100 && live_of_uid(UID + 1) != 1; i++)
+			usleep(10000);
+		CHECK(live_of_uid(UID + 1) == 1, "kill_uids: the process left the group and runs");
+		CHECK(kc_sandbox_count_uids(UID, 2) == 1 && kc_sandbox_count_uids(UID, 1) == 0,
+		      "count_uids: that one, in its uid only");
+		kc_sandbox_kill_uids(UID + 1, 1);
+		for (int i = 0; i < 100 && live_of_uid(UID + 1) != 0; i++)
+			usleep(10000);
+		CHECK(live_of_uid(UID + 1) == 0 && kc_sandbox_count_uids(UID, 2) == 0,
+		      "kill_uids: none is left");
+		kc_sandbox_kill_uids(0, 1);
+		kc_sandbox_kill_uids(KC_SANDBOX_AS_DAEMON, 1);
+		CHECK(kill(getpid(), 0) == 0, "kill_uids: the caller lives");
+	}
+	unlink(out_path);
+	close(leaky);
+	close(100);
+	return tap_done();
+}
