@@ -280,11 +280,13 @@ def main():
     args = ap.parse_args()
 
     work = tempfile.mkdtemp(prefix="kcachefs-stress.")
+    os.chmod(work, 0o711)  # the wrapper compilers run as the compiles' uids (compile_uids)
     backing, mnt = os.path.join(work, "backing"), os.path.join(work, "mnt")
     os.mkdir(backing)
     os.mkdir(mnt)
     log = os.path.join(work, "compiles.log")
     open(log, "w").close()
+    os.chmod(log, 0o666)
     template_path = os.path.join(work, "template.cubin")
     with open(os.path.join(work, "t.cu"), "w") as f:
         f.write('extern "C" __global__ void t(float *x) { x[0] = 1.0f; }\n')

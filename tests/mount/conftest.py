@@ -14,6 +14,20 @@ from kcmount import (EM_CUDA, KCACHEFS, KERNELS, NVCC, OPENER, REPO, SHIM, Mount
                      start_openers, write_script)
 
 
+@pytest.fixture(autouse=True)
+def tmp_path_open_to_compiles(tmp_path):
+    """Compiles run as uids of their own (-o compile_uids): a test's wrapper compilers, and
+    the files they keep, live in its tmp_path, which pytest makes private to root. Open it
+    to them as an operator's compiler directory would be: the directories above may be
+    passed through, tmp_path written like /tmp."""
+    top = Path(tempfile.gettempdir())
+    for p in tmp_path.parents:
+        if p == top or top not in p.parents:
+            break
+        os.chmod(p, 0o711)
+    os.chmod(tmp_path, 0o1777)
+
+
 @pytest.fixture
 def mount_factory(tmp_path):
     """mount_factory(options=(), name="m") -> started Mount; all are stopped at teardown."""
@@ -39,6 +53,7 @@ def counting_nvcc(tmp_path):
     Returns (path, calls) where calls() is the number of compiles so far."""
     log = tmp_path / "compiler-calls"
     log.write_text("")
+    os.chmod(log, 0o666)  # appended to by compiles, which run as uids of their own
 
     def make(delay=0):
         script = write_script(

@@ -5,6 +5,7 @@ pytest fixtures; scripts/bench.py and scripts/stress.py-style tools use it direc
 KCACHEFS_BIN overrides the daemon (default: <repo>/build/kcachefs), KCACHEFS_NVCC_BIN the
 nvcc shim (default: <repo>/build/kcachefs-nvcc).
 """
+import atexit
 import hashlib
 import multiprocessing
 import os
@@ -13,12 +14,32 @@ import signal
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 KCACHEFS = Path(os.environ.get("KCACHEFS_BIN", REPO / "build" / "kcachefs"))
 SHIM = Path(os.environ.get("KCACHEFS_NVCC_BIN", REPO / "build" / "kcachefs-nvcc"))
+
+
+def _open_to_compiles(path):
+    """A daemon run as root compiles as uids of its own (-o compile_uids), which run
+    kcachefs-nvrtc from the daemon's directory: a build in a private directory (a clone
+    under /root) is copied to one they can reach, removed at exit."""
+    if os.geteuid() != 0 or not path.exists() or all(
+            os.stat(p).st_mode & 0o001 for p in path.parents):
+        return path
+    copy = Path(tempfile.mkdtemp(prefix="kcachefs-bin-"))
+    os.chmod(copy, 0o755)
+    atexit.register(shutil.rmtree, copy, True)
+    for name in (path.name, "kcachefs-nvrtc"):
+        if (path.parent / name).exists():
+            shutil.copy2(path.parent / name, copy / name)
+    return copy / path.name
+
+
+KCACHEFS = _open_to_compiles(KCACHEFS)
 KERNELS = REPO / "tests" / "kernels"
 NVCC = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin" / "nvcc"
 EM_CUDA = 190

@@ -99,7 +99,7 @@ def test_restart_after_crash_recovers(mount_factory, tmp_path):
     assert m2.stats()["compiles_total"] == 0
 
 
-def test_a_backing_directory_every_user_can_reach_is_warned_about(mount_factory):
+def test_a_backing_directory_every_user_can_reach_is_warned_about():
     public = Path(tempfile.mkdtemp(prefix="kcachefs-reach-"))
     os.chmod(public, 0o755)
     m = Mount(public)
@@ -109,8 +109,14 @@ def test_a_backing_directory_every_user_can_reach_is_warned_about(mount_factory)
     finally:
         m.stop()
         shutil.rmtree(public)
-    private = mount_factory()  # under pytest's own directory, which only root can enter
-    assert "can be reached by every user" not in private.daemon_log()
+    private = Path(tempfile.mkdtemp(prefix="kcachefs-private-"))  # only root can enter it
+    m = Mount(private)
+    try:
+        m.start()
+        assert "can be reached by every user" not in m.daemon_log()
+    finally:
+        m.stop()
+        shutil.rmtree(private)
 
 
 MAN = Path(__file__).resolve().parents[2] / "doc" / "kcachefs.1"

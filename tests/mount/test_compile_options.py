@@ -8,6 +8,7 @@ def logging_nvcc(tmp_path, delay):
     """A compiler that logs 'start <pid> <args>' and 'end <pid>' around a real nvcc run."""
     log = tmp_path / "calls.log"
     log.write_text("")
+    os.chmod(log, 0o666)  # appended to by compiles, which run as uids of their own
     nvcc = write_script(tmp_path / "nvcc-logging",
                         'case "$*" in *-cubin*) ;; *) exec /usr/local/cuda/bin/nvcc "$@";; esac\n'
                         'echo "start $$ $* cwd=$(pwd) env=$(env | cut -d= -f1 | sort | tr \'\\n\' \' \')" >> %s\n'

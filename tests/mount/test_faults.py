@@ -193,8 +193,8 @@ def test_nothing_in_the_backing_or_in_flags_can_stall_request_threads(mount_fact
     """A FIFO put in the backing directory where kernel.flags goes, and include directories
     that point into the mount itself at a compiling cubin: lookups, stages and other
     requests still answer (found by a break-it pass: both used to hold FUSE threads)."""
-    # compile_user=root: the compile must reach a FIFO in this test's private directory
-    m = mount_factory(["compile_timeout=20", "compile_user=root"])
+    # compile_uids=daemon: the compile must reach a FIFO in this test's private directory
+    m = mount_factory(["compile_timeout=20", "compile_uids=daemon"])
     src = sample("vector_add")[0]
     fifo_entry = m.mnt / "cache" / entry_name("fifo", src)
     fifo_entry.mkdir(parents=True)
