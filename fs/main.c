@@ -107,12 +107,13 @@ static void usage(const char *prog)
 	       "    -o arch=sm_XY[a]       target (default: the node's GPU, else %s)\n"
 	       "    -o flags='A B'         arguments added to every compile (blank separated;\n"
 	       "                           escape commas as \\,)\n"
-	       "    -o jobs=N              concurrent compiles (default: online CPUs)\n"
+	       "    -o jobs=N              concurrent compiles, at most 256 (default: online CPUs)\n"
 	       "    -o compile_timeout=S   kill a compile after S seconds (default %d)\n"
 	       "    -o autocompile         compile entries that have kernel.cu but no kernel.flags\n"
 	       "    -o compile_uids=N      run each compile as a uid of its own, N to N+255,\n"
 	       "                           which no user may have (default for a daemon run\n"
-	       "                           as root: %u); compile_uids=daemon: as the daemon\n"
+	       "                           as root: the first range from %u that no other\n"
+	       "                           daemon holds); compile_uids=daemon: as the daemon\n"
 	       "    -o verify_keys         an entry's <hash> must be the key of its kernel.cu and\n"
 	       "                           kernel.flags (src/key.h), or they are refused\n"
 	       "    -o max_source_size=B   largest kernel.cu/kernel.flags accepted (default %u)\n"
@@ -248,7 +249,7 @@ int main(int argc, char *argv[])
 	clock_gettime(CLOCK_REALTIME, &fs->started);
 	unsigned long jobs = 0, timeout = 0, max_source = 0, max_inodes = 0, max_entries = 0;
 	uint64_t max_size = 0;
-	if (parse_number("jobs", o.jobs, 1, 1024, &jobs) ||
+	if (parse_number("jobs", o.jobs, 1, KC_COMPILE_SLOTS, &jobs) ||
 	    parse_number("compile_timeout", o.compile_timeout, 1, 7 * 86400, &timeout) ||
 	    parse_number("max_source_size", o.max_source_size, 1, 1ul << 30, &max_source) ||
 	    parse_number("max_inodes", o.max_inodes, 16, 1ul << 30, &max_inodes) ||

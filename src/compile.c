@@ -26,7 +26,6 @@
 #define LOG_MAX (1u << 20)
 #define LOG_TAIL (64u << 10) /* of a cut output, the end kept */
 #define KC_COMPILE_CWD "/proc/self/cwd" /* the scratch directory as the compiler sees it */
-#define MAX_RUNNING 256
 #ifndef EM_CUDA
 #define EM_CUDA 190
 #endif
@@ -35,14 +34,14 @@
  * it runs, and gives a sandboxed compile its uid (first_uid + slot), so that no two
  * running compiles share one. */
 static pthread_mutex_t running_lock = PTHREAD_MUTEX_INITIALIZER;
-static pid_t running[MAX_RUNNING];
+static pid_t running[KC_COMPILE_SLOTS];
 static int shutting_down;
 
 static int reserve_slot(void)
 {
 	pthread_mutex_lock(&running_lock);
 	int slot = -1;
-	for (int i = 0; !shutting_down && i < MAX_RUNNING; i++) {
+	for (int i = 0; !shutting_down && i < (int)KC_COMPILE_SLOTS; i++) {
 		if (running[i] == 0) {
 			running[i] = -1;
 			slot = i;
@@ -75,7 +74,7 @@ void kc_compile_shutdown(void)
 {
 	pthread_mutex_lock(&running_lock);
 	shutting_down = 1;
-	for (int i = 0; i < MAX_RUNNING; i++)
+	for (int i = 0; i < (int)KC_COMPILE_SLOTS; i++)
 		if (running[i] > 0)
 			kill(-running[i], SIGKILL);
 	pthread_mutex_unlock(&running_lock);
@@ -389,8 +388,8 @@ int kc_compile_run(const struct kc_compile_spec *spec, struct kc_compile_outcome
 	out->status = KC_COMPILE_TRANSIENT;
 	int slot = reserve_slot();
 	if (slot < 0) {
-		snprintf(out->why, sizeof(out->why), "daemon is shutting down or runs %d compiles",
-			 MAX_RUNNING);
+		snprintf(out->why, sizeof(out->why), "daemon is shutting down or runs %u compiles",
+			 KC_COMPILE_SLOTS);
 		return 0;
 	}
 	uid_t uid = spec->first_uid ? (uid_t)(spec->first_uid + (unsigned)slot)

@@ -18,6 +18,8 @@
 					* half the node's memory when that is more) */
 #define KC_COMPILE_FSIZE (4ull << 30)  /* bytes: largest file a compiler may write */
 #define KC_COMPILE_NOFILE 1024         /* open files of each compiler process */
+#define KC_COMPILE_SLOTS 256u          /* the most compiles at once (-o jobs=), and the uids
+					* of a -o compile_uids= range: one per slot */
 
 enum kc_compile_status {
 	KC_COMPILE_OK,        /* a complete CUDA ELF was copied to out_fd */
@@ -33,7 +35,7 @@ struct kc_compile_spec {
 	const char *scratch;       /* absolute path of an empty private directory */
 	int scratch_fd;            /* fd on that directory */
 	unsigned timeout_s;
-	/* Who runs it (sandbox.h): uid and gid first_uid + n, where n < 256 is a slot no other
+	/* Who runs it (sandbox.h): uid and gid first_uid + n, where n < KC_COMPILE_SLOTS is a slot no other
 	 * running compile holds; 0: as the daemon. It then reaches the scratch directory only
 	 * as its working directory (its parents are closed to that uid): its paths are
 	 * /proc/self/cwd/..., which its log shows as the scratch path again. */

@@ -102,20 +102,23 @@ static int resolve_compile_uids(struct kc_config *c, char *why, size_t whylen)
 			kc_log(KC_LOG_WARN, "compiles run without namespaces of their own (%s): "
 			       "processes they leave are still killed with their group", nswhy);
 	}
-	if (!opt) {
-		c->compile_uids = root ? KC_DEFAULT_COMPILE_UIDS : 0;
-	} else if (strcmp(opt, "daemon") == 0) {
+	unsigned long first = KC_DEFAULT_COMPILE_UIDS, ranges = KC_DEFAULT_COMPILE_RANGES;
+	if (!opt && !root) {
 		c->compile_uids = 0;
 		return 0;
-	} else {
+	} else if (opt && strcmp(opt, "daemon") == 0) {
+		c->compile_uids = 0;
+		return 0;
+	} else if (opt) {
 		char *end;
 		errno = 0;
-		unsigned long first = strtoul(opt, &end, 10);
-		if (errno || end == opt || *end || opt[0] == '-' || first == 0 ||
-		    first > 0xFFFFFFFEul - KC_COMPILE_UID_SLOTS) {
+		first = strtoul(opt, &end, 10);
+		ranges = 1;
+		if (errno || end == opt || *end || opt[0] < '0' || opt[0] > '9' || first == 0 ||
+		    first > 0xFFFFFFFEul - KC_COMPILE_SLOTS) {
 			snprintf(why, whylen, "compile_uids=%s: give the first of %u free uids "
-				 "(1 to %lu), or daemon", opt, KC_COMPILE_UID_SLOTS,
-				 0xFFFFFFFEul - KC_COMPILE_UID_SLOTS);
+				 "(1 to %lu), or daemon", opt, KC_COMPILE_SLOTS,
+				 0xFFFFFFFEul - KC_COMPILE_SLOTS);
 			return -EINVAL;
 		}
 		if (!root) {
@@ -123,25 +126,43 @@ static int resolve_compile_uids(struct kc_config *c, char *why, size_t whylen)
 				 "compiles as other uids", opt);
 			return -EINVAL;
 		}
-		c->compile_uids = (unsigned)first;
 	}
+	/* Two daemons in one range would kill each other's compiles. */
+	int fd = -EBUSY;
+	for (unsigned long k = 0; k < ranges && fd == -EBUSY; k++)
+		if ((fd = kc_sandbox_claim_uids((uid_t)(first + k * KC_COMPILE_SLOTS))) >= 0)
+			first += k * KC_COMPILE_SLOTS;
+	if (fd < 0) {
+		if (fd != -EBUSY)
+			snprintf(why, whylen, "compile uids: cannot claim a range in "
+				 KC_SANDBOX_RUN_DIR ": %s", strerror(-fd));
+		else if (opt)
+			snprintf(why, whylen, "compile_uids=%lu: another kcachefs on this node compiles "
+				 "as these uids; give each mount a range of its own", first);
+		else
+			snprintf(why, whylen, "compile uids: the %u default ranges are all taken by "
+				 "other kcachefs daemons; give compile_uids=", KC_DEFAULT_COMPILE_RANGES);
+		return -EINVAL;
+	}
+	c->compile_uids = (unsigned)first;
+	c->uids_lock_fd = fd;
 	/* A uid that is somebody's would give that user the compiles, and them that user's
 	 * files; so the range is ours, and what runs in it was left by a daemon that died. */
-	for (unsigned i = 0; c->compile_uids && i < KC_COMPILE_UID_SLOTS; i++) {
+	for (unsigned i = 0; i < KC_COMPILE_SLOTS; i++) {
 		struct passwd *pw = getpwuid((uid_t)(c->compile_uids + i));
 		if (pw) {
 			snprintf(why, whylen, "compile_uids=%u: uid %u is the user %.64s; compiles need "
 				 "%u uids nobody has", c->compile_uids, c->compile_uids + i,
-				 pw->pw_name, KC_COMPILE_UID_SLOTS);
+				 pw->pw_name, KC_COMPILE_SLOTS);
 			return -EINVAL;
 		}
 	}
 	unsigned left = c->compile_uids ? kc_sandbox_count_uids(c->compile_uids,
-								  KC_COMPILE_UID_SLOTS) : 0;
+								  KC_COMPILE_SLOTS) : 0;
 	if (left) {
 		kc_log(KC_LOG_WARN, "killing %u compiler processes left by a previous daemon "
 		       "(uids %u+)", left, c->compile_uids);
-		kc_sandbox_kill_uids(c->compile_uids, KC_COMPILE_UID_SLOTS);
+		kc_sandbox_kill_uids(c->compile_uids, KC_COMPILE_SLOTS);
 	}
 	return 0;
 }
@@ -205,7 +226,7 @@ int kc_config_resolve(struct kc_config *c, char *why, size_t whylen)
 		return -EINVAL;
 	if (c->jobs == 0) {
 		long n = sysconf(_SC_NPROCESSORS_ONLN);
-		c->jobs = n > 0 ? (unsigned)n : 1;
+		c->jobs = n <= 0 ? 1 : n > KC_COMPILE_SLOTS ? KC_COMPILE_SLOTS : (unsigned)n;
 	}
 	if (c->compile_timeout == 0)
 		c->compile_timeout = KC_DEFAULT_COMPILE_TIMEOUT;
@@ -224,6 +245,9 @@ void kc_config_free(struct kc_config *c)
 	free(c->nvrtc);
 	free(c->compile_uids_opt);
 	c->compile_uids_opt = NULL;
+	if (c->uids_lock_fd > 0)
+		close(c->uids_lock_fd);
+	c->uids_lock_fd = 0;
 	c->nvrtc = NULL;
 	free(c->arch);
 	free(c->flags);

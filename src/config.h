@@ -8,6 +8,7 @@
 
 #include <stddef.h>
 
+#include "compile.h"
 #include "flags.h"
 
 #define KC_DEFAULT_ARCH "sm_90a"           /* when no GPU is found and no -o arch= */
@@ -17,7 +18,8 @@
  * above what useradd (1000-60000), systemd (DynamicUser= 61184-65519, containers
  * 524288-1879048191, the foreign range 2147352576-2147418111) and subuid ranges hand out. */
 #define KC_DEFAULT_COMPILE_UIDS 2147418112u
-#define KC_COMPILE_UID_SLOTS 256u            /* uids a range holds: compiles at once */
+#define KC_DEFAULT_COMPILE_RANGES 64u /* daemons on a node: the default range is the first of
+				       * 0x7FFF0000 + k * 256, k < 64, no other daemon holds */
 
 struct kc_config {
 	char *nvcc;            /* absolute path of the compiler; NULL before resolution */
@@ -30,9 +32,10 @@ struct kc_config {
 	int verify_keys;       /* an entry's <hash> must be its recipe's key (key.h) */
 	char *compile_uids_opt; /* -o compile_uids= as given; NULL: the default */
 	unsigned compile_uids; /* first uid of the compiles' range (compile.h: uid and gid
-				* compile_uids + n for the n-th running compile, n < 256); 0:
+				* compile_uids + n for the n-th running compile, n < KC_COMPILE_SLOTS); 0:
 				* compiles run as the daemon */
 	int ns_flags;          /* CLONE_NEW* compiles run in (sandbox.h); 0: none */
+	int uids_lock_fd;      /* > 0: holds the claim on the range (kc_sandbox_claim_uids) */
 	size_t max_source_size; /* bytes of kernel.cu / kernel.flags accepted */
 	char *nvrtc;           /* the kcachefs-nvrtc backend (NVRTC in its own process), found
 				* next to the daemon; NULL when this build has none */

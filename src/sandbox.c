@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -154,6 +155,23 @@ int kc_sandbox_namespaces(char *why, size_t whylen)
 	while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
 		;
 	return KC_SANDBOX_NS;
+}
+
+int kc_sandbox_claim_uids(uid_t first)
+{
+	char path[128];
+	if (mkdir(KC_SANDBOX_RUN_DIR, 0700) != 0 && errno != EEXIST)
+		return -errno;
+	snprintf(path, sizeof(path), KC_SANDBOX_RUN_DIR "/compile-uids.%u", (unsigned)first);
+	int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+	if (fd < 0)
+		return -errno;
+	if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+		int err = errno == EWOULDBLOCK ? EBUSY : errno;
+		close(fd);
+		return -err;
+	}
+	return fd;
 }
 
 unsigned kc_sandbox_count_uids(uid_t first, unsigned count)

@@ -49,6 +49,14 @@ pid_t kc_sandbox_spawn(const struct kc_spawn *sp, int *bad_dir, char *why, size_
  * with why filled. Tries once, with a child that exits at once. */
 int kc_sandbox_namespaces(char *why, size_t whylen);
 
+#define KC_SANDBOX_RUN_DIR "/run/kcachefs" /* where daemons claim their ranges of uids */
+
+/* Claim the range of compile uids that starts at first for this daemon, against other
+ * daemons on the node: an exclusive flock on KC_SANDBOX_RUN_DIR/compile-uids.<first>, held
+ * while the returned fd is open (a daemon that dies lets it go). Returns the fd, -EBUSY when
+ * another daemon holds it, or -errno (the directory cannot be made: not root). */
+int kc_sandbox_claim_uids(uid_t first);
+
 /* SIGKILL every process of the uids first to first + count - 1 (a compile's, where no
  * process of anybody else runs): from a child that takes each uid and signals -1. Nothing
  * for KC_SANDBOX_AS_DAEMON or 0. Waits for the child, not for the processes to be gone. */

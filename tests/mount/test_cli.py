@@ -32,7 +32,7 @@ def test_usage_errors(tmp_path):
     (tmp_path / "m").mkdir()
     r = run("-o", "log_level=loud", str(tmp_path), str(tmp_path / "m"))
     assert r.returncode == 2 and "log_level" in r.stderr
-    for bad in ("jobs=0", "jobs=x", "compile_timeout=0", "compile_timeout=-1",
+    for bad in ("jobs=0", "jobs=x", "jobs=257", "compile_timeout=0", "compile_timeout=-1",
                 "max_source_size=1k", "max_inodes=15", "max_inodes=many",
                 "max_size=0", "max_size=10X", "max_size=-1G", "max_entries=0",
                 "no_such_option", "no_such_option=1"):

@@ -12,8 +12,15 @@ import pytest
 
 from conftest import KCACHEFS, NVCC, sample, write_script
 
-FIRST_UID = 2147418112  # KC_DEFAULT_COMPILE_UIDS
+FIRST_UID = 2147418112  # KC_DEFAULT_COMPILE_UIDS: the first of 64 default ranges
 SLOTS = 256
+
+
+def compile_uids(m):
+    """The first uid of the range the daemon of m claimed (its start-up line)."""
+    first = int(re.search(r"compiles run as uids (\d+)\+", m.daemon_log()).group(1))
+    assert FIRST_UID <= first < FIRST_UID + 64 * SLOTS and (first - FIRST_UID) % SLOTS == 0
+    return first
 
 
 def leak_attempt(m, name, path):
@@ -33,7 +40,7 @@ def test_root_only_files_stay_out_of_kernel_log(mount_factory, tmp_path):
     secret.write_text("kcachefs-secret-line-4711\n")
     os.chmod(secret, 0o600)
     m = mount_factory()
-    assert "compiles run as uids %d+ in namespaces of their own" % FIRST_UID in m.daemon_log()
+    assert "compiles run as uids %d+ in namespaces of their own" % compile_uids(m) in m.daemon_log()
     log = leak_attempt(m, "leak", str(secret))
     assert "kcachefs-secret-line-4711" not in log and "Permission denied" in log, log
     log = leak_attempt(m, "shadow", "/etc/shadow")
@@ -82,13 +89,14 @@ exec %(nvcc)s "$@"
     for p in procs:
         out, _ = p.communicate(timeout=120)
         assert p.returncode == 0 and out[:4] == b"\x7fELF"
+    first = compile_uids(m)
     reports = [f.read_text() for f in sorted(report.iterdir())]
     assert len(reports) == 2, reports
     uids = set()
     for r in reports:
         fields = dict(line.split(" ", 1) for line in r.splitlines() if " " in line)
         uid = int(fields["uid"].split()[0])
-        assert FIRST_UID <= uid < FIRST_UID + SLOTS, r
+        assert first <= uid < first + SLOTS, r
         assert fields["uid"] == "%d gid %d groups %d" % (uid, uid, uid), r
         uids.add(uid)
         assert fields["net"].split() == ["lo"], r
@@ -122,7 +130,7 @@ def test_include_directories_are_checked_as_the_compiles_uid(mount_factory, tmp_
         logs[name] = re.search(r"failed \((.*)\) in [0-9.]+ s", log).group(1)
     assert logs["exists"] == logs["missing"], logs
     assert logs["exists"] == ("include directory DIR: Permission denied for the compiler's uid "
-                              "%d" % FIRST_UID)
+                              "%d" % compile_uids(m))
     assert logs["nowhere"].startswith("include directory DIR: No such file or directory"), logs
     open_dir = tmp_path / "open"
     open_dir.mkdir(mode=0o755)
@@ -157,5 +165,19 @@ def test_a_compiler_the_compiles_uid_cannot_run_is_refused_at_the_mount(tmp_path
     os.chmod(private, 0o700)
     nvcc = write_script(private / "nvcc", 'exec %s "$@"\n' % NVCC)
     rc, err = kcachefs_exit(tmp_path, "nvcc=%s" % nvcc)
-    assert rc == 1 and "runs as the daemon but not as uid %d" % FIRST_UID in err, err
+    assert rc == 1 and re.search(r"runs as the daemon but not as uid \d+ ", err), err
+    assert "Permission denied" in err, err
     assert "compile_uids=daemon" in err
+
+
+def test_daemons_on_one_node_claim_ranges_of_their_own(mount_factory, tmp_path):
+    """Two daemons in one range would kill each other's compiles: each claims its own (a lock
+    in /run/kcachefs), and a range given that another daemon holds is refused."""
+    a = mount_factory(name="a")
+    b = mount_factory(name="b")
+    assert compile_uids(a) != compile_uids(b)
+    rc, err = kcachefs_exit(tmp_path, "compile_uids=%d" % compile_uids(a))
+    assert rc == 1 and "another kcachefs on this node compiles as these uids" in err, err
+    src, flags = sample("vector_add")
+    for m in (a, b):
+        assert (m.stage("vector_add", src, flags) / "kernel.cubin").read_bytes()[:4] == b"\x7fELF"

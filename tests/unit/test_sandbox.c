@@ -150,6 +150,16 @@ int main(void)
 		kc_sandbox_kill_uids(KC_SANDBOX_AS_DAEMON, 1);
 		CHECK(kill(getpid(), 0) == 0, "kill_uids: the caller lives");
 	}
+	if (root) {
+		uid_t far = UID + 200 * 256; /* no daemon's default range */
+		int a = kc_sandbox_claim_uids(far);
+		int b = kc_sandbox_claim_uids(far);
+		CHECK(a > 0 && b == -EBUSY, "claim_uids: a range held is -EBUSY to the next claim");
+		close(a);
+		b = kc_sandbox_claim_uids(far);
+		CHECK(b > 0, "claim_uids: free again once the holder closes it");
+		close(b);
+	}
 	unlink(out_path);
 	close(leaky);
 	close(100);
