@@ -14,7 +14,9 @@
 # Where it runs: the GPU node, as root (the daemon mounts with mount(2) itself, so no
 # fusermount3 is needed; /dev/fuse must exist), from anywhere (it cds to the repository
 # root). It needs CUDA's nvcc (/usr/local/cuda, or -o nvcc= through NVCC) and the driver's
-# libcuda.so.1. Nothing is installed or fetched.
+# libcuda.so.1. Nothing is installed or fetched. The daemon compiles as uids of its own
+# (-o compile_uids): run it from a tree all users can search and read (not under /root),
+# or add compile_uids=daemon to KCACHEFS_OPTS.
 #
 # Build both binaries on a build machine (Debian 12 with libfuse3-dev, libssl-dev, meson,
 # ninja-build and the CUDA toolkit), from the repository root, then carry the tree:

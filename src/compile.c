@@ -430,6 +430,9 @@ int kc_compile_run(const struct kc_compile_spec *spec, struct kc_compile_outcome
 				 "compiler's uid %u", why, (unsigned)uid);
 		else if (bad_dir >= 0)
 			snprintf(out->why, sizeof(out->why), "include directory %.200s", why);
+		else if (uid != KC_SANDBOX_AS_DAEMON)
+			snprintf(out->why, sizeof(out->why), "compiler %.200s (as uid %u)", why,
+				 (unsigned)uid);
 		else
 			snprintf(out->why, sizeof(out->why), "compiler %.240s", why);
 		return 0;
@@ -494,23 +497,25 @@ int kc_compile_run(const struct kc_compile_spec *spec, struct kc_compile_outcome
 	return 0;
 }
 
-int kc_compile_probe(const char *compiler, unsigned uid, int ns_flags, char *why, size_t whylen)
+int kc_compile_probe(const char *compiler, const struct kc_argv *args, unsigned uid,
+		     int ns_flags, int *bad_dir, char *why, size_t whylen)
 {
 	char *argv[] = {(char *)compiler, "--version", NULL};
-	struct kc_argv none = {0};
-	int bad_dir, status = 0;
+	int status = 0;
 	int root = open("/", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	int out = open("/dev/null", O_WRONLY | O_CLOEXEC);
-	struct kc_compile_spec spec = {.nvcc = compiler, .args = &none, .scratch_fd = root,
+	struct kc_compile_spec spec = {.nvcc = compiler, .args = args, .scratch_fd = root,
 				       .timeout_s = 60, .ns_flags = ns_flags};
-	pid_t pid = root < 0 || out < 0 ? -EMFILE
-		    : spawn_compiler(&spec, argv, out, (uid_t)uid, &bad_dir, why, whylen);
+	pid_t pid = -EMFILE;
+	*bad_dir = -1;
+	if (root >= 0 && out >= 0)
+		pid = spawn_compiler(&spec, argv, out, (uid_t)uid, bad_dir, why, whylen);
+	else
+		snprintf(why, whylen, "out of descriptors");
 	if (root >= 0)
 		close(root);
 	if (out >= 0)
 		close(out);
-	if (pid == -EMFILE)
-		snprintf(why, whylen, "out of descriptors");
 	if (pid < 0)
 		return (int)pid;
 	int w = wait_compiler(pid, spec.timeout_s, &status);

@@ -62,11 +62,13 @@ struct kc_compile_outcome {
 int kc_compile_run(const struct kc_compile_spec *spec, struct kc_compile_outcome *out);
 void kc_compile_outcome_free(struct kc_compile_outcome *out);
 
-/* Run "<compiler> --version" as a compile would run with first_uid uid and ns_flags (its
- * output discarded), to learn at the mount whether that uid can run it. Returns 0, or
- * -errno with why filled: the uid cannot start it (-EACCES, -ENOENT...) or it failed
- * (-EACCES). */
-int kc_compile_probe(const char *compiler, unsigned uid, int ns_flags, char *why, size_t whylen);
+/* Run "<compiler> --version" as a compile with args would run with first_uid uid and
+ * ns_flags (its output discarded), to learn at the mount whether that uid can run it and
+ * reach the include directories of args. Returns 0, or -errno with why filled: an include
+ * directory it cannot reach (*bad_dir >= 0, why names it), the uid cannot start it
+ * (-EACCES, -ENOENT...) or it failed (-EACCES). */
+int kc_compile_probe(const char *compiler, const struct kc_argv *args, unsigned uid,
+		     int ns_flags, int *bad_dir, char *why, size_t whylen);
 
 /* Check that fd holds a complete CUDA ELF (magic, EM_CUDA, section and program header
  * tables inside the file). Returns 0 or -EINVAL with why filled. */

@@ -4,6 +4,7 @@
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <grp.h>
 #include <pwd.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -150,10 +151,12 @@ static int resolve_compile_uids(struct kc_config *c, char *why, size_t whylen)
 	 * files; so the range is ours, and what runs in it was left by a daemon that died. */
 	for (unsigned i = 0; i < KC_COMPILE_SLOTS; i++) {
 		struct passwd *pw = getpwuid((uid_t)(c->compile_uids + i));
-		if (pw) {
-			snprintf(why, whylen, "compile_uids=%u: uid %u is the user %.64s; compiles need "
-				 "%u uids nobody has", c->compile_uids, c->compile_uids + i,
-				 pw->pw_name, KC_COMPILE_SLOTS);
+		struct group *gr = pw ? NULL : getgrgid((gid_t)(c->compile_uids + i));
+		if (pw || gr) {
+			snprintf(why, whylen, "compile_uids=%u: %s %u belongs to the %s '%.64s'; "
+				 "compiles need %u ids no user or group has", c->compile_uids,
+				 pw ? "uid" : "gid", c->compile_uids + i, pw ? "user" : "group",
+				 pw ? pw->pw_name : gr->gr_name, KC_COMPILE_SLOTS);
 			return -EINVAL;
 		}
 	}
@@ -167,19 +170,29 @@ static int resolve_compile_uids(struct kc_config *c, char *why, size_t whylen)
 	return 0;
 }
 
-/* A compiler the daemon can run must run as the compiles' uid too: say so at the mount, not
- * at every compile. Returns 0 or -EACCES with why filled. */
+/* A compiler the daemon can run must run as the compiles' uid too, and reach the include
+ * directories of -o flags=: say so at the mount, not at every compile. Returns 0 or -EACCES
+ * with why filled. */
 static int check_compiler_runs_sandboxed(const struct kc_config *c, const char *compiler,
 					 char *why, size_t whylen)
 {
 	char version[200], probe[300];
+	int bad_dir;
 	if (!c->compile_uids || kc_nvcc_version(compiler, version, sizeof(version)) != 0)
 		return 0;
-	if (kc_compile_probe(compiler, c->compile_uids, c->ns_flags, probe, sizeof(probe)) == 0)
+	if (kc_compile_probe(compiler, &c->mount_flags, c->compile_uids, c->ns_flags, &bad_dir,
+			     probe, sizeof(probe)) == 0)
 		return 0;
-	snprintf(why, whylen, "compile_uids=%u: %.200s runs as the daemon but not as uid %u "
-		 "(%.300s): make it and its toolkit readable by all users, or give "
-		 "compile_uids=daemon", c->compile_uids, compiler, c->compile_uids, probe);
+	if (bad_dir >= 0)
+		snprintf(why, whylen, "flags=: include directory %.300s for the compiles' uid %u: "
+			 "all users must be able to search it and the directories above it (o+x)",
+			 probe, c->compile_uids);
+	else
+		snprintf(why, whylen, "compile_uids=%u: %.200s runs as the daemon but not as uid %u "
+			 "(%.300s): all users must be able to search the directories above it (o+x) "
+			 "and to read and run it (o+rx), as where meson install and the CUDA toolkit "
+			 "put their programs; or give compile_uids=daemon", c->compile_uids, compiler,
+			 c->compile_uids, probe);
 	return -EACCES;
 }
 
@@ -233,9 +246,15 @@ int kc_config_resolve(struct kc_config *c, char *why, size_t whylen)
 	if (c->max_source_size == 0)
 		c->max_source_size = KC_DEFAULT_MAX_SOURCE;
 	compiler_identity(c);
-	if (check_compiler_runs_sandboxed(c, c->nvcc, why, whylen) != 0 ||
-	    (c->nvrtc && check_compiler_runs_sandboxed(c, c->nvrtc, why, whylen) != 0))
+	if (check_compiler_runs_sandboxed(c, c->nvcc, why, whylen) != 0)
 		return -EACCES;
+	/* NVRTC is the mount's choice, or an entry's: only the first cannot go without it. */
+	if (c->nvrtc && check_compiler_runs_sandboxed(c, c->nvrtc, why, whylen) != 0) {
+		if (c->backend_nvrtc)
+			return -EACCES;
+		kc_log(KC_LOG_WARN, "%s; entries that ask for NVRTC will fail", why);
+		why[0] = '\0';
+	}
 	return 0;
 }
 

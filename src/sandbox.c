@@ -83,6 +83,8 @@ static void child(const struct kc_spawn *sp, int pipe_fd, int devnull)
 			fail_child(pipe_fd, errno, i);
 		if (!S_ISDIR(st.st_mode))
 			fail_child(pipe_fd, ENOTDIR, i);
+		if (access(sp->dirs[i], X_OK) != 0) /* there, but not to be searched by uid */
+			fail_child(pipe_fd, errno, i);
 	}
 	execve(sp->path, sp->argv, sp->envp);
 	fail_child(pipe_fd, errno, STAGE_EXEC);

@@ -33,7 +33,8 @@ struct kc_spawn {
 	int nice;            /* nice value */
 	struct rlimit as, fsize, cpu, nofile; /* RLIMIT_AS, _FSIZE, _CPU, _NOFILE; no cores */
 	const char *const *dirs; /* NULL-terminated (or NULL): paths that must be directories
-				  * the program can reach, checked as uid before it starts */
+				  * the program can reach and search, checked as uid before it
+				  * starts */
 };
 
 /* Start sp->path. Returns the child's pid (the leader of its own process group: kill the

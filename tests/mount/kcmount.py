@@ -88,18 +88,19 @@ def write_script(path, body):
 class Mount:
     """One kcachefs daemon in the foreground (-f) serving backing on mnt."""
 
-    def __init__(self, root, options=()):
+    def __init__(self, root, options=(), bin=None):
         self.root = root
         self.backing = root / "backing"
         self.mnt = root / "mnt"
         self.options = list(options)
+        self.bin = bin or KCACHEFS  # the daemon to run
         self.log_path = root / "daemon.log"
         self.proc = None
         self.backing.mkdir(exist_ok=True)
         self.mnt.mkdir(exist_ok=True)
 
     def start(self, timeout=15):
-        cmd = [str(KCACHEFS), "-f"]
+        cmd = [str(self.bin), "-f"]
         if self.options:
             cmd += ["-o", ",".join(self.options)]
         cmd += [str(self.backing), str(self.mnt)]

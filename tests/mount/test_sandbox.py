@@ -5,12 +5,13 @@ behind."""
 import errno
 import os
 import re
+import shutil
 import subprocess
 import time
 
 import pytest
 
-from conftest import KCACHEFS, NVCC, sample, write_script
+from conftest import KCACHEFS, NVCC, Mount, sample, write_script
 
 FIRST_UID = 2147418112  # KC_DEFAULT_COMPILE_UIDS: the first of 64 default ranges
 SLOTS = 256
@@ -132,6 +133,18 @@ def test_include_directories_are_checked_as_the_compiles_uid(mount_factory, tmp_
     assert logs["exists"] == ("include directory DIR: Permission denied for the compiler's uid "
                               "%d" % compile_uids(m))
     assert logs["nowhere"].startswith("include directory DIR: No such file or directory"), logs
+    # there, with an open parent, but not to be searched by the uid: not a rejection
+    closed = tmp_path / "closed"
+    closed.mkdir(mode=0o700)
+    e = m.stage("inc_closed", src, b"-I%s\n" % str(closed).encode())
+    with pytest.raises(OSError):
+        (e / "kernel.cubin").read_bytes()
+    log = (e / "kernel.log").read_text()
+    assert "include directory %s: Permission denied for the compiler's uid" % closed in log, log
+    assert m.stats()["rejected_lookups_total"] == 0
+    os.chmod(closed, 0o755)
+    time.sleep(2.2)  # past the hold-off of a passing failure
+    assert (e / "kernel.cubin").read_bytes()[:4] == b"\x7fELF"
     open_dir = tmp_path / "open"
     open_dir.mkdir(mode=0o755)
     e = m.stage("inc_open", src, b"-I%s\n" % str(open_dir).encode())
@@ -155,7 +168,34 @@ def test_compile_uids_that_are_not_a_range_are_refused(tmp_path, value):
 
 def test_compile_uids_that_a_user_has_are_refused(tmp_path):
     rc, err = kcachefs_exit(tmp_path, "compile_uids=65500")  # 65534 is nobody
-    assert rc == 1 and "uid 65534 is the user nobody" in err, err
+    assert rc == 1 and "uid 65534 belongs to the user 'nobody'" in err, err
+
+
+def test_mount_flags_with_an_include_directory_the_uid_cannot_reach_are_refused(tmp_path):
+    closed = tmp_path / "closed"
+    closed.mkdir(mode=0o700)
+    rc, err = kcachefs_exit(tmp_path, "flags=-I%s" % closed)
+    assert rc == 1 and "flags=: include directory %s: Permission denied" % closed in err, err
+
+
+def test_nvrtc_the_uid_cannot_run_is_fatal_only_when_it_is_the_mounts_compiler(tmp_path):
+    """A daemon built in a private directory (a clone under /root): its kcachefs-nvrtc is out
+    of the compiles' reach. nvcc mounts still work, with a warning."""
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    for name in ("kcachefs", "kcachefs-nvrtc"):
+        shutil.copy2(KCACHEFS.parent / name, private / name)
+    m = Mount(tmp_path, bin=private / "kcachefs")
+    try:
+        m.start()
+        assert "kcachefs-nvrtc runs as the daemon but not as uid" in m.daemon_log()
+        assert "entries that ask for NVRTC will fail" in m.daemon_log()
+    finally:
+        m.stop()
+    r = subprocess.run([str(private / "kcachefs"), "-f", "-o", "compiler=nvrtc",
+                        str(m.backing), str(m.mnt)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "kcachefs-nvrtc runs as the daemon but not as uid" in r.stderr
+    assert not os.path.ismount(m.mnt)
 
 
 def test_a_compiler_the_compiles_uid_cannot_run_is_refused_at_the_mount(tmp_path):

@@ -129,6 +129,12 @@ int main(void)
 		const char *const closed[] = {"/root/.", NULL};
 		pid = start(t, UID, ns, closed, &bad_dir, why, sizeof(why));
 		CHECK(pid == -EACCES && bad_dir == 0, "directories: checked as the uid (/root: EACCES)");
+		char searchless[] = "/tmp/kc-test-sandbox-dir.XXXXXX"; /* 0700, in an open parent */
+		const char *const there[] = {mkdtemp(searchless), NULL};
+		pid = start(t, UID, ns, there, &bad_dir, why, sizeof(why));
+		CHECK(there[0] && pid == -EACCES && bad_dir == 0,
+		      "directories: one the uid may see but not search is EACCES");
+		rmdir(searchless);
 	}
 
 	if (root) {
