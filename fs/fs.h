@@ -51,6 +51,11 @@ void kc_sweeper_stop(struct kc_fs *fs);
 /* Answers for a pending inode once its entry's cubin is published (ops.c). Return 0 when
  * answered, or -ENOENT without answering when no cubin is published (wait again). */
 int kc_reply_published_attr(fuse_req_t req, struct kc_inode *pending);
+
+/* Answer EACCES and return 1 if req comes from one of the daemon's own compiles (a uid of
+ * its compile_uids range): a compile has no business on the mount, may not write into it,
+ * and would deadlock waiting on a compile there. Else 0. */
+int kc_refuse_compile(fuse_req_t req);
 int kc_reply_published_open(fuse_req_t req, struct kc_inode *pending, struct fuse_file_info *fi);
 
 /* Directory handles (dir.c): opendir, readdir, releasedir, fsyncdir. */

@@ -70,6 +70,17 @@ static double timeout_for(const struct kc_inode *in)
 	return KC_TIMEOUT_PLAIN;
 }
 
+int kc_refuse_compile(fuse_req_t req)
+{
+	unsigned first = fs_of(req)->cfg.compile_uids;
+	uid_t uid = fuse_req_ctx(req)->uid;
+	if (!first || uid < first || uid - first >= KC_COMPILE_SLOTS)
+		return 0;
+	kc_log(KC_LOG_DEBUG, "a request of compile uid %u refused", (unsigned)uid);
+	fuse_reply_err(req, EACCES);
+	return 1;
+}
+
 static void own_by_caller(fuse_req_t req, int dirfd, const char *name, int flags)
 {
 	if (geteuid() != 0)
@@ -164,6 +175,8 @@ static void reply_pending_entry(fuse_req_t req, struct kc_inode *entry, uint64_t
 
 static void kc_lookup(fuse_req_t req, fuse_ino_t parent_ino, const char *name)
 {
+	if (kc_refuse_compile(req))
+		return;
 	struct kc_fs *fs = fs_of(req);
 	struct kc_inode *parent = inode_of(req, parent_ino);
 
@@ -206,6 +219,8 @@ static void kc_forget_multi(fuse_req_t req, size_t count, struct fuse_forget_dat
 
 static void kc_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
+	if (kc_refuse_compile(req))
+		return;
 	struct kc_inode *in = inode_of(req, ino);
 	struct stat st;
 
@@ -232,6 +247,8 @@ static void kc_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 static void kc_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to_set,
 		       struct fuse_file_info *fi)
 {
+	if (kc_refuse_compile(req))
+		return;
 	struct kc_inode *in = inode_of(req, ino);
 	struct kc_fh *fh = fi ? fh_of(fi) : NULL;
 	char path[32];
@@ -294,6 +311,8 @@ static void kc_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to
 
 static void kc_mkdir(fuse_req_t req, fuse_ino_t parent_ino, const char *name, mode_t mode)
 {
+	if (kc_refuse_compile(req))
+		return;
 	struct kc_fs *fs = fs_of(req);
 	struct kc_inode *parent = inode_of(req, parent_ino);
 	const char *why = NULL;
@@ -315,6 +334,8 @@ static void kc_mkdir(fuse_req_t req, fuse_ino_t parent_ino, const char *name, mo
 
 static void kc_symlink(fuse_req_t req, const char *link, fuse_ino_t parent_ino, const char *name)
 {
+	if (kc_refuse_compile(req))
+		return;
 	struct kc_fs *fs = fs_of(req);
 	struct kc_inode *parent = inode_of(req, parent_ino);
 
@@ -334,6 +355,8 @@ static void kc_symlink(fuse_req_t req, const char *link, fuse_ino_t parent_ino, 
 
 static void kc_readlink(fuse_req_t req, fuse_ino_t ino)
 {
+	if (kc_refuse_compile(req))
+		return;
 	struct kc_inode *in = inode_of(req, ino);
 	char buf[PATH_MAX + 1];
 	if (in->virt)
@@ -347,6 +370,8 @@ static void kc_readlink(fuse_req_t req, fuse_ino_t ino)
 
 static void kc_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent_ino, const char *name)
 {
+	if (kc_refuse_compile(req))
+		return;
 	struct kc_fs *fs = fs_of(req);
 	struct kc_inode *in = inode_of(req, ino);
 	struct kc_inode *newparent = inode_of(req, newparent_ino);
@@ -376,6 +401,8 @@ static void recipe_removed(fuse_req_t req, fuse_ino_t entry_ino, struct kc_inode
 
 static void kc_unlink(fuse_req_t req, fuse_ino_t parent_ino, const char *name)
 {
+	if (kc_refuse_compile(req))
+		return;
 	struct kc_fs *fs = fs_of(req);
 	struct kc_inode *parent = inode_of(req, parent_ino);
 
@@ -391,6 +418,8 @@ static void kc_unlink(fuse_req_t req, fuse_ino_t parent_ino, const char *name)
 
 static void kc_rmdir(fuse_req_t req, fuse_ino_t parent_ino, const char *name)
 {
+	if (kc_refuse_compile(req))
+		return;
 	struct kc_fs *fs = fs_of(req);
 	struct kc_inode *parent = inode_of(req, parent_ino);
 
@@ -434,6 +463,8 @@ static void replace_role(struct kc_fs *fs, struct kc_inode *newparent, const cha
 static void kc_rename(fuse_req_t req, fuse_ino_t parent_ino, const char *name,
 		      fuse_ino_t newparent_ino, const char *newname, unsigned int flags)
 {
+	if (kc_refuse_compile(req))
+		return;
 	struct kc_fs *fs = fs_of(req);
 	struct kc_inode *parent = inode_of(req, parent_ino);
 	struct kc_inode *newparent = inode_of(req, newparent_ino);
@@ -638,6 +669,8 @@ int kc_reply_published_open(fuse_req_t req, struct kc_inode *pending, struct fus
 
 static void kc_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
+	if (kc_refuse_compile(req))
+		return;
 	struct kc_fs *fs = fs_of(req);
 	struct kc_inode *in = inode_of(req, ino);
 	/* O_TRUNC changes the file even with O_RDONLY (Linux truncates): a write too. */
@@ -699,6 +732,8 @@ static void kc_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 static void kc_create(fuse_req_t req, fuse_ino_t parent_ino, const char *name, mode_t mode,
 		      struct fuse_file_info *fi)
 {
+	if (kc_refuse_compile(req))
+		return;
 	struct kc_fs *fs = fs_of(req);
 	struct kc_inode *parent = inode_of(req, parent_ino);
 	enum kc_role role = parent->entry ? kc_name_role(name) : KC_ROLE_PLAIN;
@@ -902,6 +937,8 @@ static void kc_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_f
 
 static void kc_statfs(fuse_req_t req, fuse_ino_t ino)
 {
+	if (kc_refuse_compile(req))
+		return;
 	struct statvfs sv;
 	(void)ino;
 	if (fstatvfs(fs_of(req)->store.root_fd, &sv) != 0)

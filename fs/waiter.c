@@ -109,6 +109,13 @@ static void ready(struct kc_waiter *base, int result)
 
 void kc_park(fuse_req_t req, struct kc_inode *pending, struct fuse_file_info *fi)
 {
+	/* A compile (compile_uids=daemon: as root) that reads a pending cubin would wait on
+	 * itself, or on another compile waiting on it. */
+	if (kc_compile_owns(fuse_req_ctx(req)->pid)) {
+		kc_log(KC_LOG_INFO, "a compile asked for a kernel.cubin that is being compiled: "
+		       "refused (EDEADLK)");
+		return (void)fuse_reply_err(req, EDEADLK);
+	}
 	struct req_waiter *w = calloc(1, sizeof(*w));
 	if (!w)
 		return (void)fuse_reply_err(req, ENOMEM);

@@ -52,15 +52,36 @@ static int reserve_slot(void)
 	return slot;
 }
 
-/* Returns 0, or -ESHUTDOWN when the daemon began stopping since the reservation. */
-static int track(int slot, pid_t pid)
+/* The compiler of a slot (arg: &running[slot]) exists from here on: a stop kills it, also
+ * before its exec. If the daemon began stopping since the reservation, it is killed now. */
+static void track_started(pid_t pid, void *arg)
 {
 	pthread_mutex_lock(&running_lock);
-	int ok = !shutting_down;
-	if (ok)
-		running[slot] = pid;
+	*(pid_t *)arg = pid;
+	if (shutting_down) { /* the group, once the child made it; the child before that */
+		kill(-pid, SIGKILL);
+		kill(pid, SIGKILL);
+	}
 	pthread_mutex_unlock(&running_lock);
-	return ok ? 0 : -ESHUTDOWN;
+}
+
+int kc_compile_owns(pid_t tid)
+{
+	char path[64], line[512];
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)tid);
+	FILE *f = fopen(path, "re");
+	char *paren = f && fgets(line, sizeof(line), f) ? strrchr(line, ')') : NULL;
+	int pgrp = 0, owns = 0;
+	if (f)
+		fclose(f);
+	/* after the name: " S ppid pgrp ..." */
+	if (!paren || sscanf(paren + 1, " %*c %*d %d", &pgrp) != 1 || pgrp <= 0)
+		return 0;
+	pthread_mutex_lock(&running_lock);
+	for (unsigned i = 0; i < KC_COMPILE_SLOTS && !owns; i++)
+		owns = running[i] == pgrp;
+	pthread_mutex_unlock(&running_lock);
+	return owns;
 }
 
 static void release_slot(int slot)
@@ -75,8 +96,10 @@ void kc_compile_shutdown(void)
 	pthread_mutex_lock(&running_lock);
 	shutting_down = 1;
 	for (int i = 0; i < (int)KC_COMPILE_SLOTS; i++)
-		if (running[i] > 0)
+		if (running[i] > 0) {
 			kill(-running[i], SIGKILL);
+			kill(running[i], SIGKILL);
+		}
 	pthread_mutex_unlock(&running_lock);
 }
 
@@ -223,10 +246,13 @@ static const char **include_dirs(const struct kc_argv *args)
 	return dirs;
 }
 
-/* Spawn the compiler as uid (KC_SANDBOX_AS_DAEMON: as the daemon); returns its pid, or
- * -errno with why filled (bad_dir: an include directory it cannot reach). */
+static void track_started(pid_t pid, void *arg);
+
+/* Spawn the compiler as uid (KC_SANDBOX_AS_DAEMON: as the daemon) in slot (its pid is
+ * tracked there from the clone on; -1: not tracked); returns its pid, or -errno with why
+ * filled (bad_dir: an include directory it cannot reach). */
 static pid_t spawn_compiler(const struct kc_compile_spec *spec, char *const argv[], int log_fd,
-			    uid_t uid, int *bad_dir, char *why, size_t whylen)
+			    uid_t uid, int slot, int *bad_dir, char *why, size_t whylen)
 {
 	char env_path[4096], env_home[4200], env_cuda[4200];
 	char *envp[8];
@@ -258,7 +284,8 @@ static pid_t spawn_compiler(const struct kc_compile_spec *spec, char *const argv
 	struct kc_spawn sp = {
 		.path = spec->nvcc, .argv = argv, .envp = envp, .cwd_fd = spec->scratch_fd,
 		.out_fd = log_fd, .uid = uid, .gid = (gid_t)uid, .ns_flags = spec->ns_flags,
-		.dirs = dirs,
+		.dirs = dirs, .start_timeout_s = spec->timeout_s,
+		.started = slot >= 0 ? track_started : NULL, .arg = &running[slot >= 0 ? slot : 0],
 	};
 	compiler_limits(&sp, spec->timeout_s);
 	pid_t pid = kc_sandbox_spawn(&sp, bad_dir, why, whylen);
@@ -420,7 +447,7 @@ int kc_compile_run(const struct kc_compile_spec *spec, struct kc_compile_outcome
 			 strerror(errno));
 		return 0;
 	}
-	pid_t pid = spawn_compiler(spec, argv.v, log_fd, uid, &bad_dir, why, sizeof(why));
+	pid_t pid = spawn_compiler(spec, argv.v, log_fd, uid, slot, &bad_dir, why, sizeof(why));
 	kc_argv_free(&argv);
 	if (pid < 0) {
 		release_slot(slot);
@@ -444,10 +471,10 @@ int kc_compile_run(const struct kc_compile_spec *spec, struct kc_compile_outcome
 		dprintf(fd, "%d\n", (int)pid);
 		close(fd);
 	}
-	if (track(slot, pid) != 0) {
-		kill(-pid, SIGKILL);
+	pthread_mutex_lock(&running_lock);
+	if (shutting_down)
 		snprintf(out->why, sizeof(out->why), "daemon is shutting down");
-	}
+	pthread_mutex_unlock(&running_lock);
 	int w = wait_compiler(pid, spec->timeout_s, &status);
 	kc_sandbox_kill_uids(uid, 1); /* a process that left the group (setsid) ends here too */
 	release_slot(slot);
@@ -509,7 +536,7 @@ int kc_compile_probe(const char *compiler, const struct kc_argv *args, unsigned 
 	pid_t pid = -EMFILE;
 	*bad_dir = -1;
 	if (root >= 0 && out >= 0)
-		pid = spawn_compiler(&spec, argv, out, (uid_t)uid, bad_dir, why, whylen);
+		pid = spawn_compiler(&spec, argv, out, (uid_t)uid, -1, bad_dir, why, whylen);
 	else
 		snprintf(why, whylen, "out of descriptors");
 	if (root >= 0)

@@ -10,6 +10,7 @@
 #define KC_COMPILE_H
 
 #include <stddef.h>
+#include <sys/types.h>
 
 #include "flags.h"
 
@@ -73,6 +74,11 @@ int kc_compile_probe(const char *compiler, const struct kc_argv *args, unsigned 
 /* Check that fd holds a complete CUDA ELF (magic, EM_CUDA, section and program header
  * tables inside the file). Returns 0 or -EINVAL with why filled. */
 int kc_cubin_check(int fd, char *why, size_t whylen);
+
+/* 1 if thread tid belongs to the process group of a running compile (a compile that asks
+ * the daemon's own mount for something, which must not wait on a compile), else 0. Reads
+ * /proc/<tid>/stat. */
+int kc_compile_owns(pid_t tid);
 
 /* Kill every running compiler and make later kc_compile_run calls fail (transient) at
  * once: used at shutdown so that waiters get EIO instead of waiting. */

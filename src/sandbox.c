@@ -5,6 +5,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
@@ -22,7 +23,8 @@
 
 #define KC_SANDBOX_NS (CLONE_NEWNET | CLONE_NEWIPC)
 
-enum stage { STAGE_SETUP = -1, STAGE_IDENTITY = -2, STAGE_EXEC = -3 }; /* >= 0: a dir */
+enum stage { STAGE_SETUP = -1, STAGE_IDENTITY = -2, STAGE_EXEC = -3, STAGE_START = -4 };
+/* >= 0: a dir */
 
 /* What a child that could not start its program sends back before it exits. */
 struct failure {
@@ -120,14 +122,24 @@ pid_t kc_sandbox_spawn(const struct kc_spawn *sp, int *bad_dir, char *why, size_
 		snprintf(why, whylen, "cannot start %s: %s", sp->path, strerror(clone_err));
 		return -clone_err;
 	}
+	if (sp->started)
+		sp->started(pid, sp->arg);
 	/* The pipe closes at the exec (O_CLOEXEC), or brings why there was none. */
-	struct failure f;
-	ssize_t n;
-	while ((n = read(p[0], &f, sizeof(f))) < 0 && errno == EINTR)
+	struct failure f = {.err = ETIMEDOUT, .stage = STAGE_START};
+	struct pollfd pfd = {.fd = p[0], .events = POLLIN};
+	int ms = sp->start_timeout_s ? (int)sp->start_timeout_s * 1000 : -1;
+	ssize_t n = -1;
+	int r;
+	while ((r = poll(&pfd, 1, ms)) < 0 && errno == EINTR)
 		;
+	if (r > 0)
+		while ((n = read(p[0], &f, sizeof(f))) < 0 && errno == EINTR)
+			;
 	close(p[0]);
-	if (n != (ssize_t)sizeof(f))
+	if (r > 0 && n != (ssize_t)sizeof(f))
 		return pid;
+	if (r <= 0)
+		kill(-pid, SIGKILL);
 	while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
 		;
 	if (f.stage >= 0) {
@@ -136,6 +148,9 @@ pid_t kc_sandbox_spawn(const struct kc_spawn *sp, int *bad_dir, char *why, size_
 	}
 	else if (f.stage == STAGE_IDENTITY)
 		snprintf(why, whylen, "cannot run as uid %u: %s", (unsigned)sp->uid, strerror(f.err));
+	else if (f.stage == STAGE_START)
+		snprintf(why, whylen, "%s did not start within %u s (an include directory that "
+			 "does not answer?)", sp->path, sp->start_timeout_s);
 	else if (f.stage == STAGE_EXEC)
 		snprintf(why, whylen, "cannot run %s: %s", sp->path, strerror(f.err));
 	else

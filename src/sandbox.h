@@ -35,11 +35,16 @@ struct kc_spawn {
 	const char *const *dirs; /* NULL-terminated (or NULL): paths that must be directories
 				  * the program can reach and search, checked as uid before it
 				  * starts */
+	unsigned start_timeout_s; /* the checks and the exec may take this long (a directory
+				   * on a server that does not answer): then the child is killed */
+	void (*started)(pid_t pid, void *arg); /* called with the child's pid right after the
+						* clone, before the checks (or NULL) */
+	void *arg;
 };
 
 /* Start sp->path. Returns the child's pid (the leader of its own process group: kill the
  * group, then reap it), or -errno with why filled: the clone failed (-EAGAIN, -ENOMEM,
- * -EPERM), a directory of sp->dirs cannot be reached as sp->uid (its errno: -ENOENT,
+ * -EPERM), the checks and exec took longer than start_timeout_s (-ETIMEDOUT), a directory of sp->dirs cannot be reached as sp->uid (its errno: -ENOENT,
  * -EACCES, -ENOTDIR; *bad_dir gets its index, why names it; else *bad_dir is -1), the
  * identity or the limits could not be set (-EPERM), or the exec failed (-ENOENT, -EACCES,
  * -ENOEXEC). On any error nothing is left running and the child is reaped. */

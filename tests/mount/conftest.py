@@ -9,9 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from kcmount import (EM_CUDA, KCACHEFS, KERNELS, NVCC, OPENER, REPO, SHIM, Mount,  # noqa: F401
+import deepgemm
+from kcmount import (BUILD, EM_CUDA, KCACHEFS, KERNELS, NVCC, OPENER, REPO, SHIM, Mount,  # noqa: F401
                      elf_machine, elf_symbols, entry_name, read_result, run_parallel, sample,
                      start_openers, write_script)
+
+deepgemm.INCLUDE = str(KERNELS / "include")  # where compiles can read it (kcmount.py)
 
 
 @pytest.fixture(autouse=True)

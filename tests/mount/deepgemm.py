@@ -22,6 +22,8 @@ import shutil
 import subprocess
 import sys
 
+# The kernels' include directory: the tests point it at kcmount.KERNELS (a copy compiles
+# can reach when the tree is private).
 INCLUDE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "kernels", "include")
 
 

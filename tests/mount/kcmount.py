@@ -23,24 +23,36 @@ KCACHEFS = Path(os.environ.get("KCACHEFS_BIN", REPO / "build" / "kcachefs"))
 SHIM = Path(os.environ.get("KCACHEFS_NVCC_BIN", REPO / "build" / "kcachefs-nvcc"))
 
 
-def _open_to_compiles(path):
+KERNELS = REPO / "tests" / "kernels"
+BUILD = KCACHEFS.parent  # the build directory, for meson install
+
+
+def _reachable(path):
+    return all(os.stat(p).st_mode & 0o001 for p in path.parents)
+
+
+def _open_to_compiles():
     """A daemon run as root compiles as uids of its own (-o compile_uids), which run
-    kcachefs-nvrtc from the daemon's directory: a build in a private directory (a clone
-    under /root) is copied to one they can reach, removed at exit."""
-    if os.geteuid() != 0 or not path.exists() or all(
-            os.stat(p).st_mode & 0o001 for p in path.parents):
-        return path
+    kcachefs-nvrtc from the daemon's directory and read the sample kernels' include
+    directory; the two-user tests run the shim as another user. A tree in a private
+    directory (a clone under /root) has its binaries and kernels copied to a directory all
+    can reach, removed at exit."""
+    if os.geteuid() != 0 or not KCACHEFS.exists() or all(
+            _reachable(p) for p in (KCACHEFS, SHIM, KERNELS)):
+        return KCACHEFS, SHIM, KERNELS
     copy = Path(tempfile.mkdtemp(prefix="kcachefs-bin-"))
     os.chmod(copy, 0o755)
     atexit.register(shutil.rmtree, copy, True)
-    for name in (path.name, "kcachefs-nvrtc"):
-        if (path.parent / name).exists():
-            shutil.copy2(path.parent / name, copy / name)
-    return copy / path.name
+    for name in (KCACHEFS.name, "kcachefs-nvrtc"):
+        if (KCACHEFS.parent / name).exists():
+            shutil.copy2(KCACHEFS.parent / name, copy / name)
+    if SHIM.exists():
+        shutil.copy2(SHIM, copy / SHIM.name)
+    shutil.copytree(KERNELS, copy / "kernels")
+    return copy / KCACHEFS.name, copy / SHIM.name, copy / "kernels"
 
 
-KCACHEFS = _open_to_compiles(KCACHEFS)
-KERNELS = REPO / "tests" / "kernels"
+KCACHEFS, SHIM, KERNELS = _open_to_compiles()
 NVCC = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin" / "nvcc"
 EM_CUDA = 190
 

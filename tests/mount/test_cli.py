@@ -6,7 +6,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from conftest import KCACHEFS, Mount
+from conftest import BUILD, KCACHEFS, Mount
 
 
 def run(*args):
@@ -136,7 +136,7 @@ def test_the_man_page_documents_every_option_and_renders_cleanly(tmp_path):
     r = subprocess.run(["groff", "-man", "-ww", "-z", str(MAN)], capture_output=True, text=True)
     assert r.returncode == 0 and r.stderr == "", r.stderr
     # meson install puts it where man finds it.
-    build = KCACHEFS.parent
+    build = BUILD
     r = subprocess.run(["meson", "install", "-C", str(build), "--destdir", str(tmp_path),
                         "--no-rebuild", "--quiet"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr

@@ -75,14 +75,16 @@ r=%(report)s/$(id -u).$$
   echo "net $(tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' ' | tr '\\n' ' ')"
   echo "fds $(ls -l /proc/self/fd/ | sed -n 's/.*-> //p' | tr '\\n' ' ')"
   touch %(backing)s/planted 2>/dev/null && echo "wrote backing" || echo "backing closed"
-  touch %(mnt)s/planted 2>/dev/null && echo "wrote mount" || echo "mount closed"
+  touch %(mnt)s/open/planted 2>/dev/null && echo "wrote mount" || echo "mount closed"
 } > $r
 setsid sleep 1000.%(tag)s < /dev/null > /dev/null 2>&1 &
 sleep 1
 exec %(nvcc)s "$@"
 """ % {"nvcc": NVCC, "report": report, "backing": tmp_path / "m" / "backing",
        "mnt": tmp_path / "m" / "mnt", "tag": tag})
-    m = mount_factory(["nvcc=%s" % nvcc, "jobs=2"])
+    m = mount_factory(["nvcc=%s" % nvcc, "jobs=2", "allow_other"])
+    (m.mnt / "open").mkdir()
+    os.chmod(m.mnt / "open", 0o1777)  # any user may write here: a compile may not
     src, flags = sample("vector_add")
     entries = [m.stage("k%d" % i, src + b"// %d\n" % i, flags) for i in range(2)]
     procs = [subprocess.Popen(["cat", str(e / "kernel.cubin")], stdout=subprocess.PIPE)
@@ -107,7 +109,7 @@ exec %(nvcc)s "$@"
                     target.endswith("/compile.log")), r
         assert "backing closed" in r and "mount closed" in r, r
     assert len(uids) == 2, "two compiles at once share a uid: %s" % reports
-    assert not (m.backing / "planted").exists()
+    assert not (m.backing / "planted").exists() and not (m.mnt / "open" / "planted").exists()
     ps = subprocess.run(["ps", "ax", "-o", "args="], capture_output=True, text=True).stdout
     assert "sleep 1000.%s" % tag not in ps, "a process of a compile outlived it"
 
@@ -160,7 +162,7 @@ def kcachefs_exit(tmp_path, *options):
     return r.returncode, r.stderr
 
 
-@pytest.mark.parametrize("value", ["abc", "0", "-5", "4294967295", "12x"])
+@pytest.mark.parametrize("value", ["abc", "0", "-5", "+5", " 5", "4294967295", "12x"])
 def test_compile_uids_that_are_not_a_range_are_refused(tmp_path, value):
     rc, err = kcachefs_exit(tmp_path, "compile_uids=" + value)
     assert rc == 1 and "compile_uids=%s: give the first of 256 free uids" % value in err, err
@@ -221,3 +223,32 @@ def test_daemons_on_one_node_claim_ranges_of_their_own(mount_factory, tmp_path):
     src, flags = sample("vector_add")
     for m in (a, b):
         assert (m.stage("vector_add", src, flags) / "kernel.cubin").read_bytes()[:4] == b"\x7fELF"
+
+
+@pytest.mark.parametrize("uids", ["default", "daemon"])
+def test_a_compile_that_reaches_for_its_own_cubin_fails_at_once(mount_factory, uids):
+    """An include directory or an #include naming the entry's own kernel.cubin, through the
+    mount: the compile would wait on itself. Sandboxed, the mount refuses the compile's uid
+    (EACCES); as the daemon, the wait is refused (EDEADLK). Neither waits for the timeout,
+    and other compiles go on."""
+    m = mount_factory(["compile_timeout=120"] + (["compile_uids=daemon"] if uids == "daemon" else []))
+    src, flags = sample("vector_add")
+    hashes = iter("%032x" % i for i in range(1, 10))
+    for how in ("flags", "include"):
+        e = m.mnt / "cache" / ("kernel.self_%s.%s" % (how, next(hashes)))
+        e.mkdir(parents=True)
+        if how == "flags":
+            (e / "kernel.cu").write_bytes(src)
+            (e / "kernel.flags").write_bytes(flags + b"-I%s/kernel.cubin\n" % str(e).encode())
+        else:
+            (e / "kernel.cu").write_bytes(b'#include "%s/kernel.cubin"\n' % str(e).encode() + src)
+            (e / "kernel.flags").write_bytes(flags)
+        with pytest.raises(OSError) as err:
+            (e / "kernel.cubin").read_bytes()
+        assert err.value.errno == errno.EIO
+        log = (e / "kernel.log").read_text(errors="replace")
+        assert "timed out" not in log, log
+        want = "Resource deadlock avoided" if uids == "daemon" else "Permission denied"
+        assert want in log, log
+    good = m.stage("vector_add", src, flags)
+    assert (good / "kernel.cubin").read_bytes()[:4] == b"\x7fELF"
