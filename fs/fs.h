@@ -52,9 +52,10 @@ void kc_sweeper_stop(struct kc_fs *fs);
  * answered, or -ENOENT without answering when no cubin is published (wait again). */
 int kc_reply_published_attr(fuse_req_t req, struct kc_inode *pending);
 
-/* Answer EACCES and return 1 if req comes from one of the daemon's own compiles (a uid of
- * its compile_uids range): a compile has no business on the mount, may not write into it,
- * and would deadlock waiting on a compile there. Else 0. */
+/* Answer EACCES and return 1 if req comes from a compile (a uid of the daemon's own
+ * compile_uids range, or of any default range, another daemon's): a compile has no
+ * business on the mount, may not write into it, and would deadlock waiting on a compile
+ * there. Else 0. */
 int kc_refuse_compile(fuse_req_t req);
 int kc_reply_published_open(fuse_req_t req, struct kc_inode *pending, struct fuse_file_info *fi);
 

@@ -74,7 +74,11 @@ int kc_refuse_compile(fuse_req_t req)
 {
 	unsigned first = fs_of(req)->cfg.compile_uids;
 	uid_t uid = fuse_req_ctx(req)->uid;
-	if (!first || uid < first || uid - first >= KC_COMPILE_SLOTS)
+	/* its own range, and every default one: another daemon's compiles have no business
+	 * here either */
+	if ((!first || uid < first || uid - first >= KC_COMPILE_SLOTS) &&
+	    (uid < KC_DEFAULT_COMPILE_UIDS ||
+	     uid - KC_DEFAULT_COMPILE_UIDS >= KC_DEFAULT_COMPILE_RANGES * KC_COMPILE_SLOTS))
 		return 0;
 	kc_log(KC_LOG_DEBUG, "a request of compile uid %u refused", (unsigned)uid);
 	fuse_reply_err(req, EACCES);

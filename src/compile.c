@@ -421,6 +421,16 @@ int kc_compile_run(const struct kc_compile_spec *spec, struct kc_compile_outcome
 	}
 	uid_t uid = spec->first_uid ? (uid_t)(spec->first_uid + (unsigned)slot)
 				    : KC_SANDBOX_AS_DAEMON;
+	char who[100];
+	/* A user or group given an id of the range since the mount would share the compile */
+	if (uid != KC_SANDBOX_AS_DAEMON && kc_sandbox_id_taken((unsigned)uid, who, sizeof(who))) {
+		release_slot(slot);
+		kc_log(KC_LOG_ERR, "compile uid %u now belongs to %s: compiles refused until the "
+		       "range (compile_uids=) is free again", (unsigned)uid, who);
+		snprintf(out->why, sizeof(out->why), "compile uid %u belongs to %.100s",
+			 (unsigned)uid, who);
+		return 0;
+	}
 	int err = stage_source(spec, uid);
 	if (err) {
 		release_slot(slot);
@@ -476,6 +486,9 @@ int kc_compile_run(const struct kc_compile_spec *spec, struct kc_compile_outcome
 		snprintf(out->why, sizeof(out->why), "daemon is shutting down");
 	pthread_mutex_unlock(&running_lock);
 	int w = wait_compiler(pid, spec->timeout_s, &status);
+	pthread_mutex_lock(&running_lock);
+	running[slot] = -1; /* reaped: its pid may be another process's soon */
+	pthread_mutex_unlock(&running_lock);
 	kc_sandbox_kill_uids(uid, 1); /* a process that left the group (setsid) ends here too */
 	release_slot(slot);
 	out->seconds = now_s() - t0;

@@ -4,8 +4,6 @@
 
 #include <dlfcn.h>
 #include <errno.h>
-#include <grp.h>
-#include <pwd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -131,10 +129,14 @@ static int resolve_compile_uids(struct kc_config *c, char *why, size_t whylen)
 	/* Two daemons in one range would kill each other's compiles. */
 	int fd = -EBUSY;
 	for (unsigned long k = 0; k < ranges && fd == -EBUSY; k++)
-		if ((fd = kc_sandbox_claim_uids((uid_t)(first + k * KC_COMPILE_SLOTS))) >= 0)
+		if ((fd = kc_sandbox_claim_uids((uid_t)(first + k * KC_COMPILE_SLOTS),
+						KC_COMPILE_SLOTS)) >= 0)
 			first += k * KC_COMPILE_SLOTS;
 	if (fd < 0) {
-		if (fd != -EBUSY)
+		if (fd == -EPERM)
+			snprintf(why, whylen, "compile uids: " KC_SANDBOX_RUN_DIR " must be a directory "
+				 "of root's that only root may write");
+		else if (fd != -EBUSY)
 			snprintf(why, whylen, "compile uids: cannot claim a range in "
 				 KC_SANDBOX_RUN_DIR ": %s", strerror(-fd));
 		else if (opt)
@@ -150,13 +152,11 @@ static int resolve_compile_uids(struct kc_config *c, char *why, size_t whylen)
 	/* A uid that is somebody's would give that user the compiles, and them that user's
 	 * files; so the range is ours, and what runs in it was left by a daemon that died. */
 	for (unsigned i = 0; i < KC_COMPILE_SLOTS; i++) {
-		struct passwd *pw = getpwuid((uid_t)(c->compile_uids + i));
-		struct group *gr = pw ? NULL : getgrgid((gid_t)(c->compile_uids + i));
-		if (pw || gr) {
-			snprintf(why, whylen, "compile_uids=%u: %s %u belongs to the %s '%.64s'; "
-				 "compiles need %u ids no user or group has", c->compile_uids,
-				 pw ? "uid" : "gid", c->compile_uids + i, pw ? "user" : "group",
-				 pw ? pw->pw_name : gr->gr_name, KC_COMPILE_SLOTS);
+		char who[100];
+		if (kc_sandbox_id_taken(c->compile_uids + i, who, sizeof(who))) {
+			snprintf(why, whylen, "compile_uids=%u: id %u belongs to %s; compiles need %u ids "
+				 "no user or group has", c->compile_uids, c->compile_uids + i, who,
+				 KC_COMPILE_SLOTS);
 			return -EINVAL;
 		}
 	}

@@ -5,7 +5,9 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <poll.h>
+#include <pwd.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
@@ -60,11 +62,16 @@ static void child(const struct kc_spawn *sp, int pipe_fd, int devnull)
 		sigaction(s, &dfl, NULL); /* SIGKILL, SIGSTOP and libc's own refuse: harmless */
 	sigemptyset(&none);
 	sigprocmask(SIG_SETMASK, &none, NULL);
-	/* Nothing of the daemon's reaches the compiler: not /dev/fuse, not the store. */
-	syscall(SYS_close_range, 3u, ~0u, CLOSE_RANGE_CLOEXEC);
 	if (setpgid(0, 0) != 0 || dup2(devnull, 0) < 0 || dup2(sp->out_fd, 1) < 0 ||
 	    dup2(sp->out_fd, 2) < 0 || fchdir(sp->cwd_fd) != 0)
 		fail_child(pipe_fd, errno, STAGE_SETUP);
+	/* Nothing of the daemon's stays open, not even while a check below waits on a
+	 * directory that does not answer: not /dev/fuse, not its locks, not the store. */
+	if (pipe_fd != 3 && (pipe_fd = dup3(pipe_fd, 3, O_CLOEXEC)) != 3)
+		fail_child(pipe_fd, errno, STAGE_SETUP);
+	if (syscall(SYS_close_range, 4u, ~0u, 0u) != 0)
+		for (int fd = 4; fd < 65536; fd++) /* kernels before 5.9 */
+			close(fd);
 	struct rlimit core = {0, 0};
 	if (setrlimit(RLIMIT_AS, &sp->as) != 0 || setrlimit(RLIMIT_FSIZE, &sp->fsize) != 0 ||
 	    setrlimit(RLIMIT_CPU, &sp->cpu) != 0 || setrlimit(RLIMIT_NOFILE, &sp->nofile) != 0 ||
@@ -174,21 +181,45 @@ int kc_sandbox_namespaces(char *why, size_t whylen)
 	return KC_SANDBOX_NS;
 }
 
-int kc_sandbox_claim_uids(uid_t first)
+int kc_sandbox_claim_uids(uid_t first, unsigned count)
 {
-	char path[128];
+	struct stat st;
 	if (mkdir(KC_SANDBOX_RUN_DIR, 0700) != 0 && errno != EEXIST)
 		return -errno;
-	snprintf(path, sizeof(path), KC_SANDBOX_RUN_DIR "/compile-uids.%u", (unsigned)first);
-	int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+	/* Made by someone else, a user could hold every range, or swap the file. */
+	if (lstat(KC_SANDBOX_RUN_DIR, &st) != 0)
+		return -errno;
+	if (!S_ISDIR(st.st_mode) || st.st_uid != 0 || (st.st_mode & 022))
+		return -EPERM;
+	int fd = open(KC_SANDBOX_RUN_DIR "/compile-uids", O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW,
+		      0600);
 	if (fd < 0)
 		return -errno;
-	if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-		int err = errno == EWOULDBLOCK ? EBUSY : errno;
+	/* One byte a uid: the kernel finds ranges that overlap. */
+	struct flock lk = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = (off_t)first,
+			   .l_len = (off_t)count};
+	if (fcntl(fd, F_OFD_SETLK, &lk) != 0) {
+		int err = errno == EAGAIN || errno == EACCES ? EBUSY : errno;
 		close(fd);
 		return -err;
 	}
 	return fd;
+}
+
+int kc_sandbox_id_taken(unsigned id, char *who, size_t len)
+{
+	char buf[16384];
+	struct passwd pw, *pwp = NULL;
+	struct group gr, *grp = NULL;
+	if (getpwuid_r((uid_t)id, &pw, buf, sizeof(buf), &pwp) == 0 && pwp) {
+		snprintf(who, len, "the user '%.64s'", pwp->pw_name);
+		return 1;
+	}
+	if (getgrgid_r((gid_t)id, &gr, buf, sizeof(buf), &grp) == 0 && grp) {
+		snprintf(who, len, "the group '%.64s'", grp->gr_name);
+		return 1;
+	}
+	return 0;
 }
 
 unsigned kc_sandbox_count_uids(uid_t first, unsigned count)

@@ -57,11 +57,17 @@ int kc_sandbox_namespaces(char *why, size_t whylen);
 
 #define KC_SANDBOX_RUN_DIR "/run/kcachefs" /* where daemons claim their ranges of uids */
 
-/* Claim the range of compile uids that starts at first for this daemon, against other
- * daemons on the node: an exclusive flock on KC_SANDBOX_RUN_DIR/compile-uids.<first>, held
- * while the returned fd is open (a daemon that dies lets it go). Returns the fd, -EBUSY when
- * another daemon holds it, or -errno (the directory cannot be made: not root). */
-int kc_sandbox_claim_uids(uid_t first);
+/* Claim the uids first to first + count - 1 for this daemon, against other daemons on the
+ * node: an OFD write lock on bytes first.. of KC_SANDBOX_RUN_DIR/compile-uids (the kernel
+ * sees overlapping ranges), held while the returned fd is open (a daemon that dies lets it
+ * go). Returns the fd, -EBUSY when another daemon holds a uid of the range, -EPERM when
+ * KC_SANDBOX_RUN_DIR is not a directory of root's that only root may write, or -errno (not
+ * root). */
+int kc_sandbox_claim_uids(uid_t first, unsigned count);
+
+/* 1 if id is a user's uid or a group's gid (NSS: files, LDAP...), with who naming it, else
+ * 0. Thread-safe. */
+int kc_sandbox_id_taken(unsigned id, char *who, size_t len);
 
 /* SIGKILL every process of the uids first to first + count - 1 (a compile's, where no
  * process of anybody else runs): from a child that takes each uid and signals -1. Nothing

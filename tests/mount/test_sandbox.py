@@ -170,7 +170,7 @@ def test_compile_uids_that_are_not_a_range_are_refused(tmp_path, value):
 
 def test_compile_uids_that_a_user_has_are_refused(tmp_path):
     rc, err = kcachefs_exit(tmp_path, "compile_uids=65500")  # 65534 is nobody
-    assert rc == 1 and "uid 65534 belongs to the user 'nobody'" in err, err
+    assert rc == 1 and "id 65534 belongs to the user 'nobody'" in err, err
 
 
 def test_mount_flags_with_an_include_directory_the_uid_cannot_reach_are_refused(tmp_path):
@@ -218,8 +218,9 @@ def test_daemons_on_one_node_claim_ranges_of_their_own(mount_factory, tmp_path):
     a = mount_factory(name="a")
     b = mount_factory(name="b")
     assert compile_uids(a) != compile_uids(b)
-    rc, err = kcachefs_exit(tmp_path, "compile_uids=%d" % compile_uids(a))
-    assert rc == 1 and "another kcachefs on this node compiles as these uids" in err, err
+    for first in (compile_uids(a), compile_uids(a) + 100, compile_uids(a) - 255):
+        rc, err = kcachefs_exit(tmp_path, "compile_uids=%d" % first)  # the same, or overlapping
+        assert rc == 1 and "another kcachefs on this node compiles as these uids" in err, err
     src, flags = sample("vector_add")
     for m in (a, b):
         assert (m.stage("vector_add", src, flags) / "kernel.cubin").read_bytes()[:4] == b"\x7fELF"
@@ -252,3 +253,24 @@ def test_a_compile_that_reaches_for_its_own_cubin_fails_at_once(mount_factory, u
         assert want in log, log
     good = m.stage("vector_add", src, flags)
     assert (good / "kernel.cubin").read_bytes()[:4] == b"\x7fELF"
+
+
+def test_a_group_given_a_compile_gid_after_the_mount_stops_its_compiles(mount_factory):
+    """The range is checked at the mount and again before every compile: a group created
+    since with a gid of the range would share the compile's files."""
+    first = 2147418112 + 100 * SLOTS  # no default range
+    m = mount_factory(["compile_uids=%d" % first])
+    name = "kcfs-late-%d" % os.getpid()
+    subprocess.run(["groupadd", "-g", str(first), name], check=True, capture_output=True)
+    try:
+        e = m.stage("late", *sample("vector_add"))
+        with pytest.raises(OSError) as err:
+            (e / "kernel.cubin").read_bytes()
+        assert err.value.errno == errno.EIO
+        assert "compile uid %d belongs to the group '%s'" % (first, name) in \
+            (e / "kernel.log").read_text()
+        assert "compiles refused until the range (compile_uids=) is free again" in m.daemon_log()
+    finally:
+        subprocess.run(["groupdel", name], capture_output=True)
+    time.sleep(2.2)  # past the hold-off of a passing failure
+    assert (e / "kernel.cubin").read_bytes()[:4] == b"\x7fELF"

@@ -158,13 +158,23 @@ int main(void)
 	}
 	if (root) {
 		uid_t far = UID + 200 * 256; /* no daemon's default range */
-		int a = kc_sandbox_claim_uids(far);
-		int b = kc_sandbox_claim_uids(far);
+		int a = kc_sandbox_claim_uids(far, 256);
+		int b = kc_sandbox_claim_uids(far, 256);
+		int c = kc_sandbox_claim_uids(far + 100, 256);
+		int d = kc_sandbox_claim_uids(far - 255, 256);
+		int e = kc_sandbox_claim_uids(far + 256, 256);
 		CHECK(a > 0 && b == -EBUSY, "claim_uids: a range held is -EBUSY to the next claim");
+		CHECK(c == -EBUSY && d == -EBUSY, "claim_uids: so is a range that overlaps it");
+		CHECK(e > 0, "claim_uids: the range after it is free");
 		close(a);
-		b = kc_sandbox_claim_uids(far);
+		close(e);
+		b = kc_sandbox_claim_uids(far, 256);
 		CHECK(b > 0, "claim_uids: free again once the holder closes it");
 		close(b);
+		char who[100];
+		CHECK(kc_sandbox_id_taken(0, who, sizeof(who)) && strstr(who, "'root'") &&
+			      !kc_sandbox_id_taken(UID + 200 * 256, who, sizeof(who)),
+		      "id_taken: root's uid is taken, one of the ranges is not");
 	}
 	unlink(out_path);
 	close(leaky);
