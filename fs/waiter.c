@@ -109,9 +109,11 @@ static void ready(struct kc_waiter *base, int result)
 
 void kc_park(fuse_req_t req, struct kc_inode *pending, struct fuse_file_info *fi)
 {
-	/* A compile (compile_uids=daemon: as root) that reads a pending cubin would wait on
-	 * itself, or on another compile waiting on it. */
-	if (kc_compile_owns(fuse_req_ctx(req)->pid)) {
+	/* A compile that reads a pending cubin would wait on itself, or on another compile
+	 * waiting on it. Sandboxed ones were refused by their uid already; those that run as
+	 * the daemon (compile_uids=daemon) are known by their process group. */
+	struct kc_fs *fs = fuse_req_userdata(req);
+	if (!fs->cfg.compile_uids && kc_compile_owns(fuse_req_ctx(req)->pid)) {
 		kc_log(KC_LOG_INFO, "a compile asked for a kernel.cubin that is being compiled: "
 		       "refused (EDEADLK)");
 		return (void)fuse_reply_err(req, EDEADLK);
@@ -121,7 +123,7 @@ void kc_park(fuse_req_t req, struct kc_inode *pending, struct fuse_file_info *fi
 		return (void)fuse_reply_err(req, ENOMEM);
 	w->base.done = ready;
 	w->req = req;
-	w->fs = fuse_req_userdata(req);
+	w->fs = fs;
 	w->in = pending;
 	w->open = fi != NULL;
 	if (fi)

@@ -241,8 +241,8 @@ static const char **include_dirs(const struct kc_argv *args)
 	const char **dirs = calloc(args->n + 1, sizeof(*dirs));
 	size_t n = 0;
 	for (size_t i = 0; dirs && i < args->n; i++)
-		if (kc_flags_include_dir(args->v[i]))
-			dirs[n++] = kc_flags_include_dir(args->v[i]);
+		if ((dirs[n] = kc_flags_include_dir(args->v[i])))
+			n++;
 	return dirs;
 }
 
@@ -462,16 +462,12 @@ int kc_compile_run(const struct kc_compile_spec *spec, struct kc_compile_outcome
 	if (pid < 0) {
 		release_slot(slot);
 		close(log_fd);
-		if (bad_dir >= 0 && uid != KC_SANDBOX_AS_DAEMON)
-			snprintf(out->why, sizeof(out->why), "include directory %.200s for the "
-				 "compiler's uid %u", why, (unsigned)uid);
-		else if (bad_dir >= 0)
-			snprintf(out->why, sizeof(out->why), "include directory %.200s", why);
-		else if (uid != KC_SANDBOX_AS_DAEMON)
-			snprintf(out->why, sizeof(out->why), "compiler %.200s (as uid %u)", why,
-				 (unsigned)uid);
-		else
-			snprintf(out->why, sizeof(out->why), "compiler %.240s", why);
+		char as[48] = "";
+		if (uid != KC_SANDBOX_AS_DAEMON)
+			snprintf(as, sizeof(as), bad_dir >= 0 ? " for the compiler's uid %u"
+				 : " (as uid %u)", (unsigned)uid);
+		snprintf(out->why, sizeof(out->why), "%s%.200s%s",
+			 bad_dir >= 0 ? "include directory " : "compiler ", why, as);
 		return 0;
 	}
 	/* Recorded so that a daemon restarted after a crash can kill this group (store.c). */

@@ -14,8 +14,9 @@
 #include "nvcc.h"
 #include "sandbox.h"
 
-/* "<path> <last line of --version>", or "<path> unavailable" with a warning. */
-static void identity(const char *path, char *out, size_t len)
+/* "<path> <last line of --version>", or "<path> unavailable" with a warning. Returns 1 if
+ * the compiler ran. */
+static int identity(const char *path, char *out, size_t len)
 {
 	char version[200];
 	int err = kc_nvcc_version(path, version, sizeof(version));
@@ -26,18 +27,22 @@ static void identity(const char *path, char *out, size_t len)
 			kc_log(KC_LOG_WARN, "compiler %s --version failed", path);
 		else
 			kc_log(KC_LOG_WARN, "compiler %s cannot run: %s", path, strerror(-err));
-		return;
+		return 0;
 	}
 	snprintf(out, len, "%.*s %.120s", 120, path, version);
+	return 1;
 }
 
-static void compiler_identity(struct kc_config *c)
+/* Fills c->compiler_id; *nvcc_ran and *nvrtc_ran tell which ran as the daemon. */
+static void compiler_identity(struct kc_config *c, int *nvcc_ran, int *nvrtc_ran)
 {
-	identity(c->nvcc, c->compiler_id, sizeof(c->compiler_id));
+	*nvcc_ran = identity(c->nvcc, c->compiler_id, sizeof(c->compiler_id));
+	*nvrtc_ran = 0;
 	if (c->nvrtc) { /* its version, not its path: installed or in build/, it is the same */
 		char version[200];
 		size_t n = strlen(c->compiler_id);
-		if (kc_nvcc_version(c->nvrtc, version, sizeof(version)) == 0)
+		*nvrtc_ran = kc_nvcc_version(c->nvrtc, version, sizeof(version)) == 0;
+		if (*nvrtc_ran)
 			snprintf(c->compiler_id + n, sizeof(c->compiler_id) - n, "; %s", version);
 		else
 			snprintf(c->compiler_id + n, sizeof(c->compiler_id) - n, "; NVRTC unavailable");
@@ -160,8 +165,7 @@ static int resolve_compile_uids(struct kc_config *c, char *why, size_t whylen)
 			return -EINVAL;
 		}
 	}
-	unsigned left = c->compile_uids ? kc_sandbox_count_uids(c->compile_uids,
-								  KC_COMPILE_SLOTS) : 0;
+	unsigned left = kc_sandbox_count_uids(c->compile_uids, KC_COMPILE_SLOTS);
 	if (left) {
 		kc_log(KC_LOG_WARN, "killing %u compiler processes left by a previous daemon "
 		       "(uids %u+)", left, c->compile_uids);
@@ -170,15 +174,15 @@ static int resolve_compile_uids(struct kc_config *c, char *why, size_t whylen)
 	return 0;
 }
 
-/* A compiler the daemon can run must run as the compiles' uid too, and reach the include
- * directories of -o flags=: say so at the mount, not at every compile. Returns 0 or -EACCES
- * with why filled. */
+/* A compiler the daemon can run (ran: compiler_identity saw it run) must run as the
+ * compiles' uid too, and reach the include directories of -o flags=: say so at the mount,
+ * not at every compile. Returns 0 or -EACCES with why filled. */
 static int check_compiler_runs_sandboxed(const struct kc_config *c, const char *compiler,
-					 char *why, size_t whylen)
+					 int ran, char *why, size_t whylen)
 {
-	char version[200], probe[300];
+	char probe[300];
 	int bad_dir;
-	if (!c->compile_uids || kc_nvcc_version(compiler, version, sizeof(version)) != 0)
+	if (!c->compile_uids || !ran)
 		return 0;
 	if (kc_compile_probe(compiler, &c->mount_flags, c->compile_uids, c->ns_flags, &bad_dir,
 			     probe, sizeof(probe)) == 0)
@@ -245,11 +249,12 @@ int kc_config_resolve(struct kc_config *c, char *why, size_t whylen)
 		c->compile_timeout = KC_DEFAULT_COMPILE_TIMEOUT;
 	if (c->max_source_size == 0)
 		c->max_source_size = KC_DEFAULT_MAX_SOURCE;
-	compiler_identity(c);
-	if (check_compiler_runs_sandboxed(c, c->nvcc, why, whylen) != 0)
+	int nvcc_ran, nvrtc_ran;
+	compiler_identity(c, &nvcc_ran, &nvrtc_ran);
+	if (check_compiler_runs_sandboxed(c, c->nvcc, nvcc_ran, why, whylen) != 0)
 		return -EACCES;
 	/* NVRTC is the mount's choice, or an entry's: only the first cannot go without it. */
-	if (c->nvrtc && check_compiler_runs_sandboxed(c, c->nvrtc, why, whylen) != 0) {
+	if (c->nvrtc && check_compiler_runs_sandboxed(c, c->nvrtc, nvrtc_ran, why, whylen) != 0) {
 		if (c->backend_nvrtc)
 			return -EACCES;
 		kc_log(KC_LOG_WARN, "%s; entries that ask for NVRTC will fail", why);
