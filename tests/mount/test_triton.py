@@ -1,0 +1,403 @@
+"""The Triton cache manager (python/kcachefs_triton, issue 15) on a real mount, driven through
+the calls of Triton's compile() by tests/mount/triton_harness.py (a stand-in of
+triton.runtime.cache; no Triton here): each kernel compiled once per node by processes
+released together, waiters that load only whole groups, holders that die, raise or stall,
+the directory off the mount left as Triton's own manager leaves it, the counters, and two
+users."""
+import errno
+import hashlib
+import json
+import os
+import select
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+import triton_harness
+from conftest import REPO, run_parallel
+from test_users import as_user, two_users  # noqa: F401 (a fixture)
+
+triton_harness.install_standin()
+sys.path.insert(0, str(REPO / "python"))
+from kcachefs_triton import stats  # noqa: E402
+from kcachefs_triton.manager import KcachefsCacheManager  # noqa: E402
+
+MANAGER = "kcachefs_triton:KcachefsCacheManager"
+HARNESS = Path(triton_harness.__file__)
+NAMES = ["add", "softmax", "matmul_cfg0", "matmul_cfg1"]
+
+
+def use(root, manager=True, wait=None):
+    os.environ["TRITON_CACHE_DIR"] = str(root)
+    if manager:
+        os.environ["TRITON_CACHE_MANAGER"] = MANAGER
+    else:
+        os.environ.pop("TRITON_CACHE_MANAGER", None)
+    if wait is not None:
+        os.environ["KCACHEFS_TRITON_WAIT"] = str(wait)
+
+
+@pytest.fixture(autouse=True)
+def restore_env():
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+def summary(root):
+    return stats.summarise(stats.read(str(root / stats.DIRNAME / stats.STATS)))
+
+
+def key_dirs(root):
+    return sorted(p for p in root.iterdir() if p.name != stats.DIRNAME)
+
+
+def check_groups(root, names):
+    """Every key directory holds exactly one published group of a kernel of names, complete
+    (every file the index lists, with the size recorded), and nothing else."""
+    seen = []
+    for d in key_dirs(root):
+        index = [p for p in d.iterdir() if p.name.startswith("__grp__")]
+        assert len(index) == 1, sorted(os.listdir(d))
+        data = json.loads(index[0].read_text())
+        name = index[0].name[len("__grp__"):-len(".json")]
+        seen.append(name)
+        want = {"%s.%s" % (name, e) for e in triton_harness.STAGES} | {name + ".json"}
+        assert set(data["child_paths"]) == want
+        assert set(os.listdir(d)) == want | {index[0].name}, "other files in the key directory"
+        for child, path in data["child_paths"].items():
+            assert os.path.getsize(path) == data["kcachefs"][child][0]
+        assert triton_harness.load(data["child_paths"], name)
+    assert sorted(seen) == sorted(names)
+
+
+class Client:
+    """One harness process (triton_harness.main) with the manager on root."""
+
+    def __init__(self, root, counter, names, mode=None, wait=600, user=None, pythonpath=None):
+        env = dict(os.environ, TRITON_CACHE_DIR=str(root), TRITON_CACHE_MANAGER=MANAGER,
+                   KCACHEFS_TRITON_WAIT=str(wait),
+                   PYTHONPATH=pythonpath or "%s:%s" % (REPO / "python", HARNESS.parent))
+        harness = str(Path(pythonpath.split(":")[-1]) / HARNESS.name) if pythonpath else str(HARNESS)
+        cmd = [sys.executable, harness] + ([mode] if mode else []) + [str(counter)] + names
+        extra = dict(user=user[0], group=user[1], extra_groups=[], cwd="/") if user else {}
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, env=env, **extra)
+        self.fds = {"stdout": self.proc.stdout.fileno(), "stderr": self.proc.stderr.fileno()}
+        self.out = {fd: b"" for fd in self.fds.values()}
+
+    def wait_for(self, stream, text, timeout=120):
+        """Read stream (stdout or stderr) until a line containing text; fails after timeout
+        or if the process ends first."""
+        fd = self.fds[stream]
+        deadline = time.monotonic() + timeout
+        while text.encode() not in self.out[fd]:
+            left = deadline - time.monotonic()
+            assert left > 0, "no %r from the client in %d s: %r" % (text, timeout, self.out)
+            if select.select([fd], [], [], left)[0]:
+                chunk = os.read(fd, 65536)
+                assert chunk, "client ended before %r: %r" % (text, self.out)
+                self.out[fd] += chunk
+
+    def send(self, line=b"go\n"):
+        self.proc.stdin.write(line)
+        self.proc.stdin.flush()
+
+    def finish(self, timeout=120):
+        """Close stdin and collect: (status, stdout, stderr)."""
+        out, err = self.proc.communicate(timeout=timeout)
+        return (self.proc.returncode, self.out[self.fds["stdout"]].decode() + out.decode(),
+                self.out[self.fds["stderr"]].decode() + err.decode())
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.communicate()
+
+
+@pytest.fixture
+def clients():
+    started = []
+
+    def make(*args, **kwargs):
+        started.append(Client(*args, **kwargs))
+        return started[-1]
+
+    yield make
+    for c in started:
+        c.kill()
+
+
+def digests(stdout):
+    return {line.split()[1]: line.split()[2] for line in stdout.splitlines() if line.startswith("ok ")}
+
+
+def work(name):
+    """A compile's CPU time (about 0.1 s here), so that the processes' compiles overlap."""
+    h = name.encode()
+    for _ in range(100000):
+        h = hashlib.sha256(h).digest()
+
+
+def eight_processes(i, root, counter, manager=True):
+    use(root, manager)
+    return {n: triton_harness.compile(n, triton_harness.source_of(n), str(counter), work)
+            for n in NAMES[i % len(NAMES):] + NAMES[:i % len(NAMES)]}
+
+
+def test_eight_processes_compile_each_kernel_once(mount_factory, tmp_path):
+    m = mount_factory()
+    root, counter = m.mnt / "triton", tmp_path / "compiles"
+    for run in ("cold", "warm"):
+        results = run_parallel(8, eight_processes, root, counter)
+        assert all(r == results[0] for r in results), results
+        assert triton_harness.compiles(counter) == {n: 1 for n in NAMES}, run
+    check_groups(root, NAMES)
+    s = summary(root)
+    assert (s["compiles"], s["timeouts"], s["nolock"], s["bad_lines"]) == (len(NAMES), 0, 0, 0), s
+    assert s["waits"] == s["loaded"] + s["compiled_after_wait"], s
+    locks = sorted(os.listdir(root / stats.DIRNAME / "locks"))
+    assert len(locks) == len(NAMES) and all(n.endswith(".json") for n in locks), locks
+    assert not [p for p in root.rglob("*") if "tmp.pid_" in p.name], "temp files left"
+
+
+def test_waiters_load_the_holders_group(mount_factory, tmp_path, clients):
+    m = mount_factory()
+    root, counter = m.mnt / "triton", tmp_path / "compiles"
+    holder = clients(root, counter, ["add"], mode="--gate")
+    holder.wait_for("stdout", "compiling add")
+    waiters = [clients(root, counter, ["add"]) for _ in range(3)]
+    for w in waiters:
+        w.wait_for("stderr", "waiting for")  # each found the lock taken
+    holder.send()
+    results = [c.finish() for c in [holder] + waiters]
+    assert [r[0] for r in results] == [0] * 4, results
+    assert len({digests(r[1])["add"] for r in results}) == 1
+    assert triton_harness.compiles(counter) == {"add": 1}
+    s = summary(root)
+    assert (s["compiles"], s["waits"], s["loaded"], s["timeouts"]) == (1, 3, 3, 0), s
+    assert s["wait_seconds"] > 0
+    check_groups(root, ["add"])
+
+
+def test_a_holder_killed_mid_compile_hands_over(mount_factory, tmp_path, clients):
+    m = mount_factory()
+    root, counter = m.mnt / "triton", tmp_path / "compiles"
+    holder = clients(root, counter, ["softmax"], mode="--stall")
+    holder.wait_for("stdout", "compiling softmax")
+    waiters = [clients(root, counter, ["softmax"]) for _ in range(3)]
+    for w in waiters:
+        w.wait_for("stderr", "waiting for")
+    holder.proc.send_signal(signal.SIGKILL)
+    holder.proc.wait()
+    results = [w.finish() for w in waiters]
+    assert [r[0] for r in results] == [0] * 3, results
+    assert len({digests(r[1])["softmax"] for r in results}) == 1
+    # the killed holder's compile and one waiter's; the others loaded it
+    assert triton_harness.compiles(counter) == {"softmax": 2}
+    s = summary(root)
+    assert (s["compiles"], s["compiled_after_wait"], s["loaded"], s["timeouts"]) == (2, 1, 2, 0), s
+    check_groups(root, ["softmax"])
+
+
+def test_a_holder_that_raises_lets_the_others_go(mount_factory, tmp_path, clients):
+    m = mount_factory()
+    root, counter = m.mnt / "triton", tmp_path / "compiles"
+    holder = clients(root, counter, ["matmul_cfg0"], mode="--raise")
+    holder.wait_for("stdout", "compiling matmul_cfg0")
+    waiters = [clients(root, counter, ["matmul_cfg0"]) for _ in range(2)]
+    for w in waiters:
+        w.wait_for("stderr", "waiting for")
+    holder.send()  # it raises now and stays alive
+    holder.wait_for("stdout", "raised matmul_cfg0")
+    results = [w.finish() for w in waiters]  # KCACHEFS_TRITON_WAIT=600: not by the timeout
+    assert [r[0] for r in results] == [0, 0], results
+    assert triton_harness.compiles(counter) == {"matmul_cfg0": 2}
+    s = summary(root)
+    assert (s["compiles"], s["loaded"], s["timeouts"]) == (2, 1, 0), s
+    assert holder.proc.poll() is None, "the holder must still be alive"
+    rc, _, err = holder.finish()
+    assert rc == 0 and "the compile ended without put_group" in err, err
+    check_groups(root, ["matmul_cfg0"])
+
+
+def test_the_wait_is_bounded(mount_factory, tmp_path, clients):
+    m = mount_factory()
+    root, counter = m.mnt / "triton", tmp_path / "compiles"
+    holder = clients(root, counter, ["add"], mode="--stall")
+    holder.wait_for("stdout", "compiling add")
+    waiters = [clients(root, counter, ["add"], wait=1) for _ in range(2)]
+    results = [w.finish() for w in waiters]
+    assert [r[0] for r in results] == [0, 0], results
+    assert all("compiling it here" in r[2] for r in results), results
+    assert triton_harness.compiles(counter) == {"add": 3}
+    s = summary(root)
+    assert (s["compiles"], s["timeouts"], s["waits"]) == (1, 2, 2), s
+    assert s["max_wait_seconds"] >= 1
+    holder.kill()
+    check_groups(root, ["add"])
+
+
+def test_an_incomplete_group_is_a_miss(mount_factory, tmp_path):
+    m = mount_factory()
+    root, counter = m.mnt / "triton", tmp_path / "compiles"
+    use(root)
+    src = triton_harness.source_of("add")
+    good = triton_harness.compile("add", src, str(counter))
+    (cubin,) = root.glob("*/add.cubin")
+    cubin.write_bytes(cubin.read_bytes()[:4096])  # truncated behind the manager's back
+    assert triton_harness.compile("add", src, str(counter)) == good
+    cubin.unlink()
+    assert triton_harness.compile("add", src, str(counter)) == good
+    (index,) = root.glob("*/__grp__add.json")
+    index.write_text("{not json")
+    assert triton_harness.compile("add", src, str(counter)) == good
+    assert triton_harness.compiles(counter) == {"add": 4}
+    check_groups(root, ["add"])
+
+
+def flock_from_another_process(path):
+    """'free' if another process can take path's lock now, else 'held'."""
+    code = ("import fcntl, os, sys\nfd = os.open(sys.argv[1], os.O_RDONLY)\ntry:\n"
+            "    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB); print('free')\n"
+            "except BlockingIOError:\n    print('held')\n")
+    return subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True,
+                          text=True, check=True).stdout.strip()
+
+
+def test_a_failed_compile_retried_or_left_in_the_same_thread(mount_factory):
+    m = mount_factory()
+    root = m.mnt / "triton"
+    use(root)
+    first = KcachefsCacheManager("A" * 52)
+    assert first.get_group("add.json") is None  # a miss: it holds add's lock
+    lock = root / stats.DIRNAME / "locks" / ("A" * 52 + ".add.json")
+    assert flock_from_another_process(lock) == "held"
+    # the compile raised; Triton retries the same kernel in the same thread: no self-deadlock
+    retry = KcachefsCacheManager("A" * 52)
+    assert retry.get_group("add.json") is None
+    assert flock_from_another_process(lock) == "held"
+    # the thread goes on to another kernel: the lock of the abandoned compile is released
+    other = KcachefsCacheManager("B" * 52)
+    assert other.get_group("softmax.json") is None
+    assert flock_from_another_process(lock) == "free"
+    other.put_group("softmax.json", {})
+    assert flock_from_another_process(root / stats.DIRNAME / "locks" / ("B" * 52 + ".softmax.json")) == "free"
+    del first, retry
+
+
+def tree(root):
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+def test_off_the_mount_it_is_tritons_own_manager(tmp_path):
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    counter = str(tmp_path / "compiles")
+    for root, manager in ((ours, True), (theirs, False)):
+        use(root, manager)
+        for n in NAMES[:2]:
+            triton_harness.compile(n, triton_harness.source_of(n), counter)
+            triton_harness.compile(n, triton_harness.source_of(n), counter)  # a hit
+    assert tree(ours) == tree(theirs) and not (ours / stats.DIRNAME).exists()
+    for index in ours.glob("*/__grp__*"):
+        assert index.read_text() == (theirs / index.relative_to(ours)).read_text().replace(
+            str(theirs), str(ours))
+    # a group missing a file: both give the same partial group
+    for root in (ours, theirs):
+        next(root.glob("*/add.ptx")).unlink()
+    key = next(ours.glob("*/add.ptx.json".replace(".ptx", ""))).parent.name
+    use(ours, True)
+    got = KcachefsCacheManager(key).get_group("add.json")
+    use(theirs, False)
+    want = triton_harness.FileCacheManager(key).get_group("add.json")
+    assert got == {c: p.replace(str(theirs), str(ours)) for c, p in want.items()}
+    assert "add.ptx" not in got
+
+
+def test_stats_command(mount_factory, tmp_path):
+    m = mount_factory()
+    root = m.mnt / "triton"
+    counter = tmp_path / "compiles"
+    for sub in ("u1", "u2"):
+        use(root / sub)
+        triton_harness.compile("add", triton_harness.source_of("add"), str(counter))
+    env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
+    r = subprocess.run([sys.executable, "-m", "kcachefs_triton", "stats", str(root)], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("compiles granted      1") == 2 and "total" in r.stdout, r.stdout
+    assert "compiles granted      2" in r.stdout, r.stdout
+    r = subprocess.run([sys.executable, "-m", "kcachefs_triton", "stats", str(tmp_path)],
+                       env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "no .kcachefs-triton/stats" in r.stderr, r
+
+
+def test_two_users_do_not_block_each_other(public_mount_factory, two_users, clients):  # noqa: F811
+    alice, bob = two_users
+    m = public_mount_factory(["allow_other"])
+    # The code, where both users can read it (the tree may be in a private directory).
+    code = Path(tempfile.mkdtemp(prefix="kcachefs-triton-code-"))
+    try:
+        os.chmod(code, 0o755)
+        shutil.copytree(REPO / "python" / "kcachefs_triton", code / "kcachefs_triton",
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        for f in (HARNESS, HARNESS.parent / "triton_cache.py"):
+            shutil.copy(f, code / f.name)
+        counter = code / "compiles"
+        counter.touch(mode=0o666)
+        os.chmod(counter, 0o666)
+        top = m.mnt / "triton"
+        top.mkdir()
+        dirs = {}
+        for name, user in (("alice", alice), ("bob", bob)):
+            dirs[name] = top / name
+            dirs[name].mkdir()
+            os.chown(dirs[name], *user)
+            os.chmod(dirs[name], 0o755)  # others may look, as with a umask of 022
+        path = "%s:%s" % (code, code)
+        a = clients(dirs["alice"], counter, ["add"], mode="--gate", user=alice, pythonpath=path)
+        a.wait_for("stdout", "compiling add")  # alice holds add's lock in her directory
+        b = clients(dirs["bob"], counter, ["add"], user=bob, pythonpath=path)
+        rc, out, err = b.finish()  # bob compiles his own: not blocked by alice
+        assert rc == 0 and "ok add" in out and "waiting" not in err, (out, err)
+        (lock,) = (dirs["alice"] / stats.DIRNAME / "locks").iterdir()
+        st = lock.stat()
+        assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (alice[0], 0o600)
+        assert stat.S_IMODE((dirs["alice"] / stats.DIRNAME).stat().st_mode) == 0o700
+        opened = as_user(bob, "import os, sys\ntry:\n    os.open(sys.argv[1], os.O_RDONLY)\n"
+                         "    print('opened')\nexcept OSError as e:\n    print(e.errno)\n", lock)
+        assert opened == [str(errno.EACCES)], opened
+        a.send()
+        rc, out, err = a.finish()
+        assert rc == 0 and "ok add" in out, err
+        assert triton_harness.compiles(str(counter)) == {"add": 2}
+        assert digests(out)["add"]
+    finally:
+        shutil.rmtree(code)
+
+
+def test_the_lock_file_is_only_for_who_may_write_the_root(mount_factory):
+    """Who may open (and so flock) a lock file: its owner, and the group or others only
+    where they may write the cache root anyway. (The mount creates files with the daemon's
+    umask too, 022 here, so write bits for the group and others never reach it; read, which
+    flock needs, does.)"""
+    m = mount_factory()
+    for mode, readable in ((0o755, 0), (0o775, stat.S_IRGRP), (0o777, stat.S_IRGRP | stat.S_IROTH)):
+        root = m.mnt / ("root%o" % mode)
+        root.mkdir()
+        os.chmod(root, mode)
+        use(root)
+        mgr = KcachefsCacheManager("C" * 52)
+        assert mgr.get_group("k.json") is None
+        mgr.put_group("k.json", {})
+        (lock,) = (root / stats.DIRNAME / "locks").iterdir()
+        got = stat.S_IMODE(lock.stat().st_mode)
+        assert got & 0o077 & ~(stat.S_IWGRP | stat.S_IWOTH) == readable, (oct(mode), oct(got))
