@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 import triton_harness
-from conftest import REPO, run_parallel
+from conftest import BUILD, REPO, run_parallel
 from test_users import as_user, two_users  # noqa: F401 (a fixture)
 
 triton_harness.install_standin()
@@ -401,3 +401,22 @@ def test_the_lock_file_is_only_for_who_may_write_the_root(mount_factory):
         (lock,) = (root / stats.DIRNAME / "locks").iterdir()
         got = stat.S_IMODE(lock.stat().st_mode)
         assert got & 0o077 & ~(stat.S_IWGRP | stat.S_IWOTH) == readable, (oct(mode), oct(got))
+
+
+def test_meson_install_puts_it_where_python_finds_it(tmp_path):
+    r = subprocess.run(["meson", "install", "-C", str(BUILD), "--destdir", str(tmp_path / "d"),
+                        "--no-rebuild", "--quiet"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    (init,) = (tmp_path / "d").rglob("kcachefs_triton/__init__.py")
+    assert {p.name for p in init.parent.iterdir()} >= {"__init__.py", "__main__.py",
+                                                        "manager.py", "stats.py"}
+    # the installed copy, with the stand-in Triton, loads the class as Triton does
+    code = ("import sys; sys.path.insert(0, sys.argv[2]); import triton_harness\n"
+            "triton_harness.install_standin(); sys.path.insert(0, sys.argv[1])\n"
+            "import importlib; m = importlib.import_module('kcachefs_triton')\n"
+            "cls = getattr(m, 'KcachefsCacheManager')\n"
+            "print(m.__file__, issubclass(cls, sys.modules['triton.runtime.cache'].FileCacheManager))\n")
+    r = subprocess.run([sys.executable, "-c", code, str(init.parent.parent), str(HARNESS.parent)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == [str(init), "True"], r.stdout
