@@ -9,7 +9,7 @@ kcachefs mount:
 - on a miss takes the kernel's lock: an exclusive flock of
   <cache root>/.kcachefs-triton/locks/<key>.<group file>, through the mount, so node-wide, and
   released by the kernel if the holder dies. It polls LOCK_NB (10 ms, growing to 100 ms) for at
-  most KCACHEFS_TRITON_WAIT seconds (default 300), then compiles without it;
+  most KCACHEFS_TRITON_WAIT seconds (default 120), then compiles without it;
 - once it has the lock it looks again: a group published meanwhile is loaded, otherwise it
   returns None and Triton compiles, holding the lock until put_group has written the index.
   A compile that raises never reaches put_group: the lock is released when Triton drops the
@@ -45,7 +45,7 @@ log = logging.getLogger("kcachefs_triton")
 
 FSTYPE = "fuse.kcachefs"
 WAIT_ENV = "KCACHEFS_TRITON_WAIT"
-DEFAULT_WAIT_S = 300.0
+DEFAULT_WAIT_S = 120.0  # longer than most compiles; a stuck holder costs at most this
 POLL_FIRST_S, POLL_MAX_S = 0.01, 0.1
 RECORD = "kcachefs"  # the index's extra field: {child: [size, sha256 hex]}
 GROUP_PREFIX = "__grp__"  # Triton's name of a group index
