@@ -19,7 +19,7 @@
 #   KCACHEFS=PATH         the daemon
 #   PROCS=8               processes per round
 #   KCACHEFS_OPTS=a,b     -o options for the daemon
-#   TIMEOUT=300           seconds for the whole run
+#   TIMEOUT=480           seconds for the whole run (each round: 110 s at most)
 set -u
 cd "$(dirname "$0")/.." || exit 2
 PYTHON=${PYTHON:-python3}
@@ -35,9 +35,9 @@ fi
 command -v nvidia-smi >/dev/null && nvidia-smi -L
 KCACHEFS_BIN=$(realpath "$KCACHEFS")
 export KCACHEFS_BIN
-timeout -k 20 "${TIMEOUT:-300}" "$PYTHON" scripts/triton_gpu.py --procs "${PROCS:-8}"
+timeout -k 20 "${TIMEOUT:-480}" "$PYTHON" scripts/triton_gpu.py --procs "${PROCS:-8}"
 rc=$?
-[ "$rc" = 124 ] && echo "FAIL: timed out after ${TIMEOUT:-300} s"
+[ "$rc" = 124 ] && echo "FAIL: timed out after ${TIMEOUT:-480} s"
 # Whatever happened, nothing of ours stays mounted.
 left=$(awk '$2 ~ "^/tmp/kcachefs-triton-gpu-" { print $2 }' /proc/mounts)
 for m in $left; do

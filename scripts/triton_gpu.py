@@ -141,7 +141,7 @@ def worker(index, round_name, log, barrier, queue):
         count_compiles(log, round_name)
         torch.zeros(1, device="cuda")  # the CUDA context, before the clock starts
         torch.cuda.synchronize()
-        barrier.wait(timeout=300)
+        barrier.wait(timeout=100)
         t0 = time.monotonic()
         failed = run_kernels()
         queue.put((index, {"pid": os.getpid(), "seconds": time.monotonic() - t0,
@@ -196,7 +196,7 @@ def compiles_of(log, round_name):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--procs", type=int, default=8)
-    ap.add_argument("--round-timeout", type=int, default=150)
+    ap.add_argument("--round-timeout", type=int, default=110)
     ap.add_argument("--options", default=os.environ.get("KCACHEFS_OPTS", ""))
     args = ap.parse_args()
 
