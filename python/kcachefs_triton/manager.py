@@ -63,6 +63,17 @@ class _Hold:
     def __init__(self, path, fd, what, state_dir):
         self.path, self.fd, self.what, self.state_dir = path, fd, what, state_dir
         self.thread = threading.get_ident()
+        self.owner = None  # the token of the manager whose compile holds it
+
+    def own(self, manager):
+        """Make manager the owner: when Triton drops it, a lock still held is released."""
+        token = self.owner = object()
+        weakref.finalize(manager, _release_if_owner, self, token)
+
+
+def _release_if_owner(hold, token):
+    if hold.owner is token:
+        _unlock(hold, "the compile ended without put_group")
 
 
 def _unescape(field):
@@ -263,7 +274,8 @@ class KcachefsCacheManager(FileCacheManager):
         for hold in stale:  # this thread moved on: that compile raised before put_group
             _unlock(hold, "its compile ended without put_group")
         if mine is not None and mine.thread == me:
-            return None  # a compile of ours that raised, retried: it keeps the lock
+            mine.own(self)  # a compile of ours that raised, retried: it keeps the lock
+            return None
         try:
             state_dir = _state_dir(os.path.dirname(self.cache_dir))
             fd = self._open_lock(path)
@@ -301,7 +313,7 @@ class KcachefsCacheManager(FileCacheManager):
                     _held[path] = hold
                 # Triton drops the manager when compile() returns or raises: a lock still
                 # held then belongs to a compile that never reached put_group.
-                weakref.finalize(self, _unlock, hold, "the compile ended without put_group")
+                hold.own(self)
                 stats.record(state_dir, "compile", seconds, what)
                 return None
             if not waited:

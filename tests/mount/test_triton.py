@@ -237,10 +237,12 @@ def test_the_wait_is_bounded(mount_factory, tmp_path, clients):
     waiters = [clients(root, counter, ["add"], wait=1) for _ in range(2)]
     results = [w.finish() for w in waiters]
     assert [r[0] for r in results] == [0, 0], results
-    assert all("compiling it here" in r[2] for r in results), results
-    assert triton_harness.compiles(counter) == {"add": 3}
+    # each timed out and compiled, or loaded the group one that timed out published first
+    timed_out = sum("compiling it here" in r[2] for r in results)
+    assert timed_out >= 1, results
+    assert triton_harness.compiles(counter) == {"add": 1 + timed_out}
     s = summary(root)
-    assert (s["compiles"], s["timeouts"], s["waits"]) == (1, 2, 2), s
+    assert (s["compiles"], s["timeouts"], s["loaded"], s["waits"]) == (1, timed_out, 2 - timed_out, 2), s
     assert s["max_wait_seconds"] >= 1
     holder.kill()
     check_groups(root, ["add"])
@@ -273,25 +275,34 @@ def flock_from_another_process(path):
                           text=True, check=True).stdout.strip()
 
 
-def test_a_failed_compile_retried_or_left_in_the_same_thread(mount_factory):
+def test_a_failed_compile_retried_dropped_or_left_in_the_same_thread(mount_factory):
     m = mount_factory()
     root = m.mnt / "triton"
+    locks = root / stats.DIRNAME / "locks"
     use(root)
     first = KcachefsCacheManager("A" * 52)
     assert first.get_group("add.json") is None  # a miss: it holds add's lock
-    lock = root / stats.DIRNAME / "locks" / ("A" * 52 + ".add.json")
+    lock = locks / ("A" * 52 + ".add.json")
     assert flock_from_another_process(lock) == "held"
-    # the compile raised; Triton retries the same kernel in the same thread: no self-deadlock
+    # the compile raised (its manager kept alive by the exception); Triton retries the same
+    # kernel in the same thread: no self-deadlock, and the retry owns the lock now
     retry = KcachefsCacheManager("A" * 52)
     assert retry.get_group("add.json") is None
+    del first
     assert flock_from_another_process(lock) == "held"
     # the thread goes on to another kernel: the lock of the abandoned compile is released
     other = KcachefsCacheManager("B" * 52)
     assert other.get_group("softmax.json") is None
     assert flock_from_another_process(lock) == "free"
     other.put_group("softmax.json", {})
-    assert flock_from_another_process(root / stats.DIRNAME / "locks" / ("B" * 52 + ".softmax.json")) == "free"
-    del first, retry
+    assert flock_from_another_process(locks / ("B" * 52 + ".softmax.json")) == "free"
+    # a manager dropped without put_group (Triton's compile raised): its lock goes with it
+    dropped = KcachefsCacheManager("D" * 52)
+    assert dropped.get_group("add.json") is None
+    assert flock_from_another_process(locks / ("D" * 52 + ".add.json")) == "held"
+    del dropped
+    assert flock_from_another_process(locks / ("D" * 52 + ".add.json")) == "free"
+    del retry
 
 
 def tree(root):
