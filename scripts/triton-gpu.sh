@@ -34,7 +34,9 @@ fi
 	{ echo "FAIL: $PYTHON cannot import torch and triton with a GPU"; exit 1; }
 command -v nvidia-smi >/dev/null && nvidia-smi -L
 KCACHEFS_BIN=$(realpath "$KCACHEFS")
-export KCACHEFS_BIN
+# kcmount.py also wants the nvcc shim beside the daemon (it is not used here)
+KCACHEFS_NVCC_BIN=$(realpath "$(dirname "$KCACHEFS")/kcachefs-nvcc")
+export KCACHEFS_BIN KCACHEFS_NVCC_BIN
 timeout -k 20 "${TIMEOUT:-480}" "$PYTHON" scripts/triton_gpu.py --procs "${PROCS:-8}"
 rc=$?
 [ "$rc" = 124 ] && echo "FAIL: timed out after ${TIMEOUT:-480} s"
