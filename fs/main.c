@@ -303,6 +303,9 @@ int main(int argc, char *argv[])
 		kc_log(KC_LOG_WARN, "max_inodes=%lu is over half the open file limit %lu: lookups "
 		       "may fail with EMFILE", max_inodes, fd_limit);
 
+	/* The kernel has applied the client's umask to every mode a request carries; the
+	 * daemon's own would take bits away a second time (a group's 0660 stored as 0640). */
+	umask(0);
 	/* The kernel checks permissions against the owners and modes we store. */
 	fuse_opt_add_arg(&args, "-odefault_permissions");
 	fs->se = fuse_session_new(&args, &kc_fs_ops, sizeof(kc_fs_ops), fs);

@@ -151,3 +151,22 @@ def test_renames_over_final_names_never_show_partial_files(mount_factory):
 
     results = run_parallel(6, worker, str(d), payload)
     assert results[:2] == ["w", "w"] and results[2:] == [0] * 4, results
+
+
+def test_modes_are_the_clients_not_the_daemons_umask(mount_factory):
+    """The kernel applies the caller's umask; the daemon must not apply its own again
+    (a group-shared directory needs 0770 and 0660, not 0750 and 0640)."""
+    m = mount_factory()
+    old = os.umask(0)
+    try:
+        os.mkdir(m.mnt / "shared", 0o770)
+        fd = os.open(m.mnt / "shared" / "f", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o660)
+        os.close(fd)
+        os.umask(0o027)
+        os.mkdir(m.mnt / "private", 0o777)
+    finally:
+        os.umask(old)
+    assert os.stat(m.mnt / "shared").st_mode & 0o7777 == 0o770
+    assert os.stat(m.mnt / "shared" / "f").st_mode & 0o7777 == 0o660
+    assert os.stat(m.mnt / "private").st_mode & 0o7777 == 0o750
+    assert os.stat(m.backing / "shared" / "f").st_mode & 0o7777 == 0o660
