@@ -87,6 +87,22 @@ static void mark_verified(struct kc_cache *c, const struct stat *st)
 	pthread_mutex_unlock(&c->verified_lock);
 }
 
+/* Before a compile, and before its result is published or remembered: is the compiler on
+ * disk still the one whose identity recipes are hashed with? A changed one is taken again
+ * (compiler.h), and every cubin is verified again at its next open, where one compiled
+ * under another identity is stale (check_published). Returns kc_compiler_refresh's. */
+static int compiler_check(struct kc_cache *c)
+{
+	int r = kc_compiler_refresh(c->cfg->compiler);
+	if (r == 1) {
+		pthread_mutex_lock(&c->verified_lock);
+		tdestroy(c->verified, free);
+		c->verified = NULL;
+		pthread_mutex_unlock(&c->verified_lock);
+	}
+	return r;
+}
+
 /* The name of the entry directory behind entry_fd, whole (a label is cut for logs).
  * Returns 0, or -ENAMETOOLONG when the kernel cannot give its path. */
 static int entry_name_of(struct kc_cache *c, int entry_fd, char name[256])
@@ -397,8 +413,11 @@ static int publish(struct compile_job *j, int fd, const char *tmp_name, const ch
 		return -EIO;
 	}
 	*bytes = rec.size;
+	/* The compiler that ran must be the one the recipe was hashed with: swapped during
+	 * the compile, its output is not this recipe's (and is compiled again). */
+	int unsure = compiler_check(c) < 0;
 	pthread_mutex_lock(&c->publish_lock);
-	err = kc_recipe_load(j->entry_fd, c->cfg, &now);
+	err = unsure ? -EAGAIN : kc_recipe_load(j->entry_fd, c->cfg, &now);
 	if (!err) {
 		if (strcmp(now.hash, j->recipe.hash) != 0)
 			err = -EAGAIN;
@@ -414,8 +433,8 @@ static int publish(struct compile_job *j, int fd, const char *tmp_name, const ch
 	}
 	pthread_mutex_unlock(&c->publish_lock);
 	if (err == -EAGAIN) {
-		kc_log(KC_LOG_INFO, "%s: recipe changed during the compile; result discarded",
-		       label);
+		kc_log(KC_LOG_INFO, "%s: recipe or compiler changed during the compile; result "
+		       "discarded", label);
 		return err;
 	}
 	if (err) {
@@ -517,7 +536,15 @@ static int run_compile(struct compile_job *j)
 	kc_log(KC_LOG_DEBUG, "compile %s: compiler ran %.2f s: %s", label, out.seconds, out.why);
 
 	result = -EIO;
-	if (out.status == KC_COMPILE_OK) {
+	if (out.status == KC_COMPILE_REJECTED &&
+	    (compiler_check(c) < 0 ||
+	     kc_compiler_generation(cfg->compiler) != j->recipe.compiler_gen)) {
+		/* A rejection is remembered for the compiler that gave it, and that one is gone:
+		 * the waiters look again and the compiler there now compiles. */
+		kc_log(KC_LOG_INFO, "compile %s: compiler changed during the compile; its "
+		       "rejection discarded", label);
+		result = -EAGAIN;
+	} else if (out.status == KC_COMPILE_OK) {
 		result = publish(j, out_fd, out_name, label, &bytes);
 		if (result == 0) {
 			atomic_fetch_add(&c->stats.compiles, 1);
@@ -533,7 +560,7 @@ static int run_compile(struct compile_job *j)
 		 label, kind, out.why, out.seconds, compiler, arch);
 	if (result != -EAGAIN)
 		write_log(c, j->entry_fd, head, out.log, out.log_len);
-	if (out.status == KC_COMPILE_REJECTED)
+	if (out.status == KC_COMPILE_REJECTED && result != -EAGAIN)
 		kc_store_mark_rejected(j->entry_fd, j->recipe.hash);
 	j->transient = out.status != KC_COMPILE_REJECTED && result == -EIO;
 	kc_log(result == 0 ? KC_LOG_INFO : KC_LOG_WARN, "%.*s", (int)strlen(head) - 11, head + 10);
@@ -611,6 +638,9 @@ int kc_cache_lookup_cubin(struct kc_cache *c, int entry_fd, struct kc_waiter *w,
 		if (err != -ENOENT)
 			return err;
 
+		/* A stat of the compiler per miss: a replaced one is not taken for the one whose
+		 * rejections and cubins are recorded (its own are looked up instead). */
+		compiler_check(c);
 		struct compile_job *j = calloc(1, sizeof(*j));
 		if (!j)
 			return -ENOMEM;
