@@ -95,6 +95,7 @@ static int compiler_check(struct kc_cache *c)
 {
 	int r = kc_compiler_refresh(c->cfg->compiler);
 	if (r == 1) {
+		atomic_store(&c->compiler_changed, 1);
 		pthread_mutex_lock(&c->verified_lock);
 		tdestroy(c->verified, free);
 		c->verified = NULL;
@@ -172,11 +173,10 @@ static void unlink_if_same(int entry_fd, const struct stat *st)
 		unlinkat(entry_fd, KC_CUBIN_NAME, 0);
 }
 
-/* Check the cubin behind fd (stat st) against its integrity record, which is read into rec;
- * a good result is remembered per (inode, ctime, size) for is_verified. Returns NULL when it
- * may be served, else why not. */
-static const char *cubin_problem(struct kc_cache *c, int fd, const struct stat *st,
-				 struct kc_record *rec)
+/* Check the cubin behind fd (stat st) against its integrity record, which is read into rec
+ * (the caller remembers a good result with mark_verified). Returns NULL when it may be
+ * served, else why not. */
+static const char *cubin_problem(int fd, const struct stat *st, struct kc_record *rec)
 {
 	char sha[KC_SHA256_HEXLEN + 1];
 	uint64_t size = 0;
@@ -191,7 +191,6 @@ static const char *cubin_problem(struct kc_cache *c, int fd, const struct stat *
 			snprintf(why, sizeof(why), "it has no record and %s", what);
 			return why;
 		}
-		mark_verified(c, st);
 		return NULL;
 	}
 	if (err)
@@ -202,7 +201,6 @@ static const char *cubin_problem(struct kc_cache *c, int fd, const struct stat *
 		return "its size differs from the recorded size";
 	if (strcmp(sha, rec->sha256) != 0)
 		return "its SHA-256 differs from the recorded one";
-	mark_verified(c, st);
 	return NULL;
 }
 
@@ -235,6 +233,27 @@ static int staged_recipe(int entry_fd)
 	       faccessat(entry_fd, KC_FLAGS_NAME, F_OK, AT_SYMLINK_NOFOLLOW) == 0;
 }
 
+/* Nonzero if the cubin the mount compiled (record rec, stat st) is not the compile of the
+ * entry's recipe as it is now (another recipe, compiler identity or arch): then it was
+ * removed, so that the recipe is compiled again. */
+static int compiled_stale(struct kc_cache *c, int entry_fd, const struct kc_record *rec,
+			  const struct stat *st)
+{
+	struct kc_recipe r;
+	if (kc_recipe_load(entry_fd, c->cfg, &r) != 0)
+		return 0;
+	int stale = strcmp(r.hash, rec->recipe) != 0;
+	kc_recipe_free(&r);
+	if (stale) {
+		char label[512];
+		entry_label(c, entry_fd, label, sizeof(label));
+		kc_log(KC_LOG_INFO, "%s: cubin was compiled from another recipe, compiler or arch "
+		       "(%.16s, now %.16s); compiling again", label, rec->recipe, r.hash);
+		unlink_if_same(entry_fd, st);
+	}
+	return stale;
+}
+
 /* Check the published cubin of an entry. Returns 0 (serve it), -ENOENT (none, or a bad or
  * stale one was removed so that the recipe is compiled again), -EIO (bad, cannot rebuild). */
 static int check_published(struct kc_cache *c, int entry_fd)
@@ -253,7 +272,7 @@ static int check_published(struct kc_cache *c, int entry_fd)
 		close(fd);
 		return 0;
 	}
-	const char *bad = cubin_problem(c, fd, &st, &rec);
+	const char *bad = cubin_problem(fd, &st, &rec);
 	close(fd);
 	if (bad)
 		return cubin_bad(c, entry_fd, &st, bad);
@@ -267,23 +286,9 @@ static int check_published(struct kc_cache *c, int entry_fd)
 		unlink_if_same(entry_fd, &st);
 		return -ENOENT;
 	}
-	if (rec.origin == KC_ORIGIN_COMPILED) {
-		struct kc_recipe r;
-		if (kc_recipe_load(entry_fd, c->cfg, &r) == 0) {
-			int stale = strcmp(r.hash, rec.recipe) != 0;
-			kc_recipe_free(&r);
-			if (stale) {
-				char label[512];
-				entry_label(c, entry_fd, label, sizeof(label));
-				kc_log(KC_LOG_INFO,
-				       "%s: cubin was compiled from another recipe, compiler or "
-				       "arch (%.16s, now %.16s); compiling again", label, rec.recipe,
-				       r.hash);
-				unlink_if_same(entry_fd, &st);
-				return -ENOENT;
-			}
-		}
-	}
+	if (rec.origin == KC_ORIGIN_COMPILED && compiled_stale(c, entry_fd, &rec, &st))
+		return -ENOENT;
+	mark_verified(c, &st);
 	return 0;
 }
 
@@ -296,12 +301,23 @@ int kc_cache_verify_open(struct kc_cache *c, int fd, int entry_fd)
 		return -EIO;
 	if (is_verified(c, &st))
 		return 0;
-	const char *bad = cubin_problem(c, fd, &st, &rec);
-	if (!bad)
-		return 0;
-	if (entry_fd >= 0)
-		cubin_bad(c, entry_fd, &st, bad);
-	return -EIO;
+	const char *bad = cubin_problem(fd, &st, &rec);
+	if (bad) {
+		if (entry_fd >= 0)
+			cubin_bad(c, entry_fd, &st, bad);
+		return -EIO;
+	}
+	/* The kernel keeps published cubins: after the compiler changed, one it holds may be
+	 * another compiler's compile, which only the lookup (check_published) would catch. */
+	if (rec.origin == KC_ORIGIN_COMPILED &&
+	    atomic_load_explicit(&c->compiler_changed, memory_order_relaxed)) {
+		if (entry_fd < 0)
+			return -EAGAIN;
+		if (compiled_stale(c, entry_fd, &rec, &st))
+			return -ESTALE;
+	}
+	mark_verified(c, &st);
+	return 0;
 }
 
 int kc_cache_verify_name(struct kc_cache *c, int fd, int entry_fd, uid_t reader)

@@ -69,6 +69,16 @@ def test_a_cubin_belongs_to_the_compiler_that_built_it(mount_factory, tmp_path):
     m.start()  # a mount with A never serves what B built
     assert read_result(entry / "kernel.cubin") == ("err", errno.EIO)
     assert not (m.backing / entry.relative_to(m.mnt) / "kernel.cubin").exists()
+    # Nor does a mount that started with B, where the kernel holds B's cubin as a published
+    # file, once A is back and noticed
+    install(nvcc, COMPILES)
+    assert read_result(entry / "kernel.cubin")[0] == "ok"
+    m.stop()
+    m.start()
+    assert read_result(entry / "kernel.cubin")[0] == "ok"
+    install(nvcc, REJECTS)
+    assert read_result(other / "kernel.cubin") == ("err", errno.EIO)
+    assert read_result(entry / "kernel.cubin") == ("err", errno.EIO)
 
 
 def test_a_compiler_swapped_during_a_compile(mount_factory, tmp_path):
