@@ -43,7 +43,9 @@ char *kc_ctl_stats_text(struct kc_fs *fs, const struct kc_inode *in, size_t *len
 	g.stored_bytes = es.bytes;
 	g.max_bytes = fs->evict.max_bytes;
 	g.max_entries = fs->evict.max_entries;
-	struct kc_stats_info info = {KC_VERSION, fs->cfg.compiler_id, fs->cfg.arch,
+	char compiler[KC_COMPILER_ID_MAX];
+	kc_config_compiler_id(&fs->cfg, compiler);
+	struct kc_stats_info info = {KC_VERSION, compiler, fs->cfg.arch,
 				     fs->cfg.flags ? fs->cfg.flags : ""};
 	/* One rendering that fits, never two of which the second may grow (a counter gaining
 	 * a digit meanwhile would cut the text). */

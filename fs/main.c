@@ -7,6 +7,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <openssl/crypto.h>
 #include <openssl/opensslv.h>
@@ -156,6 +157,68 @@ static int check_overlap(const char *backing, const char *mnt)
 	return 0;
 }
 
+/* Undo the octal escapes (\040 for a blank...) of a path in /proc/self/mountinfo. */
+static void unescape_mount_path(char *p)
+{
+	char *out = p;
+	for (; *p; p++) {
+		if (p[0] == '\\' && p[1] >= '0' && p[1] <= '3' && p[2] >= '0' && p[2] <= '7' &&
+		    p[3] >= '0' && p[3] <= '7') {
+			*out++ = (char)((p[1] - '0') << 6 | (p[2] - '0') << 3 | (p[3] - '0'));
+			p += 3;
+		} else {
+			*out++ = *p;
+		}
+	}
+	*out = '\0';
+}
+
+/* Nonzero if the mount visible at mnt (a resolved path) is a kcachefs mount: a second one
+ * would hide it, and its clients would silently lose it. */
+static int kcachefs_mounted_on(const char *mnt)
+{
+	FILE *f = fopen("/proc/self/mountinfo", "re");
+	char *line = NULL;
+	size_t cap = 0;
+	int found = 0;
+	if (!f)
+		return 0;
+	while (getline(&line, &cap, f) > 0) {
+		/* ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE ... */
+		char *save, *field = strtok_r(line, " ", &save), *point = NULL;
+		for (int i = 1; field && i < 5; i++)
+			point = field = strtok_r(NULL, " ", &save);
+		while (field && strcmp(field, "-") != 0)
+			field = strtok_r(NULL, " ", &save);
+		char *type = field ? strtok_r(NULL, " ", &save) : NULL;
+		if (!point || !type)
+			continue;
+		unescape_mount_path(point);
+		if (strcmp(point, mnt) == 0) /* the last one listed is the one on top */
+			found = strcmp(type, "fuse.kcachefs") == 0;
+	}
+	free(line);
+	fclose(f);
+	return found;
+}
+
+/* A daemon not run as root mounts through fusermount3 (setuid root), and needs /dev/fuse
+ * itself. Returns 0, or -1 after saying what is needed. */
+static int check_fuse_device(void)
+{
+	if (geteuid() == 0)
+		return 0;
+	int fd = open("/dev/fuse", O_RDWR | O_CLOEXEC);
+	if (fd >= 0) {
+		close(fd);
+		return 0;
+	}
+	fprintf(stderr, "kcachefs: cannot open /dev/fuse: %s: run kcachefs as root, or give "
+		"this user read and write access to /dev/fuse and install fusermount3 (package "
+		"fuse3) setuid root\n", strerror(errno));
+	return -1;
+}
+
 /* Parse a -o number in [min, max] into *out; absent (NULL) leaves *out. Returns 0, or -1
  * after saying what is wrong. */
 static int parse_number(const char *name, const char *text, unsigned long min, unsigned long max,
@@ -280,6 +343,29 @@ int main(int argc, char *argv[])
 	o.compile_uids = NULL;
 	fs->cfg.max_source_size = max_source;
 	o.nvcc = o.arch = o.flags = NULL;
+	/* libfuse's options are checked here, before anything can warn: a typo is the first
+	 * thing said. The kernel checks permissions against the owners and modes we store. */
+	/* The kernel has applied the client's umask to every mode a request carries; the
+	 * daemon's own would take bits away a second time (a group's 0660 stored as 0640). */
+	umask(0);
+	fuse_opt_add_arg(&args, "-odefault_permissions");
+	fs->se = fuse_session_new(&args, &kc_fs_ops, sizeof(kc_fs_ops), fs);
+	if (!fs->se) {
+		ret = 2; /* libfuse said why: an option neither it nor kcachefs knows */
+		goto out_cfg;
+	}
+	/* Resolved before mounting: afterwards, a stat of the mountpoint would wait on us. */
+	char real_mnt[PATH_MAX];
+	if (!realpath(cmd.mountpoint, real_mnt))
+		snprintf(real_mnt, sizeof(real_mnt), "%s", cmd.mountpoint);
+	if (kcachefs_mounted_on(real_mnt)) {
+		fprintf(stderr, "kcachefs: %s already has a kcachefs mount, which this one would "
+			"hide: unmount it first (umount %s, or fusermount3 -u %s), or choose another "
+			"mountpoint\n", real_mnt, real_mnt, real_mnt);
+		goto out_cfg;
+	}
+	if (check_fuse_device() != 0)
+		goto out_cfg;
 	if (kc_config_resolve(&fs->cfg, why, sizeof(why)) != 0) {
 		fprintf(stderr, "kcachefs: %s\n", why);
 		goto out_cfg;
@@ -303,28 +389,21 @@ int main(int argc, char *argv[])
 		kc_log(KC_LOG_WARN, "max_inodes=%lu is over half the open file limit %lu: lookups "
 		       "may fail with EMFILE", max_inodes, fd_limit);
 
-	/* The kernel has applied the client's umask to every mode a request carries; the
-	 * daemon's own would take bits away a second time (a group's 0660 stored as 0640). */
-	umask(0);
-	/* The kernel checks permissions against the owners and modes we store. */
-	fuse_opt_add_arg(&args, "-odefault_permissions");
-	fs->se = fuse_session_new(&args, &kc_fs_ops, sizeof(kc_fs_ops), fs);
-	if (!fs->se) {
-		ret = 2; /* libfuse said why: an option neither it nor kcachefs knows */
-		goto out_inodes;
-	}
 	if (fuse_set_signal_handlers(fs->se) != 0)
 		goto out_session;
-	/* Resolved before mounting: afterwards, a stat of the mountpoint would wait on us. */
-	char real_mnt[PATH_MAX];
-	if (!realpath(cmd.mountpoint, real_mnt))
-		snprintf(real_mnt, sizeof(real_mnt), "%s", cmd.mountpoint);
-	if (fuse_session_mount(fs->se, cmd.mountpoint) != 0)
+	if (fuse_session_mount(fs->se, cmd.mountpoint) != 0) {
+		if (geteuid() != 0)
+			fprintf(stderr, "kcachefs: a mount by uid %u goes through fusermount3 (package "
+				"fuse3, installed setuid root); or run kcachefs as root\n",
+				(unsigned)geteuid());
 		goto out_signals;
+	}
 	kc_notifier_note_connection(&fs->notifier, real_mnt);
-	kc_log(KC_LOG_INFO, "serving %s on %s: compiler %s, arch %s%s, jobs %u, timeout %u s, "
+	char compiler[KC_COMPILER_ID_MAX];
+	kc_config_compiler_id(&fs->cfg, compiler);
+	kc_log(KC_LOG_INFO, "serving %s on %s: compiler %s (%s), arch %s%s, jobs %u, timeout %u s, "
 	       "max_size %llu, max_entries %llu (0: no bound), compiles run as %s%u%s%s",
-	       fs->store.root_path, cmd.mountpoint, fs->cfg.compiler_id, fs->cfg.arch,
+	       fs->store.root_path, cmd.mountpoint, fs->cfg.nvcc, compiler, fs->cfg.arch,
 	       fs->cfg.arch_detected ? " (detected)" : "", fs->cfg.jobs, fs->cfg.compile_timeout,
 	       (unsigned long long)max_size, (unsigned long long)max_entries,
 	       fs->cfg.compile_uids ? "uids " : "the daemon, uid ",
@@ -376,13 +455,13 @@ out_unmount:
 out_signals:
 	fuse_remove_signal_handlers(fs->se);
 out_session:
-	fuse_session_destroy(fs->se);
-out_inodes:
 	kc_evict_destroy(&fs->evict);
 	kc_inode_table_destroy(&fs->inodes);
 out_store:
 	kc_store_close(&fs->store);
 out_cfg:
+	if (fs->se)
+		fuse_session_destroy(fs->se);
 	kc_config_free(&fs->cfg);
 	free(fs);
 out_args:

@@ -610,7 +610,9 @@ static void open_cubin(fuse_req_t req, struct kc_inode *in, int fd, struct fuse_
 
 /* Open the published cubin a pending inode stands for. Returns the fd, -ENOENT when none
  * is published (the caller waits again), or -ESTALE when the published one is of another
- * recipe (the entry was re-staged: this inode's cubin is gone). On the first success the
+ * recipe (the entry was re-staged, or compiled by a compiler that replaced the one of this
+ * inode's recipe: this inode's cubin is gone; the kernel, answered ESTALE, looks the name
+ * up again). On the first success the
  * cubin's bytes are stored in the kernel's page cache of the pending inode, which also
  * sets its size: every later reader (read, mmap, splice) sees the whole file. */
 static int open_published(struct kc_fs *fs, struct kc_inode *pending)
@@ -648,8 +650,8 @@ int kc_reply_published_attr(fuse_req_t req, struct kc_inode *pending)
 	int fd = open_published(fs_of(req), pending);
 	if (fd == -ENOENT)
 		return fd;
-	if (fd < 0)
-		return (void)fuse_reply_err(req, fd == -ESTALE ? ENOENT : -fd), 0;
+	if (fd < 0) /* ESTALE: as in kc_reply_published_open */
+		return (void)fuse_reply_err(req, -fd), 0;
 	int err = fstat(fd, &st) == 0 ? 0 : errno;
 	close(fd);
 	if (err)
@@ -664,8 +666,11 @@ int kc_reply_published_open(fuse_req_t req, struct kc_inode *pending, struct fus
 	int fd = open_published(fs_of(req), pending);
 	if (fd == -ENOENT)
 		return fd;
+	/* ESTALE: the recipe this inode stands for was compiled under another identity (a
+	 * compiler replaced during the wait) or re-staged; the kernel looks the name up again
+	 * and opens what it names now (do_filp_open's LOOKUP_REVAL retry). */
 	if (fd < 0)
-		return (void)fuse_reply_err(req, fd == -ESTALE ? ENOENT : -fd), 0;
+		return (void)fuse_reply_err(req, -fd), 0;
 	/* The pending inode's pages are this recipe's cubin (stored above): keep them. */
 	open_cubin(req, pending, fd, fi, 1);
 	return 0;

@@ -87,6 +87,23 @@ static void mark_verified(struct kc_cache *c, const struct stat *st)
 	pthread_mutex_unlock(&c->verified_lock);
 }
 
+/* Before a compile, and before its result is published or remembered: is the compiler on
+ * disk still the one whose identity recipes are hashed with? A changed one is taken again
+ * (compiler.h), and every cubin is verified again at its next open, where one compiled
+ * under another identity is stale (check_published). Returns kc_compiler_refresh's. */
+static int compiler_check(struct kc_cache *c)
+{
+	int r = kc_compiler_refresh(c->cfg->compiler);
+	if (r == 1) {
+		atomic_store(&c->compiler_changed, 1);
+		pthread_mutex_lock(&c->verified_lock);
+		tdestroy(c->verified, free);
+		c->verified = NULL;
+		pthread_mutex_unlock(&c->verified_lock);
+	}
+	return r;
+}
+
 /* The name of the entry directory behind entry_fd, whole (a label is cut for logs).
  * Returns 0, or -ENAMETOOLONG when the kernel cannot give its path. */
 static int entry_name_of(struct kc_cache *c, int entry_fd, char name[256])
@@ -156,11 +173,10 @@ static void unlink_if_same(int entry_fd, const struct stat *st)
 		unlinkat(entry_fd, KC_CUBIN_NAME, 0);
 }
 
-/* Check the cubin behind fd (stat st) against its integrity record, which is read into rec;
- * a good result is remembered per (inode, ctime, size) for is_verified. Returns NULL when it
- * may be served, else why not. */
-static const char *cubin_problem(struct kc_cache *c, int fd, const struct stat *st,
-				 struct kc_record *rec)
+/* Check the cubin behind fd (stat st) against its integrity record, which is read into rec
+ * (the caller remembers a good result with mark_verified). Returns NULL when it may be
+ * served, else why not. */
+static const char *cubin_problem(int fd, const struct stat *st, struct kc_record *rec)
 {
 	char sha[KC_SHA256_HEXLEN + 1];
 	uint64_t size = 0;
@@ -175,7 +191,6 @@ static const char *cubin_problem(struct kc_cache *c, int fd, const struct stat *
 			snprintf(why, sizeof(why), "it has no record and %s", what);
 			return why;
 		}
-		mark_verified(c, st);
 		return NULL;
 	}
 	if (err)
@@ -186,7 +201,6 @@ static const char *cubin_problem(struct kc_cache *c, int fd, const struct stat *
 		return "its size differs from the recorded size";
 	if (strcmp(sha, rec->sha256) != 0)
 		return "its SHA-256 differs from the recorded one";
-	mark_verified(c, st);
 	return NULL;
 }
 
@@ -219,6 +233,27 @@ static int staged_recipe(int entry_fd)
 	       faccessat(entry_fd, KC_FLAGS_NAME, F_OK, AT_SYMLINK_NOFOLLOW) == 0;
 }
 
+/* Nonzero if the cubin the mount compiled (record rec, stat st) is not the compile of the
+ * entry's recipe as it is now (another recipe, compiler identity or arch): then it was
+ * removed, so that the recipe is compiled again. */
+static int compiled_stale(struct kc_cache *c, int entry_fd, const struct kc_record *rec,
+			  const struct stat *st)
+{
+	struct kc_recipe r;
+	if (kc_recipe_load(entry_fd, c->cfg, &r) != 0)
+		return 0;
+	int stale = strcmp(r.hash, rec->recipe) != 0;
+	kc_recipe_free(&r);
+	if (stale) {
+		char label[512];
+		entry_label(c, entry_fd, label, sizeof(label));
+		kc_log(KC_LOG_INFO, "%s: cubin was compiled from another recipe, compiler or arch "
+		       "(%.16s, now %.16s); compiling again", label, rec->recipe, r.hash);
+		unlink_if_same(entry_fd, st);
+	}
+	return stale;
+}
+
 /* Check the published cubin of an entry. Returns 0 (serve it), -ENOENT (none, or a bad or
  * stale one was removed so that the recipe is compiled again), -EIO (bad, cannot rebuild). */
 static int check_published(struct kc_cache *c, int entry_fd)
@@ -237,7 +272,7 @@ static int check_published(struct kc_cache *c, int entry_fd)
 		close(fd);
 		return 0;
 	}
-	const char *bad = cubin_problem(c, fd, &st, &rec);
+	const char *bad = cubin_problem(fd, &st, &rec);
 	close(fd);
 	if (bad)
 		return cubin_bad(c, entry_fd, &st, bad);
@@ -251,23 +286,9 @@ static int check_published(struct kc_cache *c, int entry_fd)
 		unlink_if_same(entry_fd, &st);
 		return -ENOENT;
 	}
-	if (rec.origin == KC_ORIGIN_COMPILED) {
-		struct kc_recipe r;
-		if (kc_recipe_load(entry_fd, c->cfg, &r) == 0) {
-			int stale = strcmp(r.hash, rec.recipe) != 0;
-			kc_recipe_free(&r);
-			if (stale) {
-				char label[512];
-				entry_label(c, entry_fd, label, sizeof(label));
-				kc_log(KC_LOG_INFO,
-				       "%s: cubin was compiled from another recipe, compiler or "
-				       "arch (%.16s, now %.16s); compiling again", label, rec.recipe,
-				       r.hash);
-				unlink_if_same(entry_fd, &st);
-				return -ENOENT;
-			}
-		}
-	}
+	if (rec.origin == KC_ORIGIN_COMPILED && compiled_stale(c, entry_fd, &rec, &st))
+		return -ENOENT;
+	mark_verified(c, &st);
 	return 0;
 }
 
@@ -280,12 +301,23 @@ int kc_cache_verify_open(struct kc_cache *c, int fd, int entry_fd)
 		return -EIO;
 	if (is_verified(c, &st))
 		return 0;
-	const char *bad = cubin_problem(c, fd, &st, &rec);
-	if (!bad)
-		return 0;
-	if (entry_fd >= 0)
-		cubin_bad(c, entry_fd, &st, bad);
-	return -EIO;
+	const char *bad = cubin_problem(fd, &st, &rec);
+	if (bad) {
+		if (entry_fd >= 0)
+			cubin_bad(c, entry_fd, &st, bad);
+		return -EIO;
+	}
+	/* The kernel keeps published cubins: after the compiler changed, one it holds may be
+	 * another compiler's compile, which only the lookup (check_published) would catch. */
+	if (rec.origin == KC_ORIGIN_COMPILED &&
+	    atomic_load_explicit(&c->compiler_changed, memory_order_relaxed)) {
+		if (entry_fd < 0)
+			return -EAGAIN;
+		if (compiled_stale(c, entry_fd, &rec, &st))
+			return -ESTALE;
+	}
+	mark_verified(c, &st);
+	return 0;
 }
 
 int kc_cache_verify_name(struct kc_cache *c, int fd, int entry_fd, uid_t reader)
@@ -397,8 +429,11 @@ static int publish(struct compile_job *j, int fd, const char *tmp_name, const ch
 		return -EIO;
 	}
 	*bytes = rec.size;
+	/* The compiler that ran must be the one the recipe was hashed with: swapped during
+	 * the compile, its output is not this recipe's (and is compiled again). */
+	int unsure = compiler_check(c) < 0;
 	pthread_mutex_lock(&c->publish_lock);
-	err = kc_recipe_load(j->entry_fd, c->cfg, &now);
+	err = unsure ? -EAGAIN : kc_recipe_load(j->entry_fd, c->cfg, &now);
 	if (!err) {
 		if (strcmp(now.hash, j->recipe.hash) != 0)
 			err = -EAGAIN;
@@ -414,8 +449,8 @@ static int publish(struct compile_job *j, int fd, const char *tmp_name, const ch
 	}
 	pthread_mutex_unlock(&c->publish_lock);
 	if (err == -EAGAIN) {
-		kc_log(KC_LOG_INFO, "%s: recipe changed during the compile; result discarded",
-		       label);
+		kc_log(KC_LOG_INFO, "%s: recipe or compiler changed during the compile; result "
+		       "discarded", label);
 		return err;
 	}
 	if (err) {
@@ -517,7 +552,15 @@ static int run_compile(struct compile_job *j)
 	kc_log(KC_LOG_DEBUG, "compile %s: compiler ran %.2f s: %s", label, out.seconds, out.why);
 
 	result = -EIO;
-	if (out.status == KC_COMPILE_OK) {
+	if (out.status == KC_COMPILE_REJECTED &&
+	    (compiler_check(c) < 0 ||
+	     kc_compiler_generation(cfg->compiler) != j->recipe.compiler_gen)) {
+		/* A rejection is remembered for the compiler that gave it, and that one is gone:
+		 * the waiters look again and the compiler there now compiles. */
+		kc_log(KC_LOG_INFO, "compile %s: compiler changed during the compile; its "
+		       "rejection discarded", label);
+		result = -EAGAIN;
+	} else if (out.status == KC_COMPILE_OK) {
 		result = publish(j, out_fd, out_name, label, &bytes);
 		if (result == 0) {
 			atomic_fetch_add(&c->stats.compiles, 1);
@@ -533,7 +576,7 @@ static int run_compile(struct compile_job *j)
 		 label, kind, out.why, out.seconds, compiler, arch);
 	if (result != -EAGAIN)
 		write_log(c, j->entry_fd, head, out.log, out.log_len);
-	if (out.status == KC_COMPILE_REJECTED)
+	if (out.status == KC_COMPILE_REJECTED && result != -EAGAIN)
 		kc_store_mark_rejected(j->entry_fd, j->recipe.hash);
 	j->transient = out.status != KC_COMPILE_REJECTED && result == -EIO;
 	kc_log(result == 0 ? KC_LOG_INFO : KC_LOG_WARN, "%.*s", (int)strlen(head) - 11, head + 10);
@@ -611,6 +654,9 @@ int kc_cache_lookup_cubin(struct kc_cache *c, int entry_fd, struct kc_waiter *w,
 		if (err != -ENOENT)
 			return err;
 
+		/* A stat of the compiler per miss: a replaced one is not taken for the one whose
+		 * rejections and cubins are recorded (its own are looked up instead). */
+		compiler_check(c);
 		struct compile_job *j = calloc(1, sizeof(*j));
 		if (!j)
 			return -ENOMEM;

@@ -8,6 +8,7 @@
 #define KC_CACHE_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 
 #include "config.h"
 #include "evict.h"
@@ -31,6 +32,7 @@ struct kc_cache {
 	pthread_mutex_t holdoff_lock;
 	struct holdoff *holdoffs;    /* recent passing failures, see KC_RETRY_HOLDOFF */
 	struct kc_evict *evict;      /* borrowed, may be NULL: told of every publish */
+	atomic_int compiler_changed; /* the compiler identity changed during this mount */
 };
 
 /* Seconds after a compile failed for a passing cause (timeout, killed, out of space) during
@@ -65,7 +67,11 @@ uint64_t kc_cache_cubin_recipe_id(int fd);
 /* Check an open published cubin (fd) against its record before it is served; cheap when
  * the inode's ctime and size are those verified before. Returns 0, or -EIO when it is
  * corrupt: then, if entry_fd >= 0 and the entry has a recipe, the cubin is removed so that
- * the next lookup compiles it again (the caller invalidates the kernel's entry). */
+ * the next lookup compiles it again (the caller invalidates the kernel's entry). Once the
+ * compiler identity changed during the mount, a compiled cubin not verified since is also
+ * checked against the entry's recipe: -EAGAIN when entry_fd is -1 (call again with the
+ * entry), -ESTALE when it is the compile of another recipe or compiler (removed as above;
+ * the kernel, answered ESTALE, looks the name up again). */
 int kc_cache_verify_open(struct kc_cache *c, int fd, int entry_fd);
 
 /* -o verify_keys, at every open of a published cubin (fd) in its entry (entry_fd) by uid

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "compile.h"
@@ -14,39 +15,17 @@
 #include "nvcc.h"
 #include "sandbox.h"
 
-/* "<path> <last line of --version>", or "<path> unavailable" with a warning. Returns 1 if
- * the compiler ran. */
-static int identity(const char *path, char *out, size_t len)
+/* Nonzero if path is an executable regular file (else errno says why). */
+static int runnable_file(const char *path)
 {
-	char version[200];
-	int err = kc_nvcc_version(path, version, sizeof(version));
-
-	if (err) {
-		snprintf(out, len, "%s unavailable", path);
-		if (err == -EIO)
-			kc_log(KC_LOG_WARN, "compiler %s --version failed", path);
-		else
-			kc_log(KC_LOG_WARN, "compiler %s cannot run: %s", path, strerror(-err));
+	struct stat st;
+	if (stat(path, &st) != 0)
+		return 0;
+	if (!S_ISREG(st.st_mode)) {
+		errno = S_ISDIR(st.st_mode) ? EISDIR : EACCES;
 		return 0;
 	}
-	snprintf(out, len, "%.*s %.120s", 120, path, version);
-	return 1;
-}
-
-/* Fills c->compiler_id; *nvcc_ran and *nvrtc_ran tell which ran as the daemon. */
-static void compiler_identity(struct kc_config *c, int *nvcc_ran, int *nvrtc_ran)
-{
-	*nvcc_ran = identity(c->nvcc, c->compiler_id, sizeof(c->compiler_id));
-	*nvrtc_ran = 0;
-	if (c->nvrtc) { /* its version, not its path: installed or in build/, it is the same */
-		char version[200];
-		size_t n = strlen(c->compiler_id);
-		*nvrtc_ran = kc_nvcc_version(c->nvrtc, version, sizeof(version)) == 0;
-		if (*nvrtc_ran)
-			snprintf(c->compiler_id + n, sizeof(c->compiler_id) - n, "; %s", version);
-		else
-			snprintf(c->compiler_id + n, sizeof(c->compiler_id) - n, "; NVRTC unavailable");
-	}
+	return access(path, X_OK) == 0;
 }
 
 /* kcachefs-nvrtc in the directory of the running program, or NULL. */
@@ -100,20 +79,9 @@ static int resolve_compile_uids(struct kc_config *c, char *why, size_t whylen)
 	int root = geteuid() == 0;
 	char nswhy[200];
 
-	if (root) {
-		c->ns_flags = kc_sandbox_namespaces(nswhy, sizeof(nswhy));
-		if (!c->ns_flags)
-			kc_log(KC_LOG_WARN, "compiles run without namespaces of their own (%s): "
-			       "processes they leave are still killed with their group", nswhy);
-	}
 	unsigned long first = KC_DEFAULT_COMPILE_UIDS, ranges = KC_DEFAULT_COMPILE_RANGES;
-	if (!opt && !root) {
-		c->compile_uids = 0;
-		return 0;
-	} else if (opt && strcmp(opt, "daemon") == 0) {
-		c->compile_uids = 0;
-		return 0;
-	} else if (opt) {
+	int daemon = !opt ? !root : strcmp(opt, "daemon") == 0;
+	if (opt && !daemon) { /* a bad value is said before any warning */
 		char *end;
 		errno = 0;
 		first = strtoul(opt, &end, 10);
@@ -130,6 +98,16 @@ static int resolve_compile_uids(struct kc_config *c, char *why, size_t whylen)
 				 "compiles as other uids", opt);
 			return -EINVAL;
 		}
+	}
+	if (root) {
+		c->ns_flags = kc_sandbox_namespaces(nswhy, sizeof(nswhy));
+		if (!c->ns_flags)
+			kc_log(KC_LOG_WARN, "compiles run without namespaces of their own (%s): "
+			       "processes they leave are still killed with their group", nswhy);
+	}
+	if (daemon) {
+		c->compile_uids = 0;
+		return 0;
 	}
 	/* Two daemons in one range would kill each other's compiles. */
 	int fd = -EBUSY;
@@ -174,7 +152,7 @@ static int resolve_compile_uids(struct kc_config *c, char *why, size_t whylen)
 	return 0;
 }
 
-/* A compiler the daemon can run (ran: compiler_identity saw it run) must run as the
+/* A compiler the daemon can run (ran: its --version answered at the mount) must run as the
  * compiles' uid too, and reach the include directories of -o flags=: say so at the mount,
  * not at every compile. Returns 0 or -EACCES with why filled. */
 static int check_compiler_runs_sandboxed(const struct kc_config *c, const char *compiler,
@@ -215,6 +193,19 @@ int kc_config_resolve(struct kc_config *c, char *why, size_t whylen)
 			 "(it is built when meson finds libnvrtc)");
 		return -EINVAL;
 	}
+	/* Every compile would fail: say so now. (One that goes away later fails its compiles
+	 * as a passing cause, and is used again when it is back.) */
+	if (!runnable_file(c->nvcc)) {
+		int err = errno;
+		if (!c->backend_nvrtc) {
+			snprintf(why, whylen, "compiler %s: %s; give the path of nvcc with -o nvcc=PATH "
+				 "(or set CUDA_HOME), or install the CUDA toolkit", c->nvcc,
+				 strerror(err));
+			return -ENOENT;
+		}
+		kc_log(KC_LOG_WARN, "compiler %s: %s; entries that ask for nvcc will fail", c->nvcc,
+		       strerror(err));
+	}
 	if (!c->arch) {
 		c->arch_detected = detect_arch(arch, sizeof(arch)) == 0;
 		c->arch = strdup(c->arch_detected ? arch : KC_DEFAULT_ARCH);
@@ -250,7 +241,13 @@ int kc_config_resolve(struct kc_config *c, char *why, size_t whylen)
 	if (c->max_source_size == 0)
 		c->max_source_size = KC_DEFAULT_MAX_SOURCE;
 	int nvcc_ran, nvrtc_ran;
-	compiler_identity(c, &nvcc_ran, &nvrtc_ran);
+	c->compiler = malloc(sizeof(*c->compiler));
+	if (!c->compiler || kc_compiler_init(c->compiler, c->nvcc, c->nvrtc) != 0) {
+		free(c->compiler);
+		c->compiler = NULL;
+		return -ENOMEM;
+	}
+	kc_compiler_ran(c->compiler, &nvcc_ran, &nvrtc_ran);
 	if (check_compiler_runs_sandboxed(c, c->nvcc, nvcc_ran, why, whylen) != 0)
 		return -EACCES;
 	/* NVRTC is the mount's choice, or an entry's: only the first cannot go without it. */
@@ -263,8 +260,22 @@ int kc_config_resolve(struct kc_config *c, char *why, size_t whylen)
 	return 0;
 }
 
+unsigned long kc_config_compiler_id(const struct kc_config *c, char *out)
+{
+	if (!c->compiler) {
+		out[0] = '\0';
+		return 0;
+	}
+	return kc_compiler_id(c->compiler, out);
+}
+
 void kc_config_free(struct kc_config *c)
 {
+	if (c->compiler) {
+		kc_compiler_destroy(c->compiler);
+		free(c->compiler);
+		c->compiler = NULL;
+	}
 	free(c->nvcc);
 	free(c->nvrtc);
 	free(c->compile_uids_opt);

@@ -9,6 +9,7 @@
 #include <stddef.h>
 
 #include "compile.h"
+#include "compiler.h"
 #include "flags.h"
 
 #define KC_DEFAULT_ARCH "sm_90a"           /* when no GPU is found and no -o arch= */
@@ -40,8 +41,8 @@ struct kc_config {
 	char *nvrtc;           /* the kcachefs-nvrtc backend (NVRTC in its own process), found
 				* next to the daemon; NULL when this build has none */
 	int backend_nvrtc;     /* -o compiler=nvrtc: entries that do not choose use NVRTC */
-	char compiler_id[512]; /* "<path> <last line of --version>", and "; <NVRTC version>"
-				* when the NVRTC backend is there; part of every recipe */
+	struct kc_compiler *compiler; /* the compilers' identity (compiler.h); owned. Read it
+				* with kc_config_compiler_id, never keep a copy across compiles */
 	int arch_detected;     /* 1 if arch came from the node's GPU */
 };
 
@@ -49,14 +50,23 @@ struct kc_config {
  * that is not "daemon" or a number whose 256 uids are free of users, or a daemon not run
  * as root given one; -EACCES when the compiler runs as the daemon and not as those uids),
  * their namespaces (when root; none, with a warning, where the kernel refuses them), nvcc (-o nvcc=, else $CUDA_HOME/bin/nvcc, else nvcc on
- * PATH, else /usr/local/cuda/bin/nvcc), its identity (runs "nvcc --version"; a compiler
- * that cannot run leaves the id "<path> unavailable" and is reported by a warning), the
- * NVRTC backend (kcachefs-nvrtc in the daemon's own directory; -EINVAL when -o
+ * PATH, else /usr/local/cuda/bin/nvcc; -ENOENT with why filled when that is not an
+ * executable file, unless -o compiler=nvrtc, which only warns), its identity (compiler.h:
+ * runs "nvcc --version" and digests the binary; a compiler that cannot answer is
+ * "unavailable" in it, with a warning), the NVRTC backend (kcachefs-nvrtc in the daemon's own directory; -EINVAL when -o
  * compiler=nvrtc asks for it and it is not there), the
  * architecture (-o arch=, else the first GPU's compute capability through libcuda, else
  * KC_DEFAULT_ARCH) and the mount flags. Returns 0, or -EINVAL with why filled for a bad
  * arch or a refused flag, or -ENOMEM. */
 int kc_config_resolve(struct kc_config *c, char *why, size_t whylen);
+
+/* The identity of the compilers the mount runs now (compiler.h): part of every recipe
+ * hash and of every remembered rejection, and the name of "the compiler" in any key that
+ * leaves this node (a cluster store's object key). It holds no install path: the same
+ * binaries give the same identity on every node. Copies it to out (KC_COMPILER_ID_MAX
+ * bytes) and returns its generation (equal generations: the same identity). Before
+ * kc_config_resolve: "" and 0. Thread-safe. */
+unsigned long kc_config_compiler_id(const struct kc_config *c, char *out);
 
 void kc_config_free(struct kc_config *c);
 

@@ -35,6 +35,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "compiler.h"
 #include "io.h"
 #include "key.h"
 #include "name.h"
@@ -219,7 +220,7 @@ static int output_is_staged(const char *path)
  * Returns 0 or -errno. */
 static int mount_info(int root_fd, uid_t *owner, char *out, size_t len)
 {
-	char *text = NULL, compiler[300], flags[4096];
+	char *text = NULL, compiler[KC_COMPILER_ID_MAX], flags[4096];
 	size_t n = 0;
 	struct stat st;
 	int fd = openat(root_fd, ".kcachefs/metrics.prom", O_RDONLY | O_CLOEXEC);
@@ -356,7 +357,7 @@ static int source_alone(const char *input, const char *dir)
 static int serve(const struct kc_shim_call *call, const char *root)
 {
 	char why[512], key[KC_SHA256_HEXLEN + 1], got[KC_SHA256_HEXLEN];
-	char name[NAME_MAX + 1], compiler[4500], dir[PATH_MAX];
+	char name[NAME_MAX + 1], compiler[KC_COMPILER_ID_MAX + 4200], dir[PATH_MAX];
 	char *source = NULL, *flags = NULL, *cubin = NULL;
 	size_t source_len = 0, flags_len = 0, cubin_len = 0;
 	int err, status = TO_NVCC, entry_fd = -1, fd = -1, root_fd = -1;

@@ -3,7 +3,8 @@
  * or hang costs one compile and never the mount.
  *
  *   kcachefs-nvrtc SOURCE -cubin -o OUT [nvcc flags...]
- *   kcachefs-nvrtc --version
+ *   kcachefs-nvrtc --version   (its version; "libnvrtc PATH", the library it loaded;
+ *                               "NVRTC X.Y" last)
  *
  * The flags are nvcc's, as the mount's allow-list passed them; kc_flags_to_nvrtc
  * (flags.h) turns them into NVRTC options, dropping what only steers the host side. The
@@ -13,8 +14,10 @@
  * error); 2 for a usage error or a flag NVRTC cannot take; 3 when the cubin cannot be
  * written.
  */
+#define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <link.h>
 #include <nvrtc.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -26,13 +29,29 @@
 #include "io.h"
 #include "kc_build.h"
 
+/* dl_iterate_phdr callback: the path of the libnvrtc this process loaded, into *arg. */
+static int find_libnvrtc(struct dl_phdr_info *info, size_t size, void *arg)
+{
+	(void)size;
+	const char *slash = info->dlpi_name ? strrchr(info->dlpi_name, '/') : NULL;
+	if (!slash || strncmp(slash + 1, "libnvrtc.so", 11) != 0)
+		return 0;
+	*(const char **)arg = info->dlpi_name;
+	return 1;
+}
+
 int main(int argc, char **argv)
 {
 	int major = 0, minor = 0;
 	nvrtcVersion(&major, &minor);
 	if (argc == 2 && strcmp(argv[1], "--version") == 0) {
-		printf("kcachefs-nvrtc %s (CUDA %s)\nNVRTC %d.%d\n", KC_VERSION, KC_CUDA_VERSION,
-		       major, minor);
+		/* The library's line lets the daemon digest the very file (compiler.h). */
+		const char *lib = NULL;
+		dl_iterate_phdr(find_libnvrtc, &lib);
+		printf("kcachefs-nvrtc %s (CUDA %s)\n", KC_VERSION, KC_CUDA_VERSION);
+		if (lib)
+			printf("libnvrtc %s\n", lib);
+		printf("NVRTC %d.%d\n", major, minor);
 		return 0;
 	}
 	if (argc < 5 || strcmp(argv[2], "-cubin") != 0 || strcmp(argv[3], "-o") != 0) {

@@ -93,8 +93,10 @@ int kc_recipe_load(int entry_fd, const struct kc_config *cfg, struct kc_recipe *
 		return err;
 	}
 	const char *mflags = cfg->flags ? cfg->flags : "";
+	char compiler[KC_COMPILER_ID_MAX];
+	r->compiler_gen = kc_config_compiler_id(cfg, compiler);
 	kc_sha256_update(&h, "kcachefs-recipe-v1\n", 19);
-	kc_sha256_field(&h, cfg->compiler_id, strlen(cfg->compiler_id));
+	kc_sha256_field(&h, compiler, strlen(compiler));
 	kc_sha256_field(&h, cfg->arch, strlen(cfg->arch));
 	const char *backend = cfg->backend_nvrtc ? "nvrtc" : "nvcc"; /* -o compiler= */
 	kc_sha256_field(&h, backend, strlen(backend));

@@ -4,8 +4,9 @@
  * recipe hash = SHA-256 over "kcachefs-recipe-v1\n", then for each of compiler id, arch,
  * the mount's default backend ("nvcc" or "nvrtc"), mount flags, entry flags, source: the
  * decimal byte length, '\n', the bytes, '\n'.
- * The compiler identity and the target architecture are part of it, so a cubin (or a
- * rejection) recorded for another compiler or GPU is never taken for this one.
+ * The compiler identity (kc_config_compiler_id, as it is when the recipe is loaded) and the
+ * target architecture are part of it, so a cubin (or a rejection) recorded for another
+ * compiler or GPU is never taken for this one.
  */
 #ifndef KC_RECIPE_H
 #define KC_RECIPE_H
@@ -21,6 +22,7 @@ struct kc_recipe {
 	char *flags;      /* owned; "" when the entry has none (autocompile) */
 	size_t flags_len;
 	char hash[KC_SHA256_HEXLEN + 1];
+	unsigned long compiler_gen; /* generation of the compiler identity in hash */
 };
 
 /* Load the recipe of the entry directory behind entry_fd (O_PATH allowed). Returns 0;

@@ -4,9 +4,12 @@ import re
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
-from conftest import BUILD, KCACHEFS, Mount
+import pytest
+
+from conftest import BUILD, KCACHEFS, NVCC, Mount, write_script
 
 
 def run(*args):
@@ -58,6 +61,100 @@ def test_startup_errors_are_clear(tmp_path):
     r = run("-f", str(mnt), str(tmp_path))
     assert r.returncode == 1 and "overlap" in r.stderr
     assert not os.path.ismount(mnt) and not os.path.ismount(tmp_path)
+
+
+def mounts_at(path):
+    """How many mounts /proc/self/mountinfo lists on path (stacked ones count apart)."""
+    with open("/proc/self/mountinfo") as f:
+        return sum(1 for line in f if line.split()[4] == str(path))
+
+
+def start_refused(*args, mnt):
+    """Run kcachefs -f ARGS, which should refuse to start. Returns (exit status, stderr); a
+    daemon that mounts instead (the fault) is unmounted and stopped, and gives
+    ("mounted", stderr)."""
+    before = mounts_at(mnt)
+    p = subprocess.Popen([str(KCACHEFS), "-f", *args], stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True)
+    while p.poll() is None and mounts_at(mnt) == before:
+        time.sleep(0.05)
+    if p.poll() is None:  # it mounted
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+        p.terminate()
+        return "mounted", p.communicate(timeout=60)[1]
+    return p.returncode, p.communicate()[1]
+
+
+def test_a_mountpoint_that_has_a_kcachefs_mount_is_refused(mount_factory, tmp_path):
+    m = mount_factory()
+    (m.mnt / "marker").write_text("first")
+    other = tmp_path / "other-backing"
+    other.mkdir()
+    rc, err = start_refused(str(other), str(m.mnt), mnt=m.mnt)
+    assert rc == 1, (rc, err)
+    assert "already has a kcachefs mount" in err and "umount" in err, err
+    assert mounts_at(m.mnt) == 1 and (m.mnt / "marker").read_text() == "first"
+    assert os.listdir(other) == [], "the refused daemon wrote to its backing directory"
+
+
+def test_a_compiler_missing_at_the_start_is_refused(tmp_path):
+    """Every compile would fail: say so at the start. (One that goes away after the start
+    fails its compiles as a passing cause: test_compiler_faults.py, not-runnable.)"""
+    mnt, backing = tmp_path / "mnt", tmp_path / "backing"
+    mnt.mkdir()
+    backing.mkdir()
+    plain = tmp_path / "not-executable"
+    plain.write_text("#!/bin/sh\n")
+    for nvcc in (tmp_path / "no-such-nvcc", tmp_path, plain):
+        rc, err = start_refused("-o", "nvcc=%s" % nvcc, str(backing), str(mnt), mnt=mnt)
+        assert rc == 1 and str(nvcc) in err and "-o nvcc=" in err, (nvcc, rc, err)
+    assert not os.path.ismount(mnt)
+    if (BUILD / "kcachefs-nvrtc").exists():  # NVRTC needs no nvcc: a warning
+        m = Mount(tmp_path, ["nvcc=%s" % (tmp_path / "no-such-nvcc"), "compiler=nvrtc"])
+        try:
+            m.start()
+            assert "entries that ask for nvcc will fail" in m.daemon_log()
+        finally:
+            m.stop()
+
+
+def test_an_unknown_option_is_the_first_thing_said(tmp_path):
+    mnt, backing = tmp_path / "mnt", tmp_path / "backing"
+    mnt.mkdir()
+    backing.mkdir()  # every user can reach it: a warning, once the options are good
+    odd = write_script(tmp_path / "nvcc-without-version",  # another warning
+                       'case "$*" in *--version*) exit 1;; esac\nexec %s "$@"\n' % NVCC)
+    for bad in ("no_such_option", "allow_other,no_such_option=1"):
+        rc, err = start_refused("-o", "nvcc=%s,%s" % (odd, bad), str(backing), str(mnt),
+                                mnt=mnt)
+        assert rc == 2, (rc, err)
+        assert "no_such_option" in err.splitlines()[0], err
+        assert "warning" not in err, err
+
+
+def test_a_user_who_cannot_open_dev_fuse_is_told_what_is_needed():
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run kcachefs as another user without /dev/fuse")
+    public = Path(tempfile.mkdtemp(prefix="kcachefs-nofuse-"))
+    try:
+        os.chmod(public, 0o755)
+        backing, mnt, fake = public / "backing", public / "mnt", public / "fuse"
+        for d in (backing, mnt):
+            d.mkdir()
+            os.chown(d, 65534, 65534)
+        fake.write_text("")
+        fake.chmod(0o600)  # what a node without a usable /dev/fuse has
+        script = ("mount --bind %s /dev/fuse && exec setpriv --reuid=65534 --regid=65534 "
+                  "--clear-groups %s -f %s %s" % (fake, KCACHEFS, backing, mnt))
+        r = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                            script], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 1, r
+        line = [l for l in r.stderr.splitlines() if "/dev/fuse" in l and "kcachefs" in l]
+        assert line and "root" in line[0] and "fusermount3" in line[0], r.stderr
+        assert os.listdir(backing) == [], "the refused daemon wrote to its backing directory"
+        assert not os.path.ismount(mnt)
+    finally:
+        shutil.rmtree(public)
 
 
 def test_second_daemon_on_same_backing_is_refused(mount_factory, tmp_path):

@@ -46,14 +46,16 @@ def test_compiler_fault(mount_factory, tmp_path, fault):
     tag = "%d%d" % (os.getpid(), time.monotonic_ns() % 1000000)  # tells its sleep from others'
     first = first and first.replace("TAG", tag)
     marker = tmp_path / "faulted"
-    if first is None:
-        nvcc = tmp_path / "no-such-compiler"
+    if first is None:  # there at the start (a missing one is refused), then gone
+        nvcc = write_script(tmp_path / "compiler-goes-away", 'exec %s "$@"\n' % NVCC)
     else:
         nvcc = write_script(tmp_path / ("nvcc-" + fault),
                             'NVCC=%s\ncase "$*" in *-cubin*) ;; *) exec "$NVCC" "$@";; esac\n'
                             'if [ ! -e %s ]; then touch %s; %s; fi\nexec "$NVCC" "$@"\n'
                             % (NVCC, marker, marker, first))
     m = mount_factory(["nvcc=%s" % nvcc, "compile_timeout=3"])
+    if first is None:
+        nvcc.unlink()
     entry = m.stage("vector_add", *sample("vector_add"))
     started = time.monotonic()
     results = run_parallel(6, lambda i, p: read_result(p), str(entry / "kernel.cubin"))
@@ -69,7 +71,7 @@ def test_compiler_fault(mount_factory, tmp_path, fault):
     assert not compiler_processes("sleep 300 0.%s" % tag), "a compiler process remains"
     assert os.listdir(m.backing / ".kcachefs" / "scratch") == []
     time.sleep(2.2)  # past the retry hold-off
-    if first is None:  # the compiler appears: the next open compiles
+    if first is None:  # the compiler is back: the next open compiles
         write_script(nvcc, 'exec %s "$@"\n' % NVCC)
     r = read_result(entry / "kernel.cubin")
     if kind == "rejected":  # remembered for this recipe: no retry storm

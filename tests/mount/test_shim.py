@@ -326,7 +326,9 @@ def test_the_key_names_the_mounts_compiler(mount_factory, tmp_path):
     m = mount_factory()
     info = [l for l in (m.mnt / ".kcachefs" / "metrics.prom").read_text().splitlines()
             if l.startswith("kcachefs_info{")]
-    assert len(info) == 1 and 'compiler="%s ' % NVCC in info[0], info
+    nvcc_digest = hashlib.sha256(Path(os.path.realpath(NVCC)).read_bytes()).hexdigest()
+    assert len(info) == 1 and 'compiler="Build ' in info[0], info  # nvcc's --version line
+    assert "sha256:%s" % nvcc_digest in info[0] and str(NVCC) not in info[0], info
     r = shim([lonely(tmp_path), "-cubin", "-o", m.mnt / "v.cubin", "-arch=sm_90a"])
     assert r.returncode == 0, r.stderr
     flags = (m.mnt / "kcachefs-nvcc" / shim_entries(m)[0] / "kernel.flags").read_text()
