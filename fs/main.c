@@ -343,11 +343,11 @@ int main(int argc, char *argv[])
 	o.compile_uids = NULL;
 	fs->cfg.max_source_size = max_source;
 	o.nvcc = o.arch = o.flags = NULL;
-	/* libfuse's options are checked here, before anything can warn: a typo is the first
-	 * thing said. The kernel checks permissions against the owners and modes we store. */
 	/* The kernel has applied the client's umask to every mode a request carries; the
 	 * daemon's own would take bits away a second time (a group's 0660 stored as 0640). */
 	umask(0);
+	/* libfuse's options are checked here, before anything can warn: a typo is the first
+	 * thing said. The kernel checks permissions against the owners and modes we store. */
 	fuse_opt_add_arg(&args, "-odefault_permissions");
 	fs->se = fuse_session_new(&args, &kc_fs_ops, sizeof(kc_fs_ops), fs);
 	if (!fs->se) {
