@@ -199,16 +199,15 @@ int kc_stage_held_elsewhere(fuse_req_t req, const struct kc_fh *fh)
 			continue;
 		snprintf(path, sizeof(path), "/proc/%d/fdinfo/%.20s", (int)tgid, de->d_name);
 		FILE *f = fopen(path, "re");
-		unsigned long long ino;
-		while (f && fgets(line, sizeof(line), f))
-			if (sscanf(line, "ino: %llu", &ino) == 1) {
-				/* The kernel's inode number of a stage is its temporary's. */
-				held = ino == (unsigned long long)st.st_ino &&
-				       fd_named(tgid, de->d_name, kc_role_name(fh->role));
-				break;
-			}
+		unsigned long long ino = 0;
+		int have_ino = 0; /* "ino:" since Linux 5.14; before, the name alone decides */
+		while (f && !have_ino && fgets(line, sizeof(line), f))
+			have_ino = sscanf(line, "ino: %llu", &ino) == 1;
 		if (f)
 			fclose(f);
+		/* The kernel's inode number of a stage is its temporary's. */
+		held = f && (!have_ino || ino == (unsigned long long)st.st_ino) &&
+		       fd_named(tgid, de->d_name, kc_role_name(fh->role));
 	}
 	closedir(d);
 	return held;
