@@ -47,8 +47,9 @@ int kc_stage_begin(struct kc_fs *fs, struct kc_fh *fh, int seed_fd, mode_t mode)
  * staged), EINVAL (refused flags or cubin), EFBIG, or an I/O error. */
 int kc_stage_commit(struct kc_fs *fs, struct kc_fh *fh);
 /* Call before bytes change through fh (write, ftruncate) on inode in: a committed stage
- * starts a new version from the committed bytes, and a plain descriptor on a file that has
- * since become a staged file becomes a stage. Returns 0 or -errno. */
+ * starts a new version from the committed bytes. Returns 0 or -errno: -EBADF for a plain
+ * descriptor on a file that has since become a staged file or was consumed by a stage (the
+ * caller has the kernel drop what the write left in its cache). */
 int kc_stage_prepare_write(struct kc_fs *fs, struct kc_inode *in, struct kc_fh *fh);
 /* The process (thread group) of the requesting thread. */
 pid_t kc_stage_tgid(fuse_req_t req);
@@ -57,11 +58,15 @@ void kc_stage_note_writer(fuse_req_t req, struct kc_fh *fh);
 /* Nonzero if the requesting thread's process is exiting because a signal killed it (its
  * files are being closed by the kernel): what it was writing is not complete. */
 int kc_stage_writer_killed(fuse_req_t req);
+/* Nonzero if the requesting thread's process holds another descriptor of fh's stage (a
+ * dup: a shell's "> kernel.flags" closes the created descriptor after dup2 and before it
+ * writes through fd 1). Read from /proc/<pid>/fdinfo; 0 where that cannot be read. */
+int kc_stage_held_elsewhere(fuse_req_t req, const struct kc_fh *fh);
 /* Nonzero if the process of the requesting thread is fh's writer (its close commits). */
 int kc_stage_is_writer(fuse_req_t req, const struct kc_fh *fh);
 /* Follow up a kc_cache_stage result r in the entry entry_ino: invalidate the kernel's
- * kernel.cubin when the recipe changed, and name (a rename target, or NULL) when the stored
- * file stayed. Returns 0 or r's error. */
+ * kernel.cubin when the recipe changed, and name (a rename target, or NULL) whenever the
+ * stage consumed the renamed file. Returns 0 or r's error. */
 int kc_stage_result(struct kc_fs *fs, int r, fuse_ino_t entry_ino, const char *name);
 
 #endif

@@ -41,6 +41,10 @@ struct kc_inode {
 	uint64_t last_use;   /* the table's clock at its last lookup, or a lookup inside it */
 	uint64_t dropped_use; /* last_use when the kernel was last asked to forget it */
 	ino_t entry_ino;     /* a file in an entry: the entry directory's inode number */
+	int discarded;       /* a client's file consumed by a stage (its bytes were copied, or
+			      * dropped): the kernel may still show it under the staged name it
+			      * was renamed to, so opens get ESTALE (the kernel looks the name up
+			      * again) and writes EBADF (atomic) */
 };
 
 struct kc_inode_table {

@@ -19,7 +19,7 @@ struct inval {
 	struct kc_notifier *n;
 	struct kc_inode_table *inodes;
 	struct kc_inode *held; /* the parent, held until sent */
-	fuse_ino_t parent;
+	fuse_ino_t parent;     /* with an empty name: the inode to invalidate */
 	char name[];
 };
 
@@ -38,7 +38,16 @@ static int notify_entry(struct kc_notifier *n, fuse_ino_t parent, const char *na
 static void send_inval(void *arg)
 {
 	struct inval *it = arg;
-	int err = notify_entry(it->n, it->parent, it->name);
+	int err;
+	if (it->name[0]) {
+		err = notify_entry(it->n, it->parent, it->name);
+	} else if (fuse_session_exited(it->n->se)) {
+		err = -ESHUTDOWN;
+	} else {
+		__atomic_add_fetch(&it->n->sending, 1, __ATOMIC_SEQ_CST);
+		err = fuse_lowlevel_notify_inval_inode(it->n->se, it->parent, 0, 0);
+		__atomic_sub_fetch(&it->n->sending, 1, __ATOMIC_SEQ_CST);
+	}
 	if (err && err != -ENOENT)
 		kc_log(KC_LOG_DEBUG, "invalidate %s: %s", it->name, strerror(-err));
 	kc_inode_forget(it->inodes, it->held, 1);
@@ -71,6 +80,11 @@ void kc_notifier_inval_entry(struct kc_notifier *n, fuse_ino_t parent, const cha
 		kc_inode_forget(n->inodes, it->held, 1);
 		free(it);
 	}
+}
+
+void kc_notifier_inval_inode(struct kc_notifier *n, fuse_ino_t ino)
+{
+	kc_notifier_inval_entry(n, ino, ""); /* an empty name: the inode itself */
 }
 
 static uint64_t now_ns(void)

@@ -34,6 +34,10 @@ int kc_notifier_start(struct kc_notifier *n, struct fuse_session *se,
  * forgot the directory) could be reused by another inode the invalidation would then hit.
  * Dropped on ENOMEM. */
 void kc_notifier_inval_entry(struct kc_notifier *n, fuse_ino_t parent, const char *name);
+/* Queue an invalidation of the kernel's attributes and pages (mapped ones too) of inode
+ * ino, held until sent: what a refused write through a cached descriptor left there is
+ * read again from the daemon. Dropped on ENOMEM. */
+void kc_notifier_inval_inode(struct kc_notifier *n, fuse_ino_t ino);
 /* Invalidate the kernel's dentry of rel (a path relative to the backing root) now, from
  * a thread that serves no request (it waits for the directory's lock). Returns 0 when
  * sent, or -errno (-ENOENT: the kernel does not know its directory). */

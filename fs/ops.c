@@ -357,6 +357,52 @@ static void kc_symlink(fuse_req_t req, const char *link, fuse_ino_t parent_ino, 
 	reply_lookup(req, parent, name);
 }
 
+/* mknod: a regular file with a staged name is an empty file staged at once (committed
+ * when mknod returns, as a close would); no other kind of file takes such a name. */
+static void kc_mknod(fuse_req_t req, fuse_ino_t parent_ino, const char *name, mode_t mode,
+		     dev_t rdev)
+{
+	if (kc_refuse_compile(req))
+		return;
+	struct kc_fs *fs = fs_of(req);
+	struct kc_inode *parent = inode_of(req, parent_ino);
+
+	if (reserved(fs, parent, name))
+		return (void)fuse_reply_err(req, is_ctl_name(fs, parent, name) ? EEXIST : EPERM);
+	if (staged_name(parent, name)) {
+		if (!S_ISREG(mode)) {
+			kc_log(KC_LOG_WARN, "mknod '%s' refused (EPERM): only a regular file is "
+			       "staged", name);
+			return (void)fuse_reply_err(req, EPERM);
+		}
+		if (faccessat(parent->fd, name, F_OK, AT_SYMLINK_NOFOLLOW) == 0)
+			return (void)fuse_reply_err(req, EEXIST);
+		struct kc_fh *fh = kc_fh_new(FH_STAGE, -1);
+		if (!fh)
+			return (void)fuse_reply_err(req, ENOMEM);
+		fh->role = kc_name_role(name);
+		fh->entry_fd = fcntl(parent->fd, F_DUPFD_CLOEXEC, 0);
+		int err = fh->entry_fd < 0 ? -errno : kc_stage_begin(fs, fh, -1, mode);
+		if (!err) {
+			own_by_caller(req, fs->store.tmp_fd, fh->tmpname, 0);
+			err = kc_stage_commit(fs, fh);
+		}
+		kc_fh_free(fs, fh);
+		if (err)
+			return (void)fuse_reply_err(req, -err);
+		return reply_lookup(req, parent, name);
+	}
+	if (!S_ISREG(mode) && kc_name_classify(name, NULL) != KC_NAME_PLAIN) {
+		kc_log(KC_LOG_WARN, "mknod '%s' refused: a name of the kernel.<name>.<hash> form "
+		       "is for entry directories", name);
+		return (void)fuse_reply_err(req, EINVAL);
+	}
+	if (mknodat(parent->fd, name, mode, rdev) != 0)
+		return (void)fuse_reply_err(req, errno);
+	own_by_caller(req, parent->fd, name, AT_SYMLINK_NOFOLLOW);
+	reply_lookup(req, parent, name);
+}
+
 static void kc_readlink(fuse_req_t req, fuse_ino_t ino)
 {
 	if (kc_refuse_compile(req))
@@ -382,9 +428,18 @@ static void kc_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent_ino, co
 	char path[32];
 
 	/* A second name would give one file two roles; staged files enter only by staging. */
-	if (in->virt || reserved(fs, newparent, name) || staged_name(newparent, name) ||
-	    kc_role_is_staged(in->role))
+	if (in->virt || reserved(fs, newparent, name))
 		return (void)fuse_reply_err(req, EPERM);
+	if (staged_name(newparent, name) || kc_role_is_staged(in->role)) {
+		kc_log(KC_LOG_WARN, "link to '%s' refused (EPERM): %s", name,
+		       kc_role_is_staged(in->role)
+			       ? "a staged or published file has no second name (copy it)"
+			       : "kernel.cu, kernel.flags and kernel.cubin are staged by writing "
+				 "or by rename, never linked");
+		return (void)fuse_reply_err(req, EPERM);
+	}
+	if (__atomic_load_n(&in->discarded, __ATOMIC_SEQ_CST))
+		return (void)fuse_reply_err(req, ESTALE);
 	kc_fd_path(in->fd, path);
 	if (linkat(AT_FDCWD, path, newparent->fd, name, AT_SYMLINK_FOLLOW) != 0)
 		return (void)fuse_reply_err(req, errno);
@@ -464,6 +519,56 @@ static void replace_role(struct kc_fs *fs, struct kc_inode *newparent, const cha
 		replace_one(fs, in, staged[i]);
 }
 
+/* A directory may not take a bad kernel.<name>.<hash> name, nor a symlink any name of that
+ * form. Returns 0 or -EINVAL (logged). */
+static int name_refused(const struct stat *st, const char *newname)
+{
+	const char *why = NULL;
+	if (S_ISLNK(st->st_mode) && kc_name_classify(newname, NULL) != KC_NAME_PLAIN) {
+		kc_log(KC_LOG_WARN, "rename of a symlink to '%s' refused: a name of the "
+		       "kernel.<name>.<hash> form is for entry directories", newname);
+		return -EINVAL;
+	}
+	if (S_ISDIR(st->st_mode) && kc_name_classify(newname, &why) == KC_NAME_BAD_ENTRY) {
+		kc_log(KC_LOG_WARN, "rename to '%s' refused: not a valid kernel entry name (%s)",
+		       newname, why);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+/* Why a rename that would change which bytes kernel.cu, kernel.flags or kernel.cubin of an
+ * entry name, from either side of the call, is refused (EPERM), or NULL when it may go on:
+ * the one way in is a regular file renamed onto such a name, which stages a copy of it. */
+static const char *staged_rename_refusal(const struct kc_inode *parent, const char *name,
+					 const struct stat *st, const struct kc_inode *newparent,
+					 const char *newname, unsigned int flags)
+{
+	int from = staged_name(parent, name), to = staged_name(newparent, newname);
+	if (!from && !to)
+		return NULL;
+	if (flags & (RENAME_EXCHANGE | RENAME_WHITEOUT))
+		return "kernel.cu, kernel.flags and kernel.cubin are never exchanged (a staged "
+		       "file changes only by staging)";
+	if (from)
+		return "a staged or published file keeps its name (unlink it to re-stage, or "
+		       "copy it)";
+	if (!S_ISREG(st->st_mode))
+		return "only a regular file is staged";
+	return NULL;
+}
+
+/* A client's file that a stage consumed: the kernel moved its dentry onto the staged name,
+ * so until that dentry goes, its inode is refused (opens ESTALE, writes EBADF). */
+static void mark_discarded(struct kc_fs *fs, const struct stat *st)
+{
+	struct kc_inode *in = kc_inode_find(&fs->inodes, st->st_dev, st->st_ino);
+	struct stat now;
+	if (in && in != &fs->inodes.root &&
+	    fstatat(in->fd, "", &now, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) == 0 && now.st_nlink == 0)
+		__atomic_store_n(&in->discarded, 1, __ATOMIC_SEQ_CST);
+}
+
 static void kc_rename(fuse_req_t req, fuse_ino_t parent_ino, const char *name,
 		      fuse_ino_t newparent_ino, const char *newname, unsigned int flags)
 {
@@ -473,38 +578,39 @@ static void kc_rename(fuse_req_t req, fuse_ino_t parent_ino, const char *name,
 	struct kc_inode *parent = inode_of(req, parent_ino);
 	struct kc_inode *newparent = inode_of(req, newparent_ino);
 	enum kc_role role = newparent->entry ? kc_name_role(newname) : KC_ROLE_PLAIN;
-	const char *why = NULL;
-	struct stat st;
+	struct stat st, tst;
 	int err = 0;
 
 	if (reserved(fs, parent, name) || reserved(fs, newparent, newname))
 		return (void)fuse_reply_err(req, EPERM);
 	if (fstatat(parent->fd, name, &st, AT_SYMLINK_NOFOLLOW) != 0)
 		return (void)fuse_reply_err(req, errno);
-	if (S_ISREG(st.st_mode) && kc_role_is_staged(role)) {
-		/* Renaming a file onto kernel.cu/.flags/.cubin stages it. */
-		struct stat tst;
-		if (flags & RENAME_EXCHANGE)
-			err = -EPERM;
-		else if ((flags & RENAME_NOREPLACE) &&
-			 fstatat(newparent->fd, newname, &tst, AT_SYMLINK_NOFOLLOW) == 0)
+	const char *why = staged_rename_refusal(parent, name, &st, newparent, newname, flags);
+	if (why) {
+		kc_log(KC_LOG_WARN, "rename of '%s' to '%s' refused (EPERM): %s", name, newname, why);
+		return (void)fuse_reply_err(req, EPERM);
+	}
+	if (kc_role_is_staged(role)) {
+		/* Renaming a file onto kernel.cu/.flags/.cubin stages a copy of it. */
+		if ((flags & RENAME_NOREPLACE) &&
+		    fstatat(newparent->fd, newname, &tst, AT_SYMLINK_NOFOLLOW) == 0)
 			err = -EEXIST;
 		else
-			err = kc_stage_result(fs, kc_cache_stage(&fs->cache, role, parent->fd, name,
-							newparent->fd),
-				     newparent_ino, newname);
-	} else if (S_ISLNK(st.st_mode) && kc_name_classify(newname, NULL) != KC_NAME_PLAIN) {
-		kc_log(KC_LOG_WARN, "rename of a symlink to '%s' refused: a name of the "
-		       "kernel.<name>.<hash> form is for entry directories", newname);
-		err = -EINVAL;
-	} else if (S_ISDIR(st.st_mode) &&
-		   kc_name_classify(newname, &why) == KC_NAME_BAD_ENTRY) {
-		kc_log(KC_LOG_WARN, "rename to '%s' refused: not a valid kernel entry name (%s)",
-		       newname, why);
-		err = -EINVAL;
-	} else if (renameat2(parent->fd, name, newparent->fd, newname, flags) != 0) {
-		err = -errno;
+			err = kc_stage_result(fs, kc_cache_stage_copy(&fs->cache, role, parent->fd,
+								      name, newparent->fd),
+					      newparent_ino, newname);
+		if (!err)
+			mark_discarded(fs, &st);
+	} else if (!(err = name_refused(&st, newname)) && (flags & RENAME_EXCHANGE)) {
+		/* The other side takes name. */
+		if (fstatat(newparent->fd, newname, &tst, AT_SYMLINK_NOFOLLOW) != 0)
+			err = -errno;
+		else
+			err = name_refused(&tst, name);
 	}
+	if (!err && !kc_role_is_staged(role) &&
+	    renameat2(parent->fd, name, newparent->fd, newname, flags) != 0)
+		err = -errno;
 	if (err)
 		return (void)fuse_reply_err(req, -err);
 	if (parent != newparent || strcmp(name, newname) != 0)
@@ -706,6 +812,10 @@ static void kc_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 		fi->direct_io = 1;
 		return (void)fuse_reply_open(req, fi);
 	}
+	/* A file consumed by a stage, still under the staged name in the kernel's dentry: the
+	 * kernel retries the open with a fresh lookup, which finds what the name holds. */
+	if (__atomic_load_n(&in->discarded, __ATOMIC_SEQ_CST))
+		return (void)fuse_reply_err(req, ESTALE);
 	/* A published or pending cubin is read-only: a write would reach the kernel's cached
 	 * pages and size of the published inode before any commit could refuse it. */
 	if (writing && in->role == KC_ROLE_CUBIN && !in->staging)
@@ -769,6 +879,9 @@ static void kc_create(fuse_req_t req, fuse_ino_t parent_ino, const char *name, m
 			 * descriptor after dup2 and before writing through the copy. */
 			fh->creator_tgid = kc_stage_tgid(req);
 		}
+		/* The stage's bytes stay out of the page cache of the inode, which becomes the
+		 * published one when the stage is committed. */
+		fi->direct_io = 1;
 	} else {
 		int fd = openat(parent->fd, name, (fi->flags | O_CREAT | O_CLOEXEC) & ~O_NOFOLLOW,
 				mode);
@@ -852,6 +965,8 @@ static void kc_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *in_
 		return (void)fuse_reply_write(req, n);
 	}
 	int err = kc_stage_prepare_write(fs, inode_of(req, ino), fh);
+	if (err == -EBADF) /* the kernel wrote the refused bytes into its pages already */
+		kc_notifier_inval_inode(&fs->notifier, ino);
 	if (err)
 		return (void)fuse_reply_err(req, -err);
 	struct fuse_bufvec out = FUSE_BUFVEC_INIT(fuse_buf_size(in_buf));
@@ -896,9 +1011,10 @@ static void kc_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	int err = 0;
 	(void)ino;
 	/* close() by the process that wrote the stage commits it, and the commit's error
-	 * (EEXIST, EINVAL) is close()'s. Other closes do not: a child that exec()s or exits
-	 * closes its inherited copy while the writer is still writing. What no writer's close
-	 * committed is committed at release (the last close). */
+	 * (EEXIST, EINVAL) is close()'s; so does the creator's close of a stage never written
+	 * (an empty file), unless it still holds a dup to write through. Other closes do not:
+	 * a child that exec()s or exits closes its inherited copy while the writer is still
+	 * writing. What no writer's close committed is committed at release (the last close). */
 	int killed_creator = fh->kind == FH_STAGE && !fh->done && !fh->dirty &&
 			     fh->creator_tgid == kc_stage_tgid(req) && kc_stage_writer_killed(req);
 	if (killed_creator) {
@@ -906,7 +1022,10 @@ static void kc_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 		unlinkat(fs_of(req)->store.tmp_fd, fh->tmpname, 0);
 		fh->tmpname[0] = '\0';
 		fh->done = 1;
-	} else if (fh->kind == FH_STAGE && !fh->done && fh->dirty && kc_stage_is_writer(req, fh)) {
+	} else if (fh->kind == FH_STAGE && !fh->done &&
+		   (fh->dirty ? kc_stage_is_writer(req, fh)
+			      : fh->creator_tgid == kc_stage_tgid(req) &&
+					!kc_stage_held_elsewhere(req, fh))) {
 		if (kc_stage_writer_killed(req)) {
 			/* A killed writer's files are closed for it: its stage is not complete. */
 			kc_log(KC_LOG_INFO, "stage discarded: its writer was killed by a signal");
@@ -979,6 +1098,7 @@ const struct fuse_lowlevel_ops kc_fs_ops = {
 	.readlink = kc_readlink,
 	.mkdir = kc_mkdir,
 	.symlink = kc_symlink,
+	.mknod = kc_mknod,
 	.link = kc_link,
 	.unlink = kc_unlink,
 	.rmdir = kc_rmdir,

@@ -1,6 +1,8 @@
 /* stage.c - see fh.h: file handles and stages. */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -10,15 +12,17 @@
 #include <unistd.h>
 
 #include "fh.h"
+#include "log.h"
 
 /* Follow up a kc_cache_stage result r in entry entry_ino: the kernel's cached kernel.cubin
- * goes when the recipe changed, and name (the rename target, if any) when the stored file
- * stayed and src was consumed. Returns 0 or r's error. */
+ * goes when the recipe changed, and name (the rename target, if any) whenever src was
+ * consumed: the kernel moved its dentry of src there, and src is not what the name holds.
+ * Returns 0 or r's error. */
 int kc_stage_result(struct kc_fs *fs, int r, fuse_ino_t entry_ino, const char *name)
 {
 	if (r == KC_STAGE_CUBIN_REMOVED)
 		kc_notifier_inval_entry(&fs->notifier, entry_ino, KC_CUBIN_NAME);
-	if (r == KC_STAGE_KEPT && name)
+	if (r >= 0 && name)
 		kc_notifier_inval_entry(&fs->notifier, entry_ino, name);
 	return r < 0 ? r : 0;
 }
@@ -81,25 +85,6 @@ void kc_fh_free(struct kc_fs *fs, struct kc_fh *fh)
 	free(fh);
 }
 
-/* Copy all bytes of src into dst from offset 0. Returns 0 or -errno. */
-static int copy_bytes(int src, int dst)
-{
-	char buf[65536];
-	off_t off = 0;
-	for (;;) {
-		ssize_t n = pread(src, buf, sizeof(buf), off);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0)
-			return -errno;
-		if (n == 0)
-			return 0;
-		if (pwrite(dst, buf, (size_t)n, off) != n)
-			return errno ? -errno : -EIO;
-		off += n;
-	}
-}
-
 /* Give fh a fresh stage temporary, seeded with the bytes of the file behind seed_fd (any
  * fd, write-only too) if it is >= 0. */
 int kc_stage_begin(struct kc_fs *fs, struct kc_fh *fh, int seed_fd, mode_t mode)
@@ -119,20 +104,13 @@ int kc_stage_begin(struct kc_fs *fs, struct kc_fh *fh, int seed_fd, mode_t mode)
 		fh->pin_dev = est.st_dev;
 		fh->pin_ino = est.st_ino;
 	}
-	int fd = kc_store_tmpfile(&fs->store, mode & 07777, fh->tmpname);
-	if (fd < 0) {
-		if (seed >= 0)
-			close(seed);
-		return fd;
-	}
-	int err = seed >= 0 ? copy_bytes(seed, fd) : 0;
+	int fd = seed >= 0 ? kc_store_copy_tmp(&fs->store, seed, mode & 07777, fh->tmpname)
+			   : kc_store_tmpfile(&fs->store, mode & 07777, fh->tmpname);
 	if (seed >= 0)
 		close(seed);
-	if (err) {
-		close(fd);
-		unlinkat(fs->store.tmp_fd, fh->tmpname, 0);
+	if (fd < 0) {
 		fh->tmpname[0] = '\0';
-		return err;
+		return fd;
 	}
 	if (fh->fd >= 0)
 		close(fh->fd);
@@ -164,29 +142,75 @@ int kc_stage_commit(struct kc_fs *fs, struct kc_fh *fh)
 }
 
 /* Before bytes change through fh: a committed stage starts a new version from the
- * committed bytes, and a plain descriptor on a file that has since become a staged file
- * (its directory was renamed into an entry) becomes a stage, so that nothing staged ever
- * changes in place. Returns 0 or -errno. */
+ * committed bytes. A plain descriptor on a file that has since become a staged file (its
+ * directory was renamed into an entry), or whose file a stage consumed (renamed onto a
+ * staged name: the entry holds a copy), names no stage: EBADF. Returns 0 or -errno. */
 int kc_stage_prepare_write(struct kc_fs *fs, struct kc_inode *in, struct kc_fh *fh)
 {
 	if (fh->kind == FH_PLAIN) {
 		enum kc_role role;
 		int entry_fd = kc_inode_entry_fd(&fs->inodes, in, &role);
-		if (entry_fd < 0 || in->staging) {
-			if (entry_fd >= 0)
-				close(entry_fd);
-			return 0;
+		if (entry_fd >= 0)
+			close(entry_fd);
+		if (__atomic_load_n(&in->discarded, __ATOMIC_SEQ_CST) ||
+		    (entry_fd >= 0 && !in->staging)) {
+			kc_log(KC_LOG_INFO, "a write through a descriptor of a file that is now %s "
+			       "refused (EBADF): staged files change only by staging",
+			       in->discarded ? "consumed by a stage" : "staged");
+			return -EBADF;
 		}
-		fh->kind = FH_STAGE;
-		fh->role = role;
-		fh->entry_fd = entry_fd;
-		fh->done = 1;
+		return 0;
 	}
 	if (fh->kind == FH_STAGE && fh->done) {
 		struct stat st;
 		return fstat(fh->fd, &st) ? -errno : kc_stage_begin(fs, fh, fh->fd, st.st_mode);
 	}
 	return 0;
+}
+
+/* Nonzero if /proc/<tgid>/fd/<fd> names a file called name (its last component). */
+static int fd_named(pid_t tgid, const char *fd, const char *name)
+{
+	char path[64], target[PATH_MAX];
+	snprintf(path, sizeof(path), "/proc/%d/fd/%.20s", (int)tgid, fd);
+	ssize_t n = readlink(path, target, sizeof(target) - 1);
+	if (n <= 0)
+		return 0;
+	target[n] = '\0';
+	const char *slash = strrchr(target, '/');
+	return slash && strcmp(slash + 1, name) == 0;
+}
+
+int kc_stage_held_elsewhere(fuse_req_t req, const struct kc_fh *fh)
+{
+	char path[64], line[128];
+	struct stat st;
+	if (!kc_role_is_staged(fh->role) || fstat(fh->fd, &st) != 0)
+		return 0;
+	pid_t tgid = kc_stage_tgid(req);
+	snprintf(path, sizeof(path), "/proc/%d/fdinfo", (int)tgid);
+	DIR *d = opendir(path);
+	if (!d)
+		return 0;
+	int held = 0;
+	struct dirent *de;
+	while (!held && (de = readdir(d)) != NULL) {
+		if (de->d_name[0] == '.')
+			continue;
+		snprintf(path, sizeof(path), "/proc/%d/fdinfo/%.20s", (int)tgid, de->d_name);
+		FILE *f = fopen(path, "re");
+		unsigned long long ino = 0;
+		int have_ino = 0; /* "ino:" since Linux 5.14; before, the name alone decides */
+		while (f && !have_ino && fgets(line, sizeof(line), f))
+			have_ino = sscanf(line, "ino: %llu", &ino) == 1;
+		if (f)
+			fclose(f);
+		/* The kernel's inode number of a stage is its temporary's. */
+		held = f && (!have_ino || ino == (unsigned long long)st.st_ino) &&
+		       fd_named(tgid, de->d_name, kc_role_name(fh->role));
+	}
+	closedir(d);
+	return held;
 }
 
 struct kc_fh *kc_fh_new(enum fh_kind kind, int fd)

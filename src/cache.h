@@ -51,7 +51,10 @@ void kc_cache_shutdown(struct kc_cache *c);
  * KC_PENDING when a compile is in flight: w (if not NULL) was queued on it, and w->done is
  * called later with 0 when published, -EIO when the compile failed, -EAGAIN when the recipe
  * changed during the compile and the lookup must be repeated; -ENOENT when nothing is
- * published and no recipe is staged; -EIO when the cubin is corrupt and cannot be rebuilt,
+ * published and no recipe is staged; -EIO when nothing is published and no recipe is staged
+ * because a kernel.cu or kernel.flags was refused since the last stage (kernel.log says
+ * why), or when the
+ * cubin is corrupt and cannot be rebuilt,
  * or the recipe was rejected by this compiler before (see kernel.log), or failed for a
  * passing cause less than KC_RETRY_HOLDOFF seconds ago. */
 int kc_cache_lookup_cubin(struct kc_cache *c, int entry_fd, struct kc_waiter *w,
@@ -91,13 +94,23 @@ int kc_cache_verify_name(struct kc_cache *c, int fd, int entry_fd, uid_t reader)
  * KC_STAGE_KEPT, KC_STAGE_CUBIN_REMOVED, or: -EEXIST when other source or flags bytes are
  * stored (nothing changes; a different valid cubin over a published one is kept instead:
  * racing compiles of one recipe need not be byte-identical); -EINVAL for refused flags or
- * a cubin that is not a complete CUDA ELF (the reason is logged and, for flags, written to
- * kernel.log); -EFBIG for a source or flags file over max_source_size; other -errno. */
+ * a cubin that is not a complete CUDA ELF; -EFBIG for a source or flags file over
+ * max_source_size; -EPERM for a file with other hard links; other -errno. Every refusal
+ * is logged and written to kernel.log; one of kernel.cu or kernel.flags is marked on the
+ * entry (kc_store_mark_refused) until a later stage succeeds. */
 int kc_cache_stage(struct kc_cache *c, enum kc_role role, int src_dir, const char *src_name,
 		   int entry_fd);
 
+/* Stage a client's file src_dir/src_name as kc_cache_stage does, from a private copy of
+ * its bytes: the entry's name never names the client's inode, so no descriptor or map the
+ * client holds on it reaches staged bytes or the kernel's cache of them. src is removed
+ * when the result is not an error (a rename consumes its source) and stays otherwise.
+ * Returns what kc_cache_stage returns, or -errno of the copy (ENOSPC...). */
+int kc_cache_stage_copy(struct kc_cache *c, enum kc_role role, int src_dir,
+			const char *src_name, int entry_fd);
+
 /* After kernel.cu or kernel.flags left the entry: remove a cubin the mount compiled from
- * it and forget a rejection. Returns 1 if a cubin was removed (the caller invalidates the
+ * it and forget a rejection and a refusal. Returns 1 if a cubin was removed (the caller invalidates the
  * kernel's caches of it), else 0. */
 int kc_cache_unstage(struct kc_cache *c, int entry_fd);
 

@@ -72,6 +72,17 @@ enum kc_role kc_name_role(const char *name)
 	return KC_ROLE_PLAIN;
 }
 
+const char *kc_role_name(enum kc_role role)
+{
+	switch (role) {
+	case KC_ROLE_SOURCE: return KC_SOURCE_NAME;
+	case KC_ROLE_FLAGS: return KC_FLAGS_NAME;
+	case KC_ROLE_CUBIN: return KC_CUBIN_NAME;
+	case KC_ROLE_LOG: return KC_LOG_NAME;
+	default: return "";
+	}
+}
+
 int kc_role_is_staged(enum kc_role role)
 {
 	return role == KC_ROLE_SOURCE || role == KC_ROLE_FLAGS || role == KC_ROLE_CUBIN;

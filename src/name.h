@@ -34,6 +34,9 @@ enum kc_name_kind kc_name_classify(const char *name, const char **why);
 /* Role of a file called name inside an entry; KC_ROLE_PLAIN for any other name. */
 enum kc_role kc_name_role(const char *name);
 
+/* The file name of role inside an entry ("" for KC_ROLE_PLAIN): static. */
+const char *kc_role_name(enum kc_role role);
+
 /* Roles whose content is fixed once stored: written through a private stage and committed
  * at close or rename (source, flags, cubin). */
 int kc_role_is_staged(enum kc_role role);

@@ -22,6 +22,7 @@
 
 #define RECORD_XATTR "user.kcachefs.record"
 #define REJECTED_XATTR "user.kcachefs.rejected"
+#define REFUSED_XATTR "user.kcachefs.refused"
 
 static atomic_uint_fast64_t tmp_counter;
 
@@ -239,6 +240,29 @@ int kc_store_scratch(struct kc_store *s, char *path, size_t pathlen)
 	return fd < 0 ? -errno : fd;
 }
 
+int kc_store_copy_tmp(struct kc_store *s, int src_fd, mode_t mode, char name[64])
+{
+	char buf[65536];
+	off_t off = 0;
+	int fd = kc_store_tmpfile(s, mode, name);
+	if (fd < 0)
+		return fd;
+	for (;;) {
+		ssize_t n = pread(src_fd, buf, sizeof(buf), off);
+		if (n < 0 && errno == EINTR)
+			continue;
+		int err = n < 0 ? -errno : n > 0 ? kc_write_all(fd, buf, (size_t)n) : 0;
+		if (err) {
+			close(fd);
+			unlinkat(s->tmp_fd, name, 0);
+			return err;
+		}
+		if (n == 0)
+			return fd;
+		off += n;
+	}
+}
+
 int kc_store_same_bytes(int a, int b)
 {
 	struct stat sa, sb;
@@ -380,4 +404,25 @@ void kc_store_clear_rejected(int dir)
 	char path[32];
 	kc_fd_path(dir, path);
 	removexattr(path, REJECTED_XATTR);
+}
+
+int kc_store_mark_refused(int dir, const char *what)
+{
+	char path[32];
+	kc_fd_path(dir, path);
+	return setxattr(path, REFUSED_XATTR, what, strlen(what), 0) == 0 ? 0 : -errno;
+}
+
+int kc_store_is_refused(int dir)
+{
+	char path[32];
+	kc_fd_path(dir, path);
+	return getxattr(path, REFUSED_XATTR, NULL, 0) > 0;
+}
+
+void kc_store_clear_refused(int dir)
+{
+	char path[32];
+	kc_fd_path(dir, path);
+	removexattr(path, REFUSED_XATTR);
 }

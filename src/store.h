@@ -11,6 +11,8 @@
  * renamed into place, so a published file and its record appear atomically:
  *   user.kcachefs.record on kernel.cubin: "v1 <sha256-hex> <size> <recipe-hex|-> <origin>"
  *   user.kcachefs.rejected on an entry directory: the recipe hash the compiler rejected.
+ *   user.kcachefs.refused on an entry directory: the kernel.cu or kernel.flags refused last
+ *     (kernel.log says why), while no stage succeeded since.
  *   user.kcachefs.key on a compiled kernel.cubin: the key (key.h) of the kernel.cu and
  *     kernel.flags it was compiled from; shown through the mount (getxattr), so that a
  *     client that names entries by content can check an open cubin is of its own recipe.
@@ -59,6 +61,11 @@ int kc_store_remove_tree(const char *path);
  * Returns 0 when src took the name, or another -errno. */
 int kc_store_commit(int src_dir, const char *src_name, int dst_dir, const char *dst_name);
 
+/* A new temporary in tmp/ (name as kc_store_tmpfile) holding a copy of the bytes of the
+ * file behind src_fd (any fd open for reading), with mode. Returns the fd of the copy
+ * (O_RDWR, owned by the caller) or -errno; on error no temporary is left. */
+int kc_store_copy_tmp(struct kc_store *s, int src_fd, mode_t mode, char name[64]);
+
 /* 1 if the files behind fds a and b hold the same bytes, 0 if not, -errno on read error. */
 int kc_store_same_bytes(int a, int b);
 
@@ -101,5 +108,12 @@ int kc_store_mark_rejected(int dir, const char *recipe_hex);
 /* 1 if dir carries a rejection for exactly recipe_hex, else 0. */
 int kc_store_is_rejected(int dir, const char *recipe_hex);
 void kc_store_clear_rejected(int dir);
+
+/* Refusal marker on an entry directory: the recipe file refused there last (what, e.g.
+ * "kernel.flags"), until a later stage succeeds or a recipe file is removed. */
+int kc_store_mark_refused(int dir, const char *what);
+/* 1 if dir carries a refusal marker, else 0. */
+int kc_store_is_refused(int dir);
+void kc_store_clear_refused(int dir);
 
 #endif

@@ -68,10 +68,10 @@ def test_directory_renamed_into_an_entry_makes_its_files_staged(mount_factory):
         os.truncate(entry / "kernel.cu", 10)
     assert e.value.errno == errno.EPERM
     os.lseek(fd, 0, 0)
-    os.write(fd, b"garbage!")
-    with pytest.raises(OSError) as e:
-        os.close(fd)
-    assert e.value.errno == errno.EEXIST
+    with pytest.raises(OSError) as e:  # the descriptor names no stage
+        os.write(fd, b"garbage!")
+    assert e.value.errno == errno.EBADF
+    os.close(fd)
     assert (entry / "kernel.cu").read_bytes() == src
     assert (entry / "kernel.cubin").read_bytes() == cubin
 

@@ -210,7 +210,7 @@ def test_refused_flags(mount_factory, tmp_path):
         assert e.value.errno == errno.EINVAL
         assert "refused" in (entry / "kernel.log").read_text()
     assert not (entry / "kernel.flags").exists()
-    assert read_result(entry / "kernel.cubin") == ("err", errno.ENOENT)
+    assert read_result(entry / "kernel.cubin") == ("err", errno.EIO), "a refusal is told"
     assert not pwned.exists()
     # the same through -o flags= at mount time: the daemon does not start
     r = subprocess.run([str(KCACHEFS), "-f", "-o", "flags=-DX=$(touch %s)" % pwned,
@@ -240,9 +240,10 @@ def test_client_published_cubin_is_served_as_is(mount_factory, tmp_path):
         with pytest.raises(OSError) as e:
             (other / "kernel.cubin").write_bytes(bad)
         assert e.value.errno == errno.EINVAL
-    # An empty one (created, never written) is refused when its last descriptor closes.
-    open(other / "kernel.cubin", "wb").close()
-    time.sleep(0.5)
+    # An empty one (created, never written) is refused when its creator closes it.
+    with pytest.raises(OSError) as e:
+        open(other / "kernel.cubin", "wb").close()
+    assert e.value.errno == errno.EINVAL
     assert not (m.backing / other.relative_to(m.mnt) / "kernel.cubin").exists()
     assert read_result(other / "kernel.cubin") == ("err", errno.ENOENT)
     assert "kernel.cubin refused" in m.daemon_log()
@@ -278,7 +279,8 @@ def test_a_recipe_and_a_client_cubin_never_share_an_entry(mount_factory, tmp_pat
     with pytest.raises(OSError) as e:
         (a / "kernel.flags").write_bytes(vflags)
     assert e.value.errno == errno.EEXIST
-    assert sorted(os.listdir(a)) == ["kernel.cu", "kernel.cubin"]
+    assert sorted(os.listdir(a)) == ["kernel.cu", "kernel.cubin", "kernel.log"]
+    assert "published by a client" in (a / "kernel.log").read_text()
     assert (a / "kernel.cubin").read_bytes() == saxpy.read_bytes(), "what was stored stays"
     assert "published by a client" in m.daemon_log()
     with open(a / "kernel.cubin", "rb") as f:

@@ -314,6 +314,32 @@ static void test_commit(struct kc_store *s)
 	      "cleared: not rejected");
 	kc_store_clear_rejected(dir); /* clearing twice is harmless */
 
+	/* refusal markers */
+	CHECK(!kc_store_is_refused(dir), "no marker: not refused");
+	CHECK(kc_store_mark_refused(dir, "kernel.flags") == 0 && kc_store_is_refused(dir) == 1,
+	      "marked refused");
+	kc_store_clear_refused(dir);
+	CHECK(!kc_store_is_refused(dir), "cleared: not refused");
+
+	/* a copy into tmp/: the same bytes in another inode, with the mode asked for */
+	char copied[64], big[200000];
+	for (size_t i = 0; i < sizeof(big); i++)
+		big[i] = (char)(i * 7 + i / 251);
+	CHECK(write_file(dir, "src.bin", big, sizeof(big)) == 0, "write a source to copy");
+	int src = openat(dir, "src.bin", O_RDONLY | O_CLOEXEC);
+	int copy = kc_store_copy_tmp(s, src, 0640, copied);
+	struct stat sst, cst;
+	CHECK(copy >= 0 && fstat(src, &sst) == 0 && fstat(copy, &cst) == 0 &&
+		      sst.st_ino != cst.st_ino && (cst.st_mode & 07777) == 0640 &&
+		      cst.st_size == (off_t)sizeof(big) && kc_store_same_bytes(src, copy) == 1,
+	      "copy_tmp: the same bytes in a new inode of tmp/");
+	close(copy);
+	close(src);
+	unlinkat(s->tmp_fd, copied, 0);
+	unlinkat(dir, "src.bin", 0);
+	CHECK(kc_store_copy_tmp(s, -1, 0600, copied) < 0 && faccessat(s->tmp_fd, copied, F_OK, 0) != 0,
+	      "copy_tmp of an unreadable fd fails and leaves no temporary");
+
 	unlinkat(dir, "kernel.cubin", 0);
 	unlinkat(dir, "kernel.log", 0);
 	close(dir);
