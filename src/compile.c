@@ -172,6 +172,34 @@ static void log_with_scratch(struct kc_compile_outcome *out, const char *scratch
 	out->log_len = used;
 }
 
+/* The checks of a cubin's ELF header eh (whatever of it was read: have bytes) against the
+ * file's size. */
+static int elf_check(const Elf64_Ehdr *eh, size_t have, unsigned long long size, char *why,
+		     size_t whylen)
+{
+	if (size == 0) {
+		snprintf(why, whylen, "cubin is empty");
+		return -EINVAL;
+	}
+	if (have < sizeof(*eh) || memcmp(eh->e_ident, ELFMAG, SELFMAG) != 0 ||
+	    eh->e_ident[EI_CLASS] != ELFCLASS64) {
+		snprintf(why, whylen, "cubin is not a 64-bit ELF file (%llu bytes)", size);
+		return -EINVAL;
+	}
+	if (eh->e_machine != EM_CUDA) {
+		snprintf(why, whylen, "ELF machine is %u, not EM_CUDA", eh->e_machine);
+		return -EINVAL;
+	}
+	unsigned long long sh_end = eh->e_shoff + (unsigned long long)eh->e_shnum * eh->e_shentsize;
+	unsigned long long ph_end = eh->e_phoff + (unsigned long long)eh->e_phnum * eh->e_phentsize;
+	if (sh_end > size || ph_end > size || sh_end < eh->e_shoff || ph_end < eh->e_phoff) {
+		snprintf(why, whylen, "cubin is truncated (%llu bytes, headers need %llu)", size,
+			 sh_end > ph_end ? sh_end : ph_end);
+		return -EINVAL;
+	}
+	return 0;
+}
+
 int kc_cubin_check(int fd, char *why, size_t whylen)
 {
 	Elf64_Ehdr eh;
@@ -181,28 +209,18 @@ int kc_cubin_check(int fd, char *why, size_t whylen)
 		snprintf(why, whylen, "cannot stat cubin: %s", strerror(errno));
 		return -EINVAL;
 	}
-	if (st.st_size == 0) {
-		snprintf(why, whylen, "cubin is empty");
-		return -EINVAL;
-	}
-	if (pread(fd, &eh, sizeof(eh), 0) != (ssize_t)sizeof(eh) ||
-	    memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0 || eh.e_ident[EI_CLASS] != ELFCLASS64) {
-		snprintf(why, whylen, "cubin is not a 64-bit ELF file (%lld bytes)",
-			 (long long)st.st_size);
-		return -EINVAL;
-	}
-	if (eh.e_machine != EM_CUDA) {
-		snprintf(why, whylen, "ELF machine is %u, not EM_CUDA", eh.e_machine);
-		return -EINVAL;
-	}
-	unsigned long long sh_end = eh.e_shoff + (unsigned long long)eh.e_shnum * eh.e_shentsize;
-	unsigned long long ph_end = eh.e_phoff + (unsigned long long)eh.e_phnum * eh.e_phentsize;
-	if (sh_end > (unsigned long long)st.st_size || ph_end > (unsigned long long)st.st_size) {
-		snprintf(why, whylen, "cubin is truncated (%lld bytes, headers need %llu)",
-			 (long long)st.st_size, sh_end > ph_end ? sh_end : ph_end);
-		return -EINVAL;
-	}
-	return 0;
+	ssize_t n = st.st_size ? pread(fd, &eh, sizeof(eh), 0) : 0;
+	return elf_check(&eh, n > 0 ? (size_t)n : 0, (unsigned long long)st.st_size, why, whylen);
+}
+
+int kc_cubin_check_buf(const void *data, size_t len, char *why, size_t whylen)
+{
+	Elf64_Ehdr eh;
+	size_t have = len < sizeof(eh) ? len : sizeof(eh);
+	memset(&eh, 0, sizeof(eh));
+	if (have)
+		memcpy(&eh, data, have);
+	return elf_check(&eh, have, len, why, whylen);
 }
 
 static int low_on_space(const char *dir)

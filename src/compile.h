@@ -74,6 +74,8 @@ int kc_compile_probe(const char *compiler, const struct kc_argv *args, unsigned 
 /* Check that fd holds a complete CUDA ELF (magic, EM_CUDA, section and program header
  * tables inside the file). Returns 0 or -EINVAL with why filled. */
 int kc_cubin_check(int fd, char *why, size_t whylen);
+/* The same check of a cubin held in memory (data/len). */
+int kc_cubin_check_buf(const void *data, size_t len, char *why, size_t whylen);
 
 /* 1 if thread tid belongs to the process group of a running compile (a compile that asks
  * the daemon's own mount for something, which must not wait on a compile), else 0. Reads
