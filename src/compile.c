@@ -25,7 +25,6 @@
 
 #define LOG_MAX (1u << 20)
 #define LOG_TAIL (64u << 10) /* of a cut output, the end kept */
-#define KC_COMPILE_CWD "/proc/self/cwd" /* the scratch directory as the compiler sees it */
 #ifndef EM_CUDA
 #define EM_CUDA 190
 #endif
@@ -423,6 +422,23 @@ static int take_cubin(const struct kc_compile_spec *spec, uid_t uid, char *why, 
 	return err ? -EINVAL : kc_cubin_check(spec->out_fd, why, whylen);
 }
 
+/* The dependency file the compiler wrote (want_deps): into out->deps, or left NULL when
+ * it is not a file of the compiler's own of at most 4 MiB. */
+static void take_deps(const struct kc_compile_spec *spec, uid_t uid,
+		      struct kc_compile_outcome *out)
+{
+	struct stat st;
+	int fd = openat(spec->scratch_fd, "kernel.d", O_RDONLY | O_CLOEXEC | O_NOFOLLOW |
+			O_NONBLOCK);
+	if (fd < 0)
+		return;
+	if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_nlink == 1 &&
+	    (uid == KC_SANDBOX_AS_DAEMON || st.st_uid == uid) &&
+	    kc_read_all(fd, 4u << 20, &out->deps, &out->deps_len) != 0)
+		out->deps = NULL;
+	close(fd);
+}
+
 int kc_compile_run(const struct kc_compile_spec *spec, struct kc_compile_outcome *out)
 {
 	struct kc_argv argv = {0};
@@ -458,6 +474,8 @@ int kc_compile_run(const struct kc_compile_spec *spec, struct kc_compile_outcome
 	if (kc_argv_push(&argv, spec->nvcc) || kc_argv_push(&argv, KC_COMPILE_CWD "/kernel.cu") ||
 	    kc_argv_push(&argv, "-cubin") || kc_argv_push(&argv, "-o") ||
 	    kc_argv_push(&argv, KC_COMPILE_CWD "/kernel.cubin") ||
+	    (spec->want_deps && (kc_argv_push(&argv, "-MD") || kc_argv_push(&argv, "-MF") ||
+				 kc_argv_push(&argv, KC_COMPILE_CWD "/kernel.d"))) ||
 	    kc_argv_extend(&argv, spec->args)) {
 		release_slot(slot);
 		kc_argv_free(&argv);
@@ -546,6 +564,8 @@ int kc_compile_run(const struct kc_compile_spec *spec, struct kc_compile_outcome
 		snprintf(out->why, sizeof(out->why), "compiler exited 0 but %.200s", why);
 		return 0;
 	}
+	if (spec->want_deps)
+		take_deps(spec, uid, out);
 	out->status = KC_COMPILE_OK;
 	snprintf(out->why, sizeof(out->why), "ok");
 	return 0;
@@ -588,4 +608,7 @@ void kc_compile_outcome_free(struct kc_compile_outcome *out)
 	free(out->log);
 	out->log = NULL;
 	out->log_len = 0;
+	free(out->deps);
+	out->deps = NULL;
+	out->deps_len = 0;
 }
