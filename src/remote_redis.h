@@ -30,7 +30,8 @@
  * MASTERDOWN, TRYAGAIN -> -EAGAIN (a passing fault of the server: the caller counts it as
  * one); others -> -EIO. A reply of a type the command cannot give, more bytes than one
  * reply, an array of more than 16 elements, or a reply over 512 MiB -> -EPROTO. A key
- * that is not 64 lowercase hex digits, or a token not 32 of them, or a zero ttl -> -EINVAL.
+ * that is not 64 lowercase hex digits, a token not 32 of them, a zero ttl, or an object of
+ * 512 MiB or more (Redis's own bulk limit) -> -EINVAL.
  * Faults are logged once per shard per cause (and again after a minute), and "answers
  * again" once it recovers; the password never reaches a log line.
  */
