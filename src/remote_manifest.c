@@ -97,21 +97,38 @@ static int build(int err, struct kc_argv *p, char **manifest, size_t *mlen, char
 	return 0;
 }
 
-int kc_manifest_toolkit_root(const char *nvcc_path, char *root, size_t rootlen)
+/* realpath of dir into root if it is laid out as a CUDA toolkit (include/cuda.h, or
+ * targets/ as the packages lay it out). Returns 0 or -ENOENT. */
+static int toolkit_at(const char *dir, char *root, size_t rootlen)
 {
-	char real[PATH_MAX];
-	if (!realpath(nvcc_path, real))
-		return -errno;
-	for (int up = 0; up < 2; up++) {
-		char *slash = strrchr(real, '/');
-		if (!slash || slash == real)
-			return -EINVAL;
-		*slash = '\0';
-	}
-	if (strlen(real) >= rootlen)
-		return -ENAMETOOLONG;
+	char real[PATH_MAX], probe[PATH_MAX + 32];
+	struct stat st;
+	if (!realpath(dir, real))
+		return -ENOENT;
+	snprintf(probe, sizeof(probe), "%s/include/cuda.h", real);
+	int is = stat(probe, &st) == 0;
+	snprintf(probe, sizeof(probe), "%s/targets", real);
+	is = is || (stat(probe, &st) == 0 && S_ISDIR(st.st_mode));
+	if (!is || strlen(real) >= rootlen)
+		return -ENOENT;
 	strcpy(root, real);
 	return 0;
+}
+
+int kc_manifest_toolkit_root(const char *nvcc_path, const char *fallback, char *root,
+			     size_t rootlen)
+{
+	char real[PATH_MAX + 8];
+	if (realpath(nvcc_path, real)) {
+		for (int up = 0; up < 2; up++) {
+			char *slash = strrchr(real, '/');
+			if (slash && slash != real)
+				*slash = '\0';
+		}
+		if (toolkit_at(real, root, rootlen) == 0)
+			return 0;
+	}
+	return fallback ? toolkit_at(fallback, root, rootlen) : -ENOENT;
 }
 
 static int blank(char ch)

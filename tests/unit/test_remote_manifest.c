@@ -53,10 +53,18 @@ int main(void)
 	kc_sha256_buf("#define A 1\n", 12, ha);
 	kc_sha256_buf("#define B 2\n", 12, hb);
 
-	char root_of[256];
+	char root_of[256], path_[256];
+	put("inc/nvcc-wrapper", "", 0755);
 	snprintf(d, sizeof(d), "%s/tk/bin/nvcc", root);
-	CHECK(kc_manifest_toolkit_root(d, root_of, sizeof(root_of)) == 0 &&
+	CHECK(kc_manifest_toolkit_root(d, NULL, root_of, sizeof(root_of)) == -ENOENT,
+	      "no toolkit layout around the nvcc, no fallback: no toolkit root");
+	snprintf(path_, sizeof(path_), "%s/tk/targets", root);
+	mkdir(path_, 0755);
+	CHECK(kc_manifest_toolkit_root(d, NULL, root_of, sizeof(root_of)) == 0 &&
 		      strcmp(root_of, tk) == 0, "toolkit root is the nvcc's directory's parent");
+	snprintf(path_, sizeof(path_), "%s/inc/nvcc-wrapper", root);
+	CHECK(kc_manifest_toolkit_root(path_, tk, root_of, sizeof(root_of)) == 0 &&
+		      strcmp(root_of, tk) == 0, "a wrapper elsewhere: the fallback toolkit");
 
 	snprintf(deps, sizeof(deps),
 		 "/proc/self/cwd/kernel.cubin : /proc/self/cwd/kernel.cu \\\n"
