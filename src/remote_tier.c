@@ -374,11 +374,18 @@ static enum found look(struct kc_remote_tier *t, struct kc_remote_job *rj)
 	return FOUND_CUBIN;
 }
 
-/* Try to take the lease. Returns 0 taken, -EBUSY (*state says why), or a fault. */
+/* Try to take the lease. Returns 0 taken, -EBUSY (*state says why), or a fault. A
+ * read-only node takes none (it compiles what it does not find, unannounced) but waits
+ * for a holder all the same: -EBUSY while one holds the key, else -EIO. */
 static int take(struct kc_remote_tier *t, struct kc_remote_job *rj, enum kc_lease_state *state)
 {
-	if (t->read_only || !store_usable(t))
-		return -EIO; /* a read-only node compiles what it does not find, unannounced */
+	if (!store_usable(t))
+		return -EIO;
+	if (t->read_only) {
+		int err = t->b->ops->lease_peek(t->b, rj->mkey, state);
+		outcome(t, FAULT_LEASE, err, 0, "peek");
+		return err == 0 && *state != KC_LEASE_NONE ? -EBUSY : -EIO;
+	}
 	int err = t->b->ops->lease_take(t->b, rj->mkey, rj->token, t->lease_ms, state);
 	outcome(t, FAULT_LEASE, err, 0, "take");
 	return err;

@@ -294,3 +294,30 @@ def test_store_gone_mid_run(cluster):
     assert s["compiles_total"] == KERNELS
     assert s["remote_lease_errors_total"] + s["remote_put_errors_total"] > 0
     assert s["remote_misses_total"] == KERNELS and s["remote_hits_total"] == 0
+    assert "faults in a row" in m.daemon_log()  # the breaker opened, and said so
+    assert s["remote_up"] == 0
+
+
+def test_waiter_hedges_after_remote_wait(cluster):
+    """A holder that stays alive but does not finish: the waiter compiles itself after
+    remote_wait; the holder's later object does not replace the first one stored."""
+    cluster.gate.write_text("")
+    a = cluster.node("a")
+    b = cluster.node("b", ["remote_wait=1"])
+    pa = stage_all(cluster, a, [0])[0]
+    pb = stage_all(cluster, b, [0])[0]
+    opener_a = subprocess.Popen(["cat", str(pa)], stdout=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while not cluster.compiles():
+        assert time.monotonic() < deadline, a.daemon_log()
+        time.sleep(0.05)
+    rb = read_result(pb)
+    assert rb[0] == "ok"
+    s = b.stats()
+    assert s["remote_lease_waits_total"] == 1 and s["remote_hedged_total"] == 1
+    assert s["compiles_total"] == 1
+    cluster.gate.unlink()
+    opener_a.communicate(timeout=120)
+    assert read_result(pa)[0] == "ok"
+    assert len(cluster.compiles()) == 2
+    assert len(cluster.objects(b"cubin")) == 1  # the first stored won
