@@ -11,11 +11,10 @@ import os
 import random
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
-from conftest import NVCC, Mount, read_result, run_parallel, write_script
+from conftest import KERNELS as SAMPLES, NVCC, Mount, read_result, run_parallel, write_script
 
 KERNELS = 8
 INC_HEADER = "kc_cluster.h"
@@ -321,3 +320,22 @@ def test_waiter_hedges_after_remote_wait(cluster):
     assert read_result(pa)[0] == "ok"
     assert len(cluster.compiles()) == 2
     assert len(cluster.objects(b"cubin")) == 1  # the first stored won
+
+
+def test_real_nvcc_shares_with_its_header_manifest(mount_factory, tmp_path, counting_nvcc):
+    """Real nvcc in the compile sandbox: its dependency file gives the -I header (and no
+    toolkit header), and the second node fetches instead of compiling."""
+    make, calls = counting_nvcc
+    opts = ["remote=dir:%s" % (tmp_path / "store"), "nvcc=%s" % make()]
+    a, b = mount_factory(opts, name="a"), mount_factory(opts, name="b")
+    src = b'#include <kc_test/scale.cuh>\nextern "C" __global__ void k(float *x) { x[0] = 1; }\n'
+    flags = ("-O3\n-I%s\n" % (SAMPLES / "include")).encode()
+    ra = read_result(a.stage("k", src, flags) / "kernel.cubin")
+    rb = read_result(b.stage("k", src, flags) / "kernel.cubin")
+    assert ra[0] == "ok" and ra == rb
+    assert calls() == 1
+    assert b.stats()["remote_hits_total"] == 1
+    index = [p.read_bytes() for p in (tmp_path / "store" / "objects").glob("*/*")
+             if p.read_bytes()[19:25] == b"index "]
+    assert len(index) == 1 and b"/kc_test/scale.cuh\n" in index[0]
+    assert b"cuda_runtime" not in index[0], "a toolkit header in the manifest"
