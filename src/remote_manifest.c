@@ -37,16 +37,19 @@ static int under(const char *path, const char *dir)
 	return n && strncmp(path, dir, n) == 0 && (path[n] == '/' || path[n] == '\0');
 }
 
-/* Hash one header as remote_manifest.h says. Returns 0 or -errno with why filled. */
-static int hash_header(const char *path, char hex[KC_SHA256_HEXLEN + 1], char *why,
-		       size_t whylen)
+/* Hash one header as remote_manifest.h says, adding its size to *total. Returns 0 or
+ * -errno with why filled. */
+static int hash_header(const char *path, char hex[KC_SHA256_HEXLEN + 1], uint64_t *total,
+		       char *why, size_t whylen)
 {
 	struct stat st;
-	int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
-	int err = fd < 0 ? -errno : fstat(fd, &st) != 0 ? -errno : 0;
+	int pseudo = under(path, "/proc") || under(path, "/sys") || under(path, "/dev");
+	int fd = pseudo ? -1 : open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+	int err = pseudo ? -EACCES : fd < 0 ? -errno : fstat(fd, &st) != 0 ? -errno : 0;
 	if (!err && (!S_ISREG(st.st_mode) || !(st.st_mode & S_IROTH)))
 		err = -EACCES;
-	else if (!err && (uint64_t)st.st_size > KC_MANIFEST_MAX_HEADER)
+	else if (!err && ((uint64_t)st.st_size > KC_MANIFEST_MAX_HEADER ||
+			  (*total += (uint64_t)st.st_size) > KC_MANIFEST_MAX_TOTAL))
 		err = -EFBIG;
 	if (!err)
 		err = kc_sha256_fd(fd, hex, NULL);
@@ -78,11 +81,12 @@ static int build(int err, struct kc_argv *p, char **manifest, size_t *mlen, char
 		kc_argv_free(p);
 		return -ENOMEM;
 	}
+	uint64_t total = 0;
 	for (size_t i = 0; i < p->n && !err; i++) {
 		char hex[KC_SHA256_HEXLEN + 1];
 		if (i && strcmp(p->v[i], p->v[i - 1]) == 0)
 			continue;
-		if (!(err = hash_header(p->v[i], hex, why, whylen)))
+		if (!(err = hash_header(p->v[i], hex, &total, why, whylen)))
 			fprintf(f, "%s %s\n", hex, p->v[i]);
 	}
 	if (fclose(f) != 0 && !err)

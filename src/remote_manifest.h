@@ -11,8 +11,8 @@
  * (remote_tier.c), as a header they include could differ between nodes unseen.
  *
  * Hashing reads files as the daemon: only regular files that everyone may read (mode o+r;
- * what an unprivileged compile could have read) of at most KC_MANIFEST_MAX_HEADER bytes
- * are hashed, so that an index object from the store cannot make the daemon fingerprint a
+ * what an unprivileged compile could have read), outside /proc, /sys and /dev, of at most
+ * KC_MANIFEST_MAX_HEADER bytes each and KC_MANIFEST_MAX_TOTAL in all are hashed, so that an index object from the store cannot make the daemon fingerprint a
  * private file.
  */
 #ifndef KC_REMOTE_MANIFEST_H
@@ -22,6 +22,7 @@
 
 #define KC_MANIFEST_MAX_HEADER (64u << 20) /* bytes of one header hashed, at most */
 #define KC_MANIFEST_MAX_HEADERS 20000      /* headers of one compile, at most */
+#define KC_MANIFEST_MAX_TOTAL (512u << 20) /* bytes of all headers of one manifest hashed */
 
 /* Build the manifest of a compile from its dependency file (deps/len, make syntax: the
  * first target's prerequisites; "\ " escapes a blank, "$$" a '$', backslash-newline joins

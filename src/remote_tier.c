@@ -313,7 +313,7 @@ enum found { FOUND_NONE, FOUND_CUBIN, FOUND_OTHER_HEADERS, FOUND_FAULT };
  * headers, the object under the key of that manifest, verified. */
 static enum found look(struct kc_remote_tier *t, struct kc_remote_job *rj)
 {
-	char *data = NULL, *mine = NULL, why[400], okey[KC_SHA256_HEXLEN + 1];
+	char *data = NULL, *mine = NULL, why[400] = "", okey[KC_SHA256_HEXLEN + 1];
 	size_t len = 0, mlen = 0;
 	struct kc_object idx;
 	double t0 = now_s();

@@ -109,6 +109,9 @@ int main(void)
 	snprintf(deps, sizeof(deps), "x: /dev/zero\n");
 	CHECK(kc_manifest_from_deps(deps, strlen(deps), NULL, NULL, &m, &ml, why, sizeof(why)) ==
 		      -EACCES, "a device is not hashed");
+	snprintf(deps, sizeof(deps), "x: /proc/self/cmdline\n");
+	CHECK(kc_manifest_from_deps(deps, strlen(deps), NULL, NULL, &m, &ml, why, sizeof(why)) ==
+		      -EACCES, "a file of /proc (regular, readable by all) is not hashed");
 
 	char cmd[128];
 	snprintf(cmd, sizeof(cmd), "rm -rf %s", root);
