@@ -35,11 +35,13 @@ def template(tmp_path_factory):
 
 
 class Cluster:
-    """Fake compilers, a shared store directory, and nodes mounted on it."""
+    """The fake compiler, a shared store (a dir: store in tmp_path unless url names
+    another, e.g. a Redis server of the test's), and nodes mounted on it."""
 
-    def __init__(self, tmp_path, template):
+    def __init__(self, tmp_path, template, url=None):
         self.tmp = tmp_path
         self.store = tmp_path / "store"
+        self.url = url or "dir:%s" % self.store
         self.log = tmp_path / "compiles"
         self.log.write_text("")
         os.chmod(self.log, 0o666)  # compiles run as uids of their own
@@ -75,7 +77,7 @@ class Cluster:
             % (NVCC, self.log, INC_HEADER, wait, template))
 
     def node(self, name, extra=()):
-        opts = ["remote=dir:%s" % self.store, "nvcc=%s" % self.fake,
+        opts = ["remote=%s" % self.url, "nvcc=%s" % self.fake,
                 "remote_timeout=5000"] + list(extra)
         root = self.tmp / name
         root.mkdir(exist_ok=True)
@@ -96,7 +98,7 @@ class Cluster:
             assert not os.path.ismount(m.mnt), "mount left behind"
 
     def objects(self, kind):
-        """Paths of the stored objects of kind (b"cubin" or b"index")."""
+        """Paths of the stored objects of kind (b"cubin" or b"index"); dir: store only."""
         out = []
         for p in sorted((self.store / "objects").glob("*/*")):
             if p.name.startswith("."):
