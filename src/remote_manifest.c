@@ -76,7 +76,8 @@ static int build(int err, struct kc_argv *p, char **manifest, size_t *mlen, char
 		kc_argv_free(p);
 		return err;
 	}
-	qsort(p->v, p->n, sizeof(*p->v), cmp_path);
+	if (p->n)
+		qsort(p->v, p->n, sizeof(*p->v), cmp_path);
 	if (!(f = open_memstream(&out, &len))) {
 		kc_argv_free(p);
 		return -ENOMEM;
