@@ -59,7 +59,6 @@ static int fault(int e)
 	switch (e) {
 	case ENOENT:
 	case ESTALE:
-	case ENOTDIR:
 		return -ENOENT;
 	case ENOSPC:
 	case EDQUOT:

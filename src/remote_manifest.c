@@ -37,16 +37,19 @@ static int under(const char *path, const char *dir)
 	return n && strncmp(path, dir, n) == 0 && (path[n] == '/' || path[n] == '\0');
 }
 
-/* Hash one header as remote_manifest.h says. Returns 0 or -errno with why filled. */
-static int hash_header(const char *path, char hex[KC_SHA256_HEXLEN + 1], char *why,
-		       size_t whylen)
+/* Hash one header as remote_manifest.h says, adding its size to *total. Returns 0 or
+ * -errno with why filled. */
+static int hash_header(const char *path, char hex[KC_SHA256_HEXLEN + 1], uint64_t *total,
+		       char *why, size_t whylen)
 {
 	struct stat st;
-	int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
-	int err = fd < 0 ? -errno : fstat(fd, &st) != 0 ? -errno : 0;
+	int pseudo = under(path, "/proc") || under(path, "/sys") || under(path, "/dev");
+	int fd = pseudo ? -1 : open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+	int err = pseudo ? -EACCES : fd < 0 ? -errno : fstat(fd, &st) != 0 ? -errno : 0;
 	if (!err && (!S_ISREG(st.st_mode) || !(st.st_mode & S_IROTH)))
 		err = -EACCES;
-	else if (!err && (uint64_t)st.st_size > KC_MANIFEST_MAX_HEADER)
+	else if (!err && ((uint64_t)st.st_size > KC_MANIFEST_MAX_HEADER ||
+			  (*total += (uint64_t)st.st_size) > KC_MANIFEST_MAX_TOTAL))
 		err = -EFBIG;
 	if (!err)
 		err = kc_sha256_fd(fd, hex, NULL);
@@ -73,16 +76,18 @@ static int build(int err, struct kc_argv *p, char **manifest, size_t *mlen, char
 		kc_argv_free(p);
 		return err;
 	}
-	qsort(p->v, p->n, sizeof(*p->v), cmp_path);
+	if (p->n)
+		qsort(p->v, p->n, sizeof(*p->v), cmp_path);
 	if (!(f = open_memstream(&out, &len))) {
 		kc_argv_free(p);
 		return -ENOMEM;
 	}
+	uint64_t total = 0;
 	for (size_t i = 0; i < p->n && !err; i++) {
 		char hex[KC_SHA256_HEXLEN + 1];
 		if (i && strcmp(p->v[i], p->v[i - 1]) == 0)
 			continue;
-		if (!(err = hash_header(p->v[i], hex, why, whylen)))
+		if (!(err = hash_header(p->v[i], hex, &total, why, whylen)))
 			fprintf(f, "%s %s\n", hex, p->v[i]);
 	}
 	if (fclose(f) != 0 && !err)
@@ -97,21 +102,38 @@ static int build(int err, struct kc_argv *p, char **manifest, size_t *mlen, char
 	return 0;
 }
 
-int kc_manifest_toolkit_root(const char *nvcc_path, char *root, size_t rootlen)
+/* realpath of dir into root if it is laid out as a CUDA toolkit (include/cuda.h, or
+ * targets/ as the packages lay it out). Returns 0 or -ENOENT. */
+static int toolkit_at(const char *dir, char *root, size_t rootlen)
 {
-	char real[PATH_MAX];
-	if (!realpath(nvcc_path, real))
-		return -errno;
-	for (int up = 0; up < 2; up++) {
-		char *slash = strrchr(real, '/');
-		if (!slash || slash == real)
-			return -EINVAL;
-		*slash = '\0';
-	}
-	if (strlen(real) >= rootlen)
-		return -ENAMETOOLONG;
+	char real[PATH_MAX], probe[PATH_MAX + 32];
+	struct stat st;
+	if (!realpath(dir, real))
+		return -ENOENT;
+	snprintf(probe, sizeof(probe), "%s/include/cuda.h", real);
+	int is = stat(probe, &st) == 0;
+	snprintf(probe, sizeof(probe), "%s/targets", real);
+	is = is || (stat(probe, &st) == 0 && S_ISDIR(st.st_mode));
+	if (!is || strlen(real) >= rootlen)
+		return -ENOENT;
 	strcpy(root, real);
 	return 0;
+}
+
+int kc_manifest_toolkit_root(const char *nvcc_path, const char *fallback, char *root,
+			     size_t rootlen)
+{
+	char real[PATH_MAX + 8];
+	if (realpath(nvcc_path, real)) {
+		for (int up = 0; up < 2; up++) {
+			char *slash = strrchr(real, '/');
+			if (slash && slash != real)
+				*slash = '\0';
+		}
+		if (toolkit_at(real, root, rootlen) == 0)
+			return 0;
+	}
+	return fallback ? toolkit_at(fallback, root, rootlen) : -ENOENT;
 }
 
 static int blank(char ch)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Mount, read_result, run_parallel
+from conftest import read_result, run_parallel
 from test_remote import (KERNELS, Cluster, read_all_kernels, stage_all, template,  # noqa: F401
                          test_cluster_compiles_each_kernel_once as cluster_once, total)
 
@@ -92,19 +92,8 @@ class RedisCluster(Cluster):
     """test_remote.py's Cluster with Redis shards as its store."""
 
     def __init__(self, tmp_path, template, servers):
-        super().__init__(tmp_path, template)
+        super().__init__(tmp_path, template, "|".join(s.url for s in servers))
         self.servers = servers
-
-    def node(self, name, extra=()):
-        opts = ["remote=%s" % "|".join(s.url for s in self.servers),
-                "nvcc=%s" % self.fake] + list(extra)
-        if not any(o.startswith("remote_timeout=") for o in extra):
-            opts.append("remote_timeout=5000")
-        root = self.tmp / name
-        root.mkdir(exist_ok=True)
-        m = Mount(root, opts)
-        self.nodes.append(m)
-        return m.start()
 
     def objects(self, kind):
         """Names of the stored objects of kind (b"cubin" or b"index"), on every live shard."""

@@ -263,7 +263,7 @@ static void test_nvcc(const char *cubin_copy)
 	      "nvcc -MD in the sandbox: the dependency file lists the -I header and the source");
 	if (r.out.status != KC_COMPILE_OK)
 		show(&r);
-	CHECK(kc_manifest_toolkit_root(NVCC, root, sizeof(root)) == 0 && r.out.deps &&
+	CHECK(kc_manifest_toolkit_root(NVCC, NULL, root, sizeof(root)) == 0 && r.out.deps &&
 		      kc_manifest_from_deps(r.out.deps, r.out.deps_len, KC_COMPILE_CWD, root, &m,
 					    &ml, why, sizeof(why)) == 0 &&
 		      memmem(m, ml, "/kc_test/scale.cuh\n", 19) && !memmem(m, ml, "cuda_fp16", 9) &&

@@ -53,10 +53,18 @@ int main(void)
 	kc_sha256_buf("#define A 1\n", 12, ha);
 	kc_sha256_buf("#define B 2\n", 12, hb);
 
-	char root_of[256];
+	char root_of[256], path_[256];
+	put("inc/nvcc-wrapper", "", 0755);
 	snprintf(d, sizeof(d), "%s/tk/bin/nvcc", root);
-	CHECK(kc_manifest_toolkit_root(d, root_of, sizeof(root_of)) == 0 &&
+	CHECK(kc_manifest_toolkit_root(d, NULL, root_of, sizeof(root_of)) == -ENOENT,
+	      "no toolkit layout around the nvcc, no fallback: no toolkit root");
+	snprintf(path_, sizeof(path_), "%s/tk/targets", root);
+	mkdir(path_, 0755);
+	CHECK(kc_manifest_toolkit_root(d, NULL, root_of, sizeof(root_of)) == 0 &&
 		      strcmp(root_of, tk) == 0, "toolkit root is the nvcc's directory's parent");
+	snprintf(path_, sizeof(path_), "%s/inc/nvcc-wrapper", root);
+	CHECK(kc_manifest_toolkit_root(path_, tk, root_of, sizeof(root_of)) == 0 &&
+		      strcmp(root_of, tk) == 0, "a wrapper elsewhere: the fallback toolkit");
 
 	snprintf(deps, sizeof(deps),
 		 "/proc/self/cwd/kernel.cubin : /proc/self/cwd/kernel.cu \\\n"
@@ -101,6 +109,9 @@ int main(void)
 	snprintf(deps, sizeof(deps), "x: /dev/zero\n");
 	CHECK(kc_manifest_from_deps(deps, strlen(deps), NULL, NULL, &m, &ml, why, sizeof(why)) ==
 		      -EACCES, "a device is not hashed");
+	snprintf(deps, sizeof(deps), "x: /proc/self/cmdline\n");
+	CHECK(kc_manifest_from_deps(deps, strlen(deps), NULL, NULL, &m, &ml, why, sizeof(why)) ==
+		      -EACCES, "a file of /proc (regular, readable by all) is not hashed");
 
 	char cmd[128];
 	snprintf(cmd, sizeof(cmd), "rm -rf %s", root);
