@@ -25,12 +25,15 @@
 #include "fs.h"
 #include "kc_build.h"
 #include "log.h"
+#include "remote_tier.h"
 
 struct kc_opts {
 	char *backing;
 	char *nvcc, *arch, *flags, *log_level, *compiler;
 	char *jobs, *compile_timeout, *max_source_size, *max_inodes; /* numbers, checked in main */
 	char *max_size, *max_entries, *compile_uids;
+	char *remote, *remote_auth, *remote_key, *remote_mode; /* the cluster store */
+	char *remote_lease, *remote_wait, *remote_timeout;
 	int autocompile, verify_keys;
 };
 
@@ -50,6 +53,13 @@ static const struct fuse_opt kc_opt_spec[] = {
 	OPT("autocompile", autocompile),
 	OPT("verify_keys", verify_keys),
 	OPT("compile_uids=%s", compile_uids),
+	OPT("remote=%s", remote),
+	OPT("remote_auth=%s", remote_auth),
+	OPT("remote_key=%s", remote_key),
+	OPT("remote_mode=%s", remote_mode),
+	OPT("remote_lease=%s", remote_lease),
+	OPT("remote_wait=%s", remote_wait),
+	OPT("remote_timeout=%s", remote_timeout),
 	FUSE_OPT_END,
 };
 
@@ -124,9 +134,23 @@ static void usage(const char *prog)
 	       "    -o max_inodes=N        inodes kept for the kernel before it is asked to\n"
 	       "                           forget the least recently used (default: a quarter\n"
 	       "                           of the open file limit)\n"
+	       "    -o remote=URL          share compiled cubins with the other nodes of a cluster\n"
+	       "                           through a store: dir:PATH (a shared filesystem),\n"
+	       "                           redis://HOST[:PORT][/DB], redis+unix:///PATH[?db=N],\n"
+	       "                           several redis URLs joined by | (shards)\n"
+	       "    -o remote_auth=FILE    Redis \"USER PASSWORD\" or \"PASSWORD\" (root's, mode 600)\n"
+	       "    -o remote_key=FILE     cluster secret (root's, mode 600): objects are signed\n"
+	       "                           (HMAC-SHA256) and unsigned ones refused\n"
+	       "    -o remote_mode=rw|ro   ro: use the store's objects, never write it (default rw)\n"
+	       "    -o remote_lease=S      a compile's lease on its key, renewed while it runs;\n"
+	       "                           a dead holder's expires after S s (default %d)\n"
+	       "    -o remote_wait=S       wait at most S s for another node's compile, then\n"
+	       "                           compile here (default %d)\n"
+	       "    -o remote_timeout=MS   bound of each store operation (default %d)\n"
 	       "    -o log_level=LEVEL     error, warning, info (default) or debug\n\n",
 	       prog, KC_DEFAULT_ARCH, KC_DEFAULT_COMPILE_TIMEOUT, KC_DEFAULT_COMPILE_UIDS,
-	       KC_DEFAULT_MAX_SOURCE);
+	       KC_DEFAULT_MAX_SOURCE, KC_REMOTE_DEFAULT_LEASE, KC_REMOTE_DEFAULT_WAIT,
+	       KC_REMOTE_DEFAULT_TIMEOUT);
 	fuse_cmdline_help();
 	fuse_lowlevel_help();
 }
@@ -272,6 +296,7 @@ int main(int argc, char *argv[])
 	struct fuse_cmdline_opts cmd = {0};
 	struct kc_opts o = {0};
 	struct kc_fs *fs = NULL;
+	struct kc_remote_tier *remote = NULL;
 	enum kc_log_level level = KC_LOG_INFO;
 	char why[1024];
 	int ret = 1;
@@ -311,12 +336,27 @@ int main(int argc, char *argv[])
 		goto out_args;
 	clock_gettime(CLOCK_REALTIME, &fs->started);
 	unsigned long jobs = 0, timeout = 0, max_source = 0, max_inodes = 0, max_entries = 0;
+	unsigned long remote_lease = 0, remote_wait = 0, remote_timeout = 0;
 	uint64_t max_size = 0;
 	if (parse_number("jobs", o.jobs, 1, KC_COMPILE_SLOTS, &jobs) ||
 	    parse_number("compile_timeout", o.compile_timeout, 1, 7 * 86400, &timeout) ||
 	    parse_number("max_source_size", o.max_source_size, 1, 1ul << 30, &max_source) ||
 	    parse_number("max_inodes", o.max_inodes, 16, 1ul << 30, &max_inodes) ||
-	    parse_number("max_entries", o.max_entries, 1, 1ul << 40, &max_entries)) {
+	    parse_number("max_entries", o.max_entries, 1, 1ul << 40, &max_entries) ||
+	    parse_number("remote_lease", o.remote_lease, 1, 86400, &remote_lease) ||
+	    parse_number("remote_wait", o.remote_wait, 1, 7 * 86400, &remote_wait) ||
+	    parse_number("remote_timeout", o.remote_timeout, 1, 600000, &remote_timeout)) {
+		ret = 2;
+		goto out_cfg;
+	}
+	if (o.remote_mode && strcmp(o.remote_mode, "rw") != 0 && strcmp(o.remote_mode, "ro") != 0) {
+		fprintf(stderr, "kcachefs: remote_mode=%s: must be rw or ro\n", o.remote_mode);
+		ret = 2;
+		goto out_cfg;
+	}
+	if (!o.remote && (o.remote_auth || o.remote_key || o.remote_mode || o.remote_lease ||
+			  o.remote_wait || o.remote_timeout)) {
+		fprintf(stderr, "kcachefs: remote_* options need -o remote=URL\n");
 		ret = 2;
 		goto out_cfg;
 	}
@@ -375,6 +415,19 @@ int main(int argc, char *argv[])
 		goto out_cfg;
 	}
 	warn_if_reachable(fs->store.root_path);
+	if (o.remote) {
+		struct kc_remote_opts ro = {
+			.url = o.remote, .auth_file = o.remote_auth, .key_file = o.remote_key,
+			.read_only = o.remote_mode && strcmp(o.remote_mode, "ro") == 0,
+			.lease_s = (unsigned)remote_lease, .wait_s = (unsigned)remote_wait,
+			.timeout_ms = (unsigned)remote_timeout,
+		};
+		if (kc_remote_tier_open(&ro, fs->cfg.nvcc, &fs->cache.stats, &remote, why,
+					sizeof(why)) != 0) {
+			fprintf(stderr, "kcachefs: %s\n", why);
+			goto out_store;
+		}
+	}
 	unsigned long fd_limit = raise_fd_limit();
 	if (kc_inode_table_init(&fs->inodes, fs->store.root_fd) != 0)
 		goto out_store;
@@ -417,6 +470,7 @@ int main(int argc, char *argv[])
 	/* Threads start after daemonizing (fork keeps only the calling thread). */
 	int started = kc_cache_init(&fs->cache, &fs->cfg, &fs->store) == 0;
 	fs->cache.evict = &fs->evict; /* every publish is told to the index */
+	fs->cache.remote = remote;
 	if (!started || kc_notifier_start(&fs->notifier, fs->se, &fs->inodes, &fs->store) != 0 ||
 	    kc_sweeper_start(fs) != 0 || kc_evict_start(&fs->evict) != 0) {
 		kc_log(KC_LOG_ERR, "cannot start worker threads");
@@ -458,6 +512,7 @@ out_session:
 	kc_evict_destroy(&fs->evict);
 	kc_inode_table_destroy(&fs->inodes);
 out_store:
+	kc_remote_tier_close(remote);
 	kc_store_close(&fs->store);
 out_cfg:
 	if (fs->se)
@@ -479,6 +534,13 @@ out_args:
 	free(o.max_size);
 	free(o.max_entries);
 	free(o.compile_uids);
+	free(o.remote);
+	free(o.remote_auth);
+	free(o.remote_key);
+	free(o.remote_mode);
+	free(o.remote_lease);
+	free(o.remote_wait);
+	free(o.remote_timeout);
 	fuse_opt_free_args(&args);
 	return ret;
 }

@@ -66,7 +66,7 @@ if [ "${KCACHEFS_TEST_QUICK:-0}" != 1 ]; then
 	[ -f build-fuzz/build.ninja ] || CC=clang meson setup build-fuzz -Dfuzz=true -Dbuildtype=debug \
 		-Db_sanitize=address,undefined -Db_lundef=false -Dc_args=-fno-sanitize-recover=all >/dev/null
 	if ninja -C build-fuzz >/dev/null; then
-		for t in name flags flags_file; do
+		for t in name flags flags_file redis_url; do
 			mkdir -p "$base/corpus-$t"
 			if build-fuzz/tests/fuzz_$t -max_total_time="${FUZZ_SECONDS:-60}" -print_final_stats=1 \
 				-artifact_prefix="$base/crash-$t-" "$base/corpus-$t" "tests/fuzz/corpus/$t" \

@@ -19,6 +19,7 @@
 #include "key.h"
 #include "log.h"
 #include "recipe.h"
+#include "remote_tier.h"
 
 struct verified {
 	dev_t dev;
@@ -151,6 +152,8 @@ int kc_cache_init(struct kc_cache *c, const struct kc_config *cfg, struct kc_sto
 void kc_cache_shutdown(struct kc_cache *c)
 {
 	kc_compile_shutdown();
+	if (c->remote)
+		kc_remote_tier_stop(c->remote); /* compiles waiting on other nodes go on here */
 	if (c->pool)
 		kc_pool_destroy(c->pool);
 	c->pool = NULL;
@@ -462,6 +465,27 @@ static int publish(struct compile_job *j, int fd, const char *tmp_name, const ch
 	return 0;
 }
 
+/* Publish a cubin fetched from the cluster store (rj, verified) through the temporary
+ * out_fd/out_name, as a compile's is published. Returns publish's result. */
+static int publish_fetched(struct compile_job *j, struct kc_remote_job *rj, int out_fd,
+			   const char *out_name, const char *label)
+{
+	char head[1024];
+	uint64_t bytes = 0;
+	int result = kc_write_all(out_fd, rj->obj.cubin, rj->obj.cubin_len) == 0
+			     ? publish(j, out_fd, out_name, label, &bytes)
+			     : -EIO;
+	snprintf(head, sizeof(head), "kcachefs: compile %s: %s from the cluster store (%s), "
+		 "%zu bytes, not compiled here\n", label,
+		 result == 0 ? "fetched" : "fetched but not published", rj->where,
+		 rj->obj.cubin_len);
+	if (result != -EAGAIN)
+		write_log(j->c, j->entry_fd, head, NULL, 0);
+	kc_log(result == 0 ? KC_LOG_INFO : KC_LOG_WARN, "%.*s", (int)strlen(head) - 11, head + 10);
+	j->transient = result == -EIO;
+	return result;
+}
+
 static int run_compile(struct compile_job *j)
 {
 	struct kc_cache *c = j->c;
@@ -535,11 +559,18 @@ static int run_compile(struct compile_job *j)
 		atomic_fetch_add(&c->stats.compile_failures, 1);
 		return -EIO;
 	}
+	struct kc_remote_job rj;
+	if (kc_remote_tier_fetch(c->remote, j->recipe.hash, !nvrtc, &rj) == 1) {
+		kc_argv_free(&args);
+		result = publish_fetched(j, &rj, out_fd, out_name, label);
+		kc_remote_job_free(&rj);
+		goto done;
+	}
 	struct kc_compile_spec spec = {
 		.nvcc = compiler, .args = &args, .source = j->recipe.source,
 		.source_len = j->recipe.source_len, .scratch = scratch, .scratch_fd = scratch_fd,
 		.timeout_s = cfg->compile_timeout, .first_uid = cfg->compile_uids,
-		.ns_flags = cfg->ns_flags, .out_fd = out_fd,
+		.ns_flags = cfg->ns_flags, .out_fd = out_fd, .want_deps = rj.active,
 	};
 	if (kc_compile_run(&spec, &out) != 0) {
 		out.status = KC_COMPILE_TRANSIENT;
@@ -567,6 +598,8 @@ static int run_compile(struct compile_job *j)
 			atomic_fetch_add(&c->stats.published_bytes, bytes);
 		}
 	}
+	kc_remote_tier_finish(c->remote, &rj, result == 0, out.status == KC_COMPILE_REJECTED,
+			      out_fd, out.deps, out.deps_len);
 	if (result != 0 && result != -EAGAIN)
 		atomic_fetch_add(&c->stats.compile_failures, 1);
 	const char *kind = out.status == KC_COMPILE_OK
@@ -581,6 +614,7 @@ static int run_compile(struct compile_job *j)
 	j->transient = out.status != KC_COMPILE_REJECTED && result == -EIO;
 	kc_log(result == 0 ? KC_LOG_INFO : KC_LOG_WARN, "%.*s", (int)strlen(head) - 11, head + 10);
 	kc_compile_outcome_free(&out);
+done:
 	close(out_fd);
 	if (result != 0)
 		unlinkat(c->store->tmp_fd, out_name, 0);
@@ -1003,4 +1037,5 @@ void kc_cache_gauges(struct kc_cache *c, struct kc_stats_gauges *g)
 {
 	kc_pool_load(c->pool, &g->queued, &g->inflight);
 	g->flights = kc_flight_count(&c->flights);
+	g->remote_up = c->remote ? (unsigned)kc_remote_tier_up(c->remote) : 0;
 }

@@ -15,6 +15,7 @@
 #include "flight.h"
 #include "name.h"
 #include "pool.h"
+#include "remote_tier.h"
 #include "stats.h"
 #include "store.h"
 
@@ -33,6 +34,7 @@ struct kc_cache {
 	struct holdoff *holdoffs;    /* recent passing failures, see KC_RETRY_HOLDOFF */
 	struct kc_evict *evict;      /* borrowed, may be NULL: told of every publish */
 	atomic_int compiler_changed; /* the compiler identity changed during this mount */
+	struct kc_remote_tier *remote; /* borrowed, may be NULL: the cluster store */
 };
 
 /* Seconds after a compile failed for a passing cause (timeout, killed, out of space) during

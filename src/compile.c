@@ -25,7 +25,6 @@
 
 #define LOG_MAX (1u << 20)
 #define LOG_TAIL (64u << 10) /* of a cut output, the end kept */
-#define KC_COMPILE_CWD "/proc/self/cwd" /* the scratch directory as the compiler sees it */
 #ifndef EM_CUDA
 #define EM_CUDA 190
 #endif
@@ -172,6 +171,34 @@ static void log_with_scratch(struct kc_compile_outcome *out, const char *scratch
 	out->log_len = used;
 }
 
+/* The checks of a cubin's ELF header eh (whatever of it was read: have bytes) against the
+ * file's size. */
+static int elf_check(const Elf64_Ehdr *eh, size_t have, unsigned long long size, char *why,
+		     size_t whylen)
+{
+	if (size == 0) {
+		snprintf(why, whylen, "cubin is empty");
+		return -EINVAL;
+	}
+	if (have < sizeof(*eh) || memcmp(eh->e_ident, ELFMAG, SELFMAG) != 0 ||
+	    eh->e_ident[EI_CLASS] != ELFCLASS64) {
+		snprintf(why, whylen, "cubin is not a 64-bit ELF file (%llu bytes)", size);
+		return -EINVAL;
+	}
+	if (eh->e_machine != EM_CUDA) {
+		snprintf(why, whylen, "ELF machine is %u, not EM_CUDA", eh->e_machine);
+		return -EINVAL;
+	}
+	unsigned long long sh_end = eh->e_shoff + (unsigned long long)eh->e_shnum * eh->e_shentsize;
+	unsigned long long ph_end = eh->e_phoff + (unsigned long long)eh->e_phnum * eh->e_phentsize;
+	if (sh_end > size || ph_end > size || sh_end < eh->e_shoff || ph_end < eh->e_phoff) {
+		snprintf(why, whylen, "cubin is truncated (%llu bytes, headers need %llu)", size,
+			 sh_end > ph_end ? sh_end : ph_end);
+		return -EINVAL;
+	}
+	return 0;
+}
+
 int kc_cubin_check(int fd, char *why, size_t whylen)
 {
 	Elf64_Ehdr eh;
@@ -181,28 +208,18 @@ int kc_cubin_check(int fd, char *why, size_t whylen)
 		snprintf(why, whylen, "cannot stat cubin: %s", strerror(errno));
 		return -EINVAL;
 	}
-	if (st.st_size == 0) {
-		snprintf(why, whylen, "cubin is empty");
-		return -EINVAL;
-	}
-	if (pread(fd, &eh, sizeof(eh), 0) != (ssize_t)sizeof(eh) ||
-	    memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0 || eh.e_ident[EI_CLASS] != ELFCLASS64) {
-		snprintf(why, whylen, "cubin is not a 64-bit ELF file (%lld bytes)",
-			 (long long)st.st_size);
-		return -EINVAL;
-	}
-	if (eh.e_machine != EM_CUDA) {
-		snprintf(why, whylen, "ELF machine is %u, not EM_CUDA", eh.e_machine);
-		return -EINVAL;
-	}
-	unsigned long long sh_end = eh.e_shoff + (unsigned long long)eh.e_shnum * eh.e_shentsize;
-	unsigned long long ph_end = eh.e_phoff + (unsigned long long)eh.e_phnum * eh.e_phentsize;
-	if (sh_end > (unsigned long long)st.st_size || ph_end > (unsigned long long)st.st_size) {
-		snprintf(why, whylen, "cubin is truncated (%lld bytes, headers need %llu)",
-			 (long long)st.st_size, sh_end > ph_end ? sh_end : ph_end);
-		return -EINVAL;
-	}
-	return 0;
+	ssize_t n = st.st_size ? pread(fd, &eh, sizeof(eh), 0) : 0;
+	return elf_check(&eh, n > 0 ? (size_t)n : 0, (unsigned long long)st.st_size, why, whylen);
+}
+
+int kc_cubin_check_buf(const void *data, size_t len, char *why, size_t whylen)
+{
+	Elf64_Ehdr eh;
+	size_t have = len < sizeof(eh) ? len : sizeof(eh);
+	memset(&eh, 0, sizeof(eh));
+	if (have)
+		memcpy(&eh, data, have);
+	return elf_check(&eh, have, len, why, whylen);
 }
 
 static int low_on_space(const char *dir)
@@ -405,6 +422,23 @@ static int take_cubin(const struct kc_compile_spec *spec, uid_t uid, char *why, 
 	return err ? -EINVAL : kc_cubin_check(spec->out_fd, why, whylen);
 }
 
+/* The dependency file the compiler wrote (want_deps): into out->deps, or left NULL when
+ * it is not a file of the compiler's own of at most 4 MiB. */
+static void take_deps(const struct kc_compile_spec *spec, uid_t uid,
+		      struct kc_compile_outcome *out)
+{
+	struct stat st;
+	int fd = openat(spec->scratch_fd, "kernel.d", O_RDONLY | O_CLOEXEC | O_NOFOLLOW |
+			O_NONBLOCK);
+	if (fd < 0)
+		return;
+	if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_nlink == 1 &&
+	    (uid == KC_SANDBOX_AS_DAEMON || st.st_uid == uid) &&
+	    kc_read_all(fd, 4u << 20, &out->deps, &out->deps_len) != 0)
+		out->deps = NULL;
+	close(fd);
+}
+
 int kc_compile_run(const struct kc_compile_spec *spec, struct kc_compile_outcome *out)
 {
 	struct kc_argv argv = {0};
@@ -440,6 +474,8 @@ int kc_compile_run(const struct kc_compile_spec *spec, struct kc_compile_outcome
 	if (kc_argv_push(&argv, spec->nvcc) || kc_argv_push(&argv, KC_COMPILE_CWD "/kernel.cu") ||
 	    kc_argv_push(&argv, "-cubin") || kc_argv_push(&argv, "-o") ||
 	    kc_argv_push(&argv, KC_COMPILE_CWD "/kernel.cubin") ||
+	    (spec->want_deps && (kc_argv_push(&argv, "-MD") || kc_argv_push(&argv, "-MF") ||
+				 kc_argv_push(&argv, KC_COMPILE_CWD "/kernel.d"))) ||
 	    kc_argv_extend(&argv, spec->args)) {
 		release_slot(slot);
 		kc_argv_free(&argv);
@@ -528,6 +564,8 @@ int kc_compile_run(const struct kc_compile_spec *spec, struct kc_compile_outcome
 		snprintf(out->why, sizeof(out->why), "compiler exited 0 but %.200s", why);
 		return 0;
 	}
+	if (spec->want_deps)
+		take_deps(spec, uid, out);
 	out->status = KC_COMPILE_OK;
 	snprintf(out->why, sizeof(out->why), "ok");
 	return 0;
@@ -570,4 +608,7 @@ void kc_compile_outcome_free(struct kc_compile_outcome *out)
 	free(out->log);
 	out->log = NULL;
 	out->log_len = 0;
+	free(out->deps);
+	out->deps = NULL;
+	out->deps_len = 0;
 }

@@ -14,6 +14,7 @@
 
 #include "flags.h"
 
+#define KC_COMPILE_CWD "/proc/self/cwd" /* the scratch directory as the compiler sees it */
 #define KC_COMPILE_NICE 10 /* nice value compilers run at (the daemon's threads stay at 0) */
 #define KC_COMPILE_AS_MIN (4ull << 30) /* bytes: least address space a compiler gets (it gets
 					* half the node's memory when that is more) */
@@ -43,6 +44,8 @@ struct kc_compile_spec {
 	unsigned first_uid;
 	int ns_flags;              /* CLONE_NEW* it runs in (kc_sandbox_namespaces) */
 	int out_fd;                /* an empty file of the daemon's: the cubin is copied here */
+	int want_deps;             /* nvcc only: add -MD -MF <scratch>/kernel.d and return the
+				    * dependency file in the outcome's deps */
 };
 
 struct kc_compile_outcome {
@@ -55,6 +58,10 @@ struct kc_compile_outcome {
 	double seconds; /* wall time of the compiler run */
 	int timed_out;  /* killed at timeout_s */
 	char why[256];  /* one line: "exit status 1", "killed by signal 9", ... */
+	char *deps;     /* want_deps and KC_COMPILE_OK: the dependency file (make syntax, paths
+			 * of the scratch as KC_COMPILE_CWD), owned, NUL-terminated; NULL when
+			 * the compiler wrote none */
+	size_t deps_len;
 };
 
 /* Run the compiler. Always fills out (out->log may be NULL when nothing was printed) and
@@ -74,6 +81,8 @@ int kc_compile_probe(const char *compiler, const struct kc_argv *args, unsigned 
 /* Check that fd holds a complete CUDA ELF (magic, EM_CUDA, section and program header
  * tables inside the file). Returns 0 or -EINVAL with why filled. */
 int kc_cubin_check(int fd, char *why, size_t whylen);
+/* The same check of a cubin held in memory (data/len). */
+int kc_cubin_check_buf(const void *data, size_t len, char *why, size_t whylen);
 
 /* 1 if thread tid belongs to the process group of a running compile (a compile that asks
  * the daemon's own mount for something, which must not wait on a compile), else 0. Reads

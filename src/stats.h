@@ -40,6 +40,21 @@ struct kc_stats {
 	atomic_uint_fast64_t compile_buckets[KC_STATS_NBUCKETS]; /* runs of <= each bound */
 	atomic_uint_fast64_t evictions;        /* entries evicted (evict.c) */
 	atomic_uint_fast64_t evicted_bytes;    /* their bytes */
+	/* the cluster store (-o remote=, remote_tier.h) */
+	atomic_uint_fast64_t remote_hits;      /* compiles answered by a verified object */
+	atomic_uint_fast64_t remote_misses;    /* compiles that found none and compiled */
+	atomic_uint_fast64_t remote_puts;      /* objects (cubins and indexes) stored */
+	atomic_uint_fast64_t remote_get_errors;   /* store faults of gets */
+	atomic_uint_fast64_t remote_put_errors;   /* of puts */
+	atomic_uint_fast64_t remote_lease_errors; /* of lease operations */
+	atomic_uint_fast64_t remote_rejected;  /* objects refused by verification */
+	atomic_uint_fast64_t remote_lease_waits; /* compiles that waited for another holder */
+	atomic_uint_fast64_t remote_takeovers; /* leases taken after another holder's */
+	atomic_uint_fast64_t remote_hedged;    /* waits given up at remote_wait: compiled here */
+	atomic_uint_fast64_t remote_bytes_in;  /* bytes of objects fetched */
+	atomic_uint_fast64_t remote_bytes_out; /* bytes of objects stored */
+	atomic_uint_fast64_t remote_fetch_usec; /* time of the fetches that hit, microseconds */
+	atomic_uint_fast64_t remote_fetches;   /* their number */
 	pthread_mutex_t hist_lock; /* the histogram (compile_usec, _runs, _buckets) moves as one;
 				    * all zero is its initial state, as in a zeroed struct */
 };
@@ -56,6 +71,7 @@ struct kc_stats_gauges {
 	unsigned long entries; /* published entries in the store (evict.c's index) */
 	unsigned long long stored_bytes; /* their bytes */
 	unsigned long long max_bytes, max_entries; /* -o max_size, -o max_entries (0: none) */
+	unsigned remote_up; /* 1: a cluster store is set and answers; 0: down or none */
 };
 
 /* Facts about the mount, rendered as the info metric kcachefs_info (value 1) with label

@@ -18,6 +18,7 @@
 #include "compile.h"
 #include "flags.h"
 #include "store.h"
+#include "remote_manifest.h"
 #include "tap.h"
 
 #define NVCC "/usr/local/cuda/bin/nvcc"
@@ -74,8 +75,10 @@ struct run {
 	double wall;
 };
 
-/* Run compiler on the sample kernel `kernel` (a file in tests/kernels) with args, in a fresh
- * scratch directory under base. */
+static int want_deps; /* run_compile asks for the dependency file */
+
+/* Run compiler on the sample kernel `kernel` (a file in tests/kernels, or source text when
+ * it starts with '#') with args, in a fresh scratch directory under base. */
 static void run_compile(struct run *r, const char *compiler, const char *kernel,
 			const struct kc_argv *args, unsigned timeout_s)
 {
@@ -95,7 +98,9 @@ static void run_compile(struct run *r, const char *compiler, const char *kernel,
 	r->out_fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
 	unlink(path);
 	snprintf(path, sizeof(path), "%s/%s", kernels, kernel);
-	char *src = slurp(path, &srclen);
+	char *src = kernel[0] == '#' ? strdup(kernel) : slurp(path, &srclen);
+	if (src && kernel[0] == '#')
+		srclen = strlen(src);
 	if (!src)
 		src = strdup("extern \"C\" __global__ void k(void) {}\n"), srclen = strlen(src);
 
@@ -108,6 +113,7 @@ static void run_compile(struct run *r, const char *compiler, const char *kernel,
 		.scratch_fd = r->scratch_fd,
 		.timeout_s = timeout_s,
 		.out_fd = r->out_fd,
+		.want_deps = want_deps,
 	};
 	double t0 = now_s();
 	r->ret = kc_compile_run(&spec, &r->out);
@@ -236,8 +242,36 @@ static void test_nvcc(const char *cubin_copy)
 		close(fd);
 	}
 	CHECK(r.out.seconds > 0 && r.out.seconds < 120, "nvcc vector_add: seconds measured");
+	CHECK(r.out.deps == NULL, "nvcc vector_add: no dependency file unless asked for");
 	run_done(&r);
 	kc_argv_free(&args);
+
+	/* the dependency file of a compile that includes a header of an -I tree, and the
+	 * manifest from it */
+	struct kc_argv inc = {0};
+	char *m = NULL, root[4200];
+	size_t ml = 0;
+	snprintf(path, sizeof(path), "-I%s/include", kernels);
+	kc_argv_push(&inc, path);
+	want_deps = 1;
+	run_compile(&r, NVCC, "#include <kc_test/scale.cuh>\n#include <cuda_fp16.h>\n"
+		    "extern \"C\" __global__ void k(float *x) { x[0] = 1; }\n", &inc, 120);
+	want_deps = 0;
+	CHECK(r.out.status == KC_COMPILE_OK && r.out.deps &&
+		      strstr(r.out.deps, "/kc_test/scale.cuh") &&
+		      strstr(r.out.deps, KC_COMPILE_CWD "/kernel.cu"),
+	      "nvcc -MD in the sandbox: the dependency file lists the -I header and the source");
+	if (r.out.status != KC_COMPILE_OK)
+		show(&r);
+	CHECK(kc_manifest_toolkit_root(NVCC, NULL, root, sizeof(root)) == 0 && r.out.deps &&
+		      kc_manifest_from_deps(r.out.deps, r.out.deps_len, KC_COMPILE_CWD, root, &m,
+					    &ml, why, sizeof(why)) == 0 &&
+		      memmem(m, ml, "/kc_test/scale.cuh\n", 19) && !memmem(m, ml, "cuda_fp16", 9) &&
+		      !memmem(m, ml, "kernel.cu", 9),
+	      "its manifest: the -I header, no toolkit header, not the source");
+	free(m);
+	run_done(&r);
+	kc_argv_free(&inc);
 
 	kc_argv_push(&args, "-O3");
 	run_compile(&r, NVCC, "broken.cu", &args, 120);

@@ -1,0 +1,80 @@
+/* remote.h - the second-level store (L2) shared by the nodes of a cluster: the backend
+ * interface that each kind of store implements (remote_dir.c: a directory on a shared
+ * filesystem; remote_redis.c: Redis/Valkey through hiredis, sharded by rendezvous hashing).
+ *
+ * A backend stores opaque, immutable objects under a key (64 lowercase hex digits, the
+ * SHA-256 object key) and short-lived leases on keys. It knows nothing of cubins,
+ * manifests or signatures: the object's format and its verification belong to the caller
+ * (remote_object.c), which treats every backend fault as a miss. Every operation is bounded
+ * by the backend's per-operation timeout; a backend never blocks longer than that, never
+ * retries on its own, and is safe to call from several threads at once.
+ *
+ * Errors, for every operation: -ETIMEDOUT (no answer within the timeout), -ECONNREFUSED /
+ * -EHOSTUNREACH / -ENOTCONN (the store cannot be reached), -EPROTO (an answer that is not
+ * what the protocol says: garbage), -ENOSPC (the store is full or refuses writes: Redis OOM,
+ * a full filesystem), -EACCES (authentication or permissions), -ENOMEM; anything else is
+ * -EIO. Only the ones named per operation below mean something other than "a fault".
+ *
+ * Leases follow Redis's documented single-instance lock: the value is a random token of
+ * the taker's, set only if absent, with an expiry; renewed and released only by the
+ * holder of the token (compare-and-act, atomically on the store).
+ */
+#ifndef KC_REMOTE_H
+#define KC_REMOTE_H
+
+#include <stddef.h>
+
+#define KC_REMOTE_KEYLEN 64    /* hex digits of an object key */
+#define KC_REMOTE_TOKENLEN 32  /* hex digits of a lease token */
+
+/* What a lease peek sees. */
+enum kc_lease_state {
+	KC_LEASE_NONE,   /* nobody holds the key (never taken, released, or expired) */
+	KC_LEASE_HELD,   /* a holder compiles it now */
+	KC_LEASE_FAILED, /* the last holder's compile failed; the note expires within seconds */
+};
+
+struct kc_remote_backend;
+
+struct kc_remote_backend_ops {
+	/* The object under key: 0 and *data (malloc'd, owned by the caller) / *len; -ENOENT
+	 * when there is none (also: flushed, evicted, a name listed but gone, ESTALE). */
+	int (*get)(struct kc_remote_backend *b, const char *key, char **data, size_t *len);
+	/* Store an object under key, never replacing one: 0 when stored, -EEXIST when an
+	 * object is already there (the caller's is dropped: the first published wins). */
+	int (*put)(struct kc_remote_backend *b, const char *key, const void *data, size_t len);
+	/* Take the lease on key with token for ttl_ms: 0 taken; -EBUSY another holder has it
+	 * (or a failure note stands: *state says which). */
+	int (*lease_take)(struct kc_remote_backend *b, const char *key, const char *token,
+			  unsigned ttl_ms, enum kc_lease_state *state);
+	/* Extend our lease to ttl_ms from now: 0; -ENOLCK when the key is no longer ours
+	 * (expired and taken over). */
+	int (*lease_renew)(struct kc_remote_backend *b, const char *key, const char *token,
+			   unsigned ttl_ms);
+	/* Give our lease up: remove it, or (fail_ms > 0) replace it by a failure note that
+	 * expires after fail_ms. 0; -ENOLCK when it was no longer ours (nothing changed). */
+	int (*lease_release)(struct kc_remote_backend *b, const char *key, const char *token,
+			     unsigned fail_ms);
+	/* What stands on key now: 0 and *state. */
+	int (*lease_peek)(struct kc_remote_backend *b, const char *key, enum kc_lease_state *state);
+	/* One line for logs and stats: "redis://10.0.0.5:6379 (2 shards)", "dir:/shared/kc". */
+	const char *(*describe)(struct kc_remote_backend *b);
+	void (*destroy)(struct kc_remote_backend *b);
+};
+
+struct kc_remote_backend {
+	const struct kc_remote_backend_ops *ops;
+	unsigned timeout_ms; /* bound of each operation (-o remote_timeout=) */
+};
+
+/* Open the backend that url names (-o remote=): "dir:PATH", "redis://HOST[:PORT][/DB]",
+ * "redis+unix:///PATH[?db=N]", several of the redis forms joined by '|' (shards chosen by
+ * rendezvous hashing of the key). auth_file: NULL, or a file holding "USER PASSWORD" or
+ * "PASSWORD" for Redis (refused unless only root can read it). Connecting is lazy: a
+ * store that is down at start is not an error. Returns the backend (owned; destroy with
+ * ops->destroy), or NULL with errno EINVAL and why filled for a malformed URL, an unknown
+ * scheme, or an auth file that others can read or that cannot be read. */
+struct kc_remote_backend *kc_remote_backend_open(const char *url, const char *auth_file,
+						 unsigned timeout_ms, char *why, size_t whylen);
+
+#endif

@@ -1,0 +1,653 @@
+/* remote_dir.c - see remote_dir.h */
+#define _GNU_SOURCE
+#include "remote_dir.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "io.h"
+
+struct dir_backend {
+	struct kc_remote_backend base;
+	char *root;
+	char desc[PATH_MAX + 8];
+	char clock[PATH_MAX];   /* leases/.clock.<host>.<pid> */
+	atomic_int refs;        /* the opener's and each running operation's */
+	atomic_int abandoned;   /* operations still stuck after their caller timed out */
+};
+
+enum dir_op { OP_GET, OP_PUT, OP_TAKE, OP_RENEW, OP_RELEASE, OP_PEEK };
+
+/* One operation, shared by the caller and its worker; freed by whichever finishes last. */
+struct dir_call {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	int done, abandoned;
+	struct dir_backend *d; /* a reference */
+	enum dir_op op;
+	char key[KC_REMOTE_KEYLEN + 1];
+	char token[KC_REMOTE_TOKENLEN + 1];
+	unsigned ms;           /* ttl_ms or fail_ms */
+	char *data;            /* put: a copy of the object (owned); get: what was read */
+	size_t len;
+	enum kc_lease_state state;
+	int result;
+};
+
+static void backend_put(struct dir_backend *d)
+{
+	if (atomic_fetch_sub(&d->refs, 1) == 1) {
+		unlink(d->clock);
+		free(d->root);
+		free(d);
+	}
+}
+
+/* The errno of a filesystem call as remote.h names faults. */
+static int fault(int e)
+{
+	switch (e) {
+	case ENOENT:
+	case ESTALE:
+		return -ENOENT;
+	case ENOSPC:
+	case EDQUOT:
+	case EROFS:
+	case EFBIG:
+		return -ENOSPC;
+	case EACCES:
+	case EPERM:
+		return -EACCES;
+	case ENOMEM:
+	case ETIMEDOUT:
+		return -e;
+	default:
+		return -EIO;
+	}
+}
+
+static int valid_hex(const char *s, size_t n)
+{
+	if (strlen(s) != n)
+		return 0;
+	for (size_t i = 0; i < n; i++)
+		if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f')))
+			return 0;
+	return 1;
+}
+
+/* root/<area>/<key[0..1]>[/<name>] */
+static void path_of(const struct dir_backend *d, const char *area, const char *key,
+		    const char *name, char *out, size_t len)
+{
+	if (name)
+		snprintf(out, len, "%s/%s/%.2s/%s", d->root, area, key, name);
+	else
+		snprintf(out, len, "%s/%s/%.2s", d->root, area, key);
+}
+
+/* Create root/<area>/<key[0..1]> and what is missing above it (the root's parent must be
+ * there). Returns 0 or a fault. */
+static int make_dirs(const struct dir_backend *d, const char *area, const char *key)
+{
+	char p[PATH_MAX];
+	path_of(d, area, key, NULL, p, sizeof(p));
+	if (mkdir(p, 0755) == 0 || errno == EEXIST)
+		return 0;
+	if (errno != ENOENT)
+		return fault(errno);
+	if (mkdir(d->root, 0755) != 0 && errno != EEXIST)
+		return fault(errno);
+	snprintf(p, sizeof(p), "%s/%s", d->root, area);
+	if (mkdir(p, 0755) != 0 && errno != EEXIST)
+		return fault(errno);
+	path_of(d, area, key, NULL, p, sizeof(p));
+	return mkdir(p, 0755) == 0 || errno == EEXIST ? 0 : fault(errno);
+}
+
+/* A name beside path for a temporary: "<dir>/.<base>.<what>.<16 random hex>". */
+static void temp_name(const char *path, const char *what, char *out, size_t len)
+{
+	unsigned char r[8];
+	const char *slash = strrchr(path, '/');
+	if (getrandom(r, sizeof(r), 0) != (ssize_t)sizeof(r))
+		memset(r, 0, sizeof(r)); /* the pid and time still tell temporaries apart */
+	snprintf(out, len, "%.*s/.%s.%s.%02x%02x%02x%02x%02x%02x%02x%02x.%d",
+		 (int)(slash - path), path, slash + 1, what, r[0], r[1], r[2], r[3], r[4], r[5], r[6],
+		 r[7], (int)getpid());
+}
+
+/* Write a complete file at tmp (exclusive create, mode), fsynced and closed. Returns 0 or a
+ * fault (tmp removed). */
+static int write_temp(const char *tmp, const void *data, size_t len, mode_t mode)
+{
+	int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
+	if (fd < 0)
+		return fault(errno);
+	int err = kc_write_all(fd, data, len);
+	if (!err && fsync(fd) != 0)
+		err = -errno;
+	if (close(fd) != 0 && !err) /* NFS reports a failed write back here */
+		err = -errno;
+	if (err) {
+		unlink(tmp);
+		return fault(-err);
+	}
+	return 0;
+}
+
+/* link(tmp, name) without replacing. Returns 0, -EEXIST or a fault. A link that NFS carried
+ * out but answered with an error (a retransmission) shows as tmp's link count of 2. */
+static int link_noreplace(const char *tmp, const char *name)
+{
+	if (link(tmp, name) == 0)
+		return 0;
+	int e = errno;
+	struct stat st;
+	if (e != EEXIST && stat(tmp, &st) == 0 && st.st_nlink == 2)
+		return 0;
+	return e == EEXIST ? -EEXIST : fault(e);
+}
+
+static int dir_get(struct dir_call *c)
+{
+	char p[PATH_MAX];
+	struct stat st;
+	path_of(c->d, "objects", c->key, c->key, p, sizeof(p));
+	int fd = open(p, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+	if (fd < 0)
+		return fault(errno);
+	if (fstat(fd, &st) != 0) {
+		int err = fault(errno);
+		close(fd);
+		return err;
+	}
+	if (!S_ISREG(st.st_mode) || (size_t)st.st_size > KC_REMOTE_DIR_MAX) {
+		close(fd);
+		return -EPROTO;
+	}
+	int err = kc_read_all(fd, KC_REMOTE_DIR_MAX, &c->data, &c->len);
+	close(fd);
+	if (err == -EFBIG)
+		return -EPROTO;
+	if (err)
+		return fault(-err);
+	if (c->len != (size_t)st.st_size) { /* a partial file, or one changed under us */
+		free(c->data);
+		c->data = NULL;
+		return -ENOENT;
+	}
+	return 0;
+}
+
+static int dir_put(struct dir_call *c)
+{
+	char p[PATH_MAX], tmp[PATH_MAX + 64];
+	int err = make_dirs(c->d, "objects", c->key);
+	if (err)
+		return err;
+	path_of(c->d, "objects", c->key, c->key, p, sizeof(p));
+	temp_name(p, "tmp", tmp, sizeof(tmp));
+	err = write_temp(tmp, c->data, c->len, 0444);
+	if (err)
+		return err;
+	err = link_noreplace(tmp, p);
+	unlink(tmp);
+	return err;
+}
+
+/* The filesystem's clock: touch this daemon's clock file and read its mtime. */
+static int fs_now(struct dir_call *c, struct timespec *now)
+{
+	struct stat st;
+	if (utimensat(AT_FDCWD, c->d->clock, NULL, 0) != 0) {
+		int err = errno == ENOENT ? make_dirs(c->d, "leases", c->key) : fault(errno);
+		if (err)
+			return err;
+		int fd = open(c->d->clock, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+		if (fd < 0)
+			return fault(errno);
+		close(fd);
+		if (utimensat(AT_FDCWD, c->d->clock, NULL, 0) != 0)
+			return fault(errno);
+	}
+	if (stat(c->d->clock, &st) != 0)
+		return fault(errno);
+	*now = st.st_mtim;
+	return 0;
+}
+
+struct lease {
+	enum kc_lease_state state;
+	char token[KC_REMOTE_TOKENLEN + 1];
+	unsigned ms;       /* its ttl */
+	struct stat st;
+};
+
+/* Parse a lease file's bytes; something else (garbage) is a held lease of ttl 0: expired
+ * once the filesystem's clock passes its mtime. */
+static void lease_parse(const char *buf, struct lease *l)
+{
+	char what[8], tok[KC_REMOTE_TOKENLEN + 2];
+	unsigned ms;
+	l->state = KC_LEASE_HELD;
+	l->token[0] = '\0';
+	l->ms = 0;
+	if (sscanf(buf, "%7s %33s %u", what, tok, &ms) != 3 ||
+	    !valid_hex(tok, KC_REMOTE_TOKENLEN))
+		return;
+	if (strcmp(what, "failed") == 0)
+		l->state = KC_LEASE_FAILED;
+	else if (strcmp(what, "held") != 0)
+		return;
+	strcpy(l->token, tok);
+	l->ms = ms;
+}
+
+/* Open and read the lease file at p. Returns the open fd (the caller closes it) or a
+ * fault (-ENOENT: no lease). */
+static int lease_read(const char *p, struct lease *l)
+{
+	char buf[128];
+	int fd = open(p, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+	if (fd < 0)
+		return fault(errno);
+	ssize_t n = fstat(fd, &l->st) == 0 ? pread(fd, buf, sizeof(buf) - 1, 0) : -1;
+	if (n < 0) {
+		int err = fault(errno);
+		close(fd);
+		return err;
+	}
+	buf[n] = '\0';
+	lease_parse(buf, l);
+	return fd;
+}
+
+static int expired(const struct lease *l, const struct timespec *now)
+{
+	long long end_ns = (long long)l->st.st_mtim.tv_sec * 1000000000ll +
+			   l->st.st_mtim.tv_nsec + (long long)l->ms * 1000000ll;
+	return end_ns < (long long)now->tv_sec * 1000000000ll + now->tv_nsec;
+}
+
+/* Remove the expired lease file l (read from p) so that it can be taken: rename it to a
+ * name of ours, and put it back if what moved is not that file (renewed or replaced in the
+ * meantime). Returns 0 or a fault. */
+static int lease_remove_expired(struct dir_call *c, const char *p, const struct lease *l)
+{
+	char grave[PATH_MAX + 64];
+	struct stat st;
+	temp_name(p, "stale", grave, sizeof(grave));
+	if (rename(p, grave) != 0)
+		return errno == ENOENT ? 0 : fault(errno);
+	if (stat(grave, &st) == 0 && (st.st_ino != l->st.st_ino || st.st_dev != l->st.st_dev ||
+				      st.st_mtim.tv_sec != l->st.st_mtim.tv_sec ||
+				      st.st_mtim.tv_nsec != l->st.st_mtim.tv_nsec))
+		(void)link(grave, p); /* not the one judged: back, unless another was taken */
+	unlink(grave);
+	(void)c;
+	return 0;
+}
+
+static int dir_take(struct dir_call *c)
+{
+	char p[PATH_MAX], tmp[PATH_MAX + 64], body[128];
+	int err = make_dirs(c->d, "leases", c->key);
+	if (err)
+		return err;
+	path_of(c->d, "leases", c->key, c->key, p, sizeof(p));
+	temp_name(p, "new", tmp, sizeof(tmp));
+	int n = snprintf(body, sizeof(body), "held %s %u\n", c->token, c->ms);
+	err = write_temp(tmp, body, (size_t)n, 0644);
+	if (err)
+		return err;
+	c->state = KC_LEASE_HELD;
+	err = -EBUSY;
+	for (int attempt = 0; attempt < 3; attempt++) {
+		int r = link_noreplace(tmp, p);
+		if (r != -EEXIST) {
+			err = r;
+			if (r == 0)
+				c->state = KC_LEASE_NONE;
+			break;
+		}
+		struct lease l;
+		struct timespec now;
+		int fd = lease_read(p, &l);
+		if (fd == -ENOENT)
+			continue; /* released meanwhile: link again */
+		if (fd < 0) {
+			err = fd;
+			break;
+		}
+		close(fd);
+		if ((r = fs_now(c, &now)) != 0) {
+			err = r;
+			break;
+		}
+		if (!expired(&l, &now)) {
+			c->state = l.state;
+			err = -EBUSY;
+			break;
+		}
+		if ((r = lease_remove_expired(c, p, &l)) != 0) {
+			err = r;
+			break;
+		}
+	}
+	unlink(tmp);
+	return err;
+}
+
+/* Open the lease of key and check that it is held with our token. Returns the fd, -ENOLCK,
+ * or a fault. */
+static int lease_ours(struct dir_call *c, char *p, size_t plen, struct lease *l)
+{
+	path_of(c->d, "leases", c->key, c->key, p, plen);
+	int fd = lease_read(p, l);
+	if (fd == -ENOENT)
+		return -ENOLCK;
+	if (fd >= 0 && (l->state != KC_LEASE_HELD || strcmp(l->token, c->token) != 0)) {
+		close(fd);
+		return -ENOLCK;
+	}
+	return fd;
+}
+
+static int dir_renew(struct dir_call *c)
+{
+	char p[PATH_MAX];
+	struct lease l;
+	int fd = lease_ours(c, p, sizeof(p), &l);
+	if (fd < 0)
+		return fd;
+	/* the ttl recorded at take stands; touching the file we checked moves its expiry */
+	int err = futimens(fd, NULL) == 0 ? 0 : fault(errno);
+	close(fd);
+	return err;
+}
+
+static int dir_release(struct dir_call *c)
+{
+	char p[PATH_MAX], tmp[PATH_MAX + 64], body[128];
+	struct lease l;
+	struct stat now;
+	int fd = lease_ours(c, p, sizeof(p), &l);
+	if (fd < 0)
+		return fd;
+	close(fd);
+	if (c->ms) {
+		temp_name(p, "new", tmp, sizeof(tmp));
+		int n = snprintf(body, sizeof(body), "failed %s %u\n", c->token, c->ms);
+		int err = write_temp(tmp, body, (size_t)n, 0644);
+		if (!err && rename(tmp, p) != 0) {
+			err = fault(errno);
+			unlink(tmp);
+		}
+		return err;
+	}
+	if (stat(p, &now) != 0)
+		return errno == ENOENT ? -ENOLCK : fault(errno);
+	if (now.st_ino != l.st.st_ino || now.st_dev != l.st.st_dev)
+		return -ENOLCK;
+	return unlink(p) == 0 || errno == ENOENT ? 0 : fault(errno);
+}
+
+static int dir_peek(struct dir_call *c)
+{
+	char p[PATH_MAX];
+	struct lease l;
+	struct timespec now;
+	path_of(c->d, "leases", c->key, c->key, p, sizeof(p));
+	c->state = KC_LEASE_NONE;
+	int fd = lease_read(p, &l);
+	if (fd == -ENOENT)
+		return 0;
+	if (fd < 0)
+		return fd;
+	close(fd);
+	int err = fs_now(c, &now);
+	if (err)
+		return err;
+	if (!expired(&l, &now))
+		c->state = l.state;
+	return 0;
+}
+
+static void call_free(struct dir_call *c)
+{
+	backend_put(c->d);
+	pthread_mutex_destroy(&c->mu);
+	pthread_cond_destroy(&c->cv);
+	free(c->data);
+	free(c);
+}
+
+static void *call_worker(void *arg)
+{
+	static int (*const ops[])(struct dir_call *) = {
+		[OP_GET] = dir_get, [OP_PUT] = dir_put, [OP_TAKE] = dir_take,
+		[OP_RENEW] = dir_renew, [OP_RELEASE] = dir_release, [OP_PEEK] = dir_peek,
+	};
+	struct dir_call *c = arg;
+	int result = ops[c->op](c);
+	pthread_mutex_lock(&c->mu);
+	c->result = result;
+	c->done = 1;
+	int abandoned = c->abandoned;
+	pthread_cond_signal(&c->cv);
+	pthread_mutex_unlock(&c->mu);
+	if (abandoned) {
+		atomic_fetch_sub(&c->d->abandoned, 1);
+		call_free(c);
+	}
+	return NULL;
+}
+
+/* Run c in a worker and wait for it at most the backend's timeout. Returns its result, or
+ * -ETIMEDOUT (c is then the worker's to free); c is freed unless the result is 0 of a get
+ * (the caller takes c->data and frees c). */
+static int call_run(struct dir_call *c)
+{
+	struct dir_backend *d = c->d;
+	pthread_condattr_t ca;
+	pthread_attr_t ta;
+	pthread_t t;
+	struct timespec until;
+
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_mutex_init(&c->mu, NULL);
+	pthread_cond_init(&c->cv, &ca);
+	pthread_condattr_destroy(&ca);
+	atomic_fetch_add(&d->refs, 1);
+	if (atomic_load(&d->abandoned) >= KC_REMOTE_DIR_STUCK) {
+		call_free(c);
+		return -ETIMEDOUT;
+	}
+	pthread_attr_init(&ta);
+	pthread_attr_setdetachstate(&ta, PTHREAD_CREATE_DETACHED);
+	pthread_attr_setstacksize(&ta, 256 << 10);
+	int err = pthread_create(&t, &ta, call_worker, c);
+	pthread_attr_destroy(&ta);
+	if (err) {
+		call_free(c);
+		return -ENOMEM;
+	}
+	clock_gettime(CLOCK_MONOTONIC, &until);
+	until.tv_sec += d->base.timeout_ms / 1000;
+	until.tv_nsec += (long)(d->base.timeout_ms % 1000) * 1000000l;
+	if (until.tv_nsec >= 1000000000l) {
+		until.tv_sec++;
+		until.tv_nsec -= 1000000000l;
+	}
+	pthread_mutex_lock(&c->mu);
+	while (!c->done && pthread_cond_timedwait(&c->cv, &c->mu, &until) != ETIMEDOUT)
+		;
+	if (!c->done) {
+		c->abandoned = 1;
+		atomic_fetch_add(&d->abandoned, 1);
+		pthread_mutex_unlock(&c->mu);
+		return -ETIMEDOUT;
+	}
+	pthread_mutex_unlock(&c->mu);
+	return c->result;
+}
+
+static struct dir_call *call_new(struct kc_remote_backend *b, enum dir_op op, const char *key,
+				 const char *token, unsigned ms)
+{
+	if (!valid_hex(key, KC_REMOTE_KEYLEN) || (token && !valid_hex(token, KC_REMOTE_TOKENLEN)))
+		return NULL;
+	struct dir_call *c = calloc(1, sizeof(*c));
+	if (!c)
+		return NULL;
+	c->d = (struct dir_backend *)b;
+	c->op = op;
+	strcpy(c->key, key);
+	if (token)
+		strcpy(c->token, token);
+	c->ms = ms;
+	return c;
+}
+
+#define NEW_CALL(c, ...)                                                                      \
+	struct dir_call *c = call_new(__VA_ARGS__);                                           \
+	if (!c)                                                                               \
+		return errno == ENOMEM ? -ENOMEM : -EINVAL;
+
+static int op_get(struct kc_remote_backend *b, const char *key, char **data, size_t *len)
+{
+	errno = EINVAL;
+	NEW_CALL(c, b, OP_GET, key, NULL, 0);
+	int err = call_run(c);
+	if (err == 0) {
+		*data = c->data;
+		*len = c->len;
+		c->data = NULL;
+	}
+	if (err != -ETIMEDOUT)
+		call_free(c);
+	return err;
+}
+
+static int op_put(struct kc_remote_backend *b, const char *key, const void *data, size_t len)
+{
+	errno = EINVAL;
+	NEW_CALL(c, b, OP_PUT, key, NULL, 0);
+	c->data = malloc(len ? len : 1); /* the worker may outlive the caller's buffer */
+	if (!c->data) {
+		free(c);
+		return -ENOMEM;
+	}
+	memcpy(c->data, data, len);
+	c->len = len;
+	int err = call_run(c);
+	if (err != -ETIMEDOUT)
+		call_free(c);
+	return err;
+}
+
+/* The lease operations: run op on key with token and ms; *state (if not NULL) gets what
+ * the worker saw. */
+static int lease_op(struct kc_remote_backend *b, enum dir_op op, const char *key,
+		    const char *token, unsigned ms, enum kc_lease_state *state)
+{
+	errno = EINVAL;
+	NEW_CALL(c, b, op, key, token, ms);
+	int err = call_run(c);
+	if (err != -ETIMEDOUT) {
+		if (state)
+			*state = c->state;
+		call_free(c);
+	}
+	return err;
+}
+
+static int op_take(struct kc_remote_backend *b, const char *key, const char *token,
+		   unsigned ttl_ms, enum kc_lease_state *state)
+{
+	enum kc_lease_state s = KC_LEASE_HELD;
+	int err = lease_op(b, OP_TAKE, key, token, ttl_ms, &s);
+	if (state)
+		*state = s;
+	return err;
+}
+
+static int op_renew(struct kc_remote_backend *b, const char *key, const char *token,
+		    unsigned ttl_ms)
+{
+	return lease_op(b, OP_RENEW, key, token, ttl_ms, NULL);
+}
+
+static int op_release(struct kc_remote_backend *b, const char *key, const char *token,
+		      unsigned fail_ms)
+{
+	return lease_op(b, OP_RELEASE, key, token, fail_ms, NULL);
+}
+
+static int op_peek(struct kc_remote_backend *b, const char *key, enum kc_lease_state *state)
+{
+	return lease_op(b, OP_PEEK, key, NULL, 0, state);
+}
+
+static const char *op_describe(struct kc_remote_backend *b)
+{
+	return ((struct dir_backend *)b)->desc;
+}
+
+static void op_destroy(struct kc_remote_backend *b)
+{
+	backend_put((struct dir_backend *)b);
+}
+
+static const struct kc_remote_backend_ops dir_ops = {
+	.get = op_get, .put = op_put, .lease_take = op_take, .lease_renew = op_renew,
+	.lease_release = op_release, .lease_peek = op_peek, .describe = op_describe,
+	.destroy = op_destroy,
+};
+
+struct kc_remote_backend *kc_remote_dir_open(const char *path, unsigned timeout_ms, char *why,
+					     size_t whylen)
+{
+	char host[64] = "host";
+	size_t n = strlen(path);
+	while (n > 1 && path[n - 1] == '/')
+		n--;
+	if (path[0] != '/' || n + 64 >= PATH_MAX) {
+		snprintf(why, whylen, "dir: store path must be absolute (and shorter than %d): %s",
+			 PATH_MAX - 64, path);
+		errno = EINVAL;
+		return NULL;
+	}
+	struct dir_backend *d = calloc(1, sizeof(*d));
+	if (!d || !(d->root = strndup(path, n))) {
+		free(d);
+		snprintf(why, whylen, "out of memory");
+		errno = ENOMEM;
+		return NULL;
+	}
+	gethostname(host, sizeof(host) - 1);
+	host[sizeof(host) - 1] = '\0';
+	for (char *s = host; *s; s++)
+		if (*s == '/')
+			*s = '_';
+	d->base.ops = &dir_ops;
+	d->base.timeout_ms = timeout_ms ? timeout_ms : 1;
+	atomic_init(&d->refs, 1);
+	atomic_init(&d->abandoned, 0);
+	snprintf(d->desc, sizeof(d->desc), "dir:%s", d->root);
+	snprintf(d->clock, sizeof(d->clock), "%s/leases/.clock.%s.%d", d->root, host,
+		 (int)getpid());
+	return &d->base;
+}

@@ -1,0 +1,225 @@
+/* remote_manifest.c - see remote_manifest.h */
+#define _GNU_SOURCE
+#include "remote_manifest.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "flags.h"
+#include "hash.h"
+
+/* Add path (len bytes) to the list p, at most KC_MANIFEST_MAX_HEADERS. */
+static int paths_add(struct kc_argv *p, const char *path, size_t len)
+{
+	if (p->n == KC_MANIFEST_MAX_HEADERS)
+		return -EFBIG;
+	char *copy = strndup(path, len);
+	int err = copy ? kc_argv_push(p, copy) : -ENOMEM;
+	free(copy);
+	return err;
+}
+
+static int cmp_path(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Whether path is dir or below it (dir without a trailing slash). */
+static int under(const char *path, const char *dir)
+{
+	size_t n = strlen(dir);
+	return n && strncmp(path, dir, n) == 0 && (path[n] == '/' || path[n] == '\0');
+}
+
+/* Hash one header as remote_manifest.h says, adding its size to *total. Returns 0 or
+ * -errno with why filled. */
+static int hash_header(const char *path, char hex[KC_SHA256_HEXLEN + 1], uint64_t *total,
+		       char *why, size_t whylen)
+{
+	struct stat st;
+	int pseudo = under(path, "/proc") || under(path, "/sys") || under(path, "/dev");
+	int fd = pseudo ? -1 : open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+	int err = pseudo ? -EACCES : fd < 0 ? -errno : fstat(fd, &st) != 0 ? -errno : 0;
+	if (!err && (!S_ISREG(st.st_mode) || !(st.st_mode & S_IROTH)))
+		err = -EACCES;
+	else if (!err && ((uint64_t)st.st_size > KC_MANIFEST_MAX_HEADER ||
+			  (*total += (uint64_t)st.st_size) > KC_MANIFEST_MAX_TOTAL))
+		err = -EFBIG;
+	if (!err)
+		err = kc_sha256_fd(fd, hex, NULL);
+	if (fd >= 0)
+		close(fd);
+	if (err)
+		snprintf(why, whylen, "header %s: %s", path,
+			 err == -EACCES ? "not a regular file readable by all" : strerror(-err));
+	return err;
+}
+
+/* Unless err (the result of listing the paths p): sort and deduplicate them, hash each,
+ * and write the manifest. Frees p; returns err or the result. */
+static int build(int err, struct kc_argv *p, char **manifest, size_t *mlen, char *why,
+		 size_t whylen)
+{
+	char *out = NULL;
+	size_t len = 0;
+	FILE *f = NULL;
+
+	if (err == -EFBIG)
+		snprintf(why, whylen, "more than %d headers", KC_MANIFEST_MAX_HEADERS);
+	if (err) {
+		kc_argv_free(p);
+		return err;
+	}
+	if (p->n)
+		qsort(p->v, p->n, sizeof(*p->v), cmp_path);
+	if (!(f = open_memstream(&out, &len))) {
+		kc_argv_free(p);
+		return -ENOMEM;
+	}
+	uint64_t total = 0;
+	for (size_t i = 0; i < p->n && !err; i++) {
+		char hex[KC_SHA256_HEXLEN + 1];
+		if (i && strcmp(p->v[i], p->v[i - 1]) == 0)
+			continue;
+		if (!(err = hash_header(p->v[i], hex, &total, why, whylen)))
+			fprintf(f, "%s %s\n", hex, p->v[i]);
+	}
+	if (fclose(f) != 0 && !err)
+		err = -ENOMEM;
+	kc_argv_free(p);
+	if (err) {
+		free(out);
+		return err;
+	}
+	*manifest = out;
+	*mlen = len;
+	return 0;
+}
+
+/* realpath of dir into root if it is laid out as a CUDA toolkit (include/cuda.h, or
+ * targets/ as the packages lay it out). Returns 0 or -ENOENT. */
+static int toolkit_at(const char *dir, char *root, size_t rootlen)
+{
+	char real[PATH_MAX], probe[PATH_MAX + 32];
+	struct stat st;
+	if (!realpath(dir, real))
+		return -ENOENT;
+	snprintf(probe, sizeof(probe), "%s/include/cuda.h", real);
+	int is = stat(probe, &st) == 0;
+	snprintf(probe, sizeof(probe), "%s/targets", real);
+	is = is || (stat(probe, &st) == 0 && S_ISDIR(st.st_mode));
+	if (!is || strlen(real) >= rootlen)
+		return -ENOENT;
+	strcpy(root, real);
+	return 0;
+}
+
+int kc_manifest_toolkit_root(const char *nvcc_path, const char *fallback, char *root,
+			     size_t rootlen)
+{
+	char real[PATH_MAX + 8];
+	if (realpath(nvcc_path, real)) {
+		for (int up = 0; up < 2; up++) {
+			char *slash = strrchr(real, '/');
+			if (slash && slash != real)
+				*slash = '\0';
+		}
+		if (toolkit_at(real, root, rootlen) == 0)
+			return 0;
+	}
+	return fallback ? toolkit_at(fallback, root, rootlen) : -ENOENT;
+}
+
+static int blank(char ch)
+{
+	return ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r';
+}
+
+/* Add one prerequisite of the dependency file to p unless it is left out. */
+static int add_dep(struct kc_argv *p, const char *word, size_t wl, const char *skip_dir,
+		   const char *toolkit_root, char *why, size_t whylen)
+{
+	char real[PATH_MAX];
+	if (word[0] != '/') {
+		snprintf(why, whylen, "dependency %s is a relative path", word);
+		return -EINVAL;
+	}
+	if ((skip_dir && under(word, skip_dir)) ||
+	    (toolkit_root && realpath(word, real) && under(real, toolkit_root)))
+		return 0;
+	return paths_add(p, word, wl);
+}
+
+int kc_manifest_from_deps(const char *deps, size_t len, const char *skip_dir,
+			  const char *toolkit_root, char **manifest, size_t *mlen, char *why,
+			  size_t whylen)
+{
+	struct kc_argv p = {0};
+	char *word = malloc(len + 1);
+	size_t wl = 0, i = 0;
+	int err = word ? 0 : -ENOMEM;
+
+	/* the first rule's colon: one followed by a blank or the end */
+	for (; i < len; i++) {
+		if (deps[i] == '\\' && i + 1 < len) {
+			i++;
+			continue;
+		}
+		if (deps[i] == ':' && (i + 1 == len || blank(deps[i + 1])))
+			break;
+	}
+	if (!err && i >= len) {
+		snprintf(why, whylen, "dependency output has no rule");
+		err = -EINVAL;
+	}
+	/* its prerequisites, up to the end of its (continued) line */
+	for (i++; i <= len && !err; i++) {
+		char ch = i < len ? deps[i] : '\n';
+		if (ch == '\\' && i + 1 < len && deps[i + 1] == '\n') {
+			i++;
+			ch = ' ';
+		} else if ((ch == '\\' && i + 1 < len && (deps[i + 1] == ' ' || deps[i + 1] == '#')) ||
+			   (ch == '$' && i + 1 < len && deps[i + 1] == '$')) {
+			word[wl++] = deps[++i];
+			continue;
+		}
+		if (!blank(ch)) {
+			word[wl++] = ch;
+			continue;
+		}
+		if (wl) {
+			word[wl] = '\0';
+			err = add_dep(&p, word, wl, skip_dir, toolkit_root, why, whylen);
+			wl = 0;
+		}
+		if (ch == '\n')
+			break;
+	}
+	free(word);
+	return build(err, &p, manifest, mlen, why, whylen);
+}
+
+int kc_manifest_rehash(const char *index, size_t len, char **manifest, size_t *mlen,
+		       char *why, size_t whylen)
+{
+	struct kc_argv p = {0};
+	int err = 0;
+	for (size_t off = 0; off < len && !err;) {
+		const char *nl = memchr(index + off, '\n', len - off);
+		size_t ll = nl ? (size_t)(nl - (index + off)) : len - off;
+		if (ll <= KC_SHA256_HEXLEN + 1) {
+			snprintf(why, whylen, "malformed manifest line");
+			err = -EINVAL;
+			break;
+		}
+		err = paths_add(&p, index + off + KC_SHA256_HEXLEN + 1, ll - KC_SHA256_HEXLEN - 1);
+		off += ll + 1;
+	}
+	return build(err, &p, manifest, mlen, why, whylen);
+}

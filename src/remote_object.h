@@ -1,0 +1,89 @@
+/* remote_object.h - the objects of the cluster store (L2) and their keys; no I/O.
+ *
+ * Two levels, as ccache's direct mode: the lookup key must be known before compiling, but
+ * the headers a compile reads are known only after it.
+ *   manifest key = SHA-256("kcachefs-manifest-key-v1", recipe hash). The recipe hash
+ *                  (recipe.h) already covers source, entry and mount flags, compiler
+ *                  identity (version and build, not its path), arch and backend.
+ *   index object   stored under the manifest key: its manifest lists the headers the
+ *                  compile read, each "<sha256-hex> <path>\n" (sorted, toolkit headers left
+ *                  out: the compiler identity covers them); it carries no cubin.
+ *   object key   = SHA-256("kcachefs-object-key-v1", manifest key, manifest). A node hashes
+ *                  its own copies of the index's headers, builds its own manifest and so its
+ *                  own object key: a node whose headers differ asks for another key (a miss).
+ *   cubin object   stored under the object key: the same manifest and the cubin.
+ *
+ * Serialized object (every length checked on parse, nothing trusted):
+ *   "kcachefs-object-v1\n"
+ *   "<kind> <key> <manifest length> <cubin length> <signed 0|1>\n"   kind: index | cubin
+ *   <manifest bytes><cubin bytes>
+ *   "<SHA-256 hex of the cubin bytes>\n"
+ *   "<HMAC-SHA256 hex>\n"                     only when signed
+ * The HMAC (-o remote_key=FILE) is over the magic, kind, key, manifest and cubin, each as a
+ * length-prefixed field (hash.h's encoding), so no two objects sign alike.
+ */
+#ifndef KC_REMOTE_OBJECT_H
+#define KC_REMOTE_OBJECT_H
+
+#include <stddef.h>
+
+#include "hash.h"
+
+#define KC_OBJECT_MAGIC "kcachefs-object-v1\n"
+#define KC_OBJECT_MAX_MANIFEST (1u << 20)  /* bytes of a manifest accepted */
+#define KC_OBJECT_MAX_CUBIN (256u << 20)   /* bytes of a cubin accepted */
+#define KC_OBJECT_MIN_SECRET 16            /* bytes of a -o remote_key= secret, at least */
+
+enum kc_object_kind {
+	KC_OBJECT_INDEX, /* the header list under a manifest key; no cubin */
+	KC_OBJECT_CUBIN, /* a compiled cubin under its object key */
+};
+
+/* The HMAC secret (-o remote_key=); len 0: objects are neither signed nor required to be. */
+struct kc_object_secret {
+	const unsigned char *bytes; /* borrowed */
+	size_t len;
+};
+
+/* A parsed, verified object: pointers into the buffer given to kc_object_parse. */
+struct kc_object {
+	enum kc_object_kind kind;
+	const char *manifest;
+	size_t manifest_len;
+	const char *cubin; /* NULL for an index */
+	size_t cubin_len;
+	char sha256[KC_SHA256_HEXLEN + 1]; /* of the cubin bytes */
+	int signed_;
+};
+
+/* The manifest key of a recipe (its 64-hex hash). Returns 0 or -ENOMEM. */
+int kc_object_manifest_key(const char *recipe_hash, char key[KC_SHA256_HEXLEN + 1]);
+
+/* The object key of (manifest key, manifest). Returns 0 or -ENOMEM. */
+int kc_object_cubin_key(const char *manifest_key, const char *manifest, size_t manifest_len,
+			char key[KC_SHA256_HEXLEN + 1]);
+
+/* Check the syntax of a manifest: lines "<64 lowercase hex> /<path>\n", paths without NUL,
+ * strictly sorted by path, at most KC_OBJECT_MAX_MANIFEST bytes (empty is valid). Returns 0
+ * or -EBADMSG with why filled. */
+int kc_object_manifest_check(const char *manifest, size_t len, char *why, size_t whylen);
+
+/* Serialize an object of kind under key (64 hex) into *out (malloc'd, owned by the caller)
+ * / *out_len, signed when secret->len > 0. cubin must be NULL/0 for an index. Returns 0,
+ * -EINVAL (a bad key, a cubin on an index, sizes over the limits) or -ENOMEM. */
+int kc_object_build(enum kc_object_kind kind, const char *key, const char *manifest,
+		    size_t manifest_len, const void *cubin, size_t cubin_len,
+		    const struct kc_object_secret *secret, char **out, size_t *out_len);
+
+/* Parse and verify data/len, fetched under want_key, as an object of kind: the format and
+ * every length, the key equal to want_key, the manifest's syntax, the cubin's SHA-256, the
+ * HMAC when secret->len > 0 (an unsigned object is then refused; compared in constant
+ * time), and for a cubin object that its bytes are a complete CUDA ELF. Returns 0 with obj
+ * filled (pointing into data), -EBADMSG with why filled (the caller counts it as rejected
+ * and never serves it), or -ENOMEM. An unsigned object's manifest is covered only by its
+ * key: the caller compares it with the manifest it derived the key from. */
+int kc_object_parse(const char *data, size_t len, enum kc_object_kind kind,
+		    const char *want_key, const struct kc_object_secret *secret,
+		    struct kc_object *obj, char *why, size_t whylen);
+
+#endif

@@ -1,0 +1,1151 @@
+/* remote_redis.c - the L2 backend on Redis/Valkey through hiredis (see remote_redis.h).
+ *
+ * hiredis connects (redisConnectWithTimeout, redisConnectUnixWithTimeout) and parses
+ * replies (its redisReader); the exchange itself is done here with poll against one
+ * deadline per operation, so that a slow, paused or trickling server costs at most
+ * timeout_ms, and with send(MSG_NOSIGNAL), so that a server gone away is an error and not
+ * a SIGPIPE.
+ */
+#define _GNU_SOURCE
+#include "remote_redis.h"
+
+#include <arpa/inet.h>
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <hiredis/hiredis.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <openssl/crypto.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "hash.h"
+#include "log.h"
+
+#define MAX_REPLY ((size_t)512 << 20) /* Redis's own proto-max-bulk-len default */
+#define MAX_ARRAY 16                  /* no command here expects an array at all */
+#define MAX_URL 8192
+#define AUTH_MAX 4096
+#define OBJ_PREFIX "kcachefs:obj:"
+#define LEASE_PREFIX "kcachefs:lease:"
+#define FAILED_PREFIX "failed:"
+#define RELOG_S 60 /* a fault that persists is logged again after this long */
+
+/* Lease scripts (KEYS[1] the lease key). take: ARGV token, ttl -> 0 taken, 1 held by
+ * another, 2 a failure note stands. renew: ARGV token, ttl -> 1 renewed, 0 not ours.
+ * release: ARGV token, fail_ms -> 1 released (or replaced by the note), 0 not ours. */
+static const char take_script[] =
+	"local v = redis.call('GET', KEYS[1])\n"
+	"if v then\n"
+	"  if string.sub(v, 1, 7) == '" FAILED_PREFIX "' then return 2 end\n"
+	"  return 1\n"
+	"end\n"
+	"redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])\n"
+	"return 0\n";
+static const char renew_script[] =
+	"if redis.call('GET', KEYS[1]) == ARGV[1] then\n"
+	"  redis.call('PEXPIRE', KEYS[1], ARGV[2])\n"
+	"  return 1\n"
+	"end\n"
+	"return 0\n";
+static const char release_script[] =
+	"if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end\n"
+	"if tonumber(ARGV[2]) > 0 then\n"
+	"  redis.call('SET', KEYS[1], '" FAILED_PREFIX "' .. ARGV[1], 'PX', ARGV[2])\n"
+	"else\n"
+	"  redis.call('DEL', KEYS[1])\n"
+	"end\n"
+	"return 1\n";
+
+/* Reply types a command accepts (bit per REDIS_REPLY_*). */
+#define T(x) (1u << (x))
+
+struct redis_shard {
+	const struct kc_redis_addr *addr; /* in the backend's addrs */
+	pthread_mutex_t lock; /* guards idle, nidle and the log state below */
+	redisContext *idle[KC_REDIS_POOL];
+	int nidle;
+	int down;           /* the last exchange failed */
+	char last_why[200]; /* its cause, as last logged */
+	time_t last_log;
+};
+
+struct redis_backend {
+	struct kc_remote_backend base; /* first: the ops get &base */
+	struct kc_redis_addr *addrs; /* from kc_redis_parse */
+	struct redis_shard *shards; /* shards[i].addr == &addrs[i] */
+	size_t nshards;
+	char *user; /* NULL: AUTH PASSWORD (or no AUTH when pass is NULL too) */
+	char *pass;
+	char desc[600];
+};
+
+static void say(char *why, size_t whylen, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+static void say(char *why, size_t whylen, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (!why || !whylen)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(why, whylen, fmt, ap);
+	va_end(ap);
+}
+
+/* ---- URLs ---- */
+
+static int all_digits(const char *s, size_t n)
+{
+	if (!n)
+		return 0;
+	for (size_t i = 0; i < n; i++)
+		if (s[i] < '0' || s[i] > '9')
+			return 0;
+	return 1;
+}
+
+/* A decimal number in s[0..n) without sign or leading zero, at most max. */
+static int parse_uint(const char *s, size_t n, long max, long *out)
+{
+	long v = 0;
+
+	if (!all_digits(s, n) || n > 10 || (n > 1 && s[0] == '0'))
+		return -1;
+	for (size_t i = 0; i < n; i++)
+		v = v * 10 + (s[i] - '0');
+	if (v > max)
+		return -1;
+	*out = v;
+	return 0;
+}
+
+static int host_ok(const char *h, size_t n)
+{
+	if (n == 0 || n > 253 || h[0] == '-' || h[0] == '.' || h[n - 1] == '-')
+		return 0;
+	for (size_t i = 0; i < n; i++) {
+		unsigned char c = h[i];
+		if (!(isalnum(c) || c == '-' || c == '.' || c == '_'))
+			return 0;
+		if (c == '.' && i + 1 < n && h[i + 1] == '.')
+			return 0;
+	}
+	return 1;
+}
+
+/* One shard: s[0..n), the idx-th (1-based, for messages). */
+static int parse_one(const char *s, size_t n, int idx, struct kc_redis_addr *a, char *why,
+		     size_t whylen)
+{
+	static const char tcp[] = "redis://", unx[] = "redis+unix://";
+	long v;
+
+	memset(a, 0, sizeof(*a));
+	if (n == 0) {
+		say(why, whylen, "remote: shard %d is empty (URLs are joined by a single '|')", idx);
+		return -EINVAL;
+	}
+	for (size_t i = 0; i < n; i++) {
+		unsigned char c = s[i];
+		if (c <= ' ' || c == 0x7f) {
+			say(why, whylen, "remote: shard %d: a blank or control character at offset %zu",
+			    idx, i);
+			return -EINVAL;
+		}
+		if (c == '@') {
+			say(why, whylen, "remote: shard %d: credentials do not belong in the URL: put "
+			    "\"USER PASSWORD\" in the file remote_auth= names", idx);
+			return -EINVAL;
+		}
+		if (c == '#' || c == '%') {
+			say(why, whylen, "remote: shard %d: '%c' is not allowed in a Redis URL", idx, c);
+			return -EINVAL;
+		}
+	}
+	if (n >= sizeof(tcp) - 1 && !memcmp(s, tcp, sizeof(tcp) - 1)) {
+		const char *p = s + sizeof(tcp) - 1, *end = s + n, *hend, *q;
+
+		a->port = 6379;
+		if (p < end && *p == '[') {
+			char v6[INET6_ADDRSTRLEN];
+			struct in6_addr in6;
+
+			hend = memchr(p, ']', end - p);
+			if (!hend || (size_t)(hend - p - 1) >= sizeof(v6)) {
+				say(why, whylen, "remote: shard %d: an IPv6 address is [ADDRESS]", idx);
+				return -EINVAL;
+			}
+			memcpy(v6, p + 1, hend - p - 1);
+			v6[hend - p - 1] = 0;
+			if (inet_pton(AF_INET6, v6, &in6) != 1) {
+				say(why, whylen, "remote: shard %d: \"%s\" is not an IPv6 address", idx,
+				    v6);
+				return -EINVAL;
+			}
+			strcpy(a->host, v6);
+			q = hend + 1;
+		} else {
+			hend = p;
+			while (hend < end && *hend != ':' && *hend != '/')
+				hend++;
+			if (!host_ok(p, hend - p)) {
+				say(why, whylen, "remote: shard %d: no valid host after redis:// (letters, "
+				    "digits, '-', '.', '_'; an IPv6 address in brackets)", idx);
+				return -EINVAL;
+			}
+			memcpy(a->host, p, hend - p);
+			for (char *c = a->host; *c; c++)
+				*c = tolower((unsigned char)*c);
+			q = hend;
+		}
+		if (q < end && *q == ':') {
+			const char *pe = q + 1;
+			while (pe < end && *pe != '/')
+				pe++;
+			if (parse_uint(q + 1, pe - q - 1, 65535, &v) || v == 0) {
+				say(why, whylen, "remote: shard %d: the port is a number 1..65535", idx);
+				return -EINVAL;
+			}
+			a->port = (int)v;
+			q = pe;
+		}
+		if (q < end && *q == '/') {
+			if (parse_uint(q + 1, end - q - 1, INT_MAX, &v)) {
+				say(why, whylen, "remote: shard %d: after '/' comes the database number "
+				    "(0, 1, ...) and nothing else", idx);
+				return -EINVAL;
+			}
+			a->db = (int)v;
+			q = end;
+		}
+		if (q != end) {
+			say(why, whylen, "remote: shard %d: unexpected '%c' after the host", idx, *q);
+			return -EINVAL;
+		}
+		snprintf(a->canon, sizeof(a->canon), strchr(a->host, ':') ? "redis://[%s]:%d/%d" :
+			 "redis://%s:%d/%d", a->host, a->port, a->db);
+		return 0;
+	}
+	if (n >= sizeof(unx) - 1 && !memcmp(s, unx, sizeof(unx) - 1)) {
+		const char *p = s + sizeof(unx) - 1, *end = s + n;
+		const char *qm = memchr(p, '?', end - p);
+		const char *pend = qm ? qm : end;
+
+		a->is_unix = 1;
+		if (p == end || *p != '/') {
+			say(why, whylen, "remote: shard %d: a Unix socket URL has no host: "
+			    "redis+unix:///ABSOLUTE/PATH", idx);
+			return -EINVAL;
+		}
+		if (pend - p < 2 || pend[-1] == '/') {
+			say(why, whylen, "remote: shard %d: no socket path after redis+unix://", idx);
+			return -EINVAL;
+		}
+		if ((size_t)(pend - p) >= sizeof(a->path)) {
+			say(why, whylen, "remote: shard %d: the socket path is longer than %zu bytes",
+			    idx, sizeof(a->path) - 1);
+			return -EINVAL;
+		}
+		memcpy(a->path, p, pend - p);
+		if (qm) {
+			if (end - qm < 4 || memcmp(qm, "?db=", 4) ||
+			    parse_uint(qm + 4, end - qm - 4, INT_MAX, &v)) {
+				say(why, whylen, "remote: shard %d: the only query is ?db=N", idx);
+				return -EINVAL;
+			}
+			a->db = (int)v;
+		}
+		snprintf(a->canon, sizeof(a->canon), "redis+unix://%s?db=%d", a->path, a->db);
+		return 0;
+	}
+	if (n >= 9 && !memcmp(s, "rediss://", 9))
+		say(why, whylen, "remote: shard %d: TLS (rediss://) is not supported: use a Unix "
+		    "socket, or a tunnel to a loopback port", idx);
+	else
+		say(why, whylen, "remote: shard %d: not a Redis URL: redis://HOST[:PORT][/DB] or "
+		    "redis+unix:///PATH[?db=N]", idx);
+	return -EINVAL;
+}
+
+int kc_redis_parse(const char *url, struct kc_redis_addr **addrs, char *why, size_t whylen)
+{
+	struct kc_redis_addr *a;
+	size_t len, n = 1;
+	const char *p;
+
+	*addrs = NULL;
+	if (!url || !*url) {
+		say(why, whylen, "remote: empty URL");
+		return -EINVAL;
+	}
+	len = strlen(url);
+	if (len > MAX_URL) {
+		say(why, whylen, "remote: the URL is longer than %d bytes", MAX_URL);
+		return -EINVAL;
+	}
+	for (p = url; *p; p++)
+		n += *p == '|';
+	if (n > KC_REDIS_MAX_SHARDS) {
+		say(why, whylen, "remote: %zu shards, at most %d", n, KC_REDIS_MAX_SHARDS);
+		return -EINVAL;
+	}
+	a = calloc(n, sizeof(*a));
+	if (!a)
+		return -ENOMEM;
+	p = url;
+	for (size_t i = 0; i < n; i++) {
+		const char *bar = strchr(p, '|');
+		size_t sl = bar ? (size_t)(bar - p) : strlen(p);
+		int rc = parse_one(p, sl, (int)i + 1, &a[i], why, whylen);
+
+		if (rc) {
+			free(a);
+			return rc;
+		}
+		for (size_t j = 0; j < i; j++)
+			if (!strcmp(a[j].canon, a[i].canon)) {
+				say(why, whylen, "remote: shards %zu and %zu are the same (%s)", j + 1,
+				    i + 1, a[i].canon);
+				free(a);
+				return -EINVAL;
+			}
+		p += sl + 1;
+	}
+	*addrs = a;
+	return (int)n;
+}
+
+/* The weight of (shard, key): the first 64 bits of SHA-256 over both, length-prefixed. */
+static uint64_t weight(const char *canon, const char *key)
+{
+	struct kc_sha256 h;
+	char hex[KC_SHA256_HEXLEN + 1];
+
+	if (kc_sha256_init(&h))
+		return 0; /* out of memory: every shard weighs the same, the first wins */
+	kc_sha256_field(&h, canon, strlen(canon));
+	kc_sha256_field(&h, key, strlen(key));
+	kc_sha256_final(&h, hex);
+	hex[16] = 0;
+	return strtoull(hex, NULL, 16);
+}
+
+size_t kc_redis_pick(const struct kc_redis_addr *addrs, size_t n, const char *key)
+{
+	size_t best = 0;
+	uint64_t bw = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		uint64_t w = weight(addrs[i].canon, key);
+		/* Ties (never in practice) go to the smaller canonical name: order-free. */
+		if (i == 0 || w > bw || (w == bw && strcmp(addrs[i].canon, addrs[best].canon) < 0)) {
+			best = i;
+			bw = w;
+		}
+	}
+	return best;
+}
+
+/* ---- the auth file ---- */
+
+int kc_redis_auth_read(const char *path, char **user, char **pass, char *why, size_t whylen)
+{
+	char buf[AUTH_MAX + 1], *w1, *w2, *w3, *save = NULL;
+	struct stat st;
+	ssize_t n;
+	size_t got = 0;
+	int fd, rc = -EINVAL;
+
+	*user = *pass = NULL;
+	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+	if (fd < 0) {
+		rc = -errno;
+		say(why, whylen, "remote_auth: cannot open %s: %s", path, strerror(errno));
+		return rc;
+	}
+	if (fstat(fd, &st)) {
+		rc = -errno;
+		say(why, whylen, "remote_auth: cannot stat %s: %s", path, strerror(errno));
+		goto out;
+	}
+	if (!S_ISREG(st.st_mode)) {
+		say(why, whylen, "remote_auth: %s is not a regular file", path);
+		goto out;
+	}
+	if (st.st_uid != 0 && st.st_uid != geteuid()) {
+		say(why, whylen, "remote_auth: %s is owned by uid %u: it must belong to root (or to "
+		    "the daemon's user)", path, (unsigned)st.st_uid);
+		goto out;
+	}
+	if (st.st_mode & 077) {
+		say(why, whylen, "remote_auth: %s has mode %04o: group and others may not access it "
+		    "(chmod 600)", path, (unsigned)(st.st_mode & 07777));
+		goto out;
+	}
+	while (got <= AUTH_MAX && (n = read(fd, buf + got, AUTH_MAX + 1 - got)) != 0) {
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			rc = -errno;
+			say(why, whylen, "remote_auth: cannot read %s: %s", path, strerror(errno));
+			goto out;
+		}
+		got += (size_t)n;
+	}
+	if (got > AUTH_MAX) {
+		say(why, whylen, "remote_auth: %s is larger than %d bytes", path, AUTH_MAX);
+		goto out;
+	}
+	buf[got] = 0;
+	if (strlen(buf) != got) {
+		say(why, whylen, "remote_auth: %s holds a NUL byte", path);
+		goto out;
+	}
+	while (got && (buf[got - 1] == '\n' || buf[got - 1] == '\r'))
+		buf[--got] = 0;
+	if (strpbrk(buf, "\r\n")) {
+		say(why, whylen, "remote_auth: %s has more than one line (\"USER PASSWORD\" or "
+		    "\"PASSWORD\")", path);
+		goto out;
+	}
+	w1 = strtok_r(buf, " \t", &save);
+	w2 = w1 ? strtok_r(NULL, " \t", &save) : NULL;
+	w3 = w2 ? strtok_r(NULL, " \t", &save) : NULL;
+	if (!w1 || w3) {
+		say(why, whylen, "remote_auth: %s must hold one line: \"USER PASSWORD\" or "
+		    "\"PASSWORD\" (%s)", path, w1 ? "more than two words" : "it is empty");
+		goto out;
+	}
+	*user = w2 ? strdup(w1) : NULL;
+	*pass = strdup(w2 ? w2 : w1);
+	if (!*pass || (w2 && !*user)) {
+		free(*user);
+		free(*pass);
+		*user = *pass = NULL;
+		rc = -ENOMEM;
+		goto out;
+	}
+	rc = 0;
+out:
+	OPENSSL_cleanse(buf, sizeof(buf));
+	close(fd);
+	return rc;
+}
+
+/* ---- exchanges ---- */
+
+static int64_t now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* hiredis's reply builders, with arrays bounded: a garbage "*2000000000" must not make
+ * the reader allocate gigabytes. array_refused tells that refusal from a real OOM. */
+static redisReplyObjectFunctions guarded_fns;
+static void *(*plain_create_array)(const redisReadTask *, int);
+static pthread_once_t fns_once = PTHREAD_ONCE_INIT;
+static __thread int array_refused;
+
+static void *guarded_create_array(const redisReadTask *task, int elements)
+{
+	if (elements < 0 || elements > MAX_ARRAY) {
+		array_refused = 1;
+		return NULL;
+	}
+	return plain_create_array(task, elements);
+}
+
+static void fns_init(void)
+{
+	redisReader *r = redisReaderCreate();
+
+	if (!r)
+		abort(); /* at start, a few hundred bytes: nothing works without them */
+	guarded_fns = *r->fn;
+	plain_create_array = guarded_fns.createArray;
+	guarded_fns.createArray = guarded_create_array;
+	redisReaderFree(r);
+}
+
+/* Wait until fd is ready for ev, or the deadline. 0, or -ETIMEDOUT / -EIO. */
+static int wait_fd(int fd, short ev, int64_t deadline)
+{
+	for (;;) {
+		int64_t left = deadline - now_ms();
+		struct pollfd p = {.fd = fd, .events = ev};
+		int r;
+
+		if (left <= 0)
+			return -ETIMEDOUT;
+		r = poll(&p, 1, left > INT_MAX ? INT_MAX : (int)left);
+		if (r > 0)
+			return 0; /* also POLLHUP/POLLERR: the next send/recv says which */
+		if (r == 0)
+			return -ETIMEDOUT;
+		if (errno != EINTR)
+			return -EIO;
+	}
+}
+
+/* errno of a failed send/recv on an established connection. */
+static int io_errno(int e)
+{
+	switch (e) {
+	case EPIPE: case ECONNRESET: case ENOTCONN: case ECONNABORTED:
+		return -ENOTCONN;
+	case ETIMEDOUT:
+		return -ETIMEDOUT;
+	case EHOSTUNREACH: case ENETUNREACH: case ENETDOWN:
+		return -EHOSTUNREACH;
+	case ECONNREFUSED:
+		return -ECONNREFUSED;
+	case ENOMEM: case ENOBUFS:
+		return -ENOMEM;
+	default:
+		return -EIO;
+	}
+}
+
+/* errno of a failed connect: from hiredis's message (errno may have moved since). */
+static int connect_errno(const redisContext *c, int saved)
+{
+	static const int known[] = {ETIMEDOUT, EINPROGRESS, ECONNREFUSED, ENOENT, ECONNRESET,
+				    EHOSTUNREACH, ENETUNREACH, EADDRNOTAVAIL, ENETDOWN, EACCES,
+				    EPERM, ENOMEM};
+	int e = 0;
+
+	if (c->err == REDIS_ERR_OTHER)
+		return -EHOSTUNREACH; /* the name did not resolve */
+	for (size_t i = 0; i < sizeof(known) / sizeof(known[0]) && !e; i++)
+		if (strstr(c->errstr, strerror(known[i])))
+			e = known[i];
+	if (!e)
+		e = saved;
+	switch (e) {
+	case ETIMEDOUT: case EINPROGRESS:
+		return -ETIMEDOUT;
+	case ECONNREFUSED: case ENOENT: case ECONNRESET:
+		return -ECONNREFUSED; /* no listener (a Unix socket: not even the file) */
+	case EHOSTUNREACH: case ENETUNREACH: case EADDRNOTAVAIL: case ENETDOWN:
+		return -EHOSTUNREACH;
+	case EACCES: case EPERM:
+		return -EACCES;
+	case ENOMEM:
+		return -ENOMEM;
+	default:
+		return -EIO;
+	}
+}
+
+/* errno of an error reply, by its code (the first word). */
+static int reply_errno(const char *msg)
+{
+	static const struct {
+		const char *code;
+		int err;
+	} map[] = {
+		{"OOM", ENOSPC}, {"READONLY", ENOSPC}, {"MISCONF", ENOSPC},
+		{"NOAUTH", EACCES}, {"WRONGPASS", EACCES}, {"NOPERM", EACCES},
+		{"LOADING", EAGAIN}, {"BUSY", EAGAIN}, {"MASTERDOWN", EAGAIN}, {"TRYAGAIN", EAGAIN},
+	};
+	size_t wl = strcspn(msg, " ");
+
+	for (size_t i = 0; i < sizeof(map) / sizeof(map[0]); i++)
+		if (strlen(map[i].code) == wl && !memcmp(msg, map[i].code, wl))
+			return -map[i].err;
+	/* An error raised inside a script may come wrapped ("ERR Error running script ...
+	 * -OOM ..." on older servers). */
+	if (strstr(msg, "OOM command not allowed"))
+		return -ENOSPC;
+	if (strstr(msg, "NOPERM"))
+		return -EACCES;
+	return -EIO;
+}
+
+/* A bulk reply whose declared length is over MAX_REPLY: refused before its bytes come. */
+static int declared_too_big(const redisReader *r)
+{
+	const char *p = r->buf + r->pos, *e = r->buf + r->len;
+	unsigned long long v = 0;
+
+	if (r->len <= r->pos)
+		return 0;
+	if (*p == '$')
+		p++;
+	else if (r->ridx < 0 || r->rstack[r->ridx].type != REDIS_REPLY_STRING)
+		return 0; /* (hiredis may have taken the '$' in already) */
+	for (; p < e && *p >= '0' && *p <= '9'; p++) {
+		v = v * 10 + (unsigned)(*p - '0');
+		if (v > MAX_REPLY)
+			return 1;
+	}
+	return 0;
+}
+
+/* One command and its reply on c, within deadline. 0 and *out (a reply of a type in
+ * accept; an error reply is mapped, never returned), or -errno with why filled. After an
+ * error c is out of step and must be freed. */
+static int exchange(redisContext *c, int argc, const char **argv, const size_t *lens,
+		    unsigned accept, int64_t deadline, redisReply **out, char *why, size_t whylen)
+{
+	char *cmd = NULL, buf[16384];
+	int len = redisFormatCommandArgv(&cmd, argc, argv, lens);
+	size_t off = 0;
+	redisReply *r = NULL;
+	int rc;
+
+	*out = NULL;
+	if (len < 0 || !cmd) {
+		say(why, whylen, "out of memory formatting %s", argv[0]);
+		return -ENOMEM;
+	}
+	while (off < (size_t)len) {
+		ssize_t n = send(c->fd, cmd + off, (size_t)len - off, MSG_NOSIGNAL | MSG_DONTWAIT);
+
+		if (n > 0) {
+			off += (size_t)n;
+			continue;
+		}
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+			rc = wait_fd(c->fd, POLLOUT, deadline);
+			if (rc) {
+				say(why, whylen, "%s: sending: %s", argv[0], strerror(-rc));
+				goto out;
+			}
+			continue;
+		}
+		rc = io_errno(n < 0 ? errno : EPIPE);
+		say(why, whylen, "%s: sending: %s", argv[0], strerror(n < 0 ? errno : EPIPE));
+		goto out;
+	}
+	for (;;) {
+		void *got = NULL;
+		ssize_t n;
+
+		array_refused = 0;
+		if (redisReaderGetReply(c->reader, &got) != REDIS_OK) {
+			rc = c->reader->err == REDIS_ERR_OOM && !array_refused ? -ENOMEM : -EPROTO;
+			say(why, whylen, "%s: %s", argv[0], array_refused ?
+			    "garbage: an array reply of an absurd size" : c->reader->errstr);
+			goto out;
+		}
+		if (got) {
+			r = got;
+			break;
+		}
+		if (c->reader->len - c->reader->pos > MAX_REPLY || declared_too_big(c->reader)) {
+			rc = -EPROTO;
+			say(why, whylen, "%s: a reply larger than %zu MiB", argv[0], MAX_REPLY >> 20);
+			goto out;
+		}
+		rc = wait_fd(c->fd, POLLIN, deadline);
+		if (rc) {
+			say(why, whylen, "%s: no answer within the timeout", argv[0]);
+			goto out;
+		}
+		n = recv(c->fd, buf, sizeof(buf), MSG_DONTWAIT);
+		if (n == 0) {
+			rc = -ENOTCONN;
+			say(why, whylen, "%s: the server closed the connection", argv[0]);
+			goto out;
+		}
+		if (n < 0) {
+			if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)
+				continue;
+			rc = io_errno(errno);
+			say(why, whylen, "%s: receiving: %s", argv[0], strerror(errno));
+			goto out;
+		}
+		if (redisReaderFeed(c->reader, buf, (size_t)n) != REDIS_OK) {
+			rc = -ENOMEM;
+			say(why, whylen, "%s: out of memory reading the reply", argv[0]);
+			goto out;
+		}
+	}
+	if (c->reader->pos < c->reader->len) {
+		rc = -EPROTO;
+		say(why, whylen, "%s: garbage: more bytes than one reply", argv[0]);
+	} else if (r->type == REDIS_REPLY_ERROR) {
+		rc = reply_errno(r->str ? r->str : "");
+		say(why, whylen, "%s: %.150s", argv[0], r->str ? r->str : "");
+	} else if (r->type < 0 || r->type > 31 || !(accept & T(r->type))) {
+		rc = -EPROTO;
+		say(why, whylen, "%s: garbage: a reply of type %d", argv[0], r->type);
+	} else {
+		*out = r;
+		r = NULL;
+		rc = 0;
+	}
+out:
+	if (r)
+		freeReplyObject(r);
+	redisFreeCommand(cmd);
+	return rc;
+}
+
+/* A status reply that must be "OK". */
+static int expect_ok(redisContext *c, int argc, const char **argv, const size_t *lens,
+		     int64_t deadline, char *why, size_t whylen)
+{
+	redisReply *r;
+	int rc = exchange(c, argc, argv, lens, T(REDIS_REPLY_STATUS), deadline, &r, why, whylen);
+
+	if (rc)
+		return rc;
+	if (strcmp(r->str ? r->str : "", "OK")) {
+		rc = -EPROTO;
+		say(why, whylen, "%s: garbage: status \"%.40s\"", argv[0], r->str ? r->str : "");
+	}
+	freeReplyObject(r);
+	return rc;
+}
+
+/* A new connection to s, authenticated and on its database. */
+static int shard_connect(struct redis_backend *b, struct redis_shard *s, int64_t deadline,
+			 redisContext **out, char *why, size_t whylen)
+{
+	int64_t left = deadline - now_ms();
+	struct timeval tv, optv;
+	redisContext *c;
+	int saved, rc;
+
+	*out = NULL;
+	if (left <= 0)
+		return -ETIMEDOUT;
+	tv.tv_sec = left / 1000;
+	tv.tv_usec = (left % 1000) * 1000;
+	errno = 0;
+	c = s->addr->is_unix ? redisConnectUnixWithTimeout(s->addr->path, tv) :
+			      redisConnectWithTimeout(s->addr->host, s->addr->port, tv);
+	saved = errno;
+	if (!c) {
+		say(why, whylen, "connect: out of memory");
+		return -ENOMEM;
+	}
+	if (c->err) {
+		rc = connect_errno(c, saved);
+		say(why, whylen, "connect: %s", c->errstr);
+		redisFree(c);
+		return rc;
+	}
+	/* Exchanges poll against the deadline; the socket timeouts bound anything else. */
+	optv.tv_sec = b->base.timeout_ms / 1000;
+	optv.tv_usec = (b->base.timeout_ms % 1000) * 1000;
+	redisSetTimeout(c, optv);
+	pthread_once(&fns_once, fns_init);
+	c->reader->fn = &guarded_fns;
+	if (b->pass) {
+		const char *argv[3] = {"AUTH", b->user ? b->user : b->pass, b->pass};
+		size_t lens[3] = {4, strlen(argv[1]), strlen(b->pass)};
+
+		rc = expect_ok(c, b->user ? 3 : 2, argv, lens, deadline, why, whylen);
+		if (rc)
+			goto fail;
+	}
+	if (s->addr->db) {
+		char db[16];
+		const char *argv[2] = {"SELECT", db};
+		size_t lens[2] = {6, (size_t)snprintf(db, sizeof(db), "%d", s->addr->db)};
+
+		rc = expect_ok(c, 2, argv, lens, deadline, why, whylen);
+		if (rc)
+			goto fail;
+	}
+	*out = c;
+	return 0;
+fail:
+	redisFree(c);
+	return rc;
+}
+
+/* An idle connection of s that the server has not closed meanwhile, or NULL. */
+static redisContext *pool_take(struct redis_shard *s)
+{
+	for (;;) {
+		redisContext *c = NULL;
+		struct pollfd p;
+
+		pthread_mutex_lock(&s->lock);
+		if (s->nidle)
+			c = s->idle[--s->nidle];
+		pthread_mutex_unlock(&s->lock);
+		if (!c)
+			return NULL;
+		/* Readable while idle: EOF (a restart, an idle timeout) or bytes nobody asked
+		 * for. Either way it is of no use. Not a retry: nothing was sent on it. */
+		p.fd = c->fd;
+		p.events = POLLIN;
+		p.revents = 0;
+		if (poll(&p, 1, 0) == 0)
+			return c;
+		redisFree(c);
+	}
+}
+
+static void pool_give(struct redis_shard *s, redisContext *c)
+{
+	pthread_mutex_lock(&s->lock);
+	if (s->nidle < KC_REDIS_POOL) {
+		s->idle[s->nidle++] = c;
+		c = NULL;
+	}
+	pthread_mutex_unlock(&s->lock);
+	if (c)
+		redisFree(c);
+}
+
+/* Log a shard's fault: once per cause, again after RELOG_S; never the password. */
+static void shard_fault(struct redis_backend *b, struct redis_shard *s, const char *op, int rc,
+			char *why)
+{
+	time_t now = time(NULL);
+	char *p;
+
+	if (b->pass && *b->pass)
+		while ((p = strstr(why, b->pass)))
+			memset(p, '*', strlen(b->pass));
+	pthread_mutex_lock(&s->lock);
+	if (!s->down || strcmp(s->last_why, why) || now - s->last_log >= RELOG_S) {
+		kc_log(KC_LOG_WARN, "remote: %s: %s failed: %s (%s)", s->addr->canon, op,
+		       strerror(-rc), why);
+		s->last_log = now;
+		snprintf(s->last_why, sizeof(s->last_why), "%s", why);
+	}
+	s->down = 1;
+	pthread_mutex_unlock(&s->lock);
+}
+
+static void shard_ok(struct redis_shard *s)
+{
+	int was;
+
+	pthread_mutex_lock(&s->lock);
+	was = s->down;
+	s->down = 0;
+	s->last_why[0] = 0;
+	pthread_mutex_unlock(&s->lock);
+	if (was)
+		kc_log(KC_LOG_INFO, "remote: %s answers again", s->addr->canon);
+}
+
+/* Run one command on key's shard: 0 and *out, or -errno (logged). */
+static int shard_call(struct redis_backend *b, const char *key, const char *op, int argc,
+		      const char **argv, const size_t *lens, unsigned accept, redisReply **out)
+{
+	struct redis_shard *s = &b->shards[kc_redis_pick(b->addrs, b->nshards, key)];
+	int64_t deadline = now_ms() + b->base.timeout_ms;
+	char why[200] = "";
+	redisContext *c = pool_take(s);
+	int rc = 0;
+
+	if (!c)
+		rc = shard_connect(b, s, deadline, &c, why, sizeof(why));
+	if (!rc)
+		rc = exchange(c, argc, argv, lens, accept, deadline, out, why, sizeof(why));
+	if (rc) {
+		if (c)
+			redisFree(c);
+		shard_fault(b, s, op, rc, why);
+		return rc;
+	}
+	pool_give(s, c);
+	shard_ok(s);
+	return 0;
+}
+
+/* ---- the operations ---- */
+
+static int is_hex(const char *s, size_t n)
+{
+	if (!s || strlen(s) != n)
+		return 0;
+	for (size_t i = 0; i < n; i++)
+		if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f')))
+			return 0;
+	return 1;
+}
+
+/* name = prefix + key (a valid key) */
+static int name_of(const char *prefix, const char *key, char name[64 + KC_REMOTE_KEYLEN])
+{
+	if (!is_hex(key, KC_REMOTE_KEYLEN))
+		return -EINVAL;
+	snprintf(name, 64 + KC_REMOTE_KEYLEN, "%s%s", prefix, key);
+	return 0;
+}
+
+/* GET prefix+key on key's shard: 0 and *r (a string or nil reply, caller frees). */
+static int get_named(struct redis_backend *b, const char *op, const char *prefix,
+		     const char *key, redisReply **r)
+{
+	char name[64 + KC_REMOTE_KEYLEN];
+	const char *argv[2] = {"GET", name};
+	size_t lens[2] = {3, 0};
+
+	if (name_of(prefix, key, name))
+		return -EINVAL;
+	lens[1] = strlen(name);
+	return shard_call(b, key, op, 2, argv, lens, T(REDIS_REPLY_STRING) | T(REDIS_REPLY_NIL), r);
+}
+
+static int r_get(struct kc_remote_backend *base, const char *key, char **data, size_t *len)
+{
+	redisReply *r;
+	int rc;
+
+	*data = NULL;
+	*len = 0;
+	rc = get_named((struct redis_backend *)base, "get", OBJ_PREFIX, key, &r);
+	if (rc)
+		return rc;
+	if (r->type == REDIS_REPLY_NIL) {
+		rc = -ENOENT;
+	} else {
+		*data = malloc(r->len ? r->len : 1);
+		if (*data) {
+			memcpy(*data, r->str, r->len);
+			*len = r->len;
+		} else {
+			rc = -ENOMEM;
+		}
+	}
+	freeReplyObject(r);
+	return rc;
+}
+
+static int r_put(struct kc_remote_backend *base, const char *key, const void *data, size_t len)
+{
+	struct redis_backend *b = (struct redis_backend *)base;
+	char name[64 + KC_REMOTE_KEYLEN];
+	const char *argv[4] = {"SET", name, data, "NX"};
+	size_t lens[4] = {3, 0, len, 2};
+	redisReply *r;
+	int rc;
+
+	if (name_of(OBJ_PREFIX, key, name) || (!data && len) || len >= MAX_REPLY)
+		return -EINVAL;
+	if (!data)
+		argv[2] = "";
+	lens[1] = strlen(name);
+	rc = shard_call(b, key, "put", 4, argv, lens, T(REDIS_REPLY_STATUS) | T(REDIS_REPLY_NIL), &r);
+	if (rc)
+		return rc;
+	if (r->type == REDIS_REPLY_NIL)
+		rc = -EEXIST;
+	else if (strcmp(r->str ? r->str : "", "OK"))
+		rc = -EPROTO;
+	freeReplyObject(r);
+	return rc;
+}
+
+/* Run a lease script: 0 and *value (its integer reply). */
+static int lease_script(struct redis_backend *b, const char *op, const char *script,
+			const char *key, const char *token, unsigned ms, long long *value)
+{
+	char name[64 + KC_REMOTE_KEYLEN], num[16];
+	const char *argv[6] = {"EVAL", script, "1", name, token, num};
+	size_t lens[6];
+	redisReply *r;
+	int rc;
+
+	if (name_of(LEASE_PREFIX, key, name) || !is_hex(token, KC_REMOTE_TOKENLEN))
+		return -EINVAL;
+	lens[0] = 4;
+	lens[1] = strlen(script);
+	lens[2] = 1;
+	lens[3] = strlen(name);
+	lens[4] = KC_REMOTE_TOKENLEN;
+	lens[5] = (size_t)snprintf(num, sizeof(num), "%u", ms);
+	rc = shard_call(b, key, op, 6, argv, lens, T(REDIS_REPLY_INTEGER), &r);
+	if (rc)
+		return rc;
+	*value = r->integer;
+	freeReplyObject(r);
+	return 0;
+}
+
+static int r_lease_take(struct kc_remote_backend *base, const char *key, const char *token,
+			unsigned ttl_ms, enum kc_lease_state *state)
+{
+	long long v;
+	int rc;
+
+	if (!ttl_ms)
+		return -EINVAL;
+	rc = lease_script((struct redis_backend *)base, "lease take", take_script, key, token,
+			  ttl_ms, &v);
+	if (rc)
+		return rc;
+	switch (v) {
+	case 0:
+		*state = KC_LEASE_HELD; /* by us */
+		return 0;
+	case 1:
+		*state = KC_LEASE_HELD;
+		return -EBUSY;
+	case 2:
+		*state = KC_LEASE_FAILED;
+		return -EBUSY;
+	default:
+		return -EPROTO;
+	}
+}
+
+static int r_lease_renew(struct kc_remote_backend *base, const char *key, const char *token,
+			 unsigned ttl_ms)
+{
+	long long v;
+	int rc;
+
+	if (!ttl_ms)
+		return -EINVAL;
+	rc = lease_script((struct redis_backend *)base, "lease renew", renew_script, key, token,
+			  ttl_ms, &v);
+	if (rc)
+		return rc;
+	return v == 1 ? 0 : v == 0 ? -ENOLCK : -EPROTO;
+}
+
+static int r_lease_release(struct kc_remote_backend *base, const char *key, const char *token,
+			   unsigned fail_ms)
+{
+	long long v;
+	int rc = lease_script((struct redis_backend *)base, "lease release", release_script, key,
+			      token, fail_ms, &v);
+
+	if (rc)
+		return rc;
+	return v == 1 ? 0 : v == 0 ? -ENOLCK : -EPROTO;
+}
+
+static int r_lease_peek(struct kc_remote_backend *base, const char *key, enum kc_lease_state *state)
+{
+	redisReply *r;
+	int rc = get_named((struct redis_backend *)base, "lease peek", LEASE_PREFIX, key, &r);
+
+	if (rc)
+		return rc;
+	if (r->type == REDIS_REPLY_NIL)
+		*state = KC_LEASE_NONE;
+	else if (r->len >= strlen(FAILED_PREFIX) && !memcmp(r->str, FAILED_PREFIX, strlen(FAILED_PREFIX)))
+		*state = KC_LEASE_FAILED;
+	else
+		*state = KC_LEASE_HELD;
+	freeReplyObject(r);
+	return 0;
+}
+
+static const char *r_describe(struct kc_remote_backend *base)
+{
+	return ((struct redis_backend *)base)->desc;
+}
+
+static void r_destroy(struct kc_remote_backend *base)
+{
+	struct redis_backend *b = (struct redis_backend *)base;
+
+	if (!b)
+		return;
+	for (size_t i = 0; b->shards && i < b->nshards; i++) {
+		struct redis_shard *s = &b->shards[i];
+		for (int j = 0; j < s->nidle; j++)
+			redisFree(s->idle[j]);
+		pthread_mutex_destroy(&s->lock);
+	}
+	if (b->pass) {
+		OPENSSL_cleanse(b->pass, strlen(b->pass));
+		free(b->pass);
+	}
+	free(b->user);
+	free(b->shards);
+	free(b->addrs);
+	free(b);
+}
+
+static const struct kc_remote_backend_ops redis_ops = {
+	.get = r_get,
+	.put = r_put,
+	.lease_take = r_lease_take,
+	.lease_renew = r_lease_renew,
+	.lease_release = r_lease_release,
+	.lease_peek = r_lease_peek,
+	.describe = r_describe,
+	.destroy = r_destroy,
+};
+
+struct kc_remote_backend *kc_remote_redis_open(const char *url, const char *auth_file,
+					       unsigned timeout_ms, char *why, size_t whylen)
+{
+	struct redis_backend *b;
+	int n, rc;
+	size_t dl = 0;
+
+	if (!timeout_ms) {
+		say(why, whylen, "remote: the timeout must be at least 1 ms");
+		errno = EINVAL;
+		return NULL;
+	}
+	b = calloc(1, sizeof(*b));
+	if (!b) {
+		errno = ENOMEM;
+		return NULL;
+	}
+	b->base.ops = &redis_ops;
+	b->base.timeout_ms = timeout_ms;
+	n = kc_redis_parse(url, &b->addrs, why, whylen);
+	if (n < 0) {
+		rc = n;
+		goto fail;
+	}
+	b->shards = calloc((size_t)n, sizeof(*b->shards));
+	if (!b->shards) {
+		rc = -ENOMEM;
+		goto fail;
+	}
+	for (int i = 0; i < n; i++) {
+		b->shards[i].addr = &b->addrs[i];
+		pthread_mutex_init(&b->shards[i].lock, NULL);
+		b->nshards++;
+	}
+	if (auth_file) {
+		rc = kc_redis_auth_read(auth_file, &b->user, &b->pass, why, whylen);
+		if (rc) {
+			if (rc != -ENOMEM)
+				rc = -EINVAL; /* remote.h: an auth file that cannot be read is EINVAL */
+			goto fail;
+		}
+	}
+	for (int i = 0; i < n; i++) {
+		size_t left = sizeof(b->desc) - dl;
+		int w = snprintf(b->desc + dl, left, "%s%s", i ? "|" : "", b->addrs[i].canon);
+
+		if (w < 0 || (size_t)w + 20 >= left) { /* too long to list: name the first */
+			dl = (size_t)snprintf(b->desc, sizeof(b->desc), "%s|...", b->addrs[0].canon);
+			break;
+		}
+		dl += (size_t)w;
+	}
+	if (n > 1)
+		snprintf(b->desc + dl, sizeof(b->desc) - dl, " (%d shards)", n);
+	return &b->base;
+fail:
+	r_destroy(&b->base);
+	errno = -rc;
+	return NULL;
+}

@@ -1,0 +1,525 @@
+/* remote_tier.c - see remote_tier.h */
+#define _GNU_SOURCE
+#include "remote_tier.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "compile.h"
+#include "io.h"
+#include "kc_build.h"
+#include "log.h"
+#include "remote_manifest.h"
+
+enum fault_kind { FAULT_GET, FAULT_PUT, FAULT_LEASE, FAULT_KINDS };
+
+struct kc_remote_tier {
+	struct kc_remote_backend *b;
+	struct kc_stats *stats;
+	unsigned char *secret_buf;
+	struct kc_object_secret secret;
+	int read_only;
+	unsigned lease_ms, wait_s;
+	char toolkit[PATH_MAX];
+	pthread_mutex_t lock;
+	pthread_cond_t stop_cv; /* CLOCK_MONOTONIC: waits between polls end early at stop */
+	int stopping;
+	unsigned faults_in_row;
+	double breaker_until;   /* monotonic seconds; 0: closed */
+	double last_log[FAULT_KINDS];
+	unsigned long suppressed[FAULT_KINDS];
+};
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* Whether the breaker lets an operation through now. When it has cooled down, one
+ * operation at a time tries again (its outcome closes or reopens it). */
+static int store_usable(struct kc_remote_tier *t)
+{
+	pthread_mutex_lock(&t->lock);
+	int ok = t->breaker_until == 0 || now_s() >= t->breaker_until;
+	if (ok && t->breaker_until != 0)
+		t->breaker_until = now_s() + 1; /* half open: this one tries, others wait 1 s */
+	pthread_mutex_unlock(&t->lock);
+	return ok;
+}
+
+/* Count the outcome err of an operation of kind: 0 and the answers that are no fault
+ * (benign) close the breaker; a fault is counted, logged at most once per 10 s per kind,
+ * and opens the breaker after KC_REMOTE_BREAKER_FAULTS in a row. */
+static void outcome(struct kc_remote_tier *t, enum fault_kind kind, int err, int benign,
+		    const char *what)
+{
+	static const char *const kinds[] = {"get", "put", "lease"};
+	if (err == 0 || err == benign || (kind == FAULT_LEASE && (err == -EBUSY ||
+								   err == -ENOLCK))) {
+		pthread_mutex_lock(&t->lock);
+		if (t->breaker_until != 0)
+			kc_log(KC_LOG_WARN, "cluster store %s answers again", t->b->ops->describe(t->b));
+		t->faults_in_row = 0;
+		t->breaker_until = 0;
+		pthread_mutex_unlock(&t->lock);
+		return;
+	}
+	atomic_uint_fast64_t *counter = kind == FAULT_GET   ? &t->stats->remote_get_errors
+					: kind == FAULT_PUT ? &t->stats->remote_put_errors
+							    : &t->stats->remote_lease_errors;
+	atomic_fetch_add(counter, 1);
+	pthread_mutex_lock(&t->lock);
+	double now = now_s();
+	if (now - t->last_log[kind] >= 10) {
+		kc_log(KC_LOG_WARN, "cluster store %s: %s %s failed: %s%s", t->b->ops->describe(t->b),
+		       kinds[kind], what, strerror(-err),
+		       t->suppressed[kind] ? " (and earlier ones not logged)" : "");
+		t->last_log[kind] = now;
+		t->suppressed[kind] = 0;
+	} else {
+		t->suppressed[kind]++;
+	}
+	if (++t->faults_in_row >= KC_REMOTE_BREAKER_FAULTS &&
+	    (t->breaker_until == 0 || t->breaker_until <= now + 1)) {
+		if (t->breaker_until == 0)
+			kc_log(KC_LOG_WARN, "cluster store %s: %u faults in a row; not asked for %d s "
+			       "(compiling locally)", t->b->ops->describe(t->b), t->faults_in_row,
+			       KC_REMOTE_BREAKER_S);
+		t->breaker_until = now + KC_REMOTE_BREAKER_S;
+	}
+	pthread_mutex_unlock(&t->lock);
+}
+
+int kc_remote_tier_up(struct kc_remote_tier *t)
+{
+	pthread_mutex_lock(&t->lock);
+	int up = t->breaker_until == 0;
+	pthread_mutex_unlock(&t->lock);
+	return up;
+}
+
+/* Read the HMAC secret: a file of root's that nobody else can read, at least
+ * KC_OBJECT_MIN_SECRET bytes (a trailing newline is not part of it). */
+static int load_secret(struct kc_remote_tier *t, const char *path, char *why, size_t whylen)
+{
+	struct stat st;
+	char *buf = NULL;
+	size_t len = 0;
+	int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0 || fstat(fd, &st) != 0) {
+		snprintf(why, whylen, "remote_key=%s: %s", path, strerror(errno));
+		if (fd >= 0)
+			close(fd);
+		return -EACCES;
+	}
+	if (!S_ISREG(st.st_mode) || st.st_uid != 0 || (st.st_mode & 077)) {
+		close(fd);
+		snprintf(why, whylen, "remote_key=%s: must be a regular file of root's that no one "
+			 "else can read or write (chmod 600)", path);
+		return -EACCES;
+	}
+	int err = kc_read_all(fd, 4096, &buf, &len);
+	close(fd);
+	while (!err && len && (buf[len - 1] == '\n' || buf[len - 1] == '\r'))
+		len--;
+	if (err || len < KC_OBJECT_MIN_SECRET) {
+		free(buf);
+		snprintf(why, whylen, "remote_key=%s: %s", path,
+			 err ? strerror(-err) : "the secret must be at least 16 bytes");
+		return -EINVAL;
+	}
+	t->secret_buf = (unsigned char *)buf;
+	t->secret.bytes = t->secret_buf;
+	t->secret.len = len;
+	return 0;
+}
+
+int kc_remote_tier_open(const struct kc_remote_opts *o, const char *nvcc,
+			struct kc_stats *stats, struct kc_remote_tier **out, char *why,
+			size_t whylen)
+{
+	struct kc_remote_tier *t = calloc(1, sizeof(*t));
+	pthread_condattr_t ca;
+	if (!t) {
+		snprintf(why, whylen, "out of memory");
+		return -ENOMEM;
+	}
+	t->stats = stats;
+	t->read_only = o->read_only;
+	t->lease_ms = (o->lease_s ? o->lease_s : KC_REMOTE_DEFAULT_LEASE) * 1000u;
+	t->wait_s = o->wait_s ? o->wait_s : KC_REMOTE_DEFAULT_WAIT;
+	if (o->key_file) {
+		int err = load_secret(t, o->key_file, why, whylen);
+		if (err) {
+			free(t);
+			return err;
+		}
+	}
+	t->b = kc_remote_backend_open(o->url, o->auth_file,
+				      o->timeout_ms ? o->timeout_ms : KC_REMOTE_DEFAULT_TIMEOUT, why,
+				      whylen);
+	if (!t->b) {
+		free(t->secret_buf);
+		free(t);
+		return -EINVAL;
+	}
+	if (kc_manifest_toolkit_root(nvcc, KC_CUDA_HOME, t->toolkit, sizeof(t->toolkit)) != 0)
+		t->toolkit[0] = '\0'; /* every header is then hashed */
+	pthread_mutex_init(&t->lock, NULL);
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&t->stop_cv, &ca);
+	pthread_condattr_destroy(&ca);
+	if (!o->key_file)
+		kc_log(KC_LOG_WARN, "remote=%s without remote_key=: objects are not signed, and "
+		       "anyone who can write the store can make this node serve their cubins",
+		       t->b->ops->describe(t->b));
+	kc_log(KC_LOG_INFO, "cluster store %s%s, lease %u s, wait %u s, timeout %u ms%s",
+	       t->b->ops->describe(t->b), t->read_only ? " (read-only)" : "", t->lease_ms / 1000,
+	       t->wait_s, t->b->timeout_ms, o->key_file ? ", objects signed" : "");
+	*out = t;
+	return 0;
+}
+
+void kc_remote_tier_stop(struct kc_remote_tier *t)
+{
+	pthread_mutex_lock(&t->lock);
+	t->stopping = 1;
+	pthread_cond_broadcast(&t->stop_cv);
+	pthread_mutex_unlock(&t->lock);
+}
+
+void kc_remote_tier_close(struct kc_remote_tier *t)
+{
+	if (!t)
+		return;
+	t->b->ops->destroy(t->b);
+	pthread_mutex_destroy(&t->lock);
+	pthread_cond_destroy(&t->stop_cv);
+	free(t->secret_buf);
+	free(t);
+}
+
+/* CLOCK_MONOTONIC now plus ms. */
+static struct timespec deadline_after(unsigned ms)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	ts.tv_sec += ms / 1000;
+	ts.tv_nsec += (long)(ms % 1000) * 1000000l;
+	if (ts.tv_nsec >= 1000000000l) {
+		ts.tv_sec++;
+		ts.tv_nsec -= 1000000000l;
+	}
+	return ts;
+}
+
+/* Sleep ms unless the tier stops first. Returns 1 when it stops. */
+static int pause_ms(struct kc_remote_tier *t, unsigned ms)
+{
+	struct timespec until = deadline_after(ms);
+	pthread_mutex_lock(&t->lock);
+	while (!t->stopping && pthread_cond_timedwait(&t->stop_cv, &t->lock, &until) != ETIMEDOUT)
+		;
+	int stopping = t->stopping;
+	pthread_mutex_unlock(&t->lock);
+	return stopping;
+}
+
+/* The renewal thread of a held lease. */
+struct renewer {
+	struct kc_remote_tier *t;
+	const char *key, *token; /* the job's, which outlives the thread */
+	pthread_t thread;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	int stop;
+};
+
+static void *renew_loop(void *arg)
+{
+	struct renewer *r = arg;
+	unsigned every = r->t->lease_ms / 3 ? r->t->lease_ms / 3 : 1;
+	pthread_mutex_lock(&r->mu);
+	while (!r->stop) {
+		struct timespec until = deadline_after(every);
+		if (pthread_cond_timedwait(&r->cv, &r->mu, &until) != ETIMEDOUT || r->stop)
+			continue;
+		pthread_mutex_unlock(&r->mu);
+		int err = r->t->b->ops->lease_renew(r->t->b, r->key, r->token, r->t->lease_ms);
+		outcome(r->t, FAULT_LEASE, err, 0, "renewal");
+		if (err == -ENOLCK)
+			kc_log(KC_LOG_INFO, "cluster store: lease on %.16s was taken over while "
+			       "compiling", r->key);
+		pthread_mutex_lock(&r->mu);
+	}
+	pthread_mutex_unlock(&r->mu);
+	return NULL;
+}
+
+static void renewer_start(struct kc_remote_tier *t, struct kc_remote_job *rj)
+{
+	struct renewer *r = calloc(1, sizeof(*r));
+	pthread_condattr_t ca;
+	if (!r)
+		return; /* the lease then lasts its ttl; a takeover costs one more compile */
+	r->t = t;
+	r->key = rj->mkey;
+	r->token = rj->token;
+	pthread_mutex_init(&r->mu, NULL);
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&r->cv, &ca);
+	pthread_condattr_destroy(&ca);
+	if (pthread_create(&r->thread, NULL, renew_loop, r) != 0) {
+		pthread_mutex_destroy(&r->mu);
+		pthread_cond_destroy(&r->cv);
+		free(r);
+		return;
+	}
+	rj->renewer = r;
+}
+
+static void renewer_stop(struct kc_remote_job *rj)
+{
+	struct renewer *r = rj->renewer;
+	if (!r)
+		return;
+	pthread_mutex_lock(&r->mu);
+	r->stop = 1;
+	pthread_cond_signal(&r->cv);
+	pthread_mutex_unlock(&r->mu);
+	pthread_join(r->thread, NULL);
+	pthread_mutex_destroy(&r->mu);
+	pthread_cond_destroy(&r->cv);
+	free(r);
+	rj->renewer = NULL;
+}
+
+enum found { FOUND_NONE, FOUND_CUBIN, FOUND_OTHER_HEADERS, FOUND_FAULT };
+
+/* Look for the recipe's object: the index under rj->mkey, this node's manifest of its
+ * headers, the object under the key of that manifest, verified. */
+static enum found look(struct kc_remote_tier *t, struct kc_remote_job *rj)
+{
+	char *data = NULL, *mine = NULL, why[400] = "", okey[KC_SHA256_HEXLEN + 1];
+	size_t len = 0, mlen = 0;
+	struct kc_object idx;
+	double t0 = now_s();
+
+	if (!store_usable(t))
+		return FOUND_FAULT;
+	int err = t->b->ops->get(t->b, rj->mkey, &data, &len);
+	outcome(t, FAULT_GET, err, -ENOENT, "of an index");
+	if (err)
+		return err == -ENOENT ? FOUND_NONE : FOUND_FAULT;
+	atomic_fetch_add(&t->stats->remote_bytes_in, len);
+	err = kc_object_parse(data, len, KC_OBJECT_INDEX, rj->mkey, &t->secret, &idx, why,
+			      sizeof(why));
+	if (err == 0)
+		err = kc_manifest_rehash(idx.manifest, idx.manifest_len, &mine, &mlen, why,
+					 sizeof(why)) == 0 ? 0 : -ENOENT;
+	else
+		atomic_fetch_add(&t->stats->remote_rejected, 1);
+	free(data);
+	if (err == -EBADMSG) {
+		kc_log(KC_LOG_WARN, "cluster store: index %.16s refused: %s", rj->mkey, why);
+		return FOUND_NONE;
+	}
+	if (err) { /* a header of the index is not here as it was there */
+		kc_log(KC_LOG_DEBUG, "cluster store: index %.16s: %s", rj->mkey, why);
+		return FOUND_OTHER_HEADERS;
+	}
+	if (kc_object_cubin_key(rj->mkey, mine, mlen, okey) != 0 || !store_usable(t)) {
+		free(mine);
+		return FOUND_FAULT;
+	}
+	err = t->b->ops->get(t->b, okey, &data, &len);
+	outcome(t, FAULT_GET, err, -ENOENT, "of an object");
+	if (err) {
+		free(mine);
+		return err == -ENOENT ? FOUND_OTHER_HEADERS : FOUND_FAULT;
+	}
+	atomic_fetch_add(&t->stats->remote_bytes_in, len);
+	err = kc_object_parse(data, len, KC_OBJECT_CUBIN, okey, &t->secret, &rj->obj, why,
+			      sizeof(why));
+	if (err == 0 && (rj->obj.manifest_len != mlen ||
+			 memcmp(rj->obj.manifest, mine, mlen) != 0)) {
+		snprintf(why, sizeof(why), "its manifest is not this node's");
+		err = -EBADMSG;
+	}
+	free(mine);
+	if (err) {
+		atomic_fetch_add(&t->stats->remote_rejected, 1);
+		kc_log(KC_LOG_WARN, "cluster store: object %.16s refused: %s", okey, why);
+		free(data);
+		return FOUND_OTHER_HEADERS;
+	}
+	rj->data = data;
+	snprintf(rj->where, sizeof(rj->where), "%.100s, object %.16s", t->b->ops->describe(t->b),
+		 okey);
+	atomic_fetch_add(&t->stats->remote_fetch_usec, (uint64_t)((now_s() - t0) * 1e6));
+	atomic_fetch_add(&t->stats->remote_fetches, 1);
+	return FOUND_CUBIN;
+}
+
+/* Try to take the lease. Returns 0 taken, -EBUSY (*state says why), or a fault. A
+ * read-only node takes none (it compiles what it does not find, unannounced) but waits
+ * for a holder all the same: -EBUSY while one holds the key, else -EIO. */
+static int take(struct kc_remote_tier *t, struct kc_remote_job *rj, enum kc_lease_state *state)
+{
+	if (!store_usable(t))
+		return -EIO;
+	if (t->read_only) {
+		int err = t->b->ops->lease_peek(t->b, rj->mkey, state);
+		outcome(t, FAULT_LEASE, err, 0, "peek");
+		return err == 0 && *state != KC_LEASE_NONE ? -EBUSY : -EIO;
+	}
+	int err = t->b->ops->lease_take(t->b, rj->mkey, rj->token, t->lease_ms, state);
+	outcome(t, FAULT_LEASE, err, 0, "take");
+	return err;
+}
+
+int kc_remote_tier_fetch(struct kc_remote_tier *t, const char *recipe_hash, int use_store,
+			 struct kc_remote_job *rj)
+{
+	unsigned char r[KC_REMOTE_TOKENLEN / 2];
+	memset(rj, 0, sizeof(*rj));
+	if (!t || !use_store || kc_object_manifest_key(recipe_hash, rj->mkey) != 0)
+		return 0;
+	rj->active = 1;
+	if (getrandom(r, sizeof(r), 0) != (ssize_t)sizeof(r))
+		return 0; /* no token: compile without the store's single flight */
+	for (size_t i = 0; i < sizeof(r); i++)
+		snprintf(rj->token + 2 * i, 3, "%02x", r[i]);
+
+	double start = now_s();
+	unsigned delay = 50;
+	int waited = 0, saw_holder = 0;
+	for (;;) {
+		enum found f = look(t, rj);
+		if (f == FOUND_CUBIN) {
+			atomic_fetch_add(&t->stats->remote_hits, 1);
+			return 1;
+		}
+		if (f != FOUND_NONE)
+			break; /* other headers or a fault: compile here */
+		enum kc_lease_state state = KC_LEASE_NONE;
+		int err = take(t, rj, &state);
+		if (err == 0) {
+			if (saw_holder)
+				atomic_fetch_add(&t->stats->remote_takeovers, 1);
+			rj->holder = 1;
+			/* the last holder may have published between the look and the take */
+			if ((f = look(t, rj)) == FOUND_CUBIN) {
+				int e = t->b->ops->lease_release(t->b, rj->mkey, rj->token, 0);
+				outcome(t, FAULT_LEASE, e, 0, "release");
+				rj->holder = 0;
+				atomic_fetch_add(&t->stats->remote_hits, 1);
+				return 1;
+			}
+			renewer_start(t, rj);
+			break;
+		}
+		if (err != -EBUSY || state == KC_LEASE_FAILED)
+			break; /* a fault, read-only, or the holder's compile failed: compile here */
+		saw_holder = 1;
+		if (!waited) {
+			waited = 1;
+			atomic_fetch_add(&t->stats->remote_lease_waits, 1);
+		}
+		if (now_s() - start >= t->wait_s) {
+			atomic_fetch_add(&t->stats->remote_hedged, 1);
+			kc_log(KC_LOG_INFO, "cluster store: waited %u s for %.16s; compiling here",
+			       t->wait_s, rj->mkey);
+			break;
+		}
+		if (pause_ms(t, delay))
+			break;
+		delay = delay * 2 > 1000 ? 1000 : delay * 2;
+	}
+	atomic_fetch_add(&t->stats->remote_misses, 1);
+	return 0;
+}
+
+/* Put kind's object under key; counts and logs. */
+static void put_object(struct kc_remote_tier *t, enum kc_object_kind kind, const char *key,
+		       const char *manifest, size_t mlen, const void *cubin, size_t clen)
+{
+	char *obj = NULL;
+	size_t len = 0;
+	if (!store_usable(t) ||
+	    kc_object_build(kind, key, manifest, mlen, cubin, clen, &t->secret, &obj, &len) != 0)
+		return;
+	int err = t->b->ops->put(t->b, key, obj, len);
+	outcome(t, FAULT_PUT, err, -EEXIST, kind == KC_OBJECT_INDEX ? "of an index" : "of an object");
+	if (err == 0) {
+		atomic_fetch_add(&t->stats->remote_puts, 1);
+		atomic_fetch_add(&t->stats->remote_bytes_out, len);
+	}
+	free(obj);
+}
+
+/* Share the compiled cubin behind fd: the object, then the index that leads to it. */
+static void share(struct kc_remote_tier *t, struct kc_remote_job *rj, int fd, const char *deps,
+		  size_t deps_len)
+{
+	char *manifest = NULL, *cubin = NULL, why[400], okey[KC_SHA256_HEXLEN + 1];
+	size_t mlen = 0, clen = 0;
+	if (!deps) {
+		kc_log(KC_LOG_INFO, "cluster store: %.16s not shared: the compiler wrote no "
+		       "dependency file", rj->mkey);
+		return;
+	}
+	if (kc_manifest_from_deps(deps, deps_len, KC_COMPILE_CWD,
+				  t->toolkit[0] ? t->toolkit : NULL, &manifest, &mlen, why,
+				  sizeof(why)) != 0) {
+		kc_log(KC_LOG_INFO, "cluster store: %.16s not shared: %s", rj->mkey, why);
+		return;
+	}
+	int dup = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+	if (dup >= 0 && lseek(dup, 0, SEEK_SET) == 0 &&
+	    kc_read_all(dup, KC_OBJECT_MAX_CUBIN, &cubin, &clen) == 0 &&
+	    kc_object_cubin_key(rj->mkey, manifest, mlen, okey) == 0) {
+		put_object(t, KC_OBJECT_CUBIN, okey, manifest, mlen, cubin, clen);
+		put_object(t, KC_OBJECT_INDEX, rj->mkey, manifest, mlen, NULL, 0);
+	}
+	if (dup >= 0)
+		close(dup);
+	free(cubin);
+	free(manifest);
+}
+
+void kc_remote_tier_finish(struct kc_remote_tier *t, struct kc_remote_job *rj, int ok,
+			   int rejected, int cubin_fd, const char *deps, size_t deps_len)
+{
+	if (!t || !rj->active)
+		return;
+	renewer_stop(rj);
+	if (ok && !t->read_only)
+		share(t, rj, cubin_fd, deps, deps_len);
+	if (rj->holder) {
+		int err = t->b->ops->lease_release(t->b, rj->mkey, rj->token,
+						   rejected ? KC_REMOTE_FAIL_NOTE_MS : 0);
+		outcome(t, FAULT_LEASE, err, 0, "release");
+		rj->holder = 0;
+	}
+	kc_remote_job_free(rj);
+}
+
+void kc_remote_job_free(struct kc_remote_job *rj)
+{
+	free(rj->data);
+	rj->data = NULL;
+}

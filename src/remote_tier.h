@@ -1,0 +1,99 @@
+/* remote_tier.h - the cluster store (L2) in the compile path: fetch a verified cubin
+ * another node compiled, or take the key's lease and compile, or wait for the holder's
+ * object; then share what this node compiled. Used by cache.c's compile job, in a compile
+ * pool thread (never a FUSE thread: the openers are parked by the single flight).
+ *
+ * One compile job, with the recipe's manifest key mkey (remote_object.h):
+ *   1. the index under mkey lists the headers; this node hashes its own copies into its
+ *      manifest and object key, fetches that object and verifies it (format, key,
+ *      SHA-256, signature, CUDA ELF, manifest equal to this node's): a hit is published
+ *      to L1 as a compile would be. A node whose headers differ has another object key.
+ *   2. no index: take the lease on mkey and look again (the holder may just have
+ *      published); holding it, compile, put the object and then the index, release. A
+ *      timer thread renews the lease every third of its ttl while the compile runs.
+ *   3. the lease is another node's: wait for the index, polling at 50 ms growing to 1 s;
+ *      a lease gone without an object is taken over; after remote_wait seconds compile
+ *      locally (a hedge). A failure note (the holder's compile was rejected) means: compile
+ *      locally at once.
+ * Every store fault is a miss or a failed put: counted, logged (at most one line per 10 s
+ * per kind), and after KC_REMOTE_BREAKER_FAULTS faults in a row the store is not asked
+ * for KC_REMOTE_BREAKER_S seconds (logged once each way). Only nvcc compiles are shared:
+ * NVRTC entries have no dependency output to build a manifest from (remote_manifest.h).
+ */
+#ifndef KC_REMOTE_TIER_H
+#define KC_REMOTE_TIER_H
+
+#include <stddef.h>
+
+#include "hash.h"
+#include "remote.h"
+#include "remote_object.h"
+#include "stats.h"
+
+#define KC_REMOTE_DEFAULT_LEASE 60      /* seconds of a lease between renewals */
+#define KC_REMOTE_DEFAULT_WAIT 300      /* seconds a waiter waits before compiling itself */
+#define KC_REMOTE_DEFAULT_TIMEOUT 2000  /* milliseconds of one store operation */
+#define KC_REMOTE_FAIL_NOTE_MS 5000     /* a rejected compile's note lives this long */
+#define KC_REMOTE_BREAKER_FAULTS 5      /* faults in a row that stop asking the store */
+#define KC_REMOTE_BREAKER_S 30          /* for this many seconds */
+
+/* -o remote options, as given (borrowed). */
+struct kc_remote_opts {
+	const char *url;       /* -o remote= */
+	const char *auth_file; /* -o remote_auth= (Redis) */
+	const char *key_file;  /* -o remote_key=: the HMAC secret; NULL: unsigned objects */
+	int read_only;         /* -o remote_mode=ro */
+	unsigned lease_s;      /* -o remote_lease= (0: default) */
+	unsigned wait_s;       /* -o remote_wait= (0: default) */
+	unsigned timeout_ms;   /* -o remote_timeout= (0: default) */
+};
+
+struct kc_remote_tier;
+
+/* What one compile job does with the tier; zero-initialise, pass to kc_remote_tier_fetch,
+ * then (unless it fetched) to kc_remote_tier_finish. */
+struct kc_remote_job {
+	int active;        /* the store takes part in this compile */
+	int holder;        /* this node holds the lease on mkey */
+	char mkey[KC_SHA256_HEXLEN + 1];
+	char token[KC_REMOTE_TOKENLEN + 1];
+	void *renewer;     /* the renewal thread while holder */
+	char *data;        /* the fetched object (owned) */
+	struct kc_object obj; /* it, verified: obj.cubin / obj.cubin_len are the bytes */
+	char where[160];   /* the store and object, for kernel.log */
+};
+
+/* Open the tier for -o remote= (with the compiler at nvcc, whose toolkit is left out of
+ * manifests), counting into stats (borrowed, outlives the tier). Returns 0 and *out, or
+ * -EINVAL / -EACCES with why filled: a bad URL, a key file that someone other than root
+ * could read or that is shorter than KC_OBJECT_MIN_SECRET bytes. Warns (log) when no key
+ * is given. */
+int kc_remote_tier_open(const struct kc_remote_opts *o, const char *nvcc,
+			struct kc_stats *stats, struct kc_remote_tier **out, char *why,
+			size_t whylen);
+
+/* Make waiting jobs stop waiting (they compile locally or fail at once); for shutdown. */
+void kc_remote_tier_stop(struct kc_remote_tier *t);
+
+void kc_remote_tier_close(struct kc_remote_tier *t);
+
+/* Step 1 to 3 above for the recipe recipe_hash (use_store: 0 for an NVRTC compile, which
+ * only clears rj). Returns 1 when a verified cubin was fetched (rj->obj; publish it, then
+ * kc_remote_job_free), 0 to compile (then kc_remote_tier_finish). Never fails. */
+int kc_remote_tier_fetch(struct kc_remote_tier *t, const char *recipe_hash, int use_store,
+			 struct kc_remote_job *rj);
+
+/* After the compile of rj: when it published (ok) the cubin behind cubin_fd, share it
+ * (unless read-only, or deps, nvcc's dependency file, is NULL or its manifest cannot be
+ * built); release the lease, leaving a failure note when the compile was rejected. Frees
+ * what rj holds. */
+void kc_remote_tier_finish(struct kc_remote_tier *t, struct kc_remote_job *rj, int ok,
+			   int rejected, int cubin_fd, const char *deps, size_t deps_len);
+
+/* Free what rj holds (after a fetch that returned 1). */
+void kc_remote_job_free(struct kc_remote_job *rj);
+
+/* 1 while the store answers (the breaker is closed), else 0. */
+int kc_remote_tier_up(struct kc_remote_tier *t);
+
+#endif

@@ -1,0 +1,343 @@
+"""The cluster store (-o remote=dir:PATH): several daemons on this machine, each with its
+own backing directory and mountpoint (simulated nodes), share one store directory.
+
+Compiles are a fast fake compiler (a real cubin, marked with the source's SHA-256 and a
+random nonce, so that identical bytes on two nodes prove they were shared, not compiled
+twice), which writes nvcc's dependency file (-MD -MF) listing a header of each -I
+directory. Every compile is logged in one file for the whole cluster.
+"""
+import hashlib
+import os
+import random
+import subprocess
+import time
+
+import pytest
+
+from conftest import KERNELS as SAMPLES, NVCC, Mount, read_result, run_parallel, write_script
+
+KERNELS = 8
+INC_HEADER = "kc_cluster.h"
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory):
+    """A real cubin the fake compiler copies."""
+    d = tmp_path_factory.mktemp("template")
+    src = d / "t.cu"
+    src.write_text('extern "C" __global__ void t(float *x) { x[0] = 1; }\n')
+    out = d / "t.cubin"
+    subprocess.run([str(NVCC), str(src), "-cubin", "-o", str(out), "-arch=sm_90a"], check=True,
+                   capture_output=True)
+    os.chmod(d, 0o755)
+    os.chmod(out, 0o644)
+    return out
+
+
+class Cluster:
+    """The fake compiler, a shared store (a dir: store in tmp_path unless url names
+    another, e.g. a Redis server of the test's), and nodes mounted on it."""
+
+    def __init__(self, tmp_path, template, url=None):
+        self.tmp = tmp_path
+        self.store = tmp_path / "store"
+        self.url = url or "dir:%s" % self.store
+        self.log = tmp_path / "compiles"
+        self.log.write_text("")
+        os.chmod(self.log, 0o666)  # compiles run as uids of their own
+        self.inc = tmp_path / "inc"
+        self.inc.mkdir()
+        os.chmod(self.inc, 0o755)
+        self.header = self.inc / INC_HEADER
+        self.header.write_text("#define KC_CLUSTER 1\n")
+        os.chmod(self.header, 0o644)
+        self.gate = tmp_path / "gate"
+        self.nodes = []
+        self.fake = self.compiler(template)
+
+    def compiler(self, template):
+        # While the gate file exists, the first compile to claim it waits for its removal
+        # (one compiler for every node: its path is part of the compiler identity).
+        wait = ('[ -e %s ] && mkdir %s.claim 2>/dev/null && '
+                'while [ -e %s ]; do sleep 0.05; done\n' % (self.gate, self.gate, self.gate))
+        return write_script(
+            self.tmp / "nvcc-fake",
+            'src="$1"; out="$4"\n'
+            'case "$*" in *-cubin*) ;; *) exec %s "$@";; esac\n'
+            'h=$(sha256sum "$src" | cut -c1-64); echo "$h" >> %s\n'
+            'deps=""; incs=""; prev=""\n'
+            'for a in "$@"; do\n'
+            '  case "$prev" in -MF) deps="$a";; esac\n'
+            '  case "$a" in -I*) incs="$incs ${a#-I}/%s";; esac\n'
+            '  prev="$a"\n'
+            'done\n'
+            '%s'
+            'cat %s > "$out"; printf "KCFAKE%%s-%%s" "$h" "$$$(od -An -N8 -tx8 /dev/urandom)" >> "$out"\n'
+            '[ -z "$deps" ] || printf "%%s : %%s%%s\\n" "$out" "$src" "$incs" > "$deps"\n'
+            % (NVCC, self.log, INC_HEADER, wait, template))
+
+    def node(self, name, extra=()):
+        opts = ["remote=%s" % self.url, "nvcc=%s" % self.fake,
+                "remote_timeout=5000"] + list(extra)
+        root = self.tmp / name
+        root.mkdir(exist_ok=True)
+        m = Mount(root, opts)
+        self.nodes.append(m)
+        return m.start()
+
+    def compiles(self):
+        return [l for l in self.log.read_text().splitlines() if l.strip()]
+
+    def stop(self):
+        if self.gate.exists():
+            self.gate.unlink()
+        for m in self.nodes:
+            if m.proc is not None:
+                m.stop()
+        for m in self.nodes:
+            assert not os.path.ismount(m.mnt), "mount left behind"
+
+    def objects(self, kind):
+        """Paths of the stored objects of kind (b"cubin" or b"index"); dir: store only."""
+        out = []
+        for p in sorted((self.store / "objects").glob("*/*")):
+            if p.name.startswith("."):
+                continue
+            if p.read_bytes()[19:19 + len(kind) + 1] == kind + b" ":
+                out.append(p)
+        return out
+
+
+@pytest.fixture
+def cluster(tmp_path, template):
+    c = Cluster(tmp_path, template)
+    yield c
+    c.stop()
+
+
+def source(k):
+    return ('#include <%s>\nextern "C" __global__ void k%d(float *x) { x[0] = %d; }\n'
+            % (INC_HEADER, k, k)).encode()
+
+
+def stage_all(cluster, m, kernels=range(KERNELS)):
+    flags = ("-O3\n-I%s\n" % cluster.inc).encode()
+    return [m.stage("k%d" % k, source(k), flags) / "kernel.cubin" for k in kernels]
+
+
+def read_all_kernels(i, paths_by_node, per_node):
+    paths = list(paths_by_node[i // per_node])
+    random.Random(i).shuffle(paths)
+    return {str(p).rsplit("/", 2)[-2]: read_result(p) for p in paths}
+
+
+def total(nodes, key):
+    return sum(m.stats().get(key, 0) for m in nodes)
+
+
+def test_cluster_compiles_each_kernel_once(cluster):
+    nodes = [cluster.node("node%d" % i) for i in range(4)]
+    assert "without remote_key" in nodes[0].daemon_log()
+    paths = [stage_all(cluster, m) for m in nodes]
+    results = run_parallel(32, read_all_kernels, paths, 8, timeout=600)
+    assert len(cluster.compiles()) == KERNELS, cluster.compiles()
+    assert len(set(cluster.compiles())) == KERNELS
+    for entry in results[0]:
+        seen = {r[entry] for r in results}
+        assert len(seen) == 1 and next(iter(seen))[0] == "ok", (entry, seen)
+    assert total(nodes, "compiles_total") == KERNELS
+    assert total(nodes, "remote_hits_total") == 3 * KERNELS
+    assert total(nodes, "remote_misses_total") == KERNELS
+    assert total(nodes, "remote_puts_total") == 2 * KERNELS  # a cubin and an index each
+    assert total(nodes, "remote_rejected_total") == 0
+    assert total(nodes, "remote_get_errors_total") == 0
+    assert all(m.stats()["remote_up"] == 1 for m in nodes)
+    assert len(cluster.objects(b"cubin")) == KERNELS
+    assert len(cluster.objects(b"index")) == KERNELS
+    # a hit's kernel.log says where it came from
+    logs = [(p.parent / "kernel.log").read_text() for m in nodes for p in stage_all(cluster, m)]
+    assert sum("from the cluster store" in l for l in logs) == 3 * KERNELS
+
+    late = cluster.node("late")
+    late_paths = stage_all(cluster, late)
+    for p in late_paths:
+        r = read_result(p)
+        assert r == results[0][str(p).rsplit("/", 2)[-2]]
+    assert len(cluster.compiles()) == KERNELS, "a node mounted later compiled"
+    assert late.stats()["remote_hits_total"] == KERNELS
+
+
+def poison_one(cluster, how):
+    """Spoil the stored cubin object of kernel 0 (found by its manifest key's index)."""
+    cubins = cluster.objects(b"cubin")
+    target = next(p for p in cubins if b"KCFAKE" + hashlib.sha256(source(0)).hexdigest().encode()
+                  in p.read_bytes())
+    other = next(p for p in cubins if p != target)
+    data = target.read_bytes()
+    target.unlink()
+    if how == "garbage":
+        new = os.urandom(len(data))
+    elif how == "other-kernel":
+        new = other.read_bytes()
+    elif how == "truncated":
+        new = data[:len(data) // 2]
+    elif how == "signature":
+        new = data[:-10] + bytes([data[-10] ^ 1]) + data[-9:]
+    elif how == "cubin-byte":
+        i = data.index(b"KCFAKE")
+        new = data[:i] + b"X" + data[i + 1:]
+    elif how == "half-written":
+        (target.parent / (".%s.tmp.0.1" % target.name)).write_bytes(data[:100])
+        return target
+    target.write_bytes(new)
+    return target
+
+
+@pytest.mark.parametrize("how", ["garbage", "other-kernel", "truncated", "signature",
+                                 "cubin-byte", "half-written", "header"])
+def test_poisoned_objects_are_refused(cluster, tmp_path, how):
+    key = tmp_path / "cluster.key"
+    key.write_bytes(os.urandom(32))
+    os.chmod(key, 0o600)
+    opts = ["remote_key=%s" % key]
+    a = cluster.node("a", opts)
+    first = {p.parent.name: read_result(p) for p in stage_all(cluster, a, range(2))}
+    assert len(cluster.compiles()) == 2
+    a.stop()
+    if how == "header":  # node B's copy of the -I header differs from node A's
+        cluster.header.write_text("#define KC_CLUSTER 2\n")
+    else:
+        poison_one(cluster, how)
+    b = cluster.node("b", opts)
+    got = {p.parent.name: read_result(p) for p in stage_all(cluster, b, range(2))}
+    k0 = next(n for n in got if n.startswith("kernel.k0."))
+    k1 = next(n for n in got if n.startswith("kernel.k1."))
+    assert got[k0][0] == "ok" and got[k0] != first[k0], "a poisoned object was served"
+    data = (b.mnt / "cache" / k0 / "kernel.cubin").read_bytes()
+    assert b"KCFAKE" + hashlib.sha256(source(0)).hexdigest().encode() in data
+    assert len(cluster.compiles()) == (4 if how == "header" else 3)
+    s = b.stats()
+    if how == "header":
+        assert s["remote_hits_total"] == 0 and s["remote_rejected_total"] == 0
+    else:
+        assert got[k1] == first[k1], "the intact object was not used"
+        assert s["remote_hits_total"] == 1
+        assert s["remote_rejected_total"] == (0 if how == "half-written" else 1)
+        if how != "half-written":
+            assert "refused" in b.daemon_log()
+
+
+def test_key_file_must_be_root_only(cluster, tmp_path):
+    key = tmp_path / "open.key"
+    key.write_bytes(os.urandom(32))
+    os.chmod(key, 0o644)
+    with pytest.raises(RuntimeError, match="remote_key"):
+        cluster.node("n", ["remote_key=%s" % key])
+    cluster.nodes.pop()
+
+
+def test_lease_holder_killed_mid_compile(cluster):
+    cluster.gate.write_text("")
+    a = cluster.node("a", ["remote_lease=2"])
+    b = cluster.node("b", ["remote_lease=2"])
+    pa = stage_all(cluster, a, [0])[0]
+    pb = stage_all(cluster, b, [0])[0]
+    opener_a = subprocess.Popen(["cat", str(pa)], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not cluster.compiles():  # a's compile has started: a holds the lease
+        assert time.monotonic() < deadline, a.daemon_log()
+        time.sleep(0.05)
+    readers = run_parallel_background(pb, 4)
+    deadline = time.monotonic() + 60
+    while b.stats()["remote_lease_waits_total"] < 1:
+        assert time.monotonic() < deadline, b.daemon_log()
+        time.sleep(0.05)
+    a.kill()
+    opener_a.wait(timeout=60)
+    results = [r.communicate(timeout=120)[0] for r in readers]
+    assert all(r.startswith("ok ") for r in results), results
+    s = b.stats()
+    assert s["remote_takeovers_total"] == 1
+    assert s["compiles_total"] == 1
+    assert len(cluster.compiles()) == 2  # a's (killed) and b's
+
+
+def run_parallel_background(path, n):
+    return [subprocess.Popen(["sh", "-c", 'sha256sum "$1" >/dev/null && echo ok $?', "_",
+                              str(path)], stdout=subprocess.PIPE, text=True) for _ in range(n)]
+
+
+def test_read_only_node_never_writes(cluster):
+    rw = cluster.node("rw")
+    stage_all(cluster, rw, [0])[0].read_bytes()
+    before = sorted(str(p) for p in cluster.store.rglob("*") if not p.name.startswith(".clock"))
+    ro = cluster.node("ro", ["remote_mode=ro"])
+    paths = stage_all(cluster, ro, range(3))
+    for p in paths:
+        assert read_result(p)[0] == "ok"
+    after = sorted(str(p) for p in cluster.store.rglob("*") if not p.name.startswith(".clock"))
+    assert before == after, "a read-only node wrote the store"
+    s = ro.stats()
+    assert s["remote_hits_total"] == 1 and s["remote_puts_total"] == 0
+    assert len(cluster.compiles()) == 3
+
+
+def test_store_gone_mid_run(cluster):
+    m = cluster.node("n")
+    paths = stage_all(cluster, m)
+    assert read_result(paths[0])[0] == "ok"
+    subprocess.run(["rm", "-rf", str(cluster.store)], check=True)
+    cluster.store.write_text("not a directory\n")  # every operation fails now
+    for p in paths[1:]:
+        assert read_result(p)[0] == "ok"
+    s = m.stats()
+    assert s["compiles_total"] == KERNELS
+    assert s["remote_lease_errors_total"] + s["remote_put_errors_total"] > 0
+    assert s["remote_misses_total"] == KERNELS and s["remote_hits_total"] == 0
+    assert "faults in a row" in m.daemon_log()  # the breaker opened, and said so
+    assert s["remote_up"] == 0
+
+
+def test_waiter_hedges_after_remote_wait(cluster):
+    """A holder that stays alive but does not finish: the waiter compiles itself after
+    remote_wait; the holder's later object does not replace the first one stored."""
+    cluster.gate.write_text("")
+    a = cluster.node("a")
+    b = cluster.node("b", ["remote_wait=1"])
+    pa = stage_all(cluster, a, [0])[0]
+    pb = stage_all(cluster, b, [0])[0]
+    opener_a = subprocess.Popen(["cat", str(pa)], stdout=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while not cluster.compiles():
+        assert time.monotonic() < deadline, a.daemon_log()
+        time.sleep(0.05)
+    rb = read_result(pb)
+    assert rb[0] == "ok"
+    s = b.stats()
+    assert s["remote_lease_waits_total"] == 1 and s["remote_hedged_total"] == 1
+    assert s["compiles_total"] == 1
+    cluster.gate.unlink()
+    opener_a.communicate(timeout=120)
+    assert read_result(pa)[0] == "ok"
+    assert len(cluster.compiles()) == 2
+    assert len(cluster.objects(b"cubin")) == 1  # the first stored won
+
+
+def test_real_nvcc_shares_with_its_header_manifest(mount_factory, tmp_path, counting_nvcc):
+    """Real nvcc in the compile sandbox: its dependency file gives the -I header (and no
+    toolkit header), and the second node fetches instead of compiling."""
+    make, calls = counting_nvcc
+    opts = ["remote=dir:%s" % (tmp_path / "store"), "nvcc=%s" % make()]
+    a, b = mount_factory(opts, name="a"), mount_factory(opts, name="b")
+    src = b'#include <kc_test/scale.cuh>\nextern "C" __global__ void k(float *x) { x[0] = 1; }\n'
+    flags = ("-O3\n-I%s\n" % (SAMPLES / "include")).encode()
+    ra = read_result(a.stage("k", src, flags) / "kernel.cubin")
+    rb = read_result(b.stage("k", src, flags) / "kernel.cubin")
+    assert ra[0] == "ok" and ra == rb
+    assert calls() == 1
+    assert b.stats()["remote_hits_total"] == 1
+    index = [p.read_bytes() for p in (tmp_path / "store" / "objects").glob("*/*")
+             if p.read_bytes()[19:25] == b"index "]
+    assert len(index) == 1 and b"/kc_test/scale.cuh\n" in index[0]
+    assert b"cuda_runtime" not in index[0], "a toolkit header in the manifest"

@@ -1,0 +1,313 @@
+"""The cluster store on Redis (-o remote=redis+unix://...): simulated nodes (several daemons,
+each with its own backing directory and mountpoint) share redis-servers that each test
+starts on Unix sockets in a temp directory and always stops. The nodes, the fake compiler
+and the cluster-wide compile log are test_remote.py's Cluster, with Redis as the store;
+the faults are the server's: stopped, SIGKILLed, restarted empty, paused, flushed, full.
+"""
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import read_result, run_parallel
+from test_remote import (KERNELS, Cluster, read_all_kernels, stage_all, template,  # noqa: F401
+                         test_cluster_compiles_each_kernel_once as cluster_once, total)
+
+READY_WAIT = 30  # seconds for a redis-server to answer on a busy machine
+
+
+class RedisServer:
+    """One redis-server in the foreground on a Unix socket (no TCP, no persistence)."""
+
+    def __init__(self, directory, name):
+        self.dir = directory
+        self.sock = directory / (name + ".sock")
+        self.log = directory / (name + ".log")
+        self.proc = None
+
+    @property
+    def url(self):
+        return "redis+unix://%s" % self.sock
+
+    def start(self):
+        if self.sock.exists():
+            self.sock.unlink()
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", "0", "--unixsocket", str(self.sock), "--unixsocketperm",
+             "700", "--save", "", "--appendonly", "no", "--daemonize", "no", "--dir",
+             str(self.dir), "--logfile", str(self.log), "--enable-debug-command", "local"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + READY_WAIT
+        while True:
+            try:
+                if self.cli("PING", timeout=5) == b"PONG":
+                    return self
+            except subprocess.TimeoutExpired:
+                pass
+            assert self.proc.poll() is None, "redis-server exited: " + self.log.read_text()
+            assert time.monotonic() < deadline, "redis-server did not answer"
+            time.sleep(0.05)
+
+    def cli(self, *args, timeout=30):
+        """redis-cli's raw answer, without its final newline."""
+        r = subprocess.run(["redis-cli", "-s", str(self.sock), "--raw"] + list(args),
+                           capture_output=True, timeout=timeout)
+        return r.stdout[:-1] if r.stdout.endswith(b"\n") else r.stdout
+
+    def keys(self, pattern):
+        return [k for k in self.cli("--scan", "--pattern", pattern).split(b"\n") if k]
+
+    def stop(self, sig=signal.SIGKILL):
+        if self.proc is not None:
+            self.proc.send_signal(sig)
+            self.proc.wait()
+            self.proc = None
+
+
+@pytest.fixture
+def redis_factory():
+    """redis_factory(name) -> a started RedisServer; all are SIGKILLed at teardown. The
+    sockets live in a short directory of their own (sun_path holds 107 bytes)."""
+    d = Path(tempfile.mkdtemp(prefix="kcr-", dir="/tmp"))
+    servers = []
+
+    def make(name="redis"):
+        s = RedisServer(d, name)
+        servers.append(s)
+        return s.start()
+
+    yield make
+    for s in servers:
+        s.stop()
+    shutil.rmtree(d, ignore_errors=True)
+
+
+class RedisCluster(Cluster):
+    """test_remote.py's Cluster with Redis shards as its store."""
+
+    def __init__(self, tmp_path, template, servers):
+        super().__init__(tmp_path, template, "|".join(s.url for s in servers))
+        self.servers = servers
+
+    def objects(self, kind):
+        """Names of the stored objects of kind (b"cubin" or b"index"), on every live shard."""
+        out = []
+        for s in self.servers:
+            if s.proc is None:
+                continue
+            for k in s.keys("kcachefs:obj:*"):
+                if s.cli("GETRANGE", k, "19", str(19 + len(kind)))[:len(kind) + 1] == kind + b" ":
+                    out.append(k)
+        return out
+
+
+@pytest.fixture
+def redis_cluster(tmp_path, template, redis_factory):
+    c = RedisCluster(tmp_path, template, [redis_factory("r0")])
+    yield c
+    c.stop()
+
+
+def cold_run(cluster, nodes, per_node=8, kernels=range(KERNELS), shared=True):
+    """per_node processes on each node read every kernel, all released together; returns
+    {entry: result} of the first process after checking that every process of a node (of
+    the cluster, when shared) read the same complete bytes."""
+    paths = [stage_all(cluster, m, kernels) for m in nodes]
+    results = run_parallel(per_node * len(nodes), read_all_kernels, paths, per_node, timeout=600)
+    for entry in results[0]:
+        for n in range(1 if shared else len(nodes)):
+            group = results if shared else results[n * per_node:(n + 1) * per_node]
+            seen = {r[entry] for r in group}
+            assert len(seen) == 1 and next(iter(seen))[0] == "ok", (entry, seen)
+    return results[0]
+
+
+def test_redis_cluster_compiles_each_kernel_once(redis_cluster):
+    """4 nodes x 8 processes x 8 kernels, cold: 8 compiles in the cluster (the dir: test,
+    run on Redis), no lease left behind."""
+    cluster_once(redis_cluster)
+    server = redis_cluster.servers[0]
+    assert server.keys("kcachefs:lease:*") == [], "a lease outlived its compile"
+    for k in server.keys("kcachefs:obj:*"):
+        assert server.cli("PTTL", k) == b"-1", "objects carry no expiry (the server's LRU evicts)"
+
+
+def test_redis_auth_user(redis_cluster, tmp_path):
+    """An ACL user from remote_auth=: the store is used, the password is not logged; a wrong
+    password is a store fault (logged, counted), never a client's error."""
+    server = redis_cluster.servers[0]
+    assert server.cli("ACL", "SETUSER", "kc", "on", ">kc-secret-pw", "~kcachefs:*", "+@all") == b"OK"
+    assert server.cli("ACL", "SETUSER", "default", "off") == b"OK"
+    auth = tmp_path / "redis.auth"
+    auth.write_text("kc kc-secret-pw\n")
+    os.chmod(auth, 0o600)
+    a = redis_cluster.node("a", ["remote_auth=%s" % auth])
+    first = {p.parent.name: read_result(p) for p in stage_all(redis_cluster, a)}
+    b = redis_cluster.node("b", ["remote_auth=%s" % auth])
+    assert {p.parent.name: read_result(p) for p in stage_all(redis_cluster, b)} == first
+    assert b.stats()["remote_hits_total"] == KERNELS
+    assert len(redis_cluster.compiles()) == KERNELS
+    bad = tmp_path / "bad.auth"
+    bad.write_text("kc wrong-pw-123\n")
+    os.chmod(bad, 0o600)
+    c = redis_cluster.node("c", ["remote_auth=%s" % bad])
+    got = {p.parent.name: read_result(p) for p in stage_all(redis_cluster, c)}
+    assert all(r[0] == "ok" for r in got.values()), got
+    errors = sum(c.stats()[k] for k in ("remote_get_errors_total", "remote_put_errors_total",
+                                         "remote_lease_errors_total"))
+    assert c.stats()["remote_hits_total"] == 0 and errors > 0
+    assert "WRONGPASS" in c.daemon_log()
+    for m in (a, b, c):
+        log = m.daemon_log()
+        assert "kc-secret-pw" not in log and "wrong-pw-123" not in log
+    os.chmod(auth, 0o644)
+    with pytest.raises(RuntimeError, match="remote_auth"):
+        redis_cluster.node("d", ["remote_auth=%s" % auth])
+    redis_cluster.nodes.pop()
+
+
+def test_redis_two_shards_one_stopped(tmp_path, template, redis_factory):
+    """Objects spread over two shards; one is SIGKILLed half-way: every read still gets
+    its cubin (from the other shard, or compiled here), and the fault is logged."""
+    shards = [redis_factory("s0"), redis_factory("s1")]
+    cluster = RedisCluster(tmp_path, template, shards)
+    try:
+        first = cold_run(cluster, [cluster.node("a"), cluster.node("b")], per_node=4)
+        assert len(cluster.compiles()) == KERNELS
+        held = [len(s.keys("kcachefs:obj:*")) for s in shards]
+        assert sum(held) == 2 * KERNELS and all(held), held  # a cubin and an index each
+        shards[1].stop()
+        late = cluster.node("late")
+        got = cold_run(cluster, [late], per_node=4)
+        s = late.stats()
+        hits = [e for e in got if got[e] == first[e]]
+        assert s["remote_hits_total"] == len(hits)
+        assert s["compiles_total"] == KERNELS - len(hits)
+        assert len(cluster.compiles()) == 2 * KERNELS - len(hits)
+        assert s["remote_get_errors_total"] + s["remote_lease_errors_total"] > 0
+        assert "s1.sock" in late.daemon_log()
+        assert shards[0].cli("PING") == b"PONG"
+    finally:
+        cluster.stop()
+
+
+def test_redis_killed_mid_cold_run(redis_cluster):
+    """4 nodes x 8 processes x 8 kernels, cold, with one compile held at the gate while the
+    other nodes wait on its lease; the Redis server is SIGKILLed then: every process still
+    gets its cubin (the waiters compile locally), each node compiles a kernel at most once."""
+    redis_cluster.gate.write_text("")
+    nodes = [redis_cluster.node("n%d" % i) for i in range(4)]
+    paths = [stage_all(redis_cluster, m) for m in nodes]
+    out = {}
+    runner = threading.Thread(target=lambda: out.update(
+        r=run_parallel(32, read_all_kernels, paths, 8, timeout=600)))
+    runner.start()
+    try:
+        deadline = time.monotonic() + 120
+        while not redis_cluster.compiles() or total(nodes, "remote_lease_waits_total") < 1:
+            assert time.monotonic() < deadline, (redis_cluster.compiles(), nodes[0].daemon_log())
+            time.sleep(0.05)
+        redis_cluster.servers[0].stop()
+    finally:
+        redis_cluster.gate.unlink()
+        runner.join()
+    results = out["r"]
+    for i, r in enumerate(results):
+        assert all(v[0] == "ok" for v in r.values()), (i, r)
+        assert r == results[i - i % 8], "two processes of one node read different bytes"
+    assert KERNELS < len(redis_cluster.compiles()) <= 4 * KERNELS
+    assert all(m.stats()["compiles_total"] <= KERNELS for m in nodes)
+    errors = sum(total(nodes, k) for k in ("remote_get_errors_total", "remote_put_errors_total",
+                                           "remote_lease_errors_total"))
+    assert errors > 0
+
+
+def test_redis_restarted_empty(redis_cluster):
+    """A restart loses every object: the next node misses cleanly (no error counted) and
+    publishes again; the one after it hits."""
+    a = redis_cluster.node("a")
+    first = cold_run(redis_cluster, [a], per_node=2)
+    server = redis_cluster.servers[0]
+    server.stop()
+    server.start()
+    b = redis_cluster.node("b")
+    second = cold_run(redis_cluster, [b], per_node=2)
+    assert len(redis_cluster.compiles()) == 2 * KERNELS
+    assert all(second[e] != first[e] for e in first), "an object survived the restart"
+    s = b.stats()
+    assert s["remote_misses_total"] == KERNELS and s["remote_hits_total"] == 0
+    assert s["remote_get_errors_total"] == 0
+    c = redis_cluster.node("c")
+    assert cold_run(redis_cluster, [c], per_node=2) == second
+    assert c.stats()["remote_hits_total"] == KERNELS
+
+
+@pytest.mark.parametrize("how", ["client-pause", "debug-sleep"])
+def test_redis_paused_longer_than_timeout(redis_cluster, how):
+    """A server that stops answering for far longer than remote_timeout: the node compiles
+    locally, every read succeeds before the server answers again."""
+    a = redis_cluster.node("a")
+    first = cold_run(redis_cluster, [a], per_node=2, kernels=range(2))
+    server = redis_cluster.servers[0]
+    b = redis_cluster.node("b", ["remote_timeout=300"])
+    paths = stage_all(redis_cluster, b)
+    sleeper = None
+    if how == "client-pause":
+        assert server.cli("CLIENT", "PAUSE", "120000", "ALL") == b"OK"
+    else:
+        sleeper = subprocess.Popen(["redis-cli", "-s", str(server.sock), "DEBUG", "SLEEP", "120"],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while True:  # asleep once a PING goes unanswered
+            try:
+                server.cli("PING", timeout=0.5)
+            except subprocess.TimeoutExpired:
+                break
+            assert time.monotonic() < deadline, "DEBUG SLEEP did not start"
+    try:
+        got = {p.parent.name: read_result(p) for p in paths}
+        assert all(r[0] == "ok" for r in got.values()), got
+        # the server is still not answering: nothing waited for it
+        with pytest.raises(subprocess.TimeoutExpired):
+            server.cli("PING", timeout=0.5)
+        s = b.stats()
+        assert s["remote_hits_total"] == 0 and s["compiles_total"] == KERNELS
+        assert "timed out" in b.daemon_log().lower()
+        for e in first:
+            assert got[e] != first[e]
+    finally:
+        server.stop()  # neither a pause nor a DEBUG SLEEP can be ended early
+        if sleeper is not None:
+            sleeper.wait()
+
+
+def test_redis_flushall(redis_cluster):
+    a = redis_cluster.node("a")
+    cold_run(redis_cluster, [a], per_node=2)
+    assert redis_cluster.servers[0].cli("FLUSHALL") == b"OK"
+    b = redis_cluster.node("b")
+    cold_run(redis_cluster, [b], per_node=2)
+    s = b.stats()
+    assert s["remote_misses_total"] == KERNELS and s["remote_hits_total"] == 0
+    assert s["remote_get_errors_total"] == 0 and s["remote_rejected_total"] == 0
+    assert len(redis_cluster.compiles()) == 2 * KERNELS
+
+
+def test_redis_tiny_maxmemory(redis_cluster):
+    """A full server that refuses writes (noeviction): puts and leases fail with OOM, every
+    node compiles for itself, nothing is refused to a client."""
+    server = redis_cluster.servers[0]
+    assert server.cli("CONFIG", "SET", "maxmemory-policy", "noeviction") == b"OK"
+    assert server.cli("CONFIG", "SET", "maxmemory", "1") == b"OK"
+    nodes = [redis_cluster.node("n%d" % i) for i in range(2)]
+    cold_run(redis_cluster, nodes, per_node=4, shared=False)
+    assert len(redis_cluster.compiles()) == 2 * KERNELS
+    assert server.keys("kcachefs:*") == []
+    assert total(nodes, "remote_put_errors_total") + total(nodes, "remote_lease_errors_total") > 0
+    assert any("No space left" in m.daemon_log() or "OOM" in m.daemon_log() for m in nodes)

@@ -1,0 +1,275 @@
+/* test_remote_dir.c - the dir: backend of the cluster store on a real temporary directory:
+ * objects (no-replace publish, whole-file reads, misses), leases (take, renew, release,
+ * failure notes, expiry, takeover by one of several), the per-operation bound. */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "remote.h"
+#include "remote_dir.h"
+#include "tap.h"
+
+static char root[64], store[128];
+static struct kc_remote_backend *b;
+
+#define KEY1 "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+#define KEY2 "fedcba9876543210fedcba9876543210fedcba9876543210fedcba9876543210"
+#define TOK1 "11111111111111111111111111111111"
+#define TOK2 "22222222222222222222222222222222"
+
+static void sleep_ms(unsigned ms)
+{
+	struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000l};
+	nanosleep(&ts, NULL);
+}
+
+/* Entries of dir whose name starts with '.' (temporaries), other than the clock files. */
+static int temporaries(const char *dir)
+{
+	DIR *d = opendir(dir);
+	struct dirent *e;
+	int n = 0;
+	if (!d)
+		return 0;
+	while ((e = readdir(d)))
+		if (e->d_name[0] == '.' && strcmp(e->d_name, ".") && strcmp(e->d_name, "..") &&
+		    strncmp(e->d_name, ".clock.", 7))
+			n++;
+	closedir(d);
+	return n;
+}
+
+/* Wait (bounded: 20 s) until peek of key says want. */
+static int wait_state(struct kc_remote_backend *be, const char *key, enum kc_lease_state want)
+{
+	for (int i = 0; i < 2000; i++) {
+		enum kc_lease_state s;
+		if (be->ops->lease_peek(be, key, &s) == 0 && s == want)
+			return 1;
+		sleep_ms(10);
+	}
+	return 0;
+}
+
+struct racer {
+	pthread_barrier_t *bar;
+	const char *key;
+	char token[KC_REMOTE_TOKENLEN + 1];
+	char data[32];
+	int result;
+	int take; /* 1: lease_take, 0: put */
+};
+
+static void *race(void *arg)
+{
+	struct racer *r = arg;
+	enum kc_lease_state s;
+	pthread_barrier_wait(r->bar);
+	r->result = r->take ? b->ops->lease_take(b, r->key, r->token, 60000, &s)
+			    : b->ops->put(b, r->key, r->data, strlen(r->data));
+	return NULL;
+}
+
+/* n threads at once; returns how many got 0, and checks the others got -busy. */
+static int race_n(int n, const char *key, int take, int busy, int *others_ok)
+{
+	pthread_barrier_t bar;
+	pthread_t t[16];
+	struct racer r[16];
+	int won = 0;
+	pthread_barrier_init(&bar, NULL, (unsigned)n);
+	for (int i = 0; i < n; i++) {
+		r[i] = (struct racer){.bar = &bar, .key = key, .take = take};
+		snprintf(r[i].token, sizeof(r[i].token), "%032x", 0xa00 + i);
+		snprintf(r[i].data, sizeof(r[i].data), "object of racer %d", i);
+		pthread_create(&t[i], NULL, race, &r[i]);
+	}
+	*others_ok = 1;
+	for (int i = 0; i < n; i++) {
+		pthread_join(t[i], NULL);
+		if (r[i].result == 0)
+			won++;
+		else if (r[i].result != busy)
+			*others_ok = 0;
+	}
+	pthread_barrier_destroy(&bar);
+	return won;
+}
+
+int main(void)
+{
+	char why[300], path[256], *data = NULL;
+	size_t len = 0;
+	enum kc_lease_state st;
+	struct stat sb;
+	int ok;
+
+	snprintf(root, sizeof(root), "/tmp/kc-remote-dir-XXXXXX");
+	if (!mkdtemp(root))
+		return 1;
+	snprintf(store, sizeof(store), "%s/store", root);
+
+	/* open */
+	CHECK(kc_remote_backend_open("dir:relative/path", NULL, 1000, why, sizeof(why)) == NULL &&
+		      errno == EINVAL && strstr(why, "absolute"), "relative dir: path refused");
+	CHECK(kc_remote_backend_open("ftp://x", NULL, 1000, why, sizeof(why)) == NULL &&
+		      errno == EINVAL && strstr(why, "unknown"), "unknown scheme refused");
+	CHECK(kc_remote_backend_open("dir:/x", "/etc/passwd", 1000, why, sizeof(why)) == NULL &&
+		      errno == EINVAL, "remote_auth= refused for dir:");
+	snprintf(path, sizeof(path), "dir:%s/", store);
+	b = kc_remote_backend_open(path, NULL, 10000, why, sizeof(why));
+	CHECK(b != NULL, "open dir: store");
+	if (!b)
+		return tap_done();
+	CHECK(strcmp(b->ops->describe(b), path) != 0 && strstr(b->ops->describe(b), store),
+	      "describe names the directory");
+
+	/* objects */
+	CHECK(b->ops->get(b, KEY1, &data, &len) == -ENOENT, "get before anything exists: miss");
+	CHECK(b->ops->put(b, KEY1, "first", 5) == 0, "put");
+	CHECK(b->ops->get(b, KEY1, &data, &len) == 0 && len == 5 && memcmp(data, "first", 5) == 0,
+	      "get returns the bytes put");
+	free(data);
+	CHECK(b->ops->put(b, KEY1, "second", 6) == -EEXIST, "second put of a key: -EEXIST");
+	CHECK(b->ops->get(b, KEY1, &data, &len) == 0 && len == 5 && memcmp(data, "first", 5) == 0,
+	      "the first object stays");
+	free(data);
+	snprintf(path, sizeof(path), "%s/objects/01/" KEY1, store);
+	CHECK(stat(path, &sb) == 0 && (sb.st_mode & 0777) == 0444, "objects are read-only files");
+	snprintf(path, sizeof(path), "%s/objects/01", store);
+	CHECK(temporaries(path) == 0, "no temporary left behind");
+	CHECK(b->ops->put(b, "../../etc/x", "x", 1) == -EINVAL &&
+		      b->ops->get(b, "0123", &data, &len) == -EINVAL &&
+		      b->ops->lease_take(b, KEY1, "short", 1000, &st) == -EINVAL,
+	      "malformed keys and tokens refused");
+	CHECK(b->ops->put(b, KEY2, "", 0) == 0 && b->ops->get(b, KEY2, &data, &len) == 0 &&
+		      len == 0, "an empty object round-trips");
+	free(data);
+
+	/* a name that is no regular file, and a stray half-written temporary */
+	snprintf(path, sizeof(path), "%s/objects/ab", store);
+	mkdir(path, 0755);
+	snprintf(path, sizeof(path), "%s/objects/ab/ab%062d", store, 0);
+	mkfifo(path, 0644);
+	CHECK(b->ops->get(b, path + strlen(path) - 64, &data, &len) == -EPROTO,
+	      "a FIFO under a key is a fault, not a hang");
+	snprintf(path, sizeof(path), "%s/objects/ab/.ab%062d.tmp.0.1", store, 1);
+	close(open(path, O_WRONLY | O_CREAT, 0644));
+	CHECK(b->ops->get(b, "ab00000000000000000000000000000000000000000000000000000000000001",
+			  &data, &len) == -ENOENT, "a temporary is not an object");
+
+	/* racing puts: one wins, the others see -EEXIST, the winner's bytes are there */
+	{
+		const char *k = "cccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccc";
+		CHECK(race_n(16, k, 0, -EEXIST, &ok) == 1 && ok, "16 racing puts: one stored");
+		CHECK(b->ops->get(b, k, &data, &len) == 0 && len > 15 &&
+			      memcmp(data, "object of racer", 15) == 0, "the winner's object is whole");
+		free(data);
+	}
+
+	/* leases */
+	CHECK(b->ops->lease_peek(b, KEY1, &st) == 0 && st == KC_LEASE_NONE, "no lease at first");
+	CHECK(b->ops->lease_take(b, KEY1, TOK1, 60000, &st) == 0, "take a lease");
+	CHECK(b->ops->lease_take(b, KEY1, TOK2, 60000, &st) == -EBUSY && st == KC_LEASE_HELD,
+	      "another token: -EBUSY, held");
+	CHECK(b->ops->lease_peek(b, KEY1, &st) == 0 && st == KC_LEASE_HELD, "peek: held");
+	CHECK(b->ops->lease_renew(b, KEY1, TOK2, 60000) == -ENOLCK, "renew by another: -ENOLCK");
+	CHECK(b->ops->lease_renew(b, KEY1, TOK1, 60000) == 0, "renew by the holder");
+	CHECK(b->ops->lease_release(b, KEY1, TOK2, 0) == -ENOLCK, "release by another: -ENOLCK");
+	CHECK(b->ops->lease_peek(b, KEY1, &st) == 0 && st == KC_LEASE_HELD, "still held");
+	CHECK(b->ops->lease_release(b, KEY1, TOK1, 0) == 0, "release by the holder");
+	CHECK(b->ops->lease_peek(b, KEY1, &st) == 0 && st == KC_LEASE_NONE, "released: none");
+	CHECK(b->ops->lease_release(b, KEY1, TOK1, 0) == -ENOLCK, "second release: -ENOLCK");
+
+	/* failure notes */
+	CHECK(b->ops->lease_take(b, KEY1, TOK1, 60000, &st) == 0 &&
+		      b->ops->lease_release(b, KEY1, TOK1, 300) == 0, "release with a failure note");
+	CHECK(b->ops->lease_peek(b, KEY1, &st) == 0 &&
+		      (st == KC_LEASE_FAILED || st == KC_LEASE_NONE),
+	      "peek sees the note (or its expiry)");
+	CHECK(b->ops->lease_renew(b, KEY1, TOK1, 60000) == -ENOLCK,
+	      "a failure note is nobody's lease");
+	CHECK(wait_state(b, KEY1, KC_LEASE_NONE), "the note expires");
+	CHECK(b->ops->lease_take(b, KEY1, TOK2, 60000, &st) == 0, "taken after the note expired");
+	CHECK(b->ops->lease_release(b, KEY1, TOK2, 0) == 0, "and released");
+	CHECK(b->ops->lease_take(b, KEY1, TOK1, 60000, &st) == 0 &&
+		      b->ops->lease_release(b, KEY1, TOK1, 60000) == 0 &&
+		      b->ops->lease_take(b, KEY1, TOK2, 60000, &st) == -EBUSY &&
+		      st == KC_LEASE_FAILED, "a standing note: take says failed");
+
+	/* expiry and takeover */
+	CHECK(b->ops->lease_take(b, KEY2, TOK1, 200, &st) == 0, "take with a short ttl");
+	CHECK(wait_state(b, KEY2, KC_LEASE_NONE), "the lease expires without renewal");
+	CHECK(b->ops->lease_take(b, KEY2, TOK2, 60000, &st) == 0, "another takes it over");
+	CHECK(b->ops->lease_renew(b, KEY2, TOK1, 60000) == -ENOLCK &&
+		      b->ops->lease_release(b, KEY2, TOK1, 0) == -ENOLCK,
+	      "the old holder can neither renew nor release");
+	CHECK(b->ops->lease_peek(b, KEY2, &st) == 0 && st == KC_LEASE_HELD,
+	      "the new holder's lease stands");
+	{
+		const char *k = "dddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddd";
+		CHECK(race_n(16, k, 1, -EBUSY, &ok) == 1 && ok, "16 racing takes: one holder");
+		CHECK(b->ops->lease_take(b, k, TOK1, 200, &st) == -EBUSY, "held by the winner");
+		const char *k2 = "eeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeee";
+		CHECK(b->ops->lease_take(b, k2, TOK1, 200, &st) == 0 &&
+			      wait_state(b, k2, KC_LEASE_NONE), "an expired lease");
+		CHECK(race_n(16, k2, 1, -EBUSY, &ok) == 1 && ok,
+		      "16 racing takeovers of an expired lease: one holder");
+		snprintf(path, sizeof(path), "%s/leases/ee", store);
+		CHECK(temporaries(path) == 0, "no lease temporary left behind");
+	}
+	{ /* garbage in a lease file: held until its mtime passes, then taken over */
+		const char *k = "ffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff";
+		snprintf(path, sizeof(path), "%s/leases/ff", store);
+		mkdir(path, 0755);
+		snprintf(path, sizeof(path), "%s/leases/ff/%s", store, k);
+		int fd = open(path, O_WRONLY | O_CREAT, 0644);
+		CHECK(fd >= 0 && write(fd, "\x01garbage", 8) == 8, "write a garbage lease");
+		close(fd);
+		CHECK(wait_state(b, k, KC_LEASE_NONE) && b->ops->lease_take(b, k, TOK1, 1000, &st) == 0,
+		      "a garbage lease expires and is taken over");
+	}
+
+	/* the bound: a put slower than the timeout returns -ETIMEDOUT; its worker finishes on
+	 * its own, after the backend was destroyed */
+	{
+		snprintf(path, sizeof(path), "dir:%s", store);
+		struct kc_remote_backend *quick =
+			kc_remote_backend_open(path, NULL, 1, why, sizeof(why));
+		size_t big = 64u << 20;
+		char *buf = malloc(big);
+		memset(buf, 'b', big);
+		const char *k = "9999999999999999999999999999999999999999999999999999999999999999";
+		CHECK(quick && quick->ops->put(quick, k, buf, big) == -ETIMEDOUT,
+		      "a 64 MiB put bounded by a 1 ms timeout: -ETIMEDOUT");
+		quick->ops->destroy(quick);
+		free(buf);
+		int seen = 0;
+		for (int i = 0; i < 3000 && !seen; i++) {
+			if (b->ops->get(b, k, &data, &len) == 0) {
+				seen = len == big;
+				free(data);
+				if (!seen)
+					break;
+			} else {
+				sleep_ms(10);
+			}
+		}
+		CHECK(seen, "the abandoned put completes whole");
+	}
+
+	b->ops->destroy(b);
+	char cmd[200];
+	snprintf(cmd, sizeof(cmd), "rm -rf %s", root);
+	CHECK(system(cmd) == 0, "clean up");
+	return tap_done();
+}

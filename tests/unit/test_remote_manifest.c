@@ -1,0 +1,120 @@
+/* test_remote_manifest.c - header manifests from dependency output, and their rehash on
+ * another node's files. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "hash.h"
+#include "remote_manifest.h"
+#include "remote_object.h"
+#include "tap.h"
+
+static char root[64];
+
+static void put(const char *rel, const char *text, mode_t mode)
+{
+	char p[256];
+	snprintf(p, sizeof(p), "%s/%s", root, rel);
+	int fd = open(p, O_WRONLY | O_CREAT | O_TRUNC, mode);
+	if (fd >= 0) {
+		if (write(fd, text, strlen(text)) < 0)
+			perror("write");
+		fchmod(fd, mode);
+		close(fd);
+	}
+}
+
+int main(void)
+{
+	char deps[2048], why[300], want[1024], ha[65], hb[65], tk[128], *m = NULL, *m2 = NULL;
+	size_t ml = 0, ml2 = 0;
+
+	snprintf(root, sizeof(root), "/tmp/kc-manifest-XXXXXX");
+	if (!mkdtemp(root))
+		return 1;
+	chmod(root, 0755);
+	char d[256];
+	snprintf(d, sizeof(d), "%s/inc", root);
+	mkdir(d, 0755);
+	snprintf(d, sizeof(d), "%s/tk", root);
+	mkdir(d, 0755);
+	snprintf(d, sizeof(d), "%s/tk/bin", root);
+	mkdir(d, 0755);
+	snprintf(tk, sizeof(tk), "%s/tk", root);
+	put("inc/a.h", "#define A 1\n", 0644);
+	put("inc/b c#.h", "#define B 2\n", 0644);
+	put("tk/t.h", "#define T 3\n", 0644);
+	put("tk/bin/nvcc", "", 0755);
+	kc_sha256_buf("#define A 1\n", 12, ha);
+	kc_sha256_buf("#define B 2\n", 12, hb);
+
+	char root_of[256], path_[256];
+	put("inc/nvcc-wrapper", "", 0755);
+	snprintf(d, sizeof(d), "%s/tk/bin/nvcc", root);
+	CHECK(kc_manifest_toolkit_root(d, NULL, root_of, sizeof(root_of)) == -ENOENT,
+	      "no toolkit layout around the nvcc, no fallback: no toolkit root");
+	snprintf(path_, sizeof(path_), "%s/tk/targets", root);
+	mkdir(path_, 0755);
+	CHECK(kc_manifest_toolkit_root(d, NULL, root_of, sizeof(root_of)) == 0 &&
+		      strcmp(root_of, tk) == 0, "toolkit root is the nvcc's directory's parent");
+	snprintf(path_, sizeof(path_), "%s/inc/nvcc-wrapper", root);
+	CHECK(kc_manifest_toolkit_root(path_, tk, root_of, sizeof(root_of)) == 0 &&
+		      strcmp(root_of, tk) == 0, "a wrapper elsewhere: the fallback toolkit");
+
+	snprintf(deps, sizeof(deps),
+		 "/proc/self/cwd/kernel.cubin : /proc/self/cwd/kernel.cu \\\n"
+		 "    %s/inc/b\\ c\\#.h %s/tk/bin/../t.h \\\n"
+		 "    %s/inc/a.h %s/inc/a.h\n\n%s/inc/a.h:\n", root, root, root, root, root);
+	int err = kc_manifest_from_deps(deps, strlen(deps), "/proc/self/cwd", tk, &m, &ml, why,
+					sizeof(why));
+	snprintf(want, sizeof(want), "%s %s/inc/a.h\n%s %s/inc/b c#.h\n", ha, root, hb, root);
+	CHECK(err == 0 && ml == strlen(want) && memcmp(m, want, ml) == 0,
+	      "manifest: headers sorted, hashed, escapes undone, source and toolkit left out");
+	if (err || ml != strlen(want))
+		printf("# %d %s\n# got: %.*s\n", err, why, (int)ml, m ? m : "");
+	CHECK(kc_object_manifest_check(m, ml, why, sizeof(why)) == 0, "it is a valid manifest");
+
+	CHECK(kc_manifest_rehash(m, ml, &m2, &ml2, why, sizeof(why)) == 0 && ml2 == ml &&
+		      memcmp(m, m2, ml) == 0, "rehash on the same files: the same manifest");
+	free(m2);
+	put("inc/a.h", "#define A 2\n", 0644);
+	CHECK(kc_manifest_rehash(m, ml, &m2, &ml2, why, sizeof(why)) == 0 &&
+		      (ml2 != ml || memcmp(m, m2, ml) != 0), "a changed header: another manifest");
+	free(m2);
+	put("inc/a.h", "#define A 1\n", 0600);
+	CHECK(kc_manifest_rehash(m, ml, &m2, &ml2, why, sizeof(why)) == -EACCES &&
+		      strstr(why, "a.h"), "a header not readable by all is not hashed");
+	snprintf(d, sizeof(d), "%s/inc/a.h", root);
+	unlink(d);
+	CHECK(kc_manifest_rehash(m, ml, &m2, &ml2, why, sizeof(why)) == -ENOENT,
+	      "a missing header: -ENOENT");
+	CHECK(kc_manifest_from_deps(deps, strlen(deps), "/proc/self/cwd", tk, &m2, &ml2, why,
+				    sizeof(why)) == -ENOENT, "a compile's header gone: not shared");
+	free(m);
+
+	const char *none = "/proc/self/cwd/kernel.cubin: /proc/self/cwd/kernel.cu\n";
+	CHECK(kc_manifest_from_deps(none, strlen(none), "/proc/self/cwd", tk, &m, &ml, why,
+				    sizeof(why)) == 0 && ml == 0, "no header: an empty manifest");
+	free(m);
+	const char *rel = "k.cubin: k.cu inc/x.h\n";
+	CHECK(kc_manifest_from_deps(rel, strlen(rel), NULL, NULL, &m, &ml, why, sizeof(why)) ==
+		      -EINVAL, "a relative dependency refused");
+	CHECK(kc_manifest_from_deps("garbage", 7, NULL, NULL, &m, &ml, why, sizeof(why)) ==
+		      -EINVAL, "no rule refused");
+	snprintf(deps, sizeof(deps), "x: /dev/zero\n");
+	CHECK(kc_manifest_from_deps(deps, strlen(deps), NULL, NULL, &m, &ml, why, sizeof(why)) ==
+		      -EACCES, "a device is not hashed");
+	snprintf(deps, sizeof(deps), "x: /proc/self/cmdline\n");
+	CHECK(kc_manifest_from_deps(deps, strlen(deps), NULL, NULL, &m, &ml, why, sizeof(why)) ==
+		      -EACCES, "a file of /proc (regular, readable by all) is not hashed");
+
+	char cmd[128];
+	snprintf(cmd, sizeof(cmd), "rm -rf %s", root);
+	CHECK(system(cmd) == 0, "clean up");
+	return tap_done();
+}
