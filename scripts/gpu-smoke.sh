@@ -48,6 +48,15 @@
 #   SMOKE_NO_GPU=1         skip only the gpu_smoke launches: the same number of processes
 #                          read the three cubins with cat instead (for a machine without a
 #                          GPU: the mount, the compiles, the stats and EIO are still tested)
+#   DEEPGEMM=PATH          the DeepGEMM client (default tests/mount/deepgemm.py); its -I is
+#                          ../kernels/include beside it, so a copy where compiles can read it
+#   SMOKE_EXPECT_COMPILES=3
+#                          compiler runs the mount must make for the three kernels (0 for a
+#                          node that gets every cubin from the cluster store, -o remote=)
+#   SMOKE_BROKEN=0         skip the broken.cu section (it compiles, and fails, on every node)
+#   SMOKE_SAVE=DIR         keep the three cubins (DIR/<kernel>.cubin), the metrics after
+#                          the loads (DIR/metrics.prom) and the daemon log (DIR/daemon.log)
+#                          (scripts/gpu-cluster.sh compares two nodes with them)
 set -u
 set -o pipefail
 
@@ -61,6 +70,10 @@ JOBS=${JOBS:-4}
 NPROCS=${SMOKE_PROCS:-8}
 SMOKE_TIMEOUT=${SMOKE_TIMEOUT:-600}
 NO_GPU=${SMOKE_NO_GPU:-0}
+DEEPGEMM=${DEEPGEMM:-tests/mount/deepgemm.py}
+EXPECT=${SMOKE_EXPECT_COMPILES:-3}
+BROKEN=${SMOKE_BROKEN:-1}
+SAVE=${SMOKE_SAVE:-}
 [ "$NO_GPU" = 0 ] && NO_GPU=
 KERNELS=(vector_add saxpy block_sum)
 
@@ -162,6 +175,7 @@ cleanup() {
 			say "daemon log (last $loglines lines):"
 			tail -n "$loglines" "$tmp/daemon.log" | sed 's/^/  daemon| /'
 			[ -n "${SMOKE_DAEMON_LOG:-}" ] && cp "$tmp/daemon.log" "$SMOKE_DAEMON_LOG"
+			[ -n "$SAVE" ] && cp "$tmp/daemon.log" "$SAVE/daemon.log"
 		fi
 	fi
 	if is_mounted; then
@@ -257,9 +271,9 @@ deepgemm_stage() { # the DeepGEMM ranks compile through the shim; sets entry[NAM
 	[ -x "$SHIM" ] || die "$SHIM is missing: ninja -C build-static builds it"
 	command -v python3 >/dev/null || die "SMOKE_CLIENT=deepgemm-shim needs python3"
 	for k in "${KERNELS[@]}"; do args+=("$k=tests/kernels/$k.cu"); done
-	say "DG_JIT_NVCC_COMPILER=$SHIM tests/mount/deepgemm.py --ranks $NPROCS $mnt/dg ${args[*]}"
+	say "DG_JIT_NVCC_COMPILER=$SHIM $DEEPGEMM --ranks $NPROCS $mnt/dg ${args[*]}"
 	local t0=$(date +%s.%N)
-	if ! DG_JIT_NVCC_COMPILER=$(realpath "$SHIM") python3 tests/mount/deepgemm.py \
+	if ! DG_JIT_NVCC_COMPILER=$(realpath "$SHIM") python3 "$DEEPGEMM" \
 		--ranks "$NPROCS" "$mnt/dg" "${args[@]}" >"$tmp/dg.out" 2>"$tmp/dg.err"; then
 		sed 's/^/  dg| /' "$tmp/dg.err"
 		die "a DeepGEMM rank failed"
@@ -384,6 +398,9 @@ for k in "${KERNELS[@]}"; do
 	say "$k: $(stat -c '%A %s' "$c") sha256 $(sha256sum <"$c" | cut -c1-16)..."
 	check "$k: stat size $size = bytes read $read_bytes, ELF magic ($magic)" \
 		[ "$size" = "$read_bytes" -a "$size" -gt 0 -a "$magic" = 7f454c46 ]
+	if [ -n "$SAVE" ]; then
+		cp "$c" "$SAVE/$k.cubin" || bad "copying $k's cubin to $SAVE failed"
+	fi
 done
 say "entry listing:"
 ls -l "${entry[vector_add]}" | sed 's/^/  /'
@@ -391,15 +408,17 @@ ls -l "${entry[vector_add]}" | sed 's/^/  /'
 # ---------------------------------------------------------------------------- stats
 section "stats"
 sed 's/^/  /' "$mnt/.kcachefs/stats"
-expect_stat kcachefs_compiles_total -eq 3
+[ -n "$SAVE" ] && { cp "$mnt/.kcachefs/metrics.prom" "$SAVE/metrics.prom" || bad "copying the metrics to $SAVE failed"; }
+expect_stat kcachefs_compiles_total -eq "$EXPECT"
 expect_stat kcachefs_misses_total -eq 3
 expect_stat kcachefs_compile_failures_total -eq 0
 expect_stat kcachefs_compiles_in_flight -eq 0
-if [ "$(stat_value kcachefs_compiles_total)" = 3 ]; then
-	say "compile count: PASS (kcachefs_compiles_total 3: one compile per kernel for $NPROCS processes)"
+if [ "$(stat_value kcachefs_compiles_total)" = "$EXPECT" ]; then
+	say "compile count: PASS (kcachefs_compiles_total $EXPECT: $EXPECT compile(s) for 3 kernels and $NPROCS processes)"
 else
-	say "compile count: FAIL (kcachefs_compiles_total $(stat_value kcachefs_compiles_total), want 3)"
+	say "compile count: FAIL (kcachefs_compiles_total $(stat_value kcachefs_compiles_total), want $EXPECT)"
 fi
+[ "$BROKEN" = 0 ] && exit 0 # cleanup (the EXIT trap) unmounts, checks and prints PASS or FAIL
 
 # ---------------------------------------------------------------------------- broken
 section "broken.cu: open fails with EIO"
@@ -424,6 +443,6 @@ fi
 grep -v '^#' "$mnt/.kcachefs/metrics.prom" | grep -E 'compiles_total|failures|rejected' | sed 's/^/  /'
 expect_stat kcachefs_compile_failures_total -eq 1 # the second open did not compile again
 expect_stat kcachefs_rejected_lookups_total -ge 1
-expect_stat kcachefs_compiles_total -eq 3
+expect_stat kcachefs_compiles_total -eq "$EXPECT"
 
 exit 0 # cleanup (the EXIT trap) unmounts, checks and prints PASS or FAIL
