@@ -73,6 +73,7 @@ cleanup() {
 		if [ -e "$share" ]; then bad "shared dir $share not removed"; else ok "shared dir $share (store, key, client copy) removed"; fi
 	fi
 	[ "$rc" -ne 0 ] && [ "$failures" -eq 0 ] && failures=1
+	say "elapsed: $SECONDS s"
 	echo
 	if [ "$failures" -eq 0 ]; then
 		if [ -n "$NO_GPU" ]; then
@@ -148,7 +149,8 @@ node B SMOKE_EXPECT_COMPILES=0 SMOKE_BROKEN=0
 
 section "the store"
 nobj=$(find "$store/objects" -type f ! -name '.*' 2>/dev/null | wc -l)
-say "$nobj objects in $store/objects (a header index and a cubin object per kernel; $(du -sb "$store/objects" 2>/dev/null | cut -f1) bytes)"
+nbytes=$(du -sb "$store/objects" 2>/dev/null | cut -f1)
+say "$nobj objects in $store/objects (a header index and a cubin object per kernel; ${nbytes:-0} bytes)"
 # A lease file left is either a live lease (none should be) or a failure note ("failed ..."):
 # node A's broken.cu leaves one for a few seconds, so that waiters elsewhere do not wait.
 nlease=$(find "$store/leases" -type f ! -name '.*' 2>/dev/null | wc -l)
