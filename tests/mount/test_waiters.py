@@ -28,11 +28,12 @@ def gated_openers(mount_factory, tmp_path, n):
     return m, entry, openers, release
 
 
-def slow_nvcc(tmp_path, release):
-    """A compiler that blocks until the file `release` exists, then runs nvcc."""
+def slow_nvcc(tmp_path, release, gated="*-cubin*"):
+    """A compiler that blocks compiles whose arguments match the shell pattern gated (by
+    default every compile) until the file `release` exists, then runs nvcc."""
     return write_script(tmp_path / "nvcc-gated",
-                        'case "$*" in *-cubin*) while [ ! -e %s ]; do sleep 0.05; done;; esac\n'
-                        'exec /usr/local/cuda/bin/nvcc "$@"\n' % release)
+                        'case "$*" in %s) while [ ! -e %s ]; do sleep 0.05; done;; esac\n'
+                        'exec /usr/local/cuda/bin/nvcc "$@"\n' % (gated, release))
 
 
 def test_64_waiters_do_not_starve_the_mount(mount_factory, tmp_path):
