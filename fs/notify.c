@@ -87,13 +87,6 @@ void kc_notifier_inval_inode(struct kc_notifier *n, fuse_ino_t ino)
 	kc_notifier_inval_entry(n, ino, ""); /* an empty name: the inode itself */
 }
 
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 int kc_notifier_inval_path(struct kc_notifier *n, const char *rel)
 {
 	char dir[4096];
@@ -124,9 +117,10 @@ static int inval_by_path(struct kc_notifier *n, struct kc_inode *in)
 	return kc_notifier_inval_path(n, rel);
 }
 
-static void relieve(void *arg)
+/* One pass: ask the kernel to forget the least recently used inodes until no more than
+ * three quarters of the bound are left that were not asked already. */
+static void relieve_pass(struct kc_notifier *n)
 {
-	struct kc_notifier *n = arg;
 	struct kc_inode_table *t = n->inodes;
 	uint64_t count, low = t->max - t->max / 4;
 	/* Again while over: lookups may outpace one round. Inodes already asked for count as
@@ -151,23 +145,43 @@ static void relieve(void *arg)
 		       "invalidated %zu of the least recently used", (unsigned long long)count,
 		       (unsigned long long)t->max, sent);
 	}
-	__atomic_store_n(&n->relief_after, now_ns() + 1000000u, __ATOMIC_RELAXED);
-	__atomic_store_n(&n->relief_queued, 0, __ATOMIC_RELEASE);
+}
+
+static void relieve(void *arg)
+{
+	struct kc_notifier *n = arg;
+	const struct timespec pause = {0, 1000000}; /* 1 ms: the forgets of what was asked */
+	/* A pass while a new inode took the table over the bound since the last one began,
+	 * each after the invalidations queued meanwhile: no such trigger is dropped, so the
+	 * table comes back under the bound without waiting for the next lookup. */
+	if (__atomic_exchange_n(&n->relief_wanted, 0, __ATOMIC_SEQ_CST) &&
+	    !fuse_session_exited(n->se)) {
+		relieve_pass(n);
+		nanosleep(&pause, NULL);
+		if (kc_pool_submit(n->pool, relieve, n) == 0)
+			return; /* still queued */
+	}
+	__atomic_store_n(&n->relief_queued, 0, __ATOMIC_SEQ_CST);
+	int idle = 0; /* a trigger that came after the exchange and saw this still queued */
+	if (__atomic_load_n(&n->relief_wanted, __ATOMIC_SEQ_CST) &&
+	    __atomic_compare_exchange_n(&n->relief_queued, &idle, 1, 0, __ATOMIC_SEQ_CST,
+					__ATOMIC_SEQ_CST) &&
+	    kc_pool_submit(n->pool, relieve, n) != 0)
+		__atomic_store_n(&n->relief_queued, 0, __ATOMIC_SEQ_CST);
 }
 
 void kc_notifier_relieve(struct kc_notifier *n)
 {
 	struct kc_inode_table *t = n->inodes;
-	if (!t->max || kc_inode_count(t) <= t->max || !n->pool ||
-	    __atomic_load_n(&n->relief_queued, __ATOMIC_ACQUIRE) ||
-	    now_ns() < __atomic_load_n(&n->relief_after, __ATOMIC_RELAXED))
+	if (!t->max || kc_inode_count(t) <= t->max || !n->pool)
 		return;
+	__atomic_store_n(&n->relief_wanted, 1, __ATOMIC_SEQ_CST);
 	int idle = 0;
-	if (!__atomic_compare_exchange_n(&n->relief_queued, &idle, 1, 0, __ATOMIC_ACQ_REL,
-					 __ATOMIC_RELAXED))
-		return;
+	if (!__atomic_compare_exchange_n(&n->relief_queued, &idle, 1, 0, __ATOMIC_SEQ_CST,
+					 __ATOMIC_SEQ_CST))
+		return; /* the relief running sees relief_wanted */
 	if (kc_pool_submit(n->pool, relieve, n) != 0)
-		__atomic_store_n(&n->relief_queued, 0, __ATOMIC_RELEASE);
+		__atomic_store_n(&n->relief_queued, 0, __ATOMIC_SEQ_CST);
 }
 
 void kc_notifier_note_connection(struct kc_notifier *n, const char *mountpoint)

@@ -20,7 +20,7 @@ struct kc_notifier {
 	struct kc_pool *pool; /* one worker; NULL when not started */
 	const struct kc_store *store; /* borrowed: paths of inodes relative to its root */
 	int relief_queued;    /* a relief is queued or running (atomic) */
-	uint64_t relief_after; /* CLOCK_MONOTONIC ns before which no new relief starts */
+	int relief_wanted;    /* the table went over the bound since the last pass (atomic) */
 	uint64_t reliefs;     /* reliefs run (atomic; shown in stats) */
 	int sending;          /* notifications being written to the kernel now (atomic) */
 	unsigned long conn;   /* the kernel's connection number (/sys/fs/fuse/connections) */
@@ -44,12 +44,16 @@ void kc_notifier_inval_inode(struct kc_notifier *n, fuse_ino_t ino);
 int kc_notifier_inval_path(struct kc_notifier *n, const char *rel);
 
 /* Keep the inode table near its bound (inodes->max): when more inodes than that are known
- * to the kernel, queue (at most one at a time, and not within 1 ms of the last) a relief
- * that invalidates the kernel's dentries of the least recently used quarter, so the kernel
- * forgets those it does not use (open files and working directories keep theirs). Each
- * known inode holds a descriptor, so without this a node with many entries would run out
- * of descriptors (EMFILE) and fail lookups. Cheap when under the bound: call after every
- * new kernel reference. */
+ * to the kernel, have the sender (at most one relief at a time) invalidate the kernel's
+ * dentries of the least recently used, until a quarter of the bound is free again, so the
+ * kernel forgets those it does not use (open files and working directories keep theirs).
+ * A call while a relief runs asks it for one more pass after a pause of 1 ms: none is
+ * lost, so the table comes back under the bound once lookups stop and the kernel's
+ * forgets arrive. The bound holds in that steady state; while lookups outpace the relief
+ * (its invalidations wait for the directory locks those lookups hold) the table can run
+ * over it for a while. Each known inode holds a descriptor, so without this a node with
+ * many entries would run out of descriptors (EMFILE) and fail lookups. Cheap when under
+ * the bound: call after every new kernel reference. */
 void kc_notifier_relieve(struct kc_notifier *n);
 /* Remember the connection of the mount on mountpoint (from /proc/self/mountinfo; no FUSE
  * request is made), for kc_notifier_stop. Call after mounting. */

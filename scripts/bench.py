@@ -43,7 +43,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "mount"))
-from kcmount import NVCC, Mount, elf_symbols, entry_name, run_parallel, write_script  # noqa: E402
+from kcmount import (NVCC, Mount, elf_symbols, entry_name, open_to_compiles, run_parallel,  # noqa: E402
+                     write_script)
 
 BENCH_IO = REPO / "build" / "bench_io"
 PAD_KERNEL = """__device__ char kc_pad[%d] = {1};
@@ -234,8 +235,12 @@ def bench_cold(tmp, reps, kernels, procs=8):
 
 def bench_starve(tmp, reps):
     print("starve: stat latency while 64 openers wait and 8 compiles run", flush=True)
-    gate = Path(tmp) / "gate"
-    slow = write_script(Path(tmp) / "nvcc-gated",
+    # the gated compiler runs as the compiles' uid: it and its gate live where it can reach
+    cdir = Path(tmp) / "starve-compiler"
+    cdir.mkdir()
+    open_to_compiles(cdir)
+    gate = cdir / "gate"
+    slow = write_script(cdir / "nvcc-gated",
                         'case "$*" in *slowkernel*) while [ ! -e %s ]; do sleep 0.05; done;; esac\n'
                         'exec %s "$@"\n' % (gate, NVCC))
     m = fresh_mount(tmp, "starve", ["nvcc=%s" % slow, "jobs=10"])

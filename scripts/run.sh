@@ -7,9 +7,18 @@
 # which includes CUB headers, with its flags) into a fresh kernel entry, starts 8 readers of
 # its kernel.cubin at once, and shows: one compile for 8 readers, identical bytes for all,
 # the ELF header of a CUDA cubin, the compile log and the statistics. The mount stays up;
-# the last lines say how to unmount it. Needs root (mounting) and /dev/fuse.
+# the last lines say how to unmount it. Needs root and /dev/fuse (checked first, before
+# anything is installed or built).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "$(id -u)" -ne 0 ]; then
+	echo "run.sh: needs root, and runs as uid $(id -u): setup installs missing packages with" \
+		"apt-get, the store goes under /var/cache/kcachefs (a directory only root may enter)" \
+		"and the mount on /mnt/kcache by default, and the daemon runs each compile as a uid" \
+		"of its own (compile_uids), which only root may do; run it as root (sudo $0)" >&2
+	exit 1
+fi
+[ -c /dev/fuse ] || { echo "run.sh: no /dev/fuse: mounting needs the fuse module (modprobe fuse)" >&2; exit 1; }
 scripts/setup.sh >/dev/null || { echo "run.sh: setup failed (run scripts/setup.sh to see why)" >&2; exit 1; }
 
 backing="${KCACHEFS_BACKING:-/var/cache/kcachefs/store}"

@@ -12,6 +12,11 @@ for p in "${packages[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if [ ${#missing[@]} -gt 0 ]; then
+	if [ "$(id -u)" -ne 0 ]; then
+		echo "setup: missing packages: ${missing[*]}; installing them (apt-get) needs root:" \
+			"run this as root, or have them installed" >&2
+		exit 1
+	fi
 	echo "setup: installing ${missing[*]}"
 	export DEBIAN_FRONTEND=noninteractive
 	apt-get update -q
@@ -23,5 +28,10 @@ if [ ! -x "$cuda/bin/nvcc" ]; then
 	echo "setup: no nvcc at $cuda/bin/nvcc (set CUDA_HOME): kcachefs builds, but cannot compile kernels" >&2
 fi
 
+if [ ! -w . ] || { [ -e build ] && [ ! -w build ]; }; then
+	echo "setup: cannot build in $PWD/build: uid $(id -u) may not write there" \
+		"(build as the tree's owner, or in a clone of your own)" >&2
+	exit 1
+fi
 [ -f build/build.ninja ] || meson setup build
 ninja -C build

@@ -6,31 +6,74 @@
 #      that triggered it);
 #   3. each libFuzzer target for FUZZ_SECONDS (default 60) from its seed corpus
 #      (build-fuzz/, clang).
-# Needs root (mounts) and /dev/fuse. Extra arguments go to pytest (e.g. -k waiters).
-# KCACHEFS_TEST_QUICK=1 runs step 1 only. The last line is "N passed, M failed" over all
-# steps (tests, unit suites and fuzz targets).
+# Needs root and /dev/fuse (checked first, before anything is installed or built). Extra
+# arguments go to pytest (e.g. -k waiters). KCACHEFS_TEST_QUICK=1 runs step 1 only.
+# The last line is "N passed, M failed" over all steps (tests, unit suites and fuzz
+# targets). A step that could not run, or ran no test, counts as a failure and says so in
+# a "test.sh: ..." line (repeated above the last line); the exit status is 0 only when
+# nothing failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh || exit 1
 
-passed=0 failed=0
+passed=0 failed=0 problems=()
+
+problem() { # problem WHAT: one failure that is not a test's, said now and again at the end
+	echo "test.sh: $*" >&2
+	problems+=("$*")
+	failed=$((failed + 1))
+}
+
+finish() { # repeat what went wrong after the tests' output, print the count line; exit 0
+	# only if nothing failed
+	local p
+	[ -z "${base:-}" ] || for p in "${problems[@]}"; do echo "test.sh: $p" >&2; done
+	echo "$passed passed, $failed failed"
+	[ "$failed" -eq 0 ]
+	exit
+}
+
+if [ "$(id -u)" -ne 0 ]; then
+	problem "needs root, and runs as uid $(id -u): the mount tests mount FUSE file systems \
+(some with allow_other, for a second user they create), the daemon runs each compile as a \
+uid of its own (compile_uids), and setup installs missing packages with apt-get; run it as \
+root (sudo $0)"
+	finish
+fi
+[ -c /dev/fuse ] || { problem "no /dev/fuse: the mount tests need the fuse module (modprobe fuse)"; finish; }
+scripts/setup.sh || { problem "setup or the build failed (scripts/setup.sh exited $?, see above): no test ran"; finish; }
+
 base=$(mktemp -d /tmp/kcachefs-tests.XXXXXX)
 
 sum_of() { # sum_of REGEX < text: the sum of the numbers in front of REGEX
 	grep -oE "[0-9]+ ($1)" | awk '{ s += $1 } END { print s + 0 }'
 }
 
-count_pytest() { # add the counts of pytest's summary line in log $1
-	local line
-	line=$(grep -E '^=+ .*(passed|failed|error).* in [0-9.]+s' "$1" | tail -1)
-	passed=$((passed + $(sum_of passed <<<"$line")))
-	failed=$((failed + $(sum_of 'failed|errors?' <<<"$line")))
-	[ -n "$line" ] || failed=$((failed + 1)) # pytest did not get to its summary
+count_pytest() { # count_pytest NAME LOG STATUS: add the counts of pytest's summary line
+	local line ran fails
+	line=$(grep -E '^=* ?(no tests ran|[0-9]+ [a-z]+(, [0-9]+ [a-z]+)*) in [0-9.]+s' "$2" | tail -1)
+	ran=$(sum_of passed <<<"$line") fails=$(sum_of 'failed|errors?' <<<"$line")
+	passed=$((passed + ran)) failed=$((failed + fails))
+	if [ -z "$line" ]; then
+		problem "$1: pytest did not get to its summary line (exit $3; log $2)"
+	elif [ $((ran + fails)) -eq 0 ]; then
+		problem "$1: pytest ran 0 tests (exit $3; log $2)"
+	elif [ "$3" -ne 0 ] && [ "$fails" -eq 0 ]; then
+		problem "$1: pytest exited $3 with no failed test counted (log $2)"
+	fi
 }
 
-count_meson() { # add meson's Ok: and Fail: counts (one per unit suite) in log $1
-	passed=$((passed + $(awk '$1 == "Ok:" { print $2 }' "$1")))
-	failed=$((failed + $(awk '$1 == "Fail:" || $1 == "Timeout:" { s += $2 } END { print s + 0 }' "$1")))
+count_meson() { # count_meson NAME LOG STATUS: add meson's Ok: and Fail: counts (one per unit suite)
+	local ok fails
+	ok=$(awk '$1 == "Ok:" { s += $2 } END { print s + 0 }' "$2")
+	fails=$(awk '$1 == "Fail:" || $1 == "Timeout:" { s += $2 } END { print s + 0 }' "$2")
+	passed=$((passed + ok)) failed=$((failed + fails))
+	if ! grep -q '^Ok:' "$2"; then
+		problem "$1: meson test did not get to its summary (exit $3; log $2): the unit tests did not run"
+	elif [ $((ok + fails)) -eq 0 ]; then
+		problem "$1: meson ran 0 unit tests (exit $3; log $2)"
+	elif [ "$3" -ne 0 ] && [ "$fails" -eq 0 ]; then
+		problem "$1: meson test exited $3 with no failed test counted (log $2)"
+	fi
 }
 
 run_suite() { # run_suite NAME BUILD_DIR [pytest args...]: unit then mount tests
@@ -38,13 +81,13 @@ run_suite() { # run_suite NAME BUILD_DIR [pytest args...]: unit then mount tests
 	shift 2
 	echo "=== $name: unit tests ($dir)"
 	meson test -C "$dir" --suite unit --print-errorlogs 2>&1 | tee "$base/$name-unit.log"
-	count_meson "$base/$name-unit.log"
+	count_meson "$name unit tests" "$base/$name-unit.log" "${PIPESTATUS[0]}"
 	echo "=== $name: mount tests ($dir)"
 	mkdir -p "$base/$name"
 	KCACHEFS_BIN="$PWD/$dir/kcachefs" KCACHEFS_NVCC_BIN="$PWD/$dir/kcachefs-nvcc" \
 		/usr/bin/python3 -m pytest -p no:cacheprovider --basetemp="$base/$name" -v tests/mount "$@" \
 		2>&1 | tee "$base/$name.log"
-	count_pytest "$base/$name.log"
+	count_pytest "$name mount tests" "$base/$name.log" "${PIPESTATUS[0]}"
 }
 
 run_suite normal build "$@"
@@ -57,8 +100,7 @@ if [ "${KCACHEFS_TEST_QUICK:-0}" != 1 ]; then
 	if ninja -C build-asan >/dev/null; then
 		run_suite sanitized build-asan "$@"
 	else
-		echo "test.sh: the sanitizer build failed" >&2
-		failed=$((failed + 1))
+		problem "the sanitizer build (build-asan) failed: its unit and mount tests did not run"
 	fi
 	unset ASAN_OPTIONS UBSAN_OPTIONS
 
@@ -74,27 +116,23 @@ if [ "${KCACHEFS_TEST_QUICK:-0}" != 1 ]; then
 				echo "fuzz_$t: $(grep -E '^Done' "$base/fuzz-$t.log")"
 				passed=$((passed + 1))
 			else
-				echo "fuzz_$t: FAILED; its report:" >&2
 				tail -40 "$base/fuzz-$t.log" >&2
 				ls "$base"/crash-$t-* >&2 2>/dev/null
-				failed=$((failed + 1))
+				problem "fuzz_$t failed (its report is above; log $base/fuzz-$t.log)"
 			fi
 		done
 	else
-		echo "test.sh: the fuzz build failed (needs clang)" >&2
-		failed=$((failed + 1))
+		problem "the fuzz build (build-fuzz, needs clang) failed: no fuzz target ran"
 	fi
 fi
 
 # No test may leave a mount behind.
 if awk -v b="$base" 'index($2, b) == 1 { found = 1 } END { exit !found }' /proc/mounts; then
-	echo "test.sh: mounts left behind under $base:" >&2
 	awk -v b="$base" 'index($2, b) == 1' /proc/mounts >&2
-	failed=$((failed + 1))
+	problem "mounts left behind under $base (listed above)"
 elif [ "$failed" -eq 0 ]; then
 	rm -rf "$base"
 else
 	echo "test.sh: logs kept in $base"
 fi
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish

@@ -11,24 +11,17 @@ import pytest
 
 import deepgemm
 from kcmount import (BUILD, EM_CUDA, KCACHEFS, KERNELS, NVCC, OPENER, REPO, SHIM, Mount,  # noqa: F401
-                     elf_machine, elf_symbols, entry_name, read_result, run_parallel, sample,
-                     start_openers, write_script)
+                     elf_machine, elf_symbols, entry_name, open_to_compiles, read_result,
+                     run_parallel, sample, start_openers, write_script)
 
 deepgemm.INCLUDE = str(KERNELS / "include")  # where compiles can read it (kcmount.py)
 
 
 @pytest.fixture(autouse=True)
 def tmp_path_open_to_compiles(tmp_path):
-    """Compiles run as uids of their own (-o compile_uids): a test's wrapper compilers, and
-    the files they keep, live in its tmp_path, which pytest makes private to root. Open it
-    to them as an operator's compiler directory would be: the directories above may be
-    passed through, tmp_path written like /tmp."""
-    top = Path(tempfile.gettempdir())
-    for p in tmp_path.parents:
-        if p == top or top not in p.parents:
-            break
-        os.chmod(p, 0o711)
-    os.chmod(tmp_path, 0o1777)
+    """A test's wrapper compilers, and the files they keep, live in its tmp_path, which
+    pytest makes private to root: open it to the compiles' uids (kcmount.open_to_compiles)."""
+    open_to_compiles(tmp_path)
 
 
 @pytest.fixture

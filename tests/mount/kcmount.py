@@ -53,6 +53,21 @@ def _open_to_compiles():
 
 
 KCACHEFS, SHIM, KERNELS = _open_to_compiles()
+
+
+def open_to_compiles(path):
+    """Compiles run as uids of their own (-o compile_uids): open path, a private temp
+    directory (pytest's tmp_path, a benchmark's mkdtemp) where wrapper compilers and the
+    files they use live, to them, as an operator's compiler directory would be: the
+    directories between it and the temp root may be passed through (0711), path itself is
+    written like /tmp (1777)."""
+    top = Path(tempfile.gettempdir())
+    for p in path.parents:
+        if p == top or top not in p.parents:
+            break
+        os.chmod(p, 0o711)
+    os.chmod(path, 0o1777)
+    return path
 NVCC = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin" / "nvcc"
 EM_CUDA = 190
 

@@ -40,7 +40,7 @@ def touch(entry):
     time.sleep(0.02)  # distinct last-use times
 
 
-def wait_evictions(m, n, timeout=20):
+def wait_evictions(m, n, timeout=60):
     deadline = time.monotonic() + timeout
     while m.stats()["evictions_total"] < n:
         assert time.monotonic() < deadline, "only %d evictions" % m.stats()["evictions_total"]
@@ -118,32 +118,32 @@ def test_max_size_bounds_the_bytes_stored(mount_factory):
 
 
 def test_entries_being_staged_or_compiled_are_not_evicted(mount_factory, tmp_path):
-    release = tmp_path / "release"
-    release.write_text("open")  # compiles run at once until the gate closes
-    m = mount_factory(["nvcc=%s" % slow_nvcc(tmp_path, release), "max_entries=2"])
+    release = tmp_path / "release"  # holds the compiles of sources built with -DKC_GATE
+    m = mount_factory(["nvcc=%s" % slow_nvcc(tmp_path, release, "*-DKC_GATE*"),
+                       "max_entries=2"])
     oldest = compile_variant(m, 0)
     second = compile_variant(m, 1)
     # A client re-stages the oldest entry: its kernel.cu is open for writing.
     writer = open(oldest / "kernel.cu", "r+b")
-    release.unlink()
-    compiling = m.stage("saxpy", *sample("saxpy"))
+    compiling = m.stage("saxpy", sample("saxpy")[0], b"-O3\n-DKC_GATE\n")
     openers = start_openers(compiling / "kernel.cubin", 2)
     try:
         wait_for_flight(m)
         time.sleep(GRACE)
-        release.write_text("open")
-        third = compile_variant(m, 2)
-        fourth = compile_variant(m, 3)
+        for i in (2, 3):  # a third and a fourth entry: over the bound
+            compile_variant(m, i)
         st = wait_evictions(m, 1)
-        # Over 2: the oldest (being staged) stays; the next oldest went instead.
+        # Over 2: the oldest (being staged) stays; the next oldest went instead. Third and
+        # fourth may go too once older than the grace period (a compile can take longer
+        # than that on busy cores): what never goes is being staged or compiled.
         assert oldest.exists() and not second.exists()
         assert (oldest / "kernel.cubin").exists()
+        assert compiling.exists() and m.stats()["flights"] == 1, "saxpy is still compiling"
     finally:
         release.write_text("open")
         outs = [p.communicate(timeout=120)[0].split() for p in openers]
         writer.close()
     assert all(o[0] == "ok" for o in outs), outs
-    assert third.exists() and fourth.exists() and compiling.exists()
     assert st["entries"] <= 4
 
 
@@ -154,15 +154,16 @@ def test_the_index_and_last_use_survive_a_remount(mount_factory):
     time.sleep(1.1)
     touch(entries[1])
     time.sleep(1.1)
+    before = time.time()
     touch(entries[0])  # used again within the hour: written at the clean stop
-    last = time.time()
+    after = time.time()
     assert m.stats()["entries"] == 3
     rel = [e.relative_to(m.mnt) for e in entries]
     m.stop()
     used = [int(os.getxattr(m.backing / r, "user.kcachefs.used")) for r in rel[:2]]
-    assert abs(used[0] - last) < 1.5 and used[0] > used[1], used
+    assert int(before) <= used[0] <= after and used[0] > used[1], (before, used, after)
     m.start()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     while m.stats()["entries"] != 3:
         assert time.monotonic() < deadline, m.stats()
         time.sleep(0.05)

