@@ -11,13 +11,15 @@ cd "$(dirname "$0")/.."
 base=$(mktemp -d /tmp/kcachefs-sshfs.XXXXXX)
 pid=
 cleanup() {
+	local rc=$?
+	set +e
 	# The tests tear down what they made (fixtures); this catches a pytest that was killed.
 	if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
 		kill -INT "$pid" 2>/dev/null || true
 		wait "$pid" 2>/dev/null || true
 	fi
 	if [ -n "$pid" ]; then
-		grep -o " $base[^ ]*" /proc/mounts | sort -r | while read -r m; do
+		{ grep -o " $base[^ ]*" /proc/mounts || true; } | sort -r | while read -r m; do
 			fusermount3 -u -z "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true
 		done
 		for ns in $(ip netns list | grep -o "^kc-\(srv\|cli\)-$pid-[0-9]*" || true); do
@@ -26,12 +28,13 @@ cleanup() {
 		done
 	fi
 	rm -rf "$base"
+	exit "$rc"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 export KCACHEFS_BIN=${KCACHEFS_BIN:-$PWD/build/kcachefs}
 export KCACHEFS_NVCC_BIN=${KCACHEFS_NVCC_BIN:-$PWD/build/kcachefs-nvcc}
-/usr/bin/python3 -m pytest -p no:cacheprovider -rs -v --durations=0 --basetemp="$base/pytest" \
+/usr/bin/python3 -m pytest -p no:cacheprovider -rs -v -s --durations=0 --basetemp="$base/pytest" \
 	tests/mount/test_remote_sshfs.py "$@" &
 pid=$!
 wait "$pid"

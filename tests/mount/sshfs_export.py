@@ -165,6 +165,12 @@ class SshfsExport:
             self.sshd.wait(timeout=60)
 
     def stop(self):
+        try:
+            self.unmount()
+        finally:
+            self.stop_server()
+
+    def unmount(self):
         if str(self.mnt) in mounted():  # os.path.ismount fails on a dead sshfs
             if subprocess.run(["fusermount3", "-u", str(self.mnt)],
                               capture_output=True).returncode != 0:
@@ -176,12 +182,10 @@ class SshfsExport:
                 self.sshfs.kill()
                 self.sshfs.wait(timeout=30)
             self.sshfs = None
-        if self.srv in self.namespaces:
-            self.kill_server()
-        elif self.sshd is not None:
-            self.sshd.kill()
-            self.sshd.wait(timeout=60)
-        self.sshd = None
+
+    def stop_server(self):
+        """Kill every process of both namespaces (sshd, its sessions, ssh) by pid, then
+        delete the namespaces and with them the veth pair."""
         for ns in self.namespaces:
             for pid in subprocess.run(["ip", "netns", "pids", ns], capture_output=True,
                                       text=True).stdout.split():
@@ -189,5 +193,11 @@ class SshfsExport:
                     os.kill(int(pid), signal.SIGKILL)
                 except ProcessLookupError:
                     pass
+        if self.sshd is not None:
+            if self.sshd.poll() is None:
+                self.sshd.kill()
+            self.sshd.wait(timeout=60)
+            self.sshd = None
+        for ns in self.namespaces:
             subprocess.run(["ip", "netns", "delete", ns], capture_output=True)
         self.namespaces = []

@@ -38,6 +38,9 @@ def sshfs_cluster(tmp_path, template, export):
 
 def test_cluster_on_sshfs(sshfs_cluster, export):
     cluster_once(sshfs_cluster)
+    print("\n4 nodes x 32 processes x %d kernels on sshfs: %d compiles, %d remote hits"
+          % (KERNELS, len(sshfs_cluster.compiles()),
+             total(sshfs_cluster.nodes, "remote_hits_total")))
     # the objects are on the server's disk, not only in sshfs's cache
     stored = [p for p in (export.export / "objects").glob("*/*") if not p.name.startswith(".")]
     assert len(stored) == 2 * KERNELS, stored
@@ -74,6 +77,10 @@ def test_server_lost_mid_run(sshfs_cluster, export, how):
     faults = sum(total(nodes, k) for k in ("remote_get_errors_total", "remote_put_errors_total",
                                            "remote_lease_errors_total"))
     assert faults > 0, "".join(m.daemon_log() for m in nodes) + str(cluster.compiles())
+    print("\nsshd %s mid-compile: %d readers on 2 nodes all got cubins of %d kernels; "
+          "%d compiles, %d store faults, %d remote hits"
+          % (how, len(readers), KERNELS, len(cluster.compiles()), faults,
+             total(nodes, "remote_hits_total")))
     logs = "".join(m.daemon_log() for m in nodes)
     if how == "frozen":  # the hung mount answered nothing: remote_timeout ended each call
         assert "Connection timed out" in logs, logs
