@@ -18,8 +18,8 @@ from sshfs_export import SshfsExport, missing_prerequisite
 from test_remote import (KERNELS, Cluster, source, stage_all, template,  # noqa: F401
                          test_cluster_compiles_each_kernel_once as cluster_once, total)
 
-pytestmark = pytest.mark.skipif(missing_prerequisite() is not None,
-                                reason=str(missing_prerequisite()))
+MISSING = missing_prerequisite()
+pytestmark = pytest.mark.skipif(MISSING is not None, reason=str(MISSING))
 
 
 @pytest.fixture
