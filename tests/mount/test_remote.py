@@ -11,6 +11,7 @@ import os
 import random
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -36,12 +37,12 @@ def template(tmp_path_factory):
 
 class Cluster:
     """The fake compiler, a shared store (a dir: store in tmp_path unless url names
-    another, e.g. a Redis server of the test's), and nodes mounted on it."""
+    another, e.g. a Redis server of the test's or a dir: on sshfs), and nodes mounted on it."""
 
     def __init__(self, tmp_path, template, url=None):
         self.tmp = tmp_path
-        self.store = tmp_path / "store"
-        self.url = url or "dir:%s" % self.store
+        self.url = url or "dir:%s" % (tmp_path / "store")
+        self.store = Path(self.url[4:]) if self.url.startswith("dir:") else None
         self.log = tmp_path / "compiles"
         self.log.write_text("")
         os.chmod(self.log, 0o666)  # compiles run as uids of their own
