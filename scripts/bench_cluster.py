@@ -145,13 +145,14 @@ def cluster_once(tmp, rep, kind, kernels, jobs, nodes=4, per_node=8):
         if s["compiles_total"] or s["remote_hits_total"] != len(kernels):
             raise RuntimeError("the joining node compiled %d, hit %d" % (
                 s["compiles_total"], s["remote_hits_total"]))
+        fetch_ms = s["remote_fetch_microseconds_total"] / max(1, s["remote_fetches_total"]) / 1e3
         late.stop()
         late.start()
         warm = cold_together([stage_real(late, kernels)], per_node)[0]
         if late.stats()["remote_hits_total"] or len(cluster.compiles()) != compiles:
             raise RuntimeError("the warm restart went to the store or compiled")
-        print("  %s rep %d: joining node cold %.2f s, warm restart %.2f s; %s" % (
-            kind, rep, join, warm, load()), flush=True)
+        print("  %s rep %d: joining node cold %.2f s (a fetch %.1f ms on average), warm restart "
+              "%.2f s; %s" % (kind, rep, join, fetch_ms, warm, load()), flush=True)
         return compiles, walls[0], join, warm
     finally:
         if cluster is not None:
