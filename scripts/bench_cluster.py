@@ -193,7 +193,7 @@ def bench_cluster(tmp, reps, kernels, stores, row):
         row("%s: compiles in the cluster (4x8x%d)" % (kind, kernels), compiles, [kernels],
             "compiles", "= %d (1.00x)" % kernels)
         row("%s: first node cold / one node alone" % kind, first, alone, "s",
-            "(one CPU pool: ~1x)")
+            "(CPUs shared by the nodes)")
         row("%s: joining node cold / first node cold" % kind, join, first, "s", "(small)")
         row("%s: joining node cold / its warm restart" % kind, join, warm, "s", "<= 1.5x")
 
