@@ -25,6 +25,12 @@ Figures (NAME):
   ref       the same warm read through libfuse's own passthrough_ll example (cache=always),
             built from /usr/share/doc/libfuse3-dev/examples when present: what one FUSE
             round trip per open costs on this machine
+  cluster   4 simulated nodes x 8 processes x K real kernels sharing a cluster store
+            (--stores dir,redis): compiles, first node against one node alone, a joining
+            node against the first and against its warm restart (scripts/bench_cluster.py)
+  cluster64 64 simulated nodes x 2 processes x --kernels64 kernels of a fake compiler:
+            compiles, store operations and bytes per node per kernel, lease waits
+            (not in the default list: --only cluster,cluster64)
 Each timed loop runs in build/bench_io (C), so that Python's own cost is not in the ratios.
 The mounts are the built daemon on temp directories, always unmounted.
 """
@@ -32,6 +38,7 @@ import argparse
 import hashlib
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -45,6 +52,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "mount"))
 from kcmount import (NVCC, Mount, elf_symbols, entry_name, open_to_compiles, run_parallel,  # noqa: E402
                      write_script)
+import bench_cluster  # noqa: E402
 
 BENCH_IO = REPO / "build" / "bench_io"
 PAD_KERNEL = """__device__ char kc_pad[%d] = {1};
@@ -434,8 +442,12 @@ def main():
     ap.add_argument("--only", default="read,ref,meta,cold,starve,scale,backend")
     ap.add_argument("--entries", type=int, default=100000, help="N of the scale figure")
     ap.add_argument("--kernels", type=int, default=32, help="K of the cold start")
+    ap.add_argument("--stores", default="dir,redis", help="stores of cluster and cluster64")
+    ap.add_argument("--kernels64", type=int, default=16, help="K of cluster64")
     ap.add_argument("--quick", action="store_true", help="3 repetitions, K=8")
     args = ap.parse_args()
+    for sig in (signal.SIGTERM, signal.SIGHUP):  # unwind: every mount and server is stopped
+        signal.signal(sig, lambda n, f: sys.exit(128 + n))
     if args.quick:
         args.reps, args.kernels, args.entries = 3, 8, 5000
     if not BENCH_IO.exists() and set(args.only.split(",")) & {"read", "ref", "meta", "starve"}:
@@ -445,6 +457,9 @@ def main():
         subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
                        capture_output=True, text=True).stdout.strip()), flush=True)
     tmp = tempfile.mkdtemp(prefix="kcachefs-bench.")
+    os.chmod(tmp, 0o755)  # compiles run as uids of their own (-o compile_uids)
+    stores = args.stores.split(",")
+    tables = []
     try:
         for name in args.only.split(","):
             {"read": lambda: bench_read(tmp, args.reps),
@@ -453,13 +468,19 @@ def main():
              "starve": lambda: bench_starve(tmp, args.reps),
              "scale": lambda: bench_scale(tmp, 3, args.entries),
              "ref": lambda: bench_ref(tmp, args.reps),
-             "backend": lambda: bench_backend(tmp, args.reps)}[name]()
+             "backend": lambda: bench_backend(tmp, args.reps),
+             "cluster": lambda: bench_cluster.bench_cluster(
+                 tmp, max(1, args.reps // 4), args.kernels, stores, row),
+             "cluster64": lambda: tables.extend(bench_cluster.bench_cluster64(
+                 tmp, args.kernels64, stores))}[name]()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print("\n| figure | kcachefs: median (spread) | baseline | ratio | target |")
     print("|---|---|---|---|---|")
     for r in ROWS:
         print("| %s |" % " | ".join(r))
+    for line in tables:
+        print(line)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,285 @@
+"""The cluster store's benchmarks (issue 14), run by scripts/bench.py (--only cluster,cluster64):
+simulated nodes (daemons with backing directories and mountpoints of their own) sharing one
+store, a dir: store in the run's temp directory or a redis-server the run starts on a Unix
+socket there. The nodes, the counting compilers and the Redis server are the mount tests'
+(tests/mount/test_remote.py's Cluster, test_remote_redis.py's RedisServer); every node and
+server is stopped on every way out.
+
+cluster    4 nodes x 8 processes x 32 real nvcc kernels (the sample kernels, one symbol
+           each), cold together: compiles in the cluster, the first node's cold time against
+           one node alone with no store, then a node joining: its cold start against the
+           first node's and against its own warm restart.
+cluster64  64 nodes x 2 processes x K kernels of the tests' fast fake compiler, cold
+           together: compiles, store operations and bytes per node per kernel from the
+           daemons' counters (and, on Redis, the server's own command counts), lease waits;
+           redis-benchmark GET/SET of cubin-sized values on the same server.
+"""
+import os
+import re
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+from kcmount import KERNELS, NVCC, Mount, elf_symbols, run_parallel, write_script
+from test_remote import Cluster, read_all_kernels, stage_all
+from test_remote_redis import RedisServer
+
+UIDS = 0x7F000000  # cluster64's compile uid ranges: UIDS + node x 256
+SAMPLES = ("saxpy", "vector_add")  # the cheap sample kernels (block_sum takes seconds)
+COUNTERS = ("remote_hits_total", "remote_misses_total", "remote_puts_total",
+            "remote_bytes_in_total", "remote_bytes_out_total", "remote_lease_waits_total",
+            "remote_takeovers_total", "remote_hedged_total", "remote_rejected_total",
+            "remote_get_errors_total", "remote_put_errors_total", "remote_lease_errors_total")
+
+
+def load():
+    return "load %.2f %.2f %.2f" % os.getloadavg()
+
+
+def real_kernels(n):
+    """n distinct real kernels: the sample kernels with the symbol renamed per variant."""
+    out = []
+    for k in range(n):
+        name = SAMPLES[k % len(SAMPLES)]
+        src = (KERNELS / (name + ".cu")).read_text().replace(
+            "void %s(" % name, "void %s_%d(" % (name, k))
+        out.append(("%s_%d" % (name, k), src.encode(), (KERNELS / (name + ".flags")).read_bytes()))
+    return out
+
+
+class Store:
+    """The shared store of one run: dir:<tmp>/store, or a redis-server started here."""
+
+    def __init__(self, kind, tmp):
+        self.kind, self.server = kind, None
+        if kind == "redis":
+            d = Path(tmp) / "redis"
+            d.mkdir(exist_ok=True)
+            self.server = RedisServer(d, "r").start()
+            self.url = self.server.url
+        else:
+            self.url = None  # the Cluster's own dir: store
+
+    def commands(self):
+        """{command: calls} from the server's INFO commandstats (Redis only)."""
+        if self.server is None:
+            return {}
+        out = {}
+        for m in re.finditer(rb"cmdstat_(\w+):calls=(\d+)", self.server.cli("INFO", "commandstats")):
+            out[m.group(1).decode()] = int(m.group(2))
+        return out
+
+    def stop(self):
+        if self.server is not None:
+            self.server.stop()
+
+
+def counting_nvcc(cluster):
+    """Real nvcc behind a wrapper that logs each compile in the cluster's compile log."""
+    return write_script(cluster.tmp / "nvcc-counting",
+                        'case "$*" in *-cubin*) sha256sum "$1" | cut -c1-64 >> %s;; esac\n'
+                        'exec %s "$@"\n' % (cluster.log, NVCC))
+
+
+def timed_reads(i, paths, per_node):
+    t0 = time.monotonic()
+    r = read_all_kernels(i, paths, per_node)
+    return t0, time.monotonic(), r
+
+
+def cold_together(nodes_paths, per_node):
+    """per_node processes on each node read all its kernels, released together; returns the
+    wall seconds of each node (its first start to its last finish) after checking that every
+    process of every node read the same complete bytes."""
+    results = run_parallel(per_node * len(nodes_paths), timed_reads, nodes_paths, per_node,
+                           timeout=3600)
+    for r in results:
+        if r[0] == "exception":
+            raise RuntimeError("a reader failed: %s" % r[1])
+    for entry in results[0][2]:
+        seen = {r[2][entry] for r in results}
+        if len(seen) != 1 or next(iter(seen))[0] != "ok":
+            raise RuntimeError("%s: processes read %s" % (entry, seen))
+    walls = []
+    for n in range(len(nodes_paths)):
+        mine = results[n * per_node:(n + 1) * per_node]
+        walls.append(max(r[1] for r in mine) - min(r[0] for r in mine))
+    return walls
+
+
+def stage_real(m, kernels):
+    return [m.stage(name, src, flags) / "kernel.cubin" for name, src, flags in kernels]
+
+
+def check_cubins(paths, kernels):
+    for p, (name, _, _) in zip(paths, kernels):
+        data = p.read_bytes()
+        if name not in elf_symbols(data):
+            raise RuntimeError("%s: no symbol %s in the cubin" % (p, name))
+
+
+def cluster_once(tmp, rep, kind, kernels, jobs, nodes=4, per_node=8):
+    """One cold cluster run and one joining node; returns (compiles, first, join, warm)."""
+    root = Path(tmp) / ("cluster-%s-%d" % (kind, rep))
+    root.mkdir()
+    store = Store(kind, root)
+    cluster = None
+    try:
+        cluster = Cluster(root, Path("/dev/null"), store.url)
+        cluster.fake = counting_nvcc(cluster)
+        opts = ["jobs=%d" % jobs]
+        members = [cluster.node("node%d" % i, opts) for i in range(nodes)]
+        paths = [stage_real(m, kernels) for m in members]
+        walls = cold_together(paths, per_node)
+        check_cubins(paths[0], kernels)
+        compiles = len(cluster.compiles())
+        if len(set(cluster.compiles())) != compiles:
+            raise RuntimeError("a kernel was compiled twice in the cluster")
+        hits = sum(m.stats()["remote_hits_total"] for m in members)
+        print("  %s rep %d: %d compiles, %d remote hits, node walls %s s; %s" % (
+            kind, rep, compiles, hits, " ".join("%.1f" % w for w in walls), load()), flush=True)
+        late = cluster.node("join", opts)
+        join = cold_together([stage_real(late, kernels)], per_node)[0]
+        s = late.stats()
+        if s["compiles_total"] or s["remote_hits_total"] != len(kernels):
+            raise RuntimeError("the joining node compiled %d, hit %d" % (
+                s["compiles_total"], s["remote_hits_total"]))
+        fetch_ms = s["remote_fetch_microseconds_total"] / max(1, s["remote_fetches_total"]) / 1e3
+        late.stop()
+        late.start()
+        warm = cold_together([stage_real(late, kernels)], per_node)[0]
+        if late.stats()["remote_hits_total"] or len(cluster.compiles()) != compiles:
+            raise RuntimeError("the warm restart went to the store or compiled")
+        print("  %s rep %d: joining node cold %.2f s (a fetch %.1f ms on average), warm restart "
+              "%.2f s; %s" % (kind, rep, join, fetch_ms, warm, load()), flush=True)
+        return compiles, walls[0], join, warm
+    finally:
+        if cluster is not None:
+            cluster.stop()
+        store.stop()
+
+
+def alone_once(tmp, rep, kernels, jobs, per_node=8):
+    """One node with no store, cold: its wall seconds (the baseline of the first node)."""
+    root = Path(tmp) / ("alone-%d" % rep)
+    root.mkdir()
+    log = root / "compiles"
+    log.write_text("")
+    os.chmod(log, 0o666)
+    nvcc = write_script(root / "nvcc-counting",
+                        'case "$*" in *-cubin*) echo x >> %s;; esac\nexec %s "$@"\n' % (log, NVCC))
+    m = Mount(root, ["jobs=%d" % jobs, "nvcc=%s" % nvcc]).start()
+    try:
+        wall = cold_together([stage_real(m, kernels)], per_node)[0]
+        n = len(log.read_text().split())
+        if n != len(kernels):
+            raise RuntimeError("one node alone compiled %d of %d kernels" % (n, len(kernels)))
+        print("  alone rep %d: %.1f s; %s" % (rep, wall, load()), flush=True)
+        return wall
+    finally:
+        m.stop()
+
+
+def bench_cluster(tmp, reps, kernels, stores, row):
+    jobs = os.cpu_count() or 1
+    ks = real_kernels(kernels)
+    print("cluster: 4 nodes x 8 processes x %d real kernels, jobs=%d per node, stores %s; %s" % (
+        kernels, jobs, ",".join(stores), load()), flush=True)
+    alone = [alone_once(tmp, rep, ks, jobs) for rep in range(reps)]
+    for kind in stores:
+        runs = [cluster_once(tmp, rep, kind, ks, jobs) for rep in range(reps)]
+        compiles, first, join, warm = ([r[i] for r in runs] for i in range(4))
+        row("%s: compiles in the cluster (4x8x%d)" % (kind, kernels), compiles, [kernels],
+            "compiles", "= %d (1.00x)" % kernels)
+        row("%s: first node cold / one node alone" % kind, first, alone, "s",
+            "(CPUs shared by the nodes)")
+        row("%s: joining node cold / first node cold" % kind, join, first, "s", "(small)")
+        row("%s: joining node cold / its warm restart" % kind, join, warm, "s", "<= 1.5x")
+
+
+def per_kernel(x, n):
+    return "%.3g" % (x / n)
+
+
+def cluster64_once(tmp, kind, nodes, per_node, kernels):
+    """One cold run of nodes x per_node processes x kernels; returns the table's lines."""
+    root = Path(tmp) / ("cluster64-%s" % kind)
+    root.mkdir()
+    store = Store(kind, root)
+    cluster = None
+    try:
+        template = root / "template.cubin"
+        src = root / "t.cu"
+        src.write_text('extern "C" __global__ void t(float *x) { x[0] = 1; }\n')
+        subprocess.run([str(NVCC), str(src), "-cubin", "-o", str(template), "-arch=sm_90a"],
+                       check=True, capture_output=True)
+        os.chmod(root, 0o755)
+        os.chmod(template, 0o644)
+        cluster = Cluster(root, template, store.url)
+        t0 = time.monotonic()
+        # uid ranges of their own, below the 64 default ones (which other daemons hold)
+        members = [cluster.node("n%02d" % i, ["jobs=2", "compile_uids=%d" % (UIDS + i * 256)])
+                   for i in range(nodes)]
+        up = time.monotonic() - t0
+        paths = [stage_all(cluster, m, range(kernels)) for m in members]
+        before = store.commands()
+        t0 = time.monotonic()
+        walls = cold_together(paths, per_node)
+        wall = time.monotonic() - t0
+        after = store.commands()
+        compiles = len(cluster.compiles())
+        if len(set(cluster.compiles())) != compiles:
+            raise RuntimeError("a kernel was compiled twice in the cluster")
+        sums = {k: sum(m.stats().get(k, 0) for m in members) for k in COUNTERS}
+        nk = nodes * kernels
+        cubin = template.stat().st_size
+        print("  %s: %d nodes up in %.1f s; cold run %.1f s (slowest node %.1f s), %d compiles; %s"
+              % (kind, nodes, up, wall, max(walls), compiles, load()), flush=True)
+        lines = [("compiles in the cluster (= K = %d)" % kernels, "%d" % compiles, "")]
+        for k in COUNTERS:
+            lines.append((k, "%d" % sums[k], per_kernel(sums[k], nk)))
+        calls = {c: after.get(c, 0) - before.get(c, 0) for c in after}
+        for c in sorted(calls, key=lambda c: -calls[c]):
+            if calls[c] and c not in ("info", "ping"):
+                lines.append(("redis %s calls" % c.upper(), "%d" % calls[c], per_kernel(calls[c], nk)))
+        if calls:
+            tot = sum(v for c, v in calls.items() if c not in ("info", "ping"))
+            lines.append(("redis calls, all", "%d" % tot, per_kernel(tot, nk)))
+        lines.append(("cubin size (fake compiler's)", "%d B" % cubin, ""))
+        if store.server is not None:
+            lines += redis_benchmark(store.server)
+        return lines
+    finally:
+        if cluster is not None:
+            cluster.stop()
+        store.stop()
+
+
+def redis_benchmark(server):
+    """GET/SET throughput of cubin-sized values on this server (redis-benchmark, 8 clients)."""
+    out = []
+    for size, n in ((16384, 20000), (262144, 4000), (1048576, 1000)):
+        r = subprocess.run(["redis-benchmark", "-s", str(server.sock), "-t", "set,get", "-d",
+                            str(size), "-n", str(n), "-c", "8", "-q"],
+                           capture_output=True, text=True, timeout=600)
+        for m in re.finditer(r"(SET|GET): ([\d.]+) requests per second", r.stdout):
+            rps = float(m.group(2))
+            out.append(("redis-benchmark %s %d KiB (8 clients)" % (m.group(1), size // 1024),
+                        "%.0f req/s" % rps, "%.0f MB/s" % (rps * size / 1e6)))
+    server.cli("FLUSHALL")
+    return out
+
+
+def bench_cluster64(tmp, kernels, stores, nodes=64, per_node=2):
+    print("cluster64: %d nodes x %d processes x %d kernels, fake compiler, stores %s; %s" % (
+        nodes, per_node, kernels, ",".join(stores), load()), flush=True)
+    table = []
+    for kind in stores:
+        lines = cluster64_once(tmp, kind, nodes, per_node, kernels)
+        table.append("\n%s store, %d nodes x %d processes x %d kernels (%s)" % (
+            kind, nodes, per_node, kernels, load()))
+        table.append("| figure | cluster total | per node per kernel |")
+        table.append("|---|---|---|")
+        table += ["| %s |" % " | ".join(l) for l in lines]
+    return table
