@@ -14,7 +14,11 @@
 #include "sandbox.h"
 #include "tap.h"
 
-#define UID 2147418112u /* KC_DEFAULT_COMPILE_UIDS */
+/* The uids the identity checks run as and kill: a range this test claims as a daemon does
+ * (kc_sandbox_claim_uids), past the daemons' default ranges, so that a daemon running
+ * beside the test never has a compile killed by it. */
+#define UID_BASE (2147418112u + 100u * 256u) /* KC_DEFAULT_COMPILE_UIDS + 100 ranges */
+static uid_t UID = UID_BASE;
 
 static char out_path[64];
 
@@ -81,6 +85,13 @@ int main(void)
 	/* a descriptor of the daemon's without O_CLOEXEC, as libraries leave them */
 	int leaky = open("/dev/null", O_RDONLY);
 	CHECK(leaky >= 0 && dup2(leaky, 100) == 100, "a descriptor without O_CLOEXEC at 100");
+
+	int uids_claim = -EBUSY;
+	for (unsigned k = 0; root && k < 64 && uids_claim == -EBUSY; k++)
+		if ((uids_claim = kc_sandbox_claim_uids(UID_BASE + k * 256u, 256)) >= 0)
+			UID = UID_BASE + k * 256u;
+	if (root)
+		CHECK(uids_claim >= 0, "claim_uids: a range of the test's own");
 
 	char why_ns[200] = "";
 	int ns = root ? kc_sandbox_namespaces(why_ns, sizeof(why_ns)) : 0;
