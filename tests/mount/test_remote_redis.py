@@ -311,3 +311,100 @@ def test_redis_tiny_maxmemory(redis_cluster):
     assert server.keys("kcachefs:*") == []
     assert total(nodes, "remote_put_errors_total") + total(nodes, "remote_lease_errors_total") > 0
     assert any("No space left" in m.daemon_log() or "OOM" in m.daemon_log() for m in nodes)
+
+
+class FakeRedis:
+    """A Unix socket where a Redis server should be, which accepts connections and then
+    either never answers (hang) or answers every command with bytes that are no reply of
+    the command (garbage: a reply of the wrong type, a malformed one, an absurd array, a
+    half reply and a close). Runs in a thread until stop()."""
+
+    GARBAGE = [b"+OK\r\n", b"*2000000000\r\n", b"$5\r\nab", b":1\r\n:2\r\n", b"%%garbage\r\n",
+               b"$-7\r\n", b"-ERR unknown\r\n"]
+
+    def __init__(self, directory, how):
+        import socket
+        self.how = how
+        self.sock = directory / ("fake-%s.sock" % how)
+        self.srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.srv.bind(str(self.sock))
+        self.srv.listen(64)
+        self.srv.settimeout(0.2)
+        self.conns = []
+        self.accepted = 0
+        self.stopping = False
+        self.thread = threading.Thread(target=self.serve, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self):
+        return "redis+unix://%s" % self.sock
+
+    def serve(self):
+        import select
+        n = 0
+        while not self.stopping:
+            try:
+                c, _ = self.srv.accept()
+                self.conns.append(c)
+                self.accepted += 1
+            except OSError:
+                pass
+            live = [c for c in self.conns if c.fileno() >= 0]
+            if not live:
+                continue
+            ready, _, _ = select.select(live, [], [], 0)
+            for c in ready:
+                try:
+                    data = c.recv(65536)
+                except OSError:
+                    data = b""
+                if not data:
+                    c.close()
+                    continue
+                if self.how == "garbage":
+                    n += 1
+                    try:
+                        c.sendall(self.GARBAGE[n % len(self.GARBAGE)])
+                        if n % 3 == 0:
+                            c.close()
+                    except OSError:
+                        c.close()
+
+    def stop(self):
+        self.stopping = True
+        self.thread.join()
+        for c in self.conns:
+            c.close()
+        self.srv.close()
+        self.sock.unlink()
+
+
+@pytest.mark.parametrize("how", ["hang", "garbage"])
+def test_store_that_hangs_or_answers_garbage(tmp_path, template, how):
+    """A store that accepts and never answers, or answers garbage: every read gets its
+    cubin, compiled here (each node compiles each kernel once), each fault is counted,
+    and the delay it adds is bounded by a few remote_timeouts (a generous bound)."""
+    d = Path(tempfile.mkdtemp(prefix="kcf-", dir="/tmp"))
+    fake = FakeRedis(d, how)
+    cluster = Cluster(tmp_path, template, fake.url)
+    try:
+        nodes = [cluster.node("a", ["remote_timeout=200"]), cluster.node("b", ["remote_timeout=200"])]
+        t0 = time.monotonic()
+        got = cold_run(cluster, nodes, per_node=4, shared=False)
+        elapsed = time.monotonic() - t0
+        assert all(r[0] == "ok" for r in got.values()), got
+        assert fake.accepted > 0, "the store was never asked"
+        for m in nodes:
+            s = m.stats()
+            assert s["compiles_total"] == KERNELS and s["remote_hits_total"] == 0, s
+            assert s["remote_get_errors_total"] + s["remote_lease_errors_total"] > 0, s
+            assert "sock" in m.daemon_log()
+        assert len(cluster.compiles()) == 2 * KERNELS
+        # 8 kernels, each compile asks the store at most a few times before the breaker
+        # opens: far below this, however busy the machine
+        assert elapsed < 30 * KERNELS, elapsed
+    finally:
+        cluster.stop()
+        fake.stop()
+        shutil.rmtree(d, ignore_errors=True)
