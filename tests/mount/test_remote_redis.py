@@ -408,3 +408,45 @@ def test_store_that_hangs_or_answers_garbage(tmp_path, template, how):
         cluster.stop()
         fake.stop()
         shutil.rmtree(d, ignore_errors=True)
+
+
+def test_holder_loses_store_mid_compile(redis_cluster):
+    """The lease holder's store dies while it compiles (its renewals fail): it still
+    publishes locally and every waiter of its node gets those bytes; the node waiting on
+    its lease compiles for itself."""
+    redis_cluster.gate.write_text("")
+    a = redis_cluster.node("a", ["remote_lease=3", "remote_timeout=300"])
+    b = redis_cluster.node("b", ["remote_lease=3", "remote_timeout=300"])
+    pa = stage_all(redis_cluster, a, [0])[0]
+    pb = stage_all(redis_cluster, b, [0])[0]
+    out = {}
+    runners = [threading.Thread(target=lambda n=n, p=p: out.update(
+        {n: run_parallel(4, read_all_kernels, [[p]], 4, timeout=600)})) for n, p in
+        (("a", pa), ("b", pb))]
+    runners[0].start()
+    try:
+        deadline = time.monotonic() + 120
+        while not redis_cluster.compiles():  # a's compile has started: a holds the lease
+            assert time.monotonic() < deadline, a.daemon_log()
+            time.sleep(0.05)
+        runners[1].start()
+        while b.stats()["remote_lease_waits_total"] < 1:
+            assert time.monotonic() < deadline, b.daemon_log()
+            time.sleep(0.05)
+        redis_cluster.servers[0].stop()
+        deadline = time.monotonic() + 120
+        while a.stats()["remote_lease_errors_total"] < 1:  # a renewal failed
+            assert time.monotonic() < deadline, a.daemon_log()
+            time.sleep(0.05)
+    finally:
+        redis_cluster.gate.unlink()
+        for r in runners:
+            if r.ident is not None:  # started
+                r.join()
+    results = out["a"] + out["b"]
+    assert all(v[0] == "ok" for r in results for v in r.values()), results
+    assert all(r == results[0] for r in results[:4]), "a's waiters read different bytes"
+    assert all(r == results[4] for r in results[4:]), "b's waiters read different bytes"
+    assert results[0] != results[4], "b compiled for itself"
+    assert a.stats()["compiles_total"] == 1 and b.stats()["compiles_total"] == 1
+    assert len(redis_cluster.compiles()) == 2
