@@ -58,7 +58,8 @@ class Cluster:
 
     def compiler(self, template):
         # While the gate file exists, the first compile to claim it waits for its removal
-        # (one compiler for every node: its path is part of the compiler identity).
+        # (one compiler for every node: its path is part of the compiler identity). A
+        # source that says KC_REJECT is rejected (an error, as nvcc's).
         wait = ('[ -e %s ] && mkdir %s.claim 2>/dev/null && '
                 'while [ -e %s ]; do sleep 0.05; done\n' % (self.gate, self.gate, self.gate))
         return write_script(
@@ -73,6 +74,7 @@ class Cluster:
             '  prev="$a"\n'
             'done\n'
             '%s'
+            'if grep -q KC_REJECT "$src"; then echo "$src: error: rejected" >&2; exit 1; fi\n'
             'cat %s > "$out"; printf "KCFAKE%%s-%%s" "$h" "$$$(od -An -N8 -tx8 /dev/urandom)" >> "$out"\n'
             '[ -z "$deps" ] || printf "%%s : %%s%%s\\n" "$out" "$src" "$incs" > "$deps"\n'
             % (NVCC, self.log, INC_HEADER, wait, template))
@@ -342,3 +344,51 @@ def test_real_nvcc_shares_with_its_header_manifest(mount_factory, tmp_path, coun
              if p.read_bytes()[19:25] == b"index "]
     assert len(index) == 1 and b"/kc_test/scale.cuh\n" in index[0]
     assert b"cuda_runtime" not in index[0], "a toolkit header in the manifest"
+
+
+def test_rejected_compile_note_frees_waiters(cluster):
+    """A holder whose compile is rejected leaves a failure note: the node waiting on its
+    lease compiles for itself at once (no hedge after remote_wait), both clients get the
+    error a mount without the store gives, and nothing is stored under the kernel's key
+    that a third node would serve, even when someone puts an object there."""
+    cluster.gate.write_text("")
+    bad = b'#include <%s>\nKC_REJECT\n' % INC_HEADER.encode()
+    flags = ("-O3\n-I%s\n" % cluster.inc).encode()
+    a = cluster.node("a", ["remote_wait=600"])
+    b = cluster.node("b", ["remote_wait=600"])
+    pa = a.stage("bad", bad, flags) / "kernel.cubin"
+    pb = b.stage("bad", bad, flags) / "kernel.cubin"
+    opener_a = subprocess.Popen(["cat", str(pa)], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not cluster.compiles():  # a's compile has started: a holds the lease
+        assert time.monotonic() < deadline, a.daemon_log()
+        time.sleep(0.05)
+    opener_b = subprocess.Popen(["cat", str(pb)], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while b.stats()["remote_lease_waits_total"] < 1:
+        assert time.monotonic() < deadline, b.daemon_log()
+        time.sleep(0.05)
+    cluster.gate.unlink()
+    for o in (opener_a, opener_b):
+        _, err = o.communicate(timeout=300)  # far below remote_wait
+        assert o.returncode != 0 and "Input/output error" in err, err
+    assert len(cluster.compiles()) == 2, "b did not compile for itself"
+    s = b.stats()
+    assert s["remote_hedged_total"] == 0 and s["compiles_total"] == 0
+    assert "rejected" in (pb.parent / "kernel.log").read_text()
+    assert cluster.objects(b"cubin") == [] and cluster.objects(b"index") == []
+    # poison the rejected kernel's key (named by its lease file) with another kernel's
+    # valid index: a node whose compile of it is rejected serves nothing
+    assert read_result(stage_all(cluster, a, [0])[0])[0] == "ok"
+    leases = [p for p in (cluster.store / "leases").glob("*/*") if not p.name.startswith(".")]
+    assert len(leases) == 1, leases
+    spot = cluster.store / "objects" / leases[0].parent.name / leases[0].name
+    spot.parent.mkdir(exist_ok=True)
+    spot.write_bytes(cluster.objects(b"index")[0].read_bytes())
+    c = cluster.node("c")
+    assert read_result(c.stage("bad", bad, flags) / "kernel.cubin")[0] == "err"
+    assert len(cluster.compiles()) == 4
+    s = c.stats()
+    assert s["remote_hits_total"] == 0 and s["remote_rejected_total"] == 1

@@ -311,3 +311,142 @@ def test_redis_tiny_maxmemory(redis_cluster):
     assert server.keys("kcachefs:*") == []
     assert total(nodes, "remote_put_errors_total") + total(nodes, "remote_lease_errors_total") > 0
     assert any("No space left" in m.daemon_log() or "OOM" in m.daemon_log() for m in nodes)
+
+
+class FakeRedis:
+    """A Unix socket where a Redis server should be, which accepts connections and then
+    either never answers (hang) or answers every command with bytes that are no reply of
+    the command (garbage: a reply of the wrong type, a malformed one, an absurd array, a
+    half reply and a close). Runs in a thread until stop()."""
+
+    GARBAGE = [b"+OK\r\n", b"*2000000000\r\n", b"$5\r\nab", b":1\r\n:2\r\n", b"%%garbage\r\n",
+               b"$-7\r\n", b"-ERR unknown\r\n"]
+
+    def __init__(self, directory, how):
+        import socket
+        self.how = how
+        self.sock = directory / ("fake-%s.sock" % how)
+        self.srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.srv.bind(str(self.sock))
+        self.srv.listen(64)
+        self.srv.settimeout(0.2)
+        self.conns = []
+        self.accepted = 0
+        self.stopping = False
+        self.thread = threading.Thread(target=self.serve, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self):
+        return "redis+unix://%s" % self.sock
+
+    def serve(self):
+        import select
+        n = 0
+        while not self.stopping:
+            try:
+                c, _ = self.srv.accept()
+                self.conns.append(c)
+                self.accepted += 1
+            except OSError:
+                pass
+            live = [c for c in self.conns if c.fileno() >= 0]
+            if not live:
+                continue
+            ready, _, _ = select.select(live, [], [], 0)
+            for c in ready:
+                try:
+                    data = c.recv(65536)
+                except OSError:
+                    data = b""
+                if not data:
+                    c.close()
+                    continue
+                if self.how == "garbage":
+                    n += 1
+                    try:
+                        c.sendall(self.GARBAGE[n % len(self.GARBAGE)])
+                        if n % 3 == 0:
+                            c.close()
+                    except OSError:
+                        c.close()
+
+    def stop(self):
+        self.stopping = True
+        self.thread.join()
+        for c in self.conns:
+            c.close()
+        self.srv.close()
+        self.sock.unlink()
+
+
+@pytest.mark.parametrize("how", ["hang", "garbage"])
+def test_store_that_hangs_or_answers_garbage(tmp_path, template, how):
+    """A store that accepts and never answers, or answers garbage: every read gets its
+    cubin, compiled here (each node compiles each kernel once), each fault is counted,
+    and the delay it adds is bounded by a few remote_timeouts (a generous bound)."""
+    d = Path(tempfile.mkdtemp(prefix="kcf-", dir="/tmp"))
+    fake = FakeRedis(d, how)
+    cluster = Cluster(tmp_path, template, fake.url)
+    try:
+        nodes = [cluster.node("a", ["remote_timeout=200"]), cluster.node("b", ["remote_timeout=200"])]
+        t0 = time.monotonic()
+        got = cold_run(cluster, nodes, per_node=4, shared=False)
+        elapsed = time.monotonic() - t0
+        assert all(r[0] == "ok" for r in got.values()), got
+        assert fake.accepted > 0, "the store was never asked"
+        for m in nodes:
+            s = m.stats()
+            assert s["compiles_total"] == KERNELS and s["remote_hits_total"] == 0, s
+            assert s["remote_get_errors_total"] + s["remote_lease_errors_total"] > 0, s
+            assert "sock" in m.daemon_log()
+        assert len(cluster.compiles()) == 2 * KERNELS
+        # 8 kernels, each compile asks the store at most a few times before the breaker
+        # opens: far below this, however busy the machine
+        assert elapsed < 30 * KERNELS, elapsed
+    finally:
+        cluster.stop()
+        fake.stop()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_holder_loses_store_mid_compile(redis_cluster):
+    """The lease holder's store dies while it compiles (its renewals fail): it still
+    publishes locally and every waiter of its node gets those bytes; the node waiting on
+    its lease compiles for itself."""
+    redis_cluster.gate.write_text("")
+    a = redis_cluster.node("a", ["remote_lease=3", "remote_timeout=300"])
+    b = redis_cluster.node("b", ["remote_lease=3", "remote_timeout=300"])
+    pa = stage_all(redis_cluster, a, [0])[0]
+    pb = stage_all(redis_cluster, b, [0])[0]
+    out = {}
+    runners = [threading.Thread(target=lambda n=n, p=p: out.update(
+        {n: run_parallel(4, read_all_kernels, [[p]], 4, timeout=600)})) for n, p in
+        (("a", pa), ("b", pb))]
+    runners[0].start()
+    try:
+        deadline = time.monotonic() + 120
+        while not redis_cluster.compiles():  # a's compile has started: a holds the lease
+            assert time.monotonic() < deadline, a.daemon_log()
+            time.sleep(0.05)
+        runners[1].start()
+        while b.stats()["remote_lease_waits_total"] < 1:
+            assert time.monotonic() < deadline, b.daemon_log()
+            time.sleep(0.05)
+        redis_cluster.servers[0].stop()
+        deadline = time.monotonic() + 120
+        while a.stats()["remote_lease_errors_total"] < 1:  # a renewal failed
+            assert time.monotonic() < deadline, a.daemon_log()
+            time.sleep(0.05)
+    finally:
+        redis_cluster.gate.unlink()
+        for r in runners:
+            if r.ident is not None:  # started
+                r.join()
+    results = out["a"] + out["b"]
+    assert all(v[0] == "ok" for r in results for v in r.values()), results
+    assert all(r == results[0] for r in results[:4]), "a's waiters read different bytes"
+    assert all(r == results[4] for r in results[4:]), "b's waiters read different bytes"
+    assert results[0] != results[4], "b compiled for itself"
+    assert a.stats()["compiles_total"] == 1 and b.stats()["compiles_total"] == 1
+    assert len(redis_cluster.compiles()) == 2
