@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "io.h"
+#include "log.h"
 
 struct dir_backend {
 	struct kc_remote_backend base;
@@ -96,8 +97,10 @@ static void path_of(const struct dir_backend *d, const char *area, const char *k
 		snprintf(out, len, "%s/%s/%.2s", d->root, area, key);
 }
 
-/* Create root/<area>/<key[0..1]> and what is missing above it (the root's parent must be
- * there). Returns 0 or a fault. */
+/* Create root/<area>/<key[0..1]> and what is missing between it and the root. The root
+ * itself is never made: missing, it is a shared filesystem not mounted (yet), and a
+ * directory made there would be a private store that shares nothing. Returns 0 or a
+ * fault. */
 static int make_dirs(const struct dir_backend *d, const char *area, const char *key)
 {
 	char p[PATH_MAX];
@@ -105,8 +108,6 @@ static int make_dirs(const struct dir_backend *d, const char *area, const char *
 	if (mkdir(p, 0755) == 0 || errno == EEXIST)
 		return 0;
 	if (errno != ENOENT)
-		return fault(errno);
-	if (mkdir(d->root, 0755) != 0 && errno != EEXIST)
 		return fault(errno);
 	snprintf(p, sizeof(p), "%s/%s", d->root, area);
 	if (mkdir(p, 0755) != 0 && errno != EEXIST)
@@ -647,6 +648,11 @@ struct kc_remote_backend *kc_remote_dir_open(const char *path, unsigned timeout_
 	atomic_init(&d->refs, 1);
 	atomic_init(&d->abandoned, 0);
 	snprintf(d->desc, sizeof(d->desc), "dir:%s", d->root);
+	struct stat st;
+	if (stat(d->root, &st) != 0 || !S_ISDIR(st.st_mode))
+		kc_log(KC_LOG_WARN, "remote=dir:%s: %s now; the store counts as down until it is "
+		       "there (kcachefs never creates it: make it on the shared filesystem)",
+		       d->root, stat(d->root, &st) != 0 ? strerror(errno) : "not a directory");
 	snprintf(d->clock, sizeof(d->clock), "%s/leases/.clock.%s.%d", d->root, host,
 		 (int)getpid());
 	return &d->base;

@@ -43,6 +43,8 @@ class Cluster:
         self.tmp = tmp_path
         self.url = url or "dir:%s" % (tmp_path / "store")
         self.store = Path(self.url[4:]) if self.url.startswith("dir:") else None
+        if self.store:
+            self.store.mkdir(exist_ok=True)  # the operator's: kcachefs never makes it
         self.log = tmp_path / "compiles"
         self.log.write_text("")
         os.chmod(self.log, 0o666)  # compiles run as uids of their own
@@ -302,6 +304,21 @@ def test_store_gone_mid_run(cluster):
     assert s["remote_up"] == 0
 
 
+def test_store_missing_is_down_and_never_made(cluster):
+    """A dir: store that is not there (the shared filesystem not mounted yet) is a store
+    that is down: the mount says so at start, compiles locally, and never makes the
+    directory, which would be a private store that shares nothing."""
+    cluster.store.rmdir()
+    m = cluster.node("n")
+    assert "the store counts as down" in m.daemon_log()
+    for p in stage_all(cluster, m):
+        assert read_result(p)[0] == "ok"
+    assert not cluster.store.exists()
+    s = m.stats()
+    assert s["compiles_total"] == KERNELS and s["remote_hits_total"] == 0
+    assert s["remote_lease_errors_total"] + s["remote_put_errors_total"] > 0
+
+
 def test_waiter_hedges_after_remote_wait(cluster):
     """A holder that stays alive but does not finish: the waiter compiles itself after
     remote_wait; the holder's later object does not replace the first one stored."""
@@ -331,6 +348,7 @@ def test_real_nvcc_shares_with_its_header_manifest(mount_factory, tmp_path, coun
     """Real nvcc in the compile sandbox: its dependency file gives the -I header (and no
     toolkit header), and the second node fetches instead of compiling."""
     make, calls = counting_nvcc
+    (tmp_path / "store").mkdir()
     opts = ["remote=dir:%s" % (tmp_path / "store"), "nvcc=%s" % make()]
     a, b = mount_factory(opts, name="a"), mount_factory(opts, name="b")
     src = b'#include <kc_test/scale.cuh>\nextern "C" __global__ void k(float *x) { x[0] = 1; }\n'

@@ -126,6 +126,17 @@ int main(void)
 	CHECK(kc_remote_backend_open("dir:/x", "/etc/passwd", 1000, why, sizeof(why)) == NULL &&
 		      errno == EINVAL, "remote_auth= refused for dir:");
 	snprintf(path, sizeof(path), "dir:%s/", store);
+	/* A store directory that is not there (a shared filesystem not mounted) is a fault,
+	 * never made by the daemon: a private store would share nothing. */
+	b = kc_remote_backend_open(path, NULL, 10000, why, sizeof(why));
+	CHECK(b != NULL, "open dir: a missing store is not an error at open");
+	if (!b)
+		return tap_done();
+	CHECK(b->ops->put(b, KEY1, "x", 1) < 0 && b->ops->put(b, KEY1, "x", 1) != -EEXIST &&
+		      stat(store, &sb) != 0 && errno == ENOENT,
+	      "put to a missing store: a fault, and the store is not created");
+	b->ops->destroy(b);
+	CHECK(mkdir(store, 0755) == 0, "the operator makes the store");
 	b = kc_remote_backend_open(path, NULL, 10000, why, sizeof(why));
 	CHECK(b != NULL, "open dir: store");
 	if (!b)
