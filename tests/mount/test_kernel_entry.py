@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import (KCACHEFS, EM_CUDA, elf_machine, elf_symbols, entry_name, read_result, run_parallel,
+from conftest import (KCACHEFS, KERNELS, NVCC, EM_CUDA, elf_machine, elf_symbols, entry_name, read_result, run_parallel,
                       sample, write_script)
 
 
@@ -87,10 +87,18 @@ def test_timeout_is_a_passing_failure(mount_factory, tmp_path):
     """A compile killed by compile_timeout gives EIO to every waiter from one compiler run
     (openers queued behind it are held off briefly); a later open compiles again."""
     calls = tmp_path / "calls"
+    # The compile after the timeout must not race compile_timeout=2 on a loaded machine: it
+    # hands over a cubin nvcc made beforehand (the daemon still checks it as any cubin).
+    made = tmp_path / "made.cubin"
+    subprocess.run([str(NVCC), "-cubin", "-arch=sm_90a", "-o", str(made), str(KERNELS / "vector_add.cu")],
+                   check=True, timeout=300)
+    os.chmod(made, 0o644)
     nvcc = write_script(tmp_path / "nvcc-hangs-once",
                         'case "$*" in *-cubin*) echo run >> %s\n'
-                        '  if [ ! -e %s.done ]; then touch %s.done; exec sleep 60.5151; fi;; esac\n'
-                        'exec /usr/local/cuda/bin/nvcc "$@"\n' % (calls, calls, calls))
+                        '  if [ ! -e %s.done ]; then touch %s.done; exec sleep 60.5151; fi\n'
+                        '  while [ $# -gt 0 ]; do [ "$1" = -o ] && exec cp %s "$2"; shift; done\n'
+                        '  exit 1;; esac\n'
+                        'exec %s "$@"\n' % (calls, calls, calls, made, NVCC))
     m = mount_factory(["nvcc=%s" % nvcc, "compile_timeout=2"])
     entry = m.stage("vector_add", *sample("vector_add"))
     started = time.monotonic()
