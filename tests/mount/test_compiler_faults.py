@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from conftest import read_result, run_parallel, sample, write_script
+from conftest import KERNELS, read_result, run_parallel, sample, write_script
 
 NVCC = "/usr/local/cuda/bin/nvcc"
 
@@ -49,11 +49,20 @@ def test_compiler_fault(mount_factory, tmp_path, fault):
     if first is None:  # there at the start (a missing one is refused), then gone
         nvcc = write_script(tmp_path / "compiler-goes-away", 'exec %s "$@"\n' % NVCC)
     else:
+        later = 'exec "$NVCC" "$@"'
+        if fault == "hang":
+            # Only this fault needs a short compile_timeout; the compile after it must not
+            # race that timeout on a loaded machine: it hands over a cubin nvcc made here.
+            made = tmp_path / "made.cubin"
+            subprocess.run([NVCC, "-cubin", "-arch=sm_90a", "-o", str(made), str(KERNELS / "vector_add.cu")],
+                           check=True, timeout=300)
+            os.chmod(made, 0o644)
+            later = 'exec cp %s "$4"' % made
         nvcc = write_script(tmp_path / ("nvcc-" + fault),
                             'NVCC=%s\ncase "$*" in *-cubin*) ;; *) exec "$NVCC" "$@";; esac\n'
-                            'if [ ! -e %s ]; then touch %s; %s; fi\nexec "$NVCC" "$@"\n'
-                            % (NVCC, marker, marker, first))
-    m = mount_factory(["nvcc=%s" % nvcc, "compile_timeout=3"])
+                            'if [ ! -e %s ]; then touch %s; %s; fi\n%s\n'
+                            % (NVCC, marker, marker, first, later))
+    m = mount_factory(["nvcc=%s" % nvcc, "compile_timeout=%d" % (3 if fault == "hang" else 300)])
     if first is None:
         nvcc.unlink()
     entry = m.stage("vector_add", *sample("vector_add"))
