@@ -116,28 +116,39 @@ void kc_manifest_memo_stats(uint64_t *hits, uint64_t *misses)
 	*misses = atomic_load(&memo_misses);
 }
 
-/* Hash one header as remote_manifest.h says, adding its size to *total. Returns 0 or
- * -errno with why filled. */
+/* Whether a header st describes may be hashed, *total bytes hashed before it: 0, -EACCES
+ * or -EFBIG. */
+static int admit(const struct stat *st, uint64_t total)
+{
+	if (!S_ISREG(st->st_mode) || !(st->st_mode & S_IROTH))
+		return -EACCES;
+	if ((uint64_t)st->st_size > KC_MANIFEST_MAX_HEADER ||
+	    total + (uint64_t)st->st_size > KC_MANIFEST_MAX_TOTAL)
+		return -EFBIG;
+	return 0;
+}
+
+/* Hash one header as remote_manifest.h says, adding its size to *total. A memoized one is
+ * only stat'ed; any other is opened, checked again on its descriptor and read. Returns 0
+ * or -errno with why filled. */
 static int hash_header(const char *path, char hex[KC_SHA256_HEXLEN + 1], uint64_t *total,
 		       char *why, size_t whylen)
 {
 	struct stat st;
-	int pseudo = under(path, "/proc") || under(path, "/sys") || under(path, "/dev");
-	int fd = pseudo ? -1 : open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
-	int err = pseudo ? -EACCES : fd < 0 ? -errno : fstat(fd, &st) != 0 ? -errno : 0;
-	if (!err && (!S_ISREG(st.st_mode) || !(st.st_mode & S_IROTH)))
-		err = -EACCES;
-	else if (!err && ((uint64_t)st.st_size > KC_MANIFEST_MAX_HEADER ||
-			  (*total += (uint64_t)st.st_size) > KC_MANIFEST_MAX_TOTAL))
-		err = -EFBIG;
+	int fd = -1, pseudo = under(path, "/proc") || under(path, "/sys") || under(path, "/dev");
+	int err = pseudo ? -EACCES : stat(path, &st) != 0 ? -errno : admit(&st, *total);
 	if (!err && !memo_get(path, &st, hex)) {
+		fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+		err = fd < 0 ? -errno : fstat(fd, &st) != 0 ? -errno : admit(&st, *total);
 		struct timespec changed_before;
 		clock_gettime(CLOCK_REALTIME_COARSE, &changed_before);
-		if (!(err = kc_sha256_fd(fd, hex, NULL)))
+		if (!err && !(err = kc_sha256_fd(fd, hex, NULL)))
 			memo_put(path, &st, &changed_before, hex);
+		if (fd >= 0)
+			close(fd);
 	}
-	if (fd >= 0)
-		close(fd);
+	if (!err)
+		*total += (uint64_t)st.st_size;
 	if (err)
 		snprintf(why, whylen, "header %s: %s", path,
 			 err == -EACCES ? "not a regular file readable by all" : strerror(-err));
