@@ -540,31 +540,34 @@ static int run_compile(struct compile_job *j)
 		args.n--;
 	}
 
-	int scratch_fd = kc_store_scratch(c->store, scratch, sizeof(scratch));
-	if (scratch_fd < 0) {
-		kc_log(KC_LOG_ERR, "compile %s: cannot create scratch directory: %s", label,
-		       strerror(-scratch_fd));
-		kc_argv_free(&args);
-		atomic_fetch_add(&c->stats.compile_failures, 1);
-		return -EIO;
-	}
 	char out_name[64];
 	int out_fd = kc_store_tmpfile(c->store, 0600, out_name);
 	if (out_fd < 0) {
 		kc_log(KC_LOG_ERR, "compile %s: cannot create the cubin's temporary: %s", label,
 		       strerror(-out_fd));
 		kc_argv_free(&args);
-		close(scratch_fd);
-		kc_store_remove_tree(scratch);
 		atomic_fetch_add(&c->stats.compile_failures, 1);
 		return -EIO;
 	}
 	struct kc_remote_job rj;
+	int scratch_fd = -1;
 	if (kc_remote_tier_fetch(c->remote, j->recipe.hash, !nvrtc, &rj) == 1) {
 		kc_argv_free(&args);
 		result = publish_fetched(j, &rj, out_fd, out_name, label);
 		kc_remote_job_free(&rj);
 		goto done;
+	}
+	/* the scratch directory only for a compile: a fetch needs none */
+	scratch_fd = kc_store_scratch(c->store, scratch, sizeof(scratch));
+	if (scratch_fd < 0) {
+		kc_log(KC_LOG_ERR, "compile %s: cannot create scratch directory: %s", label,
+		       strerror(-scratch_fd));
+		kc_remote_tier_finish(c->remote, &rj, 0, 0, out_fd, NULL, 0);
+		kc_argv_free(&args);
+		close(out_fd);
+		unlinkat(c->store->tmp_fd, out_name, 0);
+		atomic_fetch_add(&c->stats.compile_failures, 1);
+		return -EIO;
 	}
 	struct kc_compile_spec spec = {
 		.nvcc = compiler, .args = &args, .source = j->recipe.source,
@@ -618,8 +621,10 @@ done:
 	close(out_fd);
 	if (result != 0)
 		unlinkat(c->store->tmp_fd, out_name, 0);
-	close(scratch_fd);
-	kc_store_remove_tree(scratch);
+	if (scratch_fd >= 0) {
+		close(scratch_fd);
+		kc_store_remove_tree(scratch);
+	}
 	if (result == 0 && c->evict)
 		kc_evict_note_fd(c->evict, j->entry_fd);
 	return result;

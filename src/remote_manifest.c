@@ -5,10 +5,13 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "flags.h"
@@ -37,24 +40,115 @@ static int under(const char *path, const char *dir)
 	return n && strncmp(path, dir, n) == 0 && (path[n] == '/' || path[n] == '\0');
 }
 
-/* Hash one header as remote_manifest.h says, adding its size to *total. Returns 0 or
- * -errno with why filled. */
+/* The header hash memo (remote_manifest.h): direct-mapped on the path, a slot replaced
+ * by the next header that maps to it. */
+#define MEMO_SLOTS 4096
+struct memo_slot {
+	char *path; /* malloc'd; NULL when empty */
+	dev_t dev;
+	ino_t ino;
+	off_t size;
+	struct timespec mtim, ctim;
+	char hex[KC_SHA256_HEXLEN + 1];
+};
+static struct memo_slot memo[MEMO_SLOTS];
+static pthread_mutex_t memo_mu = PTHREAD_MUTEX_INITIALIZER;
+static atomic_uint_fast64_t memo_hits, memo_misses;
+
+static size_t memo_slot_of(const char *path)
+{
+	uint64_t h = 1469598103934665603ull; /* FNV-1a */
+	for (const unsigned char *c = (const unsigned char *)path; *c; c++)
+		h = (h ^ *c) * 1099511628211ull;
+	return (size_t)(h % MEMO_SLOTS);
+}
+
+static int same_time(const struct timespec *a, const struct timespec *b)
+{
+	return a->tv_sec == b->tv_sec && a->tv_nsec == b->tv_nsec;
+}
+
+static int memo_matches(const struct memo_slot *m, const char *path, const struct stat *st)
+{
+	return m->path && strcmp(m->path, path) == 0 && m->dev == st->st_dev &&
+	       m->ino == st->st_ino && m->size == st->st_size && same_time(&m->mtim, &st->st_mtim) &&
+	       same_time(&m->ctim, &st->st_ctim);
+}
+
+/* The memoized hash of path as st describes it into hex; 1 found, 0 not. */
+static int memo_get(const char *path, const struct stat *st, char hex[KC_SHA256_HEXLEN + 1])
+{
+	struct memo_slot *m = &memo[memo_slot_of(path)];
+	pthread_mutex_lock(&memo_mu);
+	int hit = memo_matches(m, path, st);
+	if (hit)
+		memcpy(hex, m->hex, KC_SHA256_HEXLEN + 1);
+	pthread_mutex_unlock(&memo_mu);
+	atomic_fetch_add(hit ? &memo_hits : &memo_misses, 1);
+	return hit;
+}
+
+/* Remember hex as the hash of path as st describes it, unless its change time is not yet
+ * behind the clock (changed_before: the coarse real time taken after the fstat): a write
+ * in the same clock tick could keep every stat field and change the bytes. */
+static void memo_put(const char *path, const struct stat *st, const struct timespec *changed_before,
+		     const char hex[KC_SHA256_HEXLEN + 1])
+{
+	if (st->st_ctim.tv_sec > changed_before->tv_sec ||
+	    (st->st_ctim.tv_sec == changed_before->tv_sec &&
+	     st->st_ctim.tv_nsec >= changed_before->tv_nsec))
+		return;
+	char *copy = strdup(path);
+	if (!copy)
+		return;
+	struct memo_slot *m = &memo[memo_slot_of(path)];
+	pthread_mutex_lock(&memo_mu);
+	free(m->path);
+	*m = (struct memo_slot){.path = copy, .dev = st->st_dev, .ino = st->st_ino,
+				.size = st->st_size, .mtim = st->st_mtim, .ctim = st->st_ctim};
+	memcpy(m->hex, hex, KC_SHA256_HEXLEN + 1);
+	pthread_mutex_unlock(&memo_mu);
+}
+
+void kc_manifest_memo_stats(uint64_t *hits, uint64_t *misses)
+{
+	*hits = atomic_load(&memo_hits);
+	*misses = atomic_load(&memo_misses);
+}
+
+/* Whether a header st describes may be hashed, *total bytes hashed before it: 0, -EACCES
+ * or -EFBIG. */
+static int admit(const struct stat *st, uint64_t total)
+{
+	if (!S_ISREG(st->st_mode) || !(st->st_mode & S_IROTH))
+		return -EACCES;
+	if ((uint64_t)st->st_size > KC_MANIFEST_MAX_HEADER ||
+	    total + (uint64_t)st->st_size > KC_MANIFEST_MAX_TOTAL)
+		return -EFBIG;
+	return 0;
+}
+
+/* Hash one header as remote_manifest.h says, adding its size to *total. A memoized one is
+ * only stat'ed; any other is opened, checked again on its descriptor and read. Returns 0
+ * or -errno with why filled. */
 static int hash_header(const char *path, char hex[KC_SHA256_HEXLEN + 1], uint64_t *total,
 		       char *why, size_t whylen)
 {
 	struct stat st;
-	int pseudo = under(path, "/proc") || under(path, "/sys") || under(path, "/dev");
-	int fd = pseudo ? -1 : open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
-	int err = pseudo ? -EACCES : fd < 0 ? -errno : fstat(fd, &st) != 0 ? -errno : 0;
-	if (!err && (!S_ISREG(st.st_mode) || !(st.st_mode & S_IROTH)))
-		err = -EACCES;
-	else if (!err && ((uint64_t)st.st_size > KC_MANIFEST_MAX_HEADER ||
-			  (*total += (uint64_t)st.st_size) > KC_MANIFEST_MAX_TOTAL))
-		err = -EFBIG;
+	int fd = -1, pseudo = under(path, "/proc") || under(path, "/sys") || under(path, "/dev");
+	int err = pseudo ? -EACCES : stat(path, &st) != 0 ? -errno : admit(&st, *total);
+	if (!err && !memo_get(path, &st, hex)) {
+		fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+		err = fd < 0 ? -errno : fstat(fd, &st) != 0 ? -errno : admit(&st, *total);
+		struct timespec changed_before;
+		clock_gettime(CLOCK_REALTIME_COARSE, &changed_before);
+		if (!err && !(err = kc_sha256_fd(fd, hex, NULL)))
+			memo_put(path, &st, &changed_before, hex);
+		if (fd >= 0)
+			close(fd);
+	}
 	if (!err)
-		err = kc_sha256_fd(fd, hex, NULL);
-	if (fd >= 0)
-		close(fd);
+		*total += (uint64_t)st.st_size;
 	if (err)
 		snprintf(why, whylen, "header %s: %s", path,
 			 err == -EACCES ? "not a regular file readable by all" : strerror(-err));

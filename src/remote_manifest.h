@@ -14,11 +14,18 @@
  * what an unprivileged compile could have read), outside /proc, /sys and /dev, of at most
  * KC_MANIFEST_MAX_HEADER bytes each and KC_MANIFEST_MAX_TOTAL in all are hashed, so that an index object from the store cannot make the daemon fingerprint a
  * private file.
+ *
+ * Hashes are memoized per process (a bounded table, MEMO_SLOTS paths): a header whose
+ * path, device, inode, size, mtime and ctime are those it had when hashed is not read
+ * again; any change to it changes its ctime, so it is hashed anew. A file whose ctime was
+ * not yet behind the clock when it was hashed is not memoized (a second write in the same
+ * clock tick could leave every stat field as it was).
  */
 #ifndef KC_REMOTE_MANIFEST_H
 #define KC_REMOTE_MANIFEST_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #define KC_MANIFEST_MAX_HEADER (64u << 20) /* bytes of one header hashed, at most */
 #define KC_MANIFEST_MAX_HEADERS 20000      /* headers of one compile, at most */
@@ -42,6 +49,10 @@ int kc_manifest_from_deps(const char *deps, size_t len, const char *skip_dir,
  * (a miss: compile locally); -ENOMEM. */
 int kc_manifest_rehash(const char *index, size_t len, char **manifest, size_t *mlen,
 		       char *why, size_t whylen);
+
+/* How many header hashes came from the memo (*hits) and how many were read (*misses)
+ * since the process started. */
+void kc_manifest_memo_stats(uint64_t *hits, uint64_t *misses);
 
 /* The toolkit root of the nvcc at nvcc_path into root: the realpath of its directory's
  * parent when that is laid out as a CUDA toolkit (include/cuda.h or targets/), else (a

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "hash.h"
@@ -26,6 +27,21 @@ static void put(const char *rel, const char *text, mode_t mode)
 			perror("write");
 		fchmod(fd, mode);
 		close(fd);
+	}
+}
+
+/* Wait (bounded) until the coarse clock is past path's change time, so its hash may be
+ * memoized. */
+static void behind_clock(const char *path)
+{
+	struct stat st;
+	struct timespec now;
+	for (int i = 0; i < 100000 && stat(path, &st) == 0; i++) {
+		clock_gettime(CLOCK_REALTIME_COARSE, &now);
+		if (now.tv_sec > st.st_ctim.tv_sec ||
+		    (now.tv_sec == st.st_ctim.tv_sec && now.tv_nsec > st.st_ctim.tv_nsec))
+			return;
+		usleep(1000);
 	}
 }
 
@@ -82,9 +98,40 @@ int main(void)
 	CHECK(kc_manifest_rehash(m, ml, &m2, &ml2, why, sizeof(why)) == 0 && ml2 == ml &&
 		      memcmp(m, m2, ml) == 0, "rehash on the same files: the same manifest");
 	free(m2);
-	put("inc/a.h", "#define A 2\n", 0644);
+
+	/* the memo: once the headers' change time is behind the clock, a rehash reads none */
+	uint64_t hits0, misses0, hits1, misses1;
+	char a_h[256];
+	snprintf(a_h, sizeof(a_h), "%s/inc/a.h", root);
+	behind_clock(a_h);
+	snprintf(d, sizeof(d), "%s/inc/b c#.h", root);
+	behind_clock(d);
+	CHECK(kc_manifest_rehash(m, ml, &m2, &ml2, why, sizeof(why)) == 0, "rehash to memoize");
+	free(m2);
+	kc_manifest_memo_stats(&hits0, &misses0);
+	CHECK(kc_manifest_rehash(m, ml, &m2, &ml2, why, sizeof(why)) == 0 && ml2 == ml &&
+		      memcmp(m, m2, ml) == 0, "rehash from the memo: the same manifest");
+	free(m2);
+	kc_manifest_memo_stats(&hits1, &misses1);
+	CHECK(hits1 == hits0 + 2 && misses1 == misses0, "unchanged headers: both from the memo");
+
+	put("inc/a.h", "#define A 2\n", 0644); /* same size, same path and inode */
 	CHECK(kc_manifest_rehash(m, ml, &m2, &ml2, why, sizeof(why)) == 0 &&
 		      (ml2 != ml || memcmp(m, m2, ml) != 0), "a changed header: another manifest");
+	kc_manifest_memo_stats(&hits0, &misses0);
+	CHECK(hits0 == hits1 + 1 && misses0 == misses1 + 1, "the changed header hashed anew");
+	char ha2[65];
+	kc_sha256_buf("#define A 2\n", 12, ha2);
+	CHECK(m2 && strstr(m2, ha2), "its new hash is that of its new bytes");
+	free(m2);
+	put("inc/a.h", "#define A 3\n", 0644); /* again at once: maybe in the same clock tick */
+	kc_sha256_buf("#define A 3\n", 12, ha2);
+	CHECK(kc_manifest_rehash(m, ml, &m2, &ml2, why, sizeof(why)) == 0 && m2 && strstr(m2, ha2),
+	      "a header changed twice in a row: the hash of its last bytes");
+	free(m2);
+	put("inc/a.h", "#define A 1\n", 0644);
+	CHECK(kc_manifest_rehash(m, ml, &m2, &ml2, why, sizeof(why)) == 0 && ml2 == ml &&
+		      memcmp(m, m2, ml) == 0, "changed back: the first manifest again");
 	free(m2);
 	put("inc/a.h", "#define A 1\n", 0600);
 	CHECK(kc_manifest_rehash(m, ml, &m2, &ml2, why, sizeof(why)) == -EACCES &&
