@@ -410,3 +410,31 @@ def test_rejected_compile_note_frees_waiters(cluster):
     assert len(cluster.compiles()) == 4
     s = c.stats()
     assert s["remote_hits_total"] == 0 and s["remote_rejected_total"] == 1
+
+
+def test_stop_while_waiting_for_another_node(cluster):
+    """A daemon stopped while its compile waits for another node's lease stops at once:
+    the waiting opener gets EIO, nothing hangs."""
+    cluster.gate.write_text("")
+    a = cluster.node("a")
+    b = cluster.node("b")
+    pa = stage_all(cluster, a, [0])[0]
+    pb = stage_all(cluster, b, [0])[0]
+    opener_a = subprocess.Popen(["cat", str(pa)], stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not cluster.compiles():
+        assert time.monotonic() < deadline, a.daemon_log()
+        time.sleep(0.05)
+    reader = subprocess.Popen(["cat", str(pb)], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE)
+    while b.stats()["remote_lease_waits_total"] < 1:
+        assert time.monotonic() < deadline, b.daemon_log()
+        time.sleep(0.05)
+    b.proc.terminate()
+    assert b.proc.wait(timeout=60) == 0
+    assert reader.wait(timeout=60) != 0
+    assert len(cluster.compiles()) == 1  # b compiled nothing on its way out
+    b.stop()
+    cluster.gate.unlink()
+    opener_a.wait(timeout=120)
+    assert read_result(pa)[0] == "ok"
