@@ -169,14 +169,23 @@ def test_eight_processes_compile_each_kernel_once(mount_factory, tmp_path):
     assert not [p for p in root.rglob("*") if "tmp.pid_" in p.name], "temp files left"
 
 
+def holder_and_waiters(clients, root, counter, kernel, mode, n, **kw):
+    """A holder (mode: --gate, --stall, --raise) that is compiling kernel, and n clients of
+    the same kernel started after it; with parked=True (the default) each has found the
+    lock taken and waits."""
+    parked = kw.pop("parked", True)
+    holder = clients(root, counter, [kernel], mode=mode)
+    holder.wait_for("stdout", "compiling " + kernel)
+    waiters = [clients(root, counter, [kernel], **kw) for _ in range(n)]
+    for w in waiters if parked else ():
+        w.wait_for("stderr", "waiting for")  # each found the lock taken
+    return holder, waiters
+
+
 def test_waiters_load_the_holders_group(mount_factory, tmp_path, clients):
     m = mount_factory()
     root, counter = m.mnt / "triton", tmp_path / "compiles"
-    holder = clients(root, counter, ["add"], mode="--gate")
-    holder.wait_for("stdout", "compiling add")
-    waiters = [clients(root, counter, ["add"]) for _ in range(3)]
-    for w in waiters:
-        w.wait_for("stderr", "waiting for")  # each found the lock taken
+    holder, waiters = holder_and_waiters(clients, root, counter, "add", "--gate", 3)
     holder.send()
     results = [c.finish() for c in [holder] + waiters]
     assert [r[0] for r in results] == [0] * 4, results
@@ -191,11 +200,7 @@ def test_waiters_load_the_holders_group(mount_factory, tmp_path, clients):
 def test_a_holder_killed_mid_compile_hands_over(mount_factory, tmp_path, clients):
     m = mount_factory()
     root, counter = m.mnt / "triton", tmp_path / "compiles"
-    holder = clients(root, counter, ["softmax"], mode="--stall")
-    holder.wait_for("stdout", "compiling softmax")
-    waiters = [clients(root, counter, ["softmax"]) for _ in range(3)]
-    for w in waiters:
-        w.wait_for("stderr", "waiting for")
+    holder, waiters = holder_and_waiters(clients, root, counter, "softmax", "--stall", 3)
     holder.proc.send_signal(signal.SIGKILL)
     holder.proc.wait()
     results = [w.finish() for w in waiters]
@@ -211,11 +216,7 @@ def test_a_holder_killed_mid_compile_hands_over(mount_factory, tmp_path, clients
 def test_a_holder_that_raises_lets_the_others_go(mount_factory, tmp_path, clients):
     m = mount_factory()
     root, counter = m.mnt / "triton", tmp_path / "compiles"
-    holder = clients(root, counter, ["matmul_cfg0"], mode="--raise")
-    holder.wait_for("stdout", "compiling matmul_cfg0")
-    waiters = [clients(root, counter, ["matmul_cfg0"]) for _ in range(2)]
-    for w in waiters:
-        w.wait_for("stderr", "waiting for")
+    holder, waiters = holder_and_waiters(clients, root, counter, "matmul_cfg0", "--raise", 2)
     holder.send()  # it raises now and stays alive
     holder.wait_for("stdout", "raised matmul_cfg0")
     results = [w.finish() for w in waiters]  # KCACHEFS_TRITON_WAIT=600: not by the timeout
@@ -232,9 +233,8 @@ def test_a_holder_that_raises_lets_the_others_go(mount_factory, tmp_path, client
 def test_the_wait_is_bounded(mount_factory, tmp_path, clients):
     m = mount_factory()
     root, counter = m.mnt / "triton", tmp_path / "compiles"
-    holder = clients(root, counter, ["add"], mode="--stall")
-    holder.wait_for("stdout", "compiling add")
-    waiters = [clients(root, counter, ["add"], wait=1) for _ in range(2)]
+    holder, waiters = holder_and_waiters(clients, root, counter, "add", "--stall", 2, wait=1,
+                                         parked=False)
     results = [w.finish() for w in waiters]
     assert [r[0] for r in results] == [0, 0], results
     # each timed out and compiled, or loaded the group one that timed out published first
