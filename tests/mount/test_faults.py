@@ -121,22 +121,24 @@ def test_compiler_failing_without_an_error_message_is_not_remembered(mount_facto
 
 
 def test_compiler_of_a_killed_daemon_is_killed_at_restart(mount_factory, tmp_path):
-    nvcc = write_script(tmp_path / "nvcc-hangs", 'case "$*" in *-cubin*) exec sleep 1000.5151;; esac\n'
-                        'exec /usr/local/cuda/bin/nvcc "$@"\n')
+    # this run's own sleep: another suite on the machine may run the same test
+    tag = b"sleep 1000.%d%d" % (os.getpid(), time.monotonic_ns() % 1000000)
+    nvcc = write_script(tmp_path / "nvcc-hangs", 'case "$*" in *-cubin*) exec %s;; esac\n'
+                        'exec /usr/local/cuda/bin/nvcc "$@"\n' % tag.decode())
     m = mount_factory(["nvcc=%s" % nvcc])
     entry = m.stage("vector_add", *sample("vector_add"))
     reader = subprocess.Popen(["cat", str(entry / "kernel.cubin")], stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 30
-    while b"sleep 1000.5151" not in subprocess.run(["ps", "ax", "-o", "args"], capture_output=True).stdout:
+    while tag not in subprocess.run(["ps", "ax", "-o", "args"], capture_output=True).stdout:
         assert time.monotonic() < deadline, "compiler did not start"
         time.sleep(0.05)
     m.kill()
     reader.wait(timeout=30)
-    assert b"sleep 1000.5151" in subprocess.run(["ps", "ax", "-o", "args"], capture_output=True).stdout
+    assert tag in subprocess.run(["ps", "ax", "-o", "args"], capture_output=True).stdout
     m2 = mount_factory(name="m")
     deadline = time.monotonic() + 10
-    while b"sleep 1000.5151" in subprocess.run(["ps", "ax", "-o", "args"], capture_output=True).stdout:
+    while tag in subprocess.run(["ps", "ax", "-o", "args"], capture_output=True).stdout:
         assert time.monotonic() < deadline, "orphaned compiler survived the restart"
         time.sleep(0.05)
     assert "left by a previous daemon" in m2.daemon_log()

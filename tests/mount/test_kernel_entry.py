@@ -90,15 +90,16 @@ def test_timeout_is_a_passing_failure(mount_factory, tmp_path):
     # The compile after the timeout must not race compile_timeout=2 on a loaded machine: it
     # hands over a cubin nvcc made beforehand (the daemon still checks it as any cubin).
     made = tmp_path / "made.cubin"
+    tag = b"sleep 60.%d%d" % (os.getpid(), time.monotonic_ns() % 1000000)  # this run's own
     subprocess.run([str(NVCC), "-cubin", "-arch=sm_90a", "-o", str(made), str(KERNELS / "vector_add.cu")],
                    check=True, timeout=300)
     os.chmod(made, 0o644)
     nvcc = write_script(tmp_path / "nvcc-hangs-once",
                         'case "$*" in *-cubin*) echo run >> %s\n'
-                        '  if [ ! -e %s.done ]; then touch %s.done; exec sleep 60.5151; fi\n'
+                        '  if [ ! -e %s.done ]; then touch %s.done; exec %s; fi\n'
                         '  while [ $# -gt 0 ]; do [ "$1" = -o ] && exec cp %s "$2"; shift; done\n'
                         '  exit 1;; esac\n'
-                        'exec %s "$@"\n' % (calls, calls, calls, made, NVCC))
+                        'exec %s "$@"\n' % (calls, calls, calls, tag.decode(), made, NVCC))
     m = mount_factory(["nvcc=%s" % nvcc, "compile_timeout=2"])
     entry = m.stage("vector_add", *sample("vector_add"))
     started = time.monotonic()
@@ -107,7 +108,7 @@ def test_timeout_is_a_passing_failure(mount_factory, tmp_path):
     assert time.monotonic() - started < 30, "waiters were not answered promptly"
     assert calls.read_text().count("run") == 1, "one compiler run for all waiters"
     assert "timed out" in (entry / "kernel.log").read_text()
-    assert b"sleep 60.5151" not in subprocess.run(["ps", "ax", "-o", "args"], capture_output=True).stdout
+    assert tag not in subprocess.run(["ps", "ax", "-o", "args"], capture_output=True).stdout
     assert not (m.backing / entry.relative_to(m.mnt) / "kernel.cubin").exists()
     time.sleep(2.2)  # the hold-off after a passing failure
     assert read_result(entry / "kernel.cubin")[0] == "ok"
