@@ -3,8 +3,9 @@
 #   1. the core's unit tests (meson, TAP) and the mount tests (pytest, real FUSE mounts,
 #      real nvcc) on the normal build (build/);
 #   2. the same under AddressSanitizer and UBSan (build-asan/; any report fails the test
-#      that triggered it);
-#   3. each libFuzzer target for FUZZ_SECONDS (default 60) from its seed corpus
+#      that triggered it), less the mount tests marked heavy (long runs of real clients
+#      or real nvcc whose daemon code paths lighter tests also take; conftest.py);
+#   3. each libFuzzer target for FUZZ_SECONDS (default 20) from its seed corpus
 #      (build-fuzz/, clang).
 # Needs root and /dev/fuse (checked first, before anything is installed or built). Extra
 # arguments go to pytest (e.g. -k waiters). KCACHEFS_TEST_QUICK=1 runs step 1 only.
@@ -98,19 +99,19 @@ if [ "${KCACHEFS_TEST_QUICK:-0}" != 1 ]; then
 	[ -f build-asan/build.ninja ] || meson setup build-asan -Dbuildtype=debug \
 		-Db_sanitize=address,undefined -Db_lundef=false -Dc_args=-fno-sanitize-recover=all >/dev/null
 	if ninja -C build-asan >/dev/null; then
-		run_suite sanitized build-asan "$@"
+		run_suite sanitized build-asan -m "not heavy" "$@"
 	else
 		problem "the sanitizer build (build-asan) failed: its unit and mount tests did not run"
 	fi
 	unset ASAN_OPTIONS UBSAN_OPTIONS
 
-	echo "=== fuzz targets, ${FUZZ_SECONDS:-60} s each (build-fuzz)"
+	echo "=== fuzz targets, ${FUZZ_SECONDS:-20} s each (build-fuzz)"
 	[ -f build-fuzz/build.ninja ] || CC=clang meson setup build-fuzz -Dfuzz=true -Dbuildtype=debug \
 		-Db_sanitize=address,undefined -Db_lundef=false -Dc_args=-fno-sanitize-recover=all >/dev/null
 	if ninja -C build-fuzz >/dev/null; then
 		for t in name flags flags_file redis_url; do
 			mkdir -p "$base/corpus-$t"
-			if build-fuzz/tests/fuzz_$t -max_total_time="${FUZZ_SECONDS:-60}" -print_final_stats=1 \
+			if build-fuzz/tests/fuzz_$t -max_total_time="${FUZZ_SECONDS:-20}" -print_final_stats=1 \
 				-artifact_prefix="$base/crash-$t-" "$base/corpus-$t" "tests/fuzz/corpus/$t" \
 				>"$base/fuzz-$t.log" 2>&1; then
 				echo "fuzz_$t: $(grep -E '^Done' "$base/fuzz-$t.log")"

@@ -17,6 +17,13 @@ from kcmount import (BUILD, EM_CUDA, KCACHEFS, KERNELS, NVCC, OPENER, REPO, SHIM
 deepgemm.INCLUDE = str(KERNELS / "include")  # where compiles can read it (kcmount.py)
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "heavy: a long run of real clients or real nvcc whose daemon code paths "
+        "lighter tests also take; scripts/test.sh leaves these out of the sanitizer build's "
+        "run (-m 'not heavy') to keep the suite's time down")
+
+
 @pytest.fixture(autouse=True)
 def tmp_path_open_to_compiles(tmp_path):
     """A test's wrapper compilers, and the files they keep, live in its tmp_path, which

@@ -49,6 +49,7 @@ def wait_evictions(m, n, timeout=60):
     return m.stats()
 
 
+@pytest.mark.heavy
 def test_max_entries_evicts_the_least_recently_used(mount_factory):
     m = mount_factory(["max_entries=6"])
     entries = [compile_variant(m, i) for i in range(6)]

@@ -19,7 +19,7 @@ from test_remote import (KERNELS, Cluster, source, stage_all, template,  # noqa:
                          test_cluster_compiles_each_kernel_once as cluster_once, total)
 
 MISSING = missing_prerequisite()
-pytestmark = pytest.mark.skipif(MISSING is not None, reason=str(MISSING))
+pytestmark = [pytest.mark.skipif(MISSING is not None, reason=str(MISSING)), pytest.mark.heavy]
 
 
 @pytest.fixture

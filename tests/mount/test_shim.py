@@ -113,6 +113,7 @@ def deepgemm_run(m, tmp_path, kernels, compiler, counted_nvcc=None):
     return results
 
 
+@pytest.mark.heavy
 def test_deepgemm_through_the_shim_compiles_each_kernel_once(mount_factory, counting_nvcc,
                                                              tmp_path):
     """The acceptance run: 8 ranks x K kernels, exactly K compiler runs on the node with the
