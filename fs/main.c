@@ -422,9 +422,12 @@ int main(int argc, char *argv[])
 			.lease_s = (unsigned)remote_lease, .wait_s = (unsigned)remote_wait,
 			.timeout_ms = (unsigned)remote_timeout,
 		};
-		if (kc_remote_tier_open(&ro, fs->cfg.nvcc, &fs->cache.stats, &remote, why,
-					sizeof(why)) != 0) {
+		int err = kc_remote_tier_open(&ro, fs->cfg.nvcc, &fs->cache.stats, &remote, why,
+					      sizeof(why));
+		if (err) {
 			fprintf(stderr, "kcachefs: %s\n", why);
+			if (err == -EINVAL)
+				ret = 2; /* the option's value: a usage error */
 			goto out_store;
 		}
 	}
@@ -468,9 +471,10 @@ int main(int argc, char *argv[])
 	if (!cmd.foreground)
 		kc_log_init(1, cmd.debug ? KC_LOG_DEBUG : level);
 	/* Threads start after daemonizing (fork keeps only the calling thread). */
-	int started = kc_cache_init(&fs->cache, &fs->cfg, &fs->store) == 0;
+	int started = kc_cache_init(&fs->cache, &fs->cfg, &fs->store, remote) == 0;
 	fs->cache.evict = &fs->evict; /* every publish is told to the index */
-	fs->cache.remote = remote;
+	if (started && remote)
+		kc_remote_tier_probe(remote); /* counted: the cache's counters are set up */
 	if (!started || kc_notifier_start(&fs->notifier, fs->se, &fs->inodes, &fs->store) != 0 ||
 	    kc_sweeper_start(fs) != 0 || kc_evict_start(&fs->evict) != 0) {
 		kc_log(KC_LOG_ERR, "cannot start worker threads");

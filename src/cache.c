@@ -136,7 +136,8 @@ static void entry_label(struct kc_cache *c, int entry_fd, char *buf, size_t len)
 	snprintf(buf, len, "%.*s", (int)(len > 1 ? len - 1 : 0), *rel ? rel : "/");
 }
 
-int kc_cache_init(struct kc_cache *c, const struct kc_config *cfg, struct kc_store *store)
+int kc_cache_init(struct kc_cache *c, const struct kc_config *cfg, struct kc_store *store,
+		  struct kc_remote_tier *remote)
 {
 	memset(c, 0, sizeof(*c));
 	c->cfg = cfg;
@@ -145,7 +146,11 @@ int kc_cache_init(struct kc_cache *c, const struct kc_config *cfg, struct kc_sto
 	pthread_mutex_init(&c->publish_lock, NULL);
 	pthread_mutex_init(&c->verified_lock, NULL);
 	pthread_mutex_init(&c->holdoff_lock, NULL);
-	c->pool = kc_pool_create(cfg->jobs);
+	c->remote = remote;
+	kc_slots_init(&c->slots, cfg->jobs);
+	if (remote)
+		c->job_slots = &c->slots;
+	c->pool = kc_pool_create(cfg->jobs + (remote ? KC_REMOTE_WAITERS : 0));
 	return c->pool ? 0 : -errno;
 }
 
@@ -157,6 +162,7 @@ void kc_cache_shutdown(struct kc_cache *c)
 	if (c->pool)
 		kc_pool_destroy(c->pool);
 	c->pool = NULL;
+	kc_slots_destroy(&c->slots);
 	tdestroy(c->verified, free);
 	c->verified = NULL;
 	while (c->holdoffs) {
@@ -551,18 +557,21 @@ static int run_compile(struct compile_job *j)
 	}
 	struct kc_remote_job rj;
 	int scratch_fd = -1;
-	if (kc_remote_tier_fetch(c->remote, j->recipe.hash, !nvrtc, &rj) == 1) {
+	if (kc_remote_tier_fetch(c->remote, j->recipe.hash, !nvrtc, c->job_slots, &rj) == 1) {
 		kc_argv_free(&args);
 		result = publish_fetched(j, &rj, out_fd, out_name, label);
 		kc_remote_job_free(&rj);
 		goto done;
 	}
-	/* the scratch directory only for a compile: a fetch needs none */
+	/* Holding a job slot from here on. The scratch directory only for a compile: a fetch
+	 * needs none. */
 	scratch_fd = kc_store_scratch(c->store, scratch, sizeof(scratch));
 	if (scratch_fd < 0) {
 		kc_log(KC_LOG_ERR, "compile %s: cannot create scratch directory: %s", label,
 		       strerror(-scratch_fd));
 		kc_remote_tier_finish(c->remote, &rj, 0, 0, out_fd, NULL, 0);
+		if (c->job_slots)
+			kc_slots_release(c->job_slots);
 		kc_argv_free(&args);
 		close(out_fd);
 		unlinkat(c->store->tmp_fd, out_name, 0);
@@ -603,6 +612,8 @@ static int run_compile(struct compile_job *j)
 	}
 	kc_remote_tier_finish(c->remote, &rj, result == 0, out.status == KC_COMPILE_REJECTED,
 			      out_fd, out.deps, out.deps_len);
+	if (c->job_slots)
+		kc_slots_release(c->job_slots);
 	if (result != 0 && result != -EAGAIN)
 		atomic_fetch_add(&c->stats.compile_failures, 1);
 	const char *kind = out.status == KC_COMPILE_OK
@@ -1041,6 +1052,11 @@ int kc_cache_cubin_pending(struct kc_cache *c, int entry_fd)
 void kc_cache_gauges(struct kc_cache *c, struct kc_stats_gauges *g)
 {
 	kc_pool_load(c->pool, &g->queued, &g->inflight);
+	if (c->job_slots) { /* workers fetch and wait too: count compiles by their slots */
+		unsigned waiting;
+		kc_slots_load(c->job_slots, &waiting, &g->inflight);
+		g->queued += waiting;
+	}
 	g->flights = kc_flight_count(&c->flights);
 	g->remote_up = c->remote ? (unsigned)kc_remote_tier_up(c->remote) : 0;
 }

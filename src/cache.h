@@ -25,7 +25,9 @@ struct kc_cache {
 	const struct kc_config *cfg; /* borrowed, outlives the cache */
 	struct kc_store *store;      /* borrowed, outlives the cache */
 	struct kc_flight_table flights;
-	struct kc_pool *pool;        /* cfg->jobs compile workers */
+	struct kc_pool *pool;        /* compile workers: cfg->jobs, or with a cluster store
+				      * KC_REMOTE_WAITERS more, bounded by slots */
+	struct kc_slots slots;       /* cfg->jobs compiles at once (with a cluster store) */
 	struct kc_stats stats;
 	pthread_mutex_t publish_lock; /* orders publishes against recipe removal */
 	pthread_mutex_t verified_lock;
@@ -35,6 +37,7 @@ struct kc_cache {
 	struct kc_evict *evict;      /* borrowed, may be NULL: told of every publish */
 	atomic_int compiler_changed; /* the compiler identity changed during this mount */
 	struct kc_remote_tier *remote; /* borrowed, may be NULL: the cluster store */
+	struct kc_slots *job_slots;  /* &slots with a cluster store, else NULL (the pool bounds) */
 };
 
 /* Seconds after a compile failed for a passing cause (timeout, killed, out of space) during
@@ -42,8 +45,10 @@ struct kc_cache {
  * failed one get its result instead of each running the compiler in turn. */
 #define KC_RETRY_HOLDOFF 2.0
 
-/* Start the compile workers. Returns 0 or -errno. */
-int kc_cache_init(struct kc_cache *c, const struct kc_config *cfg, struct kc_store *store);
+/* Start the compile workers, for the cluster store remote (borrowed, outlives the cache;
+ * NULL for none). Returns 0 or -errno. */
+int kc_cache_init(struct kc_cache *c, const struct kc_config *cfg, struct kc_store *store,
+		  struct kc_remote_tier *remote);
 
 /* Kill running compilers, fail queued compiles (their waiters get -EIO), stop workers. */
 void kc_cache_shutdown(struct kc_cache *c);

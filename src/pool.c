@@ -112,3 +112,48 @@ void kc_pool_destroy(struct kc_pool *p)
 	pthread_mutex_destroy(&p->lock);
 	free(p);
 }
+
+void kc_slots_init(struct kc_slots *s, unsigned n)
+{
+	pthread_mutex_init(&s->lock, NULL);
+	pthread_cond_init(&s->cond, NULL);
+	s->n = s->free = n ? n : 1;
+	s->waiting = 0;
+	s->next = s->serving = 0;
+}
+
+void kc_slots_destroy(struct kc_slots *s)
+{
+	pthread_cond_destroy(&s->cond);
+	pthread_mutex_destroy(&s->lock);
+}
+
+void kc_slots_acquire(struct kc_slots *s)
+{
+	pthread_mutex_lock(&s->lock);
+	unsigned long ticket = s->next++;
+	s->waiting++;
+	while (ticket != s->serving || s->free == 0)
+		pthread_cond_wait(&s->cond, &s->lock);
+	s->serving++;
+	s->free--;
+	s->waiting--;
+	pthread_cond_broadcast(&s->cond); /* the next ticket may take a free slot too */
+	pthread_mutex_unlock(&s->lock);
+}
+
+void kc_slots_release(struct kc_slots *s)
+{
+	pthread_mutex_lock(&s->lock);
+	s->free++;
+	pthread_cond_broadcast(&s->cond);
+	pthread_mutex_unlock(&s->lock);
+}
+
+void kc_slots_load(struct kc_slots *s, unsigned *waiting, unsigned *held)
+{
+	pthread_mutex_lock(&s->lock);
+	*waiting = s->waiting;
+	*held = s->n - s->free;
+	pthread_mutex_unlock(&s->lock);
+}

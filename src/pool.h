@@ -1,10 +1,15 @@
-/* pool.h - a fixed set of worker threads running queued jobs in FIFO order; bounds how
- * many compiles run at once (-o jobs=N).
+/* pool.h - a fixed set of worker threads running queued jobs in FIFO order, and slots: a
+ * counting semaphore served in FIFO order. Together they bound how many compiles run at
+ * once (-o jobs=N): without a cluster store the pool has N workers; with one, a job may
+ * wait for another node's compile, so the pool is wider and a job holds one of N slots
+ * only while its compiler runs.
  *
  * Owns: its threads and queued job records. Jobs own their argument.
  */
 #ifndef KC_POOL_H
 #define KC_POOL_H
+
+#include <pthread.h>
 
 struct kc_pool;
 
@@ -21,5 +26,24 @@ void kc_pool_load(struct kc_pool *p, unsigned *queued, unsigned *running);
 
 /* Stop accepting, run what is queued, join the workers, free. */
 void kc_pool_destroy(struct kc_pool *p);
+
+/* n slots, handed out in the order they were asked for (a ticket lock's queue). */
+struct kc_slots {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	unsigned n, free, waiting;
+	unsigned long next, serving; /* the next ticket to hand out, the next to serve */
+};
+
+void kc_slots_init(struct kc_slots *s, unsigned n);
+void kc_slots_destroy(struct kc_slots *s);
+
+/* Wait for a slot (blocks; not cancellable: slots come back as compiles end). */
+void kc_slots_acquire(struct kc_slots *s);
+
+void kc_slots_release(struct kc_slots *s);
+
+/* Callers waiting for a slot, and slots held now. */
+void kc_slots_load(struct kc_slots *s, unsigned *waiting, unsigned *held);
 
 #endif

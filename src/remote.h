@@ -72,8 +72,9 @@ struct kc_remote_backend {
  * rendezvous hashing of the key). auth_file: NULL, or a file holding "USER PASSWORD" or
  * "PASSWORD" for Redis (refused unless only root can read it). Connecting is lazy: a
  * store that is down at start is not an error. Returns the backend (owned; destroy with
- * ops->destroy), or NULL with errno EINVAL and why filled for a malformed URL, an unknown
- * scheme, or an auth file that others can read or that cannot be read. */
+ * ops->destroy), or NULL with why filled and errno EINVAL for a malformed URL, an unknown
+ * scheme or remote_auth= with a dir: store (usage errors), EACCES for an auth file that
+ * others can read or that cannot be read, ENOMEM. */
 struct kc_remote_backend *kc_remote_backend_open(const char *url, const char *auth_file,
 						 unsigned timeout_ms, char *why, size_t whylen);
 

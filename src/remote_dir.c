@@ -166,6 +166,8 @@ static int dir_get(struct dir_call *c)
 	struct stat st;
 	path_of(c->d, "objects", c->key, c->key, p, sizeof(p));
 	int fd = open(p, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+	if (fd < 0 && errno == ENOENT && (stat(c->d->root, &st) != 0 || !S_ISDIR(st.st_mode)))
+		return -EIO; /* no root: the shared filesystem is not mounted, the store is down */
 	if (fd < 0)
 		return fault(errno);
 	if (fstat(fd, &st) != 0) {

@@ -1127,7 +1127,7 @@ struct kc_remote_backend *kc_remote_redis_open(const char *url, const char *auth
 		rc = kc_redis_auth_read(auth_file, &b->user, &b->pass, why, whylen);
 		if (rc) {
 			if (rc != -ENOMEM)
-				rc = -EINVAL; /* remote.h: an auth file that cannot be read is EINVAL */
+				rc = -EACCES; /* remote.h: an auth file that cannot be used */
 			goto fail;
 		}
 	}

@@ -137,7 +137,7 @@ static int load_secret(struct kc_remote_tier *t, const char *path, char *why, si
 		free(buf);
 		snprintf(why, whylen, "remote_key=%s: %s", path,
 			 err ? strerror(-err) : "the secret must be at least 16 bytes");
-		return -EINVAL;
+		return -EACCES;
 	}
 	t->secret_buf = (unsigned char *)buf;
 	t->secret.bytes = t->secret_buf;
@@ -170,9 +170,10 @@ int kc_remote_tier_open(const struct kc_remote_opts *o, const char *nvcc,
 				      o->timeout_ms ? o->timeout_ms : KC_REMOTE_DEFAULT_TIMEOUT, why,
 				      whylen);
 	if (!t->b) {
+		int err = errno ? -errno : -EINVAL;
 		free(t->secret_buf);
 		free(t);
-		return -EINVAL;
+		return err;
 	}
 	if (kc_manifest_toolkit_root(nvcc, KC_CUDA_HOME, t->toolkit, sizeof(t->toolkit)) != 0)
 		t->toolkit[0] = '\0'; /* every header is then hashed */
@@ -190,6 +191,28 @@ int kc_remote_tier_open(const struct kc_remote_opts *o, const char *nvcc,
 	       t->wait_s, t->b->timeout_ms, o->key_file ? ", objects signed" : "");
 	*out = t;
 	return 0;
+}
+
+void kc_remote_tier_probe(struct kc_remote_tier *t)
+{
+	static const char nobody[KC_SHA256_HEXLEN + 1] = /* a key no object has */
+		"0000000000000000000000000000000000000000000000000000000000000000";
+	char *data = NULL;
+	size_t len = 0;
+	int err = t->b->ops->get(t->b, nobody, &data, &len);
+	free(data);
+	if (err == 0 || err == -ENOENT) {
+		kc_log(KC_LOG_INFO, "cluster store %s answers", t->b->ops->describe(t->b));
+		return;
+	}
+	atomic_fetch_add(&t->stats->remote_get_errors, 1);
+	kc_log(KC_LOG_WARN, "cluster store %s does not answer at start (%s): compiling locally, "
+	       "and asking it again in %d s", t->b->ops->describe(t->b), strerror(-err),
+	       KC_REMOTE_BREAKER_S);
+	pthread_mutex_lock(&t->lock);
+	t->faults_in_row = KC_REMOTE_BREAKER_FAULTS;
+	t->breaker_until = now_s() + KC_REMOTE_BREAKER_S;
+	pthread_mutex_unlock(&t->lock);
 }
 
 void kc_remote_tier_stop(struct kc_remote_tier *t)
@@ -391,16 +414,26 @@ static int take(struct kc_remote_tier *t, struct kc_remote_job *rj, enum kc_leas
 	return err;
 }
 
+/* Returns 0 (compile) holding one of slots. */
+static int compile_here(struct kc_slots *slots, int *held)
+{
+	if (slots && !*held)
+		kc_slots_acquire(slots);
+	*held = 1;
+	return 0;
+}
+
 int kc_remote_tier_fetch(struct kc_remote_tier *t, const char *recipe_hash, int use_store,
-			 struct kc_remote_job *rj)
+			 struct kc_slots *slots, struct kc_remote_job *rj)
 {
 	unsigned char r[KC_REMOTE_TOKENLEN / 2];
+	int slot = 0;
 	memset(rj, 0, sizeof(*rj));
 	if (!t || !use_store || kc_object_manifest_key(recipe_hash, rj->mkey) != 0)
-		return 0;
+		return compile_here(slots, &slot);
 	rj->active = 1;
 	if (getrandom(r, sizeof(r), 0) != (ssize_t)sizeof(r))
-		return 0; /* no token: compile without the store's single flight */
+		return compile_here(slots, &slot); /* no token: no cluster single flight */
 	for (size_t i = 0; i < sizeof(r); i++)
 		snprintf(rj->token + 2 * i, 3, "%02x", r[i]);
 
@@ -415,6 +448,9 @@ int kc_remote_tier_fetch(struct kc_remote_tier *t, const char *recipe_hash, int 
 		}
 		if (f != FOUND_NONE)
 			break; /* other headers or a fault: compile here */
+		/* A lease is taken only with a slot to compile in: a node holding leases it
+		 * cannot compile yet would make the other nodes wait on its queue. */
+		compile_here(slots, &slot);
 		enum kc_lease_state state = KC_LEASE_NONE;
 		int err = take(t, rj, &state);
 		if (err == 0) {
@@ -426,6 +462,8 @@ int kc_remote_tier_fetch(struct kc_remote_tier *t, const char *recipe_hash, int 
 				int e = t->b->ops->lease_release(t->b, rj->mkey, rj->token, 0);
 				outcome(t, FAULT_LEASE, e, 0, "release");
 				rj->holder = 0;
+				if (slots)
+					kc_slots_release(slots);
 				atomic_fetch_add(&t->stats->remote_hits, 1);
 				return 1;
 			}
@@ -434,6 +472,10 @@ int kc_remote_tier_fetch(struct kc_remote_tier *t, const char *recipe_hash, int 
 		}
 		if (err != -EBUSY || state == KC_LEASE_FAILED)
 			break; /* a fault, read-only, or the holder's compile failed: compile here */
+		if (slots) { /* waiting for another node's compile: let this node's run */
+			kc_slots_release(slots);
+			slot = 0;
+		}
 		saw_holder = 1;
 		if (!waited) {
 			waited = 1;
@@ -450,7 +492,7 @@ int kc_remote_tier_fetch(struct kc_remote_tier *t, const char *recipe_hash, int 
 		delay = delay * 2 > 1000 ? 1000 : delay * 2;
 	}
 	atomic_fetch_add(&t->stats->remote_misses, 1);
-	return 0;
+	return compile_here(slots, &slot);
 }
 
 /* Put kind's object under key; counts and logs. */

@@ -1,7 +1,10 @@
 /* remote_tier.h - the cluster store (L2) in the compile path: fetch a verified cubin
  * another node compiled, or take the key's lease and compile, or wait for the holder's
  * object; then share what this node compiled. Used by cache.c's compile job, in a compile
- * pool thread (never a FUSE thread: the openers are parked by the single flight).
+ * pool thread (never a FUSE thread: the openers are parked by the single flight). With a
+ * store the pool has KC_REMOTE_WAITERS workers more than -o jobs, and a job holds one of
+ * jobs slots (pool.h) only while it holds a lease or compiles: fetching and waiting for
+ * another node take no slot, so a joining node fetches many objects at once.
  *
  * One compile job, with the recipe's manifest key mkey (remote_object.h):
  *   1. the index under mkey lists the headers; this node hashes its own copies into its
@@ -26,6 +29,7 @@
 #include <stddef.h>
 
 #include "hash.h"
+#include "pool.h"
 #include "remote.h"
 #include "remote_object.h"
 #include "stats.h"
@@ -36,6 +40,7 @@
 #define KC_REMOTE_FAIL_NOTE_MS 5000     /* a rejected compile's note lives this long */
 #define KC_REMOTE_BREAKER_FAULTS 5      /* faults in a row that stop asking the store */
 #define KC_REMOTE_BREAKER_S 30          /* for this many seconds */
+#define KC_REMOTE_WAITERS 32            /* pool workers beyond -o jobs: fetches and waits */
 
 /* -o remote options, as given (borrowed). */
 struct kc_remote_opts {
@@ -65,12 +70,18 @@ struct kc_remote_job {
 
 /* Open the tier for -o remote= (with the compiler at nvcc, whose toolkit is left out of
  * manifests), counting into stats (borrowed, outlives the tier). Returns 0 and *out, or
- * -EINVAL / -EACCES with why filled: a bad URL, a key file that someone other than root
- * could read or that is shorter than KC_OBJECT_MIN_SECRET bytes. Warns (log) when no key
- * is given. */
+ * with why filled: -EINVAL for a usage error (a malformed or unknown URL, remote_auth=
+ * with a dir: store), -EACCES for a key or auth file that someone other than root could
+ * read, that cannot be read, or whose secret is shorter than KC_OBJECT_MIN_SECRET bytes,
+ * -ENOMEM. Warns (log) when no key is given. Does not connect (kc_remote_tier_probe). */
 int kc_remote_tier_open(const struct kc_remote_opts *o, const char *nvcc,
 			struct kc_stats *stats, struct kc_remote_tier **out, char *why,
 			size_t whylen);
+
+/* Ask the store once, bounded by remote_timeout: a store that does not answer is said in
+ * the log, counted as a get error, and not asked for KC_REMOTE_BREAKER_S seconds (the
+ * breaker opens: remote_up is 0); the mount goes on without it. For start-up. */
+void kc_remote_tier_probe(struct kc_remote_tier *t);
 
 /* Make waiting jobs stop waiting (they compile locally or fail at once); for shutdown. */
 void kc_remote_tier_stop(struct kc_remote_tier *t);
@@ -78,10 +89,13 @@ void kc_remote_tier_stop(struct kc_remote_tier *t);
 void kc_remote_tier_close(struct kc_remote_tier *t);
 
 /* Step 1 to 3 above for the recipe recipe_hash (use_store: 0 for an NVRTC compile, which
- * only clears rj). Returns 1 when a verified cubin was fetched (rj->obj; publish it, then
- * kc_remote_job_free), 0 to compile (then kc_remote_tier_finish). Never fails. */
+ * only clears rj). slots (may be NULL) bound this node's compiles: a lease is taken only
+ * holding one, and none is held while waiting for another node. Returns 1 when a verified
+ * cubin was fetched (rj->obj; publish it, then kc_remote_job_free), holding no slot; 0 to
+ * compile (then kc_remote_tier_finish), holding one of slots, which the caller releases
+ * when its compile has ended. Never fails. t may be NULL (no store: 0 with a slot). */
 int kc_remote_tier_fetch(struct kc_remote_tier *t, const char *recipe_hash, int use_store,
-			 struct kc_remote_job *rj);
+			 struct kc_slots *slots, struct kc_remote_job *rj);
 
 /* After the compile of rj: when it published (ok) the cubin behind cubin_fd, share it
  * (unless read-only, or deps, nvcc's dependency file, is NULL or its manifest cannot be

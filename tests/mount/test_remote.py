@@ -236,9 +236,54 @@ def test_key_file_must_be_root_only(cluster, tmp_path):
     key = tmp_path / "open.key"
     key.write_bytes(os.urandom(32))
     os.chmod(key, 0o644)
-    with pytest.raises(RuntimeError, match="remote_key"):
+    with pytest.raises(RuntimeError, match="(?s)kcachefs exited 1: .*remote_key"):
         cluster.node("n", ["remote_key=%s" % key])
     cluster.nodes.pop()
+
+
+@pytest.mark.parametrize("url, says", [
+    ("ftp://store", "unknown store"), ("dir:relative/store", "absolute"),
+    ("redis://host/notadb", "database number"), ("redis://host:99999", "port")])
+def test_malformed_remote_is_a_usage_error(cluster, url, says):
+    """A remote= the daemon cannot parse is a usage error (exit 2, as the man page says
+    of option values), told before anything is mounted."""
+    (cluster.tmp / "bad").mkdir()
+    m = Mount(cluster.tmp / "bad", ["remote=%s" % url, "nvcc=%s" % cluster.fake])
+    with pytest.raises(RuntimeError, match="kcachefs exited 2: ") as e:
+        m.start()
+    assert says in str(e.value), str(e.value)
+    assert not os.path.ismount(m.mnt)
+
+
+def test_waiting_for_another_node_takes_no_job_slot(cluster):
+    """A node with one job slot whose compile waits for another node's lease still
+    compiles a kernel nobody holds at once: waiting holds no slot (and no lease is taken
+    without one), so one slow kernel elsewhere does not stall a node's other kernels until
+    remote_wait."""
+    cluster.gate.write_text("")
+    a = cluster.node("a")
+    b = cluster.node("b", ["jobs=1", "remote_wait=120"])
+    pa = stage_all(cluster, a, [0])[0]
+    pb0, pb1 = stage_all(cluster, b, [0, 1])
+    opener_a = subprocess.Popen(["cat", str(pa)], stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not cluster.compiles():  # a compiles k0, holding its lease, until the gate goes
+        assert time.monotonic() < deadline, a.daemon_log()
+        time.sleep(0.05)
+    waiter = run_parallel_background(pb0, 1)[0]
+    while b.stats()["remote_lease_waits_total"] < 1:
+        assert time.monotonic() < deadline, b.daemon_log()
+        time.sleep(0.05)
+    assert read_result(pb1)[0] == "ok"  # compiled by b while its k0 waits
+    s = b.stats()
+    assert s["compiles_total"] == 1 and s["remote_hedged_total"] == 0, s
+    assert waiter.poll() is None, "b's k0 did not wait for a's compile"
+    cluster.gate.unlink()
+    assert waiter.communicate(timeout=120)[0].startswith("ok ")
+    opener_a.wait(timeout=120)
+    s = b.stats()
+    assert s["remote_hits_total"] == 1 and s["compiles_total"] == 1, s  # k0 came from a
+    assert len(cluster.compiles()) == 2
 
 
 def test_lease_holder_killed_mid_compile(cluster):
@@ -311,12 +356,14 @@ def test_store_missing_is_down_and_never_made(cluster):
     cluster.store.rmdir()
     m = cluster.node("n")
     assert "the store counts as down" in m.daemon_log()
+    assert "does not answer at start" in m.daemon_log()
+    assert m.stats()["remote_up"] == 0
     for p in stage_all(cluster, m):
         assert read_result(p)[0] == "ok"
     assert not cluster.store.exists()
     s = m.stats()
     assert s["compiles_total"] == KERNELS and s["remote_hits_total"] == 0
-    assert s["remote_lease_errors_total"] + s["remote_put_errors_total"] > 0
+    assert s["remote_get_errors_total"] >= 1  # the probe at start; then the breaker is open
 
 
 def test_waiter_hedges_after_remote_wait(cluster):

@@ -128,6 +128,7 @@ def cold_run(cluster, nodes, per_node=8, kernels=range(KERNELS), shared=True):
     return results[0]
 
 
+@pytest.mark.heavy
 def test_redis_cluster_compiles_each_kernel_once(redis_cluster):
     """4 nodes x 8 processes x 8 kernels, cold: 8 compiles in the cluster (the dir: test,
     run on Redis), no lease left behind."""
@@ -167,9 +168,26 @@ def test_redis_auth_user(redis_cluster, tmp_path):
         log = m.daemon_log()
         assert "kc-secret-pw" not in log and "wrong-pw-123" not in log
     os.chmod(auth, 0o644)
-    with pytest.raises(RuntimeError, match="remote_auth"):
+    with pytest.raises(RuntimeError, match="(?s)kcachefs exited 1: .*remote_auth"):
         redis_cluster.node("d", ["remote_auth=%s" % auth])
     redis_cluster.nodes.pop()
+
+
+def test_redis_not_answering_at_start(tmp_path, template):
+    """A store address nobody answers on (a typo, or the server not up yet): the mount
+    comes up, says at once that the store does not answer, shows remote_up 0 before any
+    compile, and every read gets its cubin, compiled here."""
+    cluster = Cluster(tmp_path, template, "redis+unix://%s" % (tmp_path / "nobody.sock"))
+    try:
+        m = cluster.node("a")
+        assert "does not answer at start" in m.daemon_log()
+        assert m.stats()["remote_up"] == 0
+        assert all(read_result(p)[0] == "ok" for p in stage_all(cluster, m))
+        s = m.stats()
+        assert s["compiles_total"] == KERNELS and s["remote_hits_total"] == 0, s
+        assert s["remote_get_errors_total"] >= 1, s
+    finally:
+        cluster.stop()
 
 
 def test_redis_two_shards_one_stopped(tmp_path, template, redis_factory):

@@ -135,6 +135,8 @@ int main(void)
 	CHECK(b->ops->put(b, KEY1, "x", 1) < 0 && b->ops->put(b, KEY1, "x", 1) != -EEXIST &&
 		      stat(store, &sb) != 0 && errno == ENOENT,
 	      "put to a missing store: a fault, and the store is not created");
+	CHECK(b->ops->get(b, KEY1, &data, &len) == -EIO,
+	      "get from a missing store: a fault (the store is down), not a miss");
 	b->ops->destroy(b);
 	CHECK(mkdir(store, 0755) == 0, "the operator makes the store");
 	b = kc_remote_backend_open(path, NULL, 10000, why, sizeof(why));

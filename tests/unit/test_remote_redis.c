@@ -487,8 +487,8 @@ static void test_auth_file(void)
 	snprintf(path, sizeof(path), "%s/auth", tmpdir);
 	write_file(path, "alice s3cret\n", 0644);
 	errno = 0;
-	CHECK(!kc_remote_redis_open("redis://h", path, 100, why, sizeof(why)) && errno == EINVAL,
-	      "open refuses a readable auth file with EINVAL");
+	CHECK(!kc_remote_redis_open("redis://h", path, 100, why, sizeof(why)) && errno == EACCES,
+	      "open refuses a readable auth file with EACCES (a start-up error, not usage)");
 	CHECK(!kc_remote_redis_open("redis://h/x", NULL, 100, why, sizeof(why)) && errno == EINVAL,
 	      "open refuses a malformed URL with EINVAL");
 	unlink(path);

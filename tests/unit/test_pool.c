@@ -1,0 +1,105 @@
+/* test_pool.c - the compile pool's FIFO order and the job slots (pool.h). */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "pool.h"
+#include "tap.h"
+
+static struct kc_slots slots;
+static pthread_mutex_t order_lock = PTHREAD_MUTEX_INITIALIZER;
+static int order[8], norder;
+
+static void record(int id)
+{
+	pthread_mutex_lock(&order_lock);
+	order[norder++] = id;
+	pthread_mutex_unlock(&order_lock);
+}
+
+static void *slot_taker(void *arg)
+{
+	kc_slots_acquire(&slots);
+	record((int)(long)arg);
+	kc_slots_release(&slots);
+	return NULL;
+}
+
+/* Wait until n callers wait for a slot (at most 10 s). */
+static int waiting_for(unsigned n)
+{
+	for (int i = 0; i < 10000; i++) {
+		unsigned w, h;
+		kc_slots_load(&slots, &w, &h);
+		if (w == n)
+			return 1;
+		usleep(1000);
+	}
+	return 0;
+}
+
+static atomic_int ran;
+static void job(void *arg)
+{
+	record((int)(long)arg);
+	atomic_fetch_add(&ran, 1);
+}
+
+int main(void)
+{
+	unsigned w, h;
+
+	/* slots: n at once */
+	kc_slots_init(&slots, 2);
+	kc_slots_acquire(&slots);
+	kc_slots_acquire(&slots);
+	kc_slots_load(&slots, &w, &h);
+	CHECK(w == 0 && h == 2, "two slots held, none waiting");
+	kc_slots_release(&slots);
+	kc_slots_release(&slots);
+	kc_slots_destroy(&slots);
+
+	/* one slot: the callers get it in the order they asked (each releases it before the
+	 * next can record) */
+	kc_slots_init(&slots, 1);
+	kc_slots_acquire(&slots);
+	pthread_t t[4];
+	int started = 1;
+	for (long i = 0; i < 4; i++) { /* each queued before the next asks */
+		started &= pthread_create(&t[i], NULL, slot_taker, (void *)i) == 0;
+		started &= waiting_for((unsigned)i + 1);
+	}
+	CHECK(started, "four callers wait for a slot");
+	CHECK(norder == 0, "none got the slot while it is held");
+	kc_slots_release(&slots);
+	for (int i = 0; i < 4; i++)
+		pthread_join(t[i], NULL);
+	CHECK(norder == 4 && order[0] == 0 && order[1] == 1 && order[2] == 2 && order[3] == 3,
+	      "slots were handed out in the order they were asked for");
+	kc_slots_load(&slots, &w, &h);
+	CHECK(w == 0 && h == 0, "every slot came back");
+	kc_slots_destroy(&slots);
+
+	kc_slots_init(&slots, 0);
+	kc_slots_acquire(&slots);
+	kc_slots_load(&slots, &w, &h);
+	CHECK(h == 1, "slots of 0 are one slot");
+	kc_slots_release(&slots);
+	kc_slots_destroy(&slots);
+
+	/* the pool: one worker runs jobs in the order they were queued */
+	norder = 0;
+	struct kc_pool *p = kc_pool_create(1);
+	CHECK(p != NULL, "a pool of one worker");
+	if (!p)
+		return tap_done();
+	for (long i = 0; i < 8; i++)
+		kc_pool_submit(p, job, (void *)i);
+	kc_pool_destroy(p); /* runs what is queued */
+	int fifo = norder == 8;
+	for (int i = 0; i < norder; i++)
+		fifo &= order[i] == i;
+	CHECK(fifo && atomic_load(&ran) == 8, "queued jobs all ran, in FIFO order");
+	return tap_done();
+}
