@@ -53,6 +53,19 @@ struct memo_slot {
 };
 static struct memo_slot memo[MEMO_SLOTS];
 static pthread_mutex_t memo_mu = PTHREAD_MUTEX_INITIALIZER;
+/* Held while a header of the slots that map to it is read and hashed: jobs that need the
+ * same header at once (a joining node fetches many objects together) read it once, and
+ * the others take the memo's hash. Striped, so that a header that hangs (a -I directory
+ * on a hung NFS) blocks only the jobs that need a header of its stripe. */
+#define HASHING_STRIPES 64
+static pthread_mutex_t hashing[HASHING_STRIPES];
+static pthread_once_t hashing_once = PTHREAD_ONCE_INIT;
+
+static void hashing_init(void)
+{
+	for (int i = 0; i < HASHING_STRIPES; i++)
+		pthread_mutex_init(&hashing[i], NULL);
+}
 static atomic_uint_fast64_t memo_hits, memo_misses;
 
 static size_t memo_slot_of(const char *path)
@@ -75,8 +88,11 @@ static int memo_matches(const struct memo_slot *m, const char *path, const struc
 	       same_time(&m->ctim, &st->st_ctim);
 }
 
-/* The memoized hash of path as st describes it into hex; 1 found, 0 not. */
-static int memo_get(const char *path, const struct stat *st, char hex[KC_SHA256_HEXLEN + 1])
+/* The memoized hash of path as st describes it into hex; 1 found, 0 not. Counted as a
+ * memo hit or miss when count; else (a second look) a hit turns the miss counted by the
+ * first look into a hit. */
+static int memo_get(const char *path, const struct stat *st, char hex[KC_SHA256_HEXLEN + 1],
+		    int count)
 {
 	struct memo_slot *m = &memo[memo_slot_of(path)];
 	pthread_mutex_lock(&memo_mu);
@@ -84,7 +100,12 @@ static int memo_get(const char *path, const struct stat *st, char hex[KC_SHA256_
 	if (hit)
 		memcpy(hex, m->hex, KC_SHA256_HEXLEN + 1);
 	pthread_mutex_unlock(&memo_mu);
-	atomic_fetch_add(hit ? &memo_hits : &memo_misses, 1);
+	if (count) {
+		atomic_fetch_add(hit ? &memo_hits : &memo_misses, 1);
+	} else if (hit) { /* hashed by another job while this one waited: its miss was not */
+		atomic_fetch_sub(&memo_misses, 1);
+		atomic_fetch_add(&memo_hits, 1);
+	}
 	return hit;
 }
 
@@ -137,15 +158,21 @@ static int hash_header(const char *path, char hex[KC_SHA256_HEXLEN + 1], uint64_
 	struct stat st;
 	int fd = -1, pseudo = under(path, "/proc") || under(path, "/sys") || under(path, "/dev");
 	int err = pseudo ? -EACCES : stat(path, &st) != 0 ? -errno : admit(&st, *total);
-	if (!err && !memo_get(path, &st, hex)) {
-		fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
-		err = fd < 0 ? -errno : fstat(fd, &st) != 0 ? -errno : admit(&st, *total);
-		struct timespec changed_before;
-		clock_gettime(CLOCK_REALTIME_COARSE, &changed_before);
-		if (!err && !(err = kc_sha256_fd(fd, hex, NULL)))
-			memo_put(path, &st, &changed_before, hex);
-		if (fd >= 0)
-			close(fd);
+	if (!err && !memo_get(path, &st, hex, 1)) {
+		pthread_mutex_t *stripe = &hashing[memo_slot_of(path) % HASHING_STRIPES];
+		pthread_once(&hashing_once, hashing_init);
+		pthread_mutex_lock(stripe);
+		if (!memo_get(path, &st, hex, 0)) { /* nobody hashed it meanwhile */
+			fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+			err = fd < 0 ? -errno : fstat(fd, &st) != 0 ? -errno : admit(&st, *total);
+			struct timespec changed_before;
+			clock_gettime(CLOCK_REALTIME_COARSE, &changed_before);
+			if (!err && !(err = kc_sha256_fd(fd, hex, NULL)))
+				memo_put(path, &st, &changed_before, hex);
+			if (fd >= 0)
+				close(fd);
+		}
+		pthread_mutex_unlock(stripe);
 	}
 	if (!err)
 		*total += (uint64_t)st.st_size;

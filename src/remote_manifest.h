@@ -19,7 +19,8 @@
  * path, device, inode, size, mtime and ctime are those it had when hashed is not read
  * again; any change to it changes its ctime, so it is hashed anew. A file whose ctime was
  * not yet behind the clock when it was hashed is not memoized (a second write in the same
- * clock tick could leave every stat field as it was).
+ * clock tick could leave every stat field as it was). Jobs that need the same header at
+ * once wait for the one that reads it (striped locks), so it is read once.
  */
 #ifndef KC_REMOTE_MANIFEST_H
 #define KC_REMOTE_MANIFEST_H
