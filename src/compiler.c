@@ -16,9 +16,8 @@
 
 enum { NVCC, NVRTC, LIBNVRTC };
 
-static void stamp_fill(struct kc_file_stamp *s, const char *real, const struct stat *st)
+static void stamp_fill(struct kc_file_stamp *s, const struct stat *st)
 {
-	snprintf(s->real, sizeof(s->real), "%s", real);
 	s->dev = st->st_dev;
 	s->ino = st->st_ino;
 	s->size = st->st_size;
@@ -26,20 +25,20 @@ static void stamp_fill(struct kc_file_stamp *s, const char *real, const struct s
 	s->ctim = st->st_ctim;
 }
 
-/* Stamp of the binary at path. Returns 0 or -errno. */
+/* Stamp of the binary at path: one stat (taken per miss; a realpath would cost a readlink
+ * per component). Returns 0 or -errno. */
 static int stamp_of(const char *path, struct kc_file_stamp *s)
 {
-	char real[PATH_MAX];
 	struct stat st;
-	if (!realpath(path, real) || stat(real, &st) != 0)
+	if (stat(path, &st) != 0)
 		return -errno;
-	stamp_fill(s, real, &st);
+	stamp_fill(s, &st);
 	return 0;
 }
 
 static int stamp_same(const struct kc_file_stamp *a, const struct kc_file_stamp *b)
 {
-	return strcmp(a->real, b->real) == 0 && a->dev == b->dev && a->ino == b->ino &&
+	return a->dev == b->dev && a->ino == b->ino &&
 	       a->size == b->size && a->mtim.tv_sec == b->mtim.tv_sec &&
 	       a->mtim.tv_nsec == b->mtim.tv_nsec && a->ctim.tv_sec == b->ctim.tv_sec &&
 	       a->ctim.tv_nsec == b->ctim.tv_nsec;
@@ -61,7 +60,7 @@ static int digest(const char *path, struct kc_file_stamp *s, char hex[KC_SHA256_
 		err = kc_sha256_fd(fd, hex, NULL);
 	close(fd);
 	if (!err)
-		stamp_fill(s, real, &st);
+		stamp_fill(s, &st);
 	return err;
 }
 

@@ -26,8 +26,9 @@
 #define KC_COMPILER_ID_MAX 512 /* bytes of an identity, with its NUL */
 
 /* What a binary on disk was when its identity was taken. */
+/* The inode a path leads to (symbolic links followed): another binary behind the path, or
+ * a link pointed elsewhere, has another stamp. */
 struct kc_file_stamp {
-	char real[PATH_MAX]; /* the path resolved (realpath); "" when it could not be */
 	dev_t dev;
 	ino_t ino;
 	off_t size;
