@@ -48,18 +48,20 @@ void kc_park(fuse_req_t req, struct kc_inode *pending, struct fuse_file_info *fi
 int kc_sweeper_start(struct kc_fs *fs);
 void kc_sweeper_stop(struct kc_fs *fs);
 
-/* Answers for a pending inode once its entry's cubin is published (ops.c). Return 0 when
- * answered, or -ENOENT without answering when no cubin is published (wait again). */
-int kc_reply_published_attr(fuse_req_t req, struct kc_inode *pending);
+/* Published cubins (cubin.c). */
 
-/* Answer EACCES and return 1 if req comes from a compile (a uid of the daemon's own
- * compile_uids range, or of any default range, another daemon's): a compile has no
- * business on the mount, may not write into it, and would deadlock waiting on a compile
- * there. Else 0. */
-int kc_refuse_compile(fuse_req_t req);
+/* Answer the open of the published cubin of inode in (a published or a pending inode),
+ * opened read-only as fd (consumed): verified against its record (-o verify_keys: against
+ * the entry's name too), with keep_cache and no FLUSH. A corrupt cubin is answered EIO and
+ * the kernel's entry of it invalidated, so that the next open compiles it again. */
+void kc_cubin_open(fuse_req_t req, struct kc_inode *in, int fd, struct fuse_file_info *fi);
+/* Answers for a pending inode once its entry's cubin is published. Return 0 when answered,
+ * or -ENOENT without answering when no cubin is published (wait again). */
+int kc_reply_published_attr(fuse_req_t req, struct kc_inode *pending);
 int kc_reply_published_open(fuse_req_t req, struct kc_inode *pending, struct fuse_file_info *fi);
 
-/* Directory handles (dir.c): opendir, readdir, releasedir, fsyncdir. */
+/* Directory handles (dir.c): opendir (after ops.c refused compiles), readdir, releasedir,
+ * fsyncdir. */
 void kc_dir_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
 void kc_dir_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 		 struct fuse_file_info *fi);

@@ -3,9 +3,10 @@
  *
  * Kernel-entry rules live in the core; what is here is the FUSE side of them:
  *  - lookup of kernel.cubin in an entry is the single-flight point. A lookup that must wait
- *    for a compile is not answered in its worker thread: the request is parked as a waiter
- *    and answered from the compile thread (or with EINTR if its process is being killed),
- *    so waiters hold no FUSE thread and the size the kernel learns is the compiled size;
+ *    for a compile is answered at once with a pending inode; its getattr and open are not
+ *    answered in their worker thread: they are parked as waiters (waiter.c) and answered
+ *    from the compile thread (cubin.c, or EINTR if their process is being killed), so
+ *    waiters hold no FUSE thread and the size the kernel learns is the compiled size;
  *  - kernel.cu, kernel.flags and kernel.cubin opened for writing in an entry go to a private
  *    stage temporary per open, committed at close (flush) or by rename;
  *  - published cubins get long entry/attr timeouts and keep_cache; recipe files timeout 0.
@@ -70,7 +71,11 @@ static double timeout_for(const struct kc_inode *in)
 	return KC_TIMEOUT_PLAIN;
 }
 
-int kc_refuse_compile(fuse_req_t req)
+/* Answer EACCES and return 1 if req comes from a compile (a uid of the daemon's own
+ * compile_uids range, or of any default range, another daemon's): a compile has no
+ * business on the mount, may not write into it, and would deadlock waiting on a compile
+ * there. Else 0. Every operation that starts from a path (lookup, opendir, ...) asks. */
+static int kc_refuse_compile(fuse_req_t req)
 {
 	unsigned first = fs_of(req)->cfg.compile_uids;
 	uid_t uid = fuse_req_ctx(req)->uid;
@@ -660,128 +665,6 @@ static void open_stage(fuse_req_t req, struct fuse_file_info *fi, enum kc_role r
 	fuse_reply_open(req, fi);
 }
 
-/* Serve a published cubin opened as fd (consumed), checked against its record first.
- * keep_cache: the kernel's pages of this inode stay valid (immutable). Replies. */
-static void open_cubin(fuse_req_t req, struct kc_inode *in, int fd, struct fuse_file_info *fi,
-		       int keep_cache)
-{
-	struct kc_fs *fs = fs_of(req);
-	enum kc_role role;
-	int entry_fd = -1;
-	/* The common case, a cubin verified before and unchanged since, needs no entry. */
-	int err = kc_cache_verify_open(&fs->cache, fd, -1);
-	if (err) { /* check again with the entry at hand, so that a bad cubin is dealt with */
-		entry_fd = kc_inode_entry_fd(&fs->inodes, in, &role);
-		err = kc_cache_verify_open(&fs->cache, fd, entry_fd);
-	}
-	if (!err && fs->cfg.verify_keys) { /* the entry's name, now, must say what this is */
-		if (entry_fd < 0)
-			entry_fd = kc_inode_entry_fd(&fs->inodes, in, &role);
-		int v = kc_cache_verify_name(&fs->cache, fd, entry_fd, fuse_req_ctx(req)->uid);
-		if (v) {
-			close(fd);
-			if (entry_fd >= 0)
-				close(entry_fd);
-			return (void)fuse_reply_err(req, -v);
-		}
-	}
-	struct kc_fh *fh = err ? NULL : kc_fh_new(FH_PLAIN, fd);
-
-	if (err && entry_fd >= 0) { /* make the next open look it up (and compile) again */
-		struct stat est;
-		struct kc_inode *entry = fstat(entry_fd, &est) == 0
-						 ? kc_inode_find(&fs->inodes, est.st_dev, est.st_ino)
-						 : NULL;
-		if (entry)
-			kc_notifier_inval_entry(&fs->notifier, kc_inode_ino(&fs->inodes, entry),
-						KC_CUBIN_NAME);
-	}
-	if (entry_fd >= 0)
-		close(entry_fd);
-	if (!fh) {
-		close(fd);
-		return (void)fuse_reply_err(req, err ? -err : ENOMEM);
-	}
-	fi->fh = (uintptr_t)fh;
-	fi->keep_cache = keep_cache;
-	/* Read-only and immutable: the close of this descriptor has nothing to flush, so the
-	 * kernel need not send FLUSH (FOPEN_NOFLUSH, Linux 5.17+; older kernels ignore it). */
-	fi->noflush = 1;
-	atomic_fetch_add(&fs->cache.stats.cubin_opens, 1);
-	ino_t entry_ino = in->pending ? in->ino : in->entry_ino;
-	if (entry_ino)
-		kc_evict_touch(&fs->evict, in->dev, entry_ino);
-	fuse_reply_open(req, fi);
-}
-
-/* Open the published cubin a pending inode stands for. Returns the fd, -ENOENT when none
- * is published (the caller waits again), or -ESTALE when the published one is of another
- * recipe (the entry was re-staged, or compiled by a compiler that replaced the one of this
- * inode's recipe: this inode's cubin is gone; the kernel, answered ESTALE, looks the name
- * up again). On the first success the
- * cubin's bytes are stored in the kernel's page cache of the pending inode, which also
- * sets its size: every later reader (read, mmap, splice) sees the whole file. */
-static int open_published(struct kc_fs *fs, struct kc_inode *pending)
-{
-	int fd = openat(pending->fd, KC_CUBIN_NAME, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-	if (fd < 0)
-		return -errno;
-	if (kc_cache_cubin_recipe_id(fd) != pending->recipe_id) {
-		close(fd);
-		return -ESTALE;
-	}
-	if (!__atomic_exchange_n(&pending->stored, 1, __ATOMIC_SEQ_CST)) {
-		char path[32];
-		kc_fd_path(fd, path);
-		pending->cubin_fd = open(path, O_PATH | O_CLOEXEC);
-		struct stat st;
-		if (fstat(fd, &st) == 0 && st.st_size > 0) {
-			struct fuse_bufvec buf = FUSE_BUFVEC_INIT((size_t)st.st_size);
-			buf.buf[0].flags = FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK;
-			buf.buf[0].fd = fd;
-			buf.buf[0].pos = 0;
-			int err = fuse_lowlevel_notify_store(fs->se, kc_inode_ino(&fs->inodes, pending),
-							     0, &buf, 0);
-			if (err && err != -ENOENT)
-				kc_log(KC_LOG_WARN, "storing a compiled cubin in the kernel: %s",
-				       strerror(-err));
-		}
-	}
-	return fd;
-}
-
-int kc_reply_published_attr(fuse_req_t req, struct kc_inode *pending)
-{
-	struct stat st;
-	int fd = open_published(fs_of(req), pending);
-	if (fd == -ENOENT)
-		return fd;
-	if (fd < 0) /* ESTALE: as in kc_reply_published_open */
-		return (void)fuse_reply_err(req, -fd), 0;
-	int err = fstat(fd, &st) == 0 ? 0 : errno;
-	close(fd);
-	if (err)
-		fuse_reply_err(req, err);
-	else
-		fuse_reply_attr(req, &st, 0);
-	return 0;
-}
-
-int kc_reply_published_open(fuse_req_t req, struct kc_inode *pending, struct fuse_file_info *fi)
-{
-	int fd = open_published(fs_of(req), pending);
-	if (fd == -ENOENT)
-		return fd;
-	/* ESTALE: the recipe this inode stands for was compiled under another identity (a
-	 * compiler replaced during the wait) or re-staged; the kernel looks the name up again
-	 * and opens what it names now (do_filp_open's LOOKUP_REVAL retry). */
-	if (fd < 0)
-		return (void)fuse_reply_err(req, -fd), 0;
-	/* The pending inode's pages are this recipe's cubin (stored above): keep them. */
-	open_cubin(req, pending, fd, fi, 1);
-	return 0;
-}
-
 static void kc_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
 	if (kc_refuse_compile(req))
@@ -838,7 +721,7 @@ static void kc_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	if (fd < 0)
 		return (void)fuse_reply_err(req, errno);
 	if (in->role == KC_ROLE_CUBIN && !in->staging)
-		return open_cubin(req, in, fd, fi, 1);
+		return kc_cubin_open(req, in, fd, fi);
 	struct kc_fh *fh = kc_fh_new(FH_PLAIN, fd);
 	if (!fh) {
 		close(fd);
@@ -1088,6 +971,14 @@ static void kc_init(void *userdata, struct fuse_conn_info *conn)
 		conn->want |= FUSE_CAP_PARALLEL_DIROPS;
 }
 
+/* Directory handles are dir.c's; a compile may not open one. */
+static void kc_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	if (kc_refuse_compile(req))
+		return;
+	kc_dir_open(req, ino, fi);
+}
+
 const struct fuse_lowlevel_ops kc_fs_ops = {
 	.init = kc_init,
 	.lookup = kc_lookup,
@@ -1111,7 +1002,7 @@ const struct fuse_lowlevel_ops kc_fs_ops = {
 	.ioctl = kc_ioctl,
 	.release = kc_release,
 	.fsync = kc_fsync,
-	.opendir = kc_dir_open,
+	.opendir = kc_opendir,
 	.readdir = kc_dir_read,
 	.releasedir = kc_dir_release,
 	.fsyncdir = kc_dir_fsync,

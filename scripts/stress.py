@@ -22,7 +22,7 @@ on any unexpected error or mismatch, or if an entry was compiled more than once.
 
   scripts/stress.py -P 8 -K 16 -I 10               # a short run (CI also runs -c faulty
                                                    # and -c nvcc, see tests/mount/test_stress.py)
-  scripts/stress.py -P 8 -K 64 -I 1000 -c fake     # the long run quoted in the README
+  scripts/stress.py -P 8 -K 64 -I 1000 -c fake     # the long run quoted in doc/testing.md
 """
 import argparse
 import collections

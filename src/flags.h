@@ -1,7 +1,7 @@
 /* flags.h - compiler arguments: the argv container, the kernel.flags reader and the
  * allow-list every argument must pass before it reaches the compiler.
  *
- * The allow-list admits what JIT clients (DeepGEMM: see the README's client sections) pass: language and
+ * The allow-list admits what JIT clients (DeepGEMM: see doc/clients.md) pass: language and
  * optimisation switches, macros, existing include directories, diagnostics, ptxas options
  * and vetted host-compiler options. It refuses anything that names an output, picks a host
  * compiler, runs a program, reads more options from a file, or changes what is produced.

@@ -8,7 +8,7 @@ On a miss in a cache directory on a kcachefs mount, one process of the node take
 kernel's lock (a flock through the mount, node-wide, released by the kernel when its holder
 dies) and compiles; the others wait and load the group it publishes. Off a kcachefs mount it
 is Triton's FileCacheManager unchanged. `python3 -m kcachefs_triton stats DIR` prints the
-counters (README, "Triton").
+counters (doc/clients.md, "Triton").
 
 The manager class is imported on first use, so that the stats command runs without Triton.
 """

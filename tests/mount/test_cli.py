@@ -1,6 +1,5 @@
 """The command line: libfuse conventions, --help, --version, and clear start-up errors."""
 import os
-import re
 import shutil
 import subprocess
 import tempfile
@@ -214,30 +213,6 @@ def test_a_backing_directory_every_user_can_reach_is_warned_about():
     finally:
         m.stop()
         shutil.rmtree(private)
-
-
-MAN = Path(__file__).resolve().parents[2] / "doc" / "kcachefs.1"
-
-
-def test_the_man_page_documents_every_option_and_renders_cleanly(tmp_path):
-    text = MAN.read_text()
-    options = [l.split()[1].split("=")[0] for l in run("--help").stdout.splitlines()
-               if l.startswith("    -o ") and l.split()[1][0].isalpha()]
-    assert len(options) >= 12, options
-    for opt in options:  # kcachefs's own and libfuse's
-        assert re.search(r"^\.(B|BI|BR) (\\-o )?%s\b" % re.escape(opt), text, re.M), \
-            "option %s is not in kcachefs.1" % opt
-    for section in ("SYNOPSIS", "OPTIONS", "THE ON-DISK CONTRACT", "FILES", "EXIT STATUS",
-                    "EXAMPLES", ".kcachefs/stats", ".kcachefs/metrics.prom"):
-        assert section in text, section
-    r = subprocess.run(["groff", "-man", "-ww", "-z", str(MAN)], capture_output=True, text=True)
-    assert r.returncode == 0 and r.stderr == "", r.stderr
-    # meson install puts it where man finds it.
-    build = BUILD
-    r = subprocess.run(["meson", "install", "-C", str(build), "--destdir", str(tmp_path),
-                        "--no-rebuild", "--quiet"], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    assert list(tmp_path.rglob("share/man/man1/kcachefs.1*")), list(tmp_path.rglob("*"))
 
 
 def daemon_messages(tmp_path, options, work):

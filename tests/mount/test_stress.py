@@ -1,4 +1,4 @@
-"""The short configurations of scripts/stress.py (the long one is quoted in the README)."""
+"""The short configurations of scripts/stress.py (the long one is quoted in doc/testing.md)."""
 import subprocess
 import sys
 

@@ -1,5 +1,5 @@
-"""The mount is a real directory tree on local disk with POSIX semantics (the README's
-on-disk contract)."""
+"""The mount is a real directory tree on local disk with POSIX semantics (the mount's
+contract, doc/clients.md)."""
 import errno
 import fcntl
 import os

@@ -1,4 +1,4 @@
-"""Shared nodes (README, "the threat model"): two real Unix users on an allow_other mount, the
+"""Shared nodes (doc/security.md, the threat model): two real Unix users on an allow_other mount, the
 permissions the kernel checks (default_permissions), what nobody can change, and
 -o verify_keys against a poisoned pre-stage."""
 import errno
