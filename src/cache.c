@@ -413,9 +413,13 @@ static void write_log(struct kc_cache *c, int entry_fd, const char *head, const 
 }
 
 /* Publish a compiled, checked cubin (fd, the daemon's temporary tmp_name in tmp/) into the
- * entry. Returns 0, -EAGAIN (the recipe changed meanwhile: nothing published) or -EIO. */
+ * entry; durable: fsync it and the entry, so that a compile survives a power loss. A
+ * fetched cubin is published without (a fetch is cheap to repeat, and its fsyncs were
+ * half of a fetch's time): a power loss may lose it, or leave a torn one, which the record
+ * check at the first lookup after the start (check_published) removes, and it is fetched
+ * again. Returns 0, -EAGAIN (the recipe changed meanwhile: nothing published) or -EIO. */
 static int publish(struct compile_job *j, int fd, const char *tmp_name, const char *label,
-		   uint64_t *bytes)
+		   uint64_t *bytes, int durable)
 {
 	struct kc_cache *c = j->c;
 	struct kc_record rec = {.origin = KC_ORIGIN_COMPILED};
@@ -430,7 +434,7 @@ static int publish(struct compile_job *j, int fd, const char *tmp_name, const ch
 				     j->recipe.flags_len, key);
 	if (!err)
 		err = kc_key_record_write(fd, key);
-	if (!err && (fchmod(fd, 0444) != 0 || fsync(fd) != 0))
+	if (!err && (fchmod(fd, 0444) != 0 || (durable && fsync(fd) != 0)))
 		err = -errno;
 	if (err) {
 		kc_log(KC_LOG_ERR, "%s: cannot prepare cubin for publishing: %s", label,
@@ -466,7 +470,8 @@ static int publish(struct compile_job *j, int fd, const char *tmp_name, const ch
 		kc_log(KC_LOG_ERR, "%s: cannot publish cubin: %s", label, strerror(-err));
 		return -EIO;
 	}
-	kc_store_sync_dir(j->entry_fd);
+	if (durable)
+		kc_store_sync_dir(j->entry_fd);
 	kc_store_clear_rejected(j->entry_fd);
 	return 0;
 }
@@ -479,7 +484,7 @@ static int publish_fetched(struct compile_job *j, struct kc_remote_job *rj, int 
 	char head[1024];
 	uint64_t bytes = 0;
 	int result = kc_write_all(out_fd, rj->obj.cubin, rj->obj.cubin_len) == 0
-			     ? publish(j, out_fd, out_name, label, &bytes)
+			     ? publish(j, out_fd, out_name, label, &bytes, 0)
 			     : -EIO;
 	snprintf(head, sizeof(head), "kcachefs: compile %s: %s from the cluster store (%s), "
 		 "%zu bytes, not compiled here\n", label,
@@ -604,7 +609,7 @@ static int run_compile(struct compile_job *j)
 		       "rejection discarded", label);
 		result = -EAGAIN;
 	} else if (out.status == KC_COMPILE_OK) {
-		result = publish(j, out_fd, out_name, label, &bytes);
+		result = publish(j, out_fd, out_name, label, &bytes, 1);
 		if (result == 0) {
 			atomic_fetch_add(&c->stats.compiles, 1);
 			atomic_fetch_add(&c->stats.published_bytes, bytes);
