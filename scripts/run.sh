@@ -28,7 +28,7 @@ mkdir -p "$backing" "$mnt"
 if ! grep -q " $mnt fuse.kcachefs " /proc/mounts; then
 	build/kcachefs "$backing" "$mnt" ${KCACHEFS_OPTIONS:+-o "$KCACHEFS_OPTIONS"}
 	if [ -S /dev/log ]; then where="daemon logs go to syslog"; else
-		where="no syslog here (/dev/log): daemon logs are lost; run build/kcachefs -f to see them"; fi
+		where="no syslog here (/dev/log): daemon logs are lost; to see them, unmount and run build/kcachefs -f"; fi
 	echo "mounted: kcachefs $backing on $mnt ($where)"
 else
 	echo "already mounted: kcachefs on $mnt"
