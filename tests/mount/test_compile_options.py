@@ -1,6 +1,8 @@
 """The compile options of the mount: jobs, arch, flags, and how the compiler is called."""
 import os
 
+import pytest
+
 from conftest import read_result, run_parallel, sample, write_script
 
 
@@ -17,6 +19,7 @@ def logging_nvcc(tmp_path, delay):
     return nvcc, log
 
 
+@pytest.mark.heavy
 def test_jobs_bounds_concurrent_compiles(mount_factory, tmp_path):
     nvcc, log = logging_nvcc(tmp_path, 0.5)
     m = mount_factory(["nvcc=%s" % nvcc, "jobs=2"])

@@ -8,7 +8,7 @@ from conftest import KCACHEFS, REPO
 
 
 @pytest.mark.parametrize("compiler, shape", [
-    ("fake", ["-P", "8", "-K", "16", "-I", "10"]),
+    pytest.param("fake", ["-P", "8", "-K", "16", "-I", "10"], marks=pytest.mark.heavy),  # faulty: the same and more
     ("faulty", ["-P", "8", "-K", "16", "-I", "5", "-j", "1"]),
     pytest.param("nvcc", ["-P", "4", "-K", "3", "-I", "2"], marks=pytest.mark.heavy),
 ])
