@@ -454,8 +454,6 @@ int kc_remote_tier_fetch(struct kc_remote_tier *t, const char *recipe_hash, int 
 		enum kc_lease_state state = KC_LEASE_NONE;
 		int err = take(t, rj, &state);
 		if (err == 0) {
-			if (saw_holder)
-				atomic_fetch_add(&t->stats->remote_takeovers, 1);
 			rj->holder = 1;
 			/* the last holder may have published between the look and the take */
 			if ((f = look(t, rj)) == FOUND_CUBIN) {
@@ -467,6 +465,8 @@ int kc_remote_tier_fetch(struct kc_remote_tier *t, const char *recipe_hash, int 
 				atomic_fetch_add(&t->stats->remote_hits, 1);
 				return 1;
 			}
+			if (saw_holder) /* a holder went without an object: this node takes over */
+				atomic_fetch_add(&t->stats->remote_takeovers, 1);
 			renewer_start(t, rj);
 			break;
 		}
