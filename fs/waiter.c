@@ -135,23 +135,18 @@ void kc_park(fuse_req_t req, struct kc_inode *pending, struct fuse_file_info *fi
 
 /* The kernel interrupts a request once, on the first signal. A waiter that survives the
  * signal keeps waiting (stat() on a local filesystem does not fail with EINTR); one whose
- * process is being killed, then or later, is let go. Each sweep looks at the interrupted
- * waiters; every KILL_SWEEP_EVERY sweeps at all of them (*all), so that a waiter whose
- * interrupt the daemon did not see (seen once in a full test run: a SIGQUIT'd waiter held
- * until its compile ended) still goes within a second. Checked under the flight table's
+ * process is being killed, then or later, is let go. Checked under the flight table's
  * lock, so the request cannot be answered meanwhile. */
-#define KILL_SWEEP_EVERY 10
 static int killed_waiter(struct kc_waiter *base, void *arg)
 {
 	struct req_waiter *w = (struct req_waiter *)base;
-	const int *all = arg;
-	return (*all || fuse_req_interrupted(w->req)) && being_killed(w->tid);
+	(void)arg;
+	return fuse_req_interrupted(w->req) && being_killed(w->tid);
 }
 
 static void *sweeper(void *arg)
 {
 	struct kc_fs *fs = arg;
-	unsigned sweeps = 0;
 
 	pthread_mutex_lock(&fs->sweep_lock);
 	while (!fs->sweep_stop) {
@@ -164,8 +159,7 @@ static void *sweeper(void *arg)
 		}
 		pthread_cond_timedwait(&fs->sweep_cond, &fs->sweep_lock, &ts);
 		pthread_mutex_unlock(&fs->sweep_lock);
-		int all = ++sweeps % KILL_SWEEP_EVERY == 0;
-		struct kc_waiter *gone = kc_flight_sweep(&fs->cache.flights, killed_waiter, &all);
+		struct kc_waiter *gone = kc_flight_sweep(&fs->cache.flights, killed_waiter, NULL);
 		while (gone) {
 			struct req_waiter *w = (struct req_waiter *)gone;
 			gone = gone->next;
