@@ -74,7 +74,10 @@ def test_descriptor_on_a_re_staged_entry_keeps_its_recipe(mount_factory, tmp_pat
 def test_waiter_killed_by_a_core_dumping_signal_goes_at_once(mount_factory, tmp_path):
     m = mount_factory(["nvcc=%s" % delayed_nvcc(tmp_path, 20)])
     entry = m.stage("vector_add", *sample("vector_add"))
-    no_core = lambda: resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    def no_core():
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        for sig in (signal.SIGQUIT, signal.SIGABRT):  # a shell's background job (`&`) runs
+            signal.signal(sig, signal.SIG_DFL)        # with SIGQUIT ignored, and so would they
     victims = start_openers(entry / "kernel.cubin", 3, preexec_fn=no_core)
     deadline = time.monotonic() + 30
     while m.stats()["waits_total"] < 3:
