@@ -283,22 +283,38 @@ static int expired(const struct lease *l, const struct timespec *now)
 	return end_ns < (long long)now->tv_sec * 1000000000ll + now->tv_nsec;
 }
 
-/* Remove the expired lease file l (read from p) so that it can be taken: rename it to a
- * name of ours, and put it back if what moved is not that file (renewed or replaced in the
- * meantime). Returns 0 or a fault. */
+/* Seconds after which a remover's name (lease_remove_expired) left by a crash is stale. */
+#define GRAVE_STALE_S 10
+
+/* Remove the expired lease file l (read from p) so that it can be taken. The racers that
+ * judged this same file agree on one remover: the first to link it under a name made of
+ * its inode and mtime; the others get EEXIST and leave it. The remover unlinks p only if
+ * that name holds the file judged, so p never vanishes under a lease taken meanwhile (a
+ * rename away and back let a racer link in between: two holders). Returns 0 or a fault. */
 static int lease_remove_expired(struct dir_call *c, const char *p, const struct lease *l)
 {
-	char grave[PATH_MAX + 64];
+	char grave[PATH_MAX + 96];
 	struct stat st;
-	temp_name(p, "stale", grave, sizeof(grave));
-	if (rename(p, grave) != 0)
-		return errno == ENOENT ? 0 : fault(errno);
-	if (stat(grave, &st) == 0 && (st.st_ino != l->st.st_ino || st.st_dev != l->st.st_dev ||
-				      st.st_mtim.tv_sec != l->st.st_mtim.tv_sec ||
-				      st.st_mtim.tv_nsec != l->st.st_mtim.tv_nsec))
-		(void)link(grave, p); /* not the one judged: back, unless another was taken */
+	const char *slash = strrchr(p, '/');
+	snprintf(grave, sizeof(grave), "%.*s/.%s.stale.%llx.%lld.%ld", (int)(slash - p), p,
+		 slash + 1, (unsigned long long)l->st.st_ino, (long long)l->st.st_mtim.tv_sec,
+		 (long)l->st.st_mtim.tv_nsec);
+	if (link(p, grave) != 0) {
+		if (errno == ENOENT)
+			return 0; /* gone meanwhile: link again */
+		if (errno != EEXIST)
+			return fault(errno);
+		struct timespec now; /* another racer removes it; a crashed one's name goes later */
+		if (stat(grave, &st) == 0 && fs_now(c, &now) == 0 &&
+		    st.st_ctim.tv_sec + GRAVE_STALE_S < now.tv_sec)
+			unlink(grave);
+		return 0;
+	}
+	if (stat(grave, &st) == 0 && st.st_ino == l->st.st_ino && st.st_dev == l->st.st_dev &&
+	    st.st_mtim.tv_sec == l->st.st_mtim.tv_sec &&
+	    st.st_mtim.tv_nsec == l->st.st_mtim.tv_nsec)
+		unlink(p); /* the file judged, which no other racer removes now */
 	unlink(grave);
-	(void)c;
 	return 0;
 }
 
