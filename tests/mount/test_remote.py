@@ -255,6 +255,17 @@ def test_malformed_remote_is_a_usage_error(cluster, url, says):
     assert not os.path.ismount(m.mnt)
 
 
+def start_holding(cluster, a, path, **popen):
+    """Open path on node a, whose compile waits at the gate holding the lease; returns
+    the opener once the compile has started."""
+    opener = subprocess.Popen(["cat", str(path)], **popen)
+    deadline = time.monotonic() + 60
+    while not cluster.compiles():
+        assert time.monotonic() < deadline, a.daemon_log()
+        time.sleep(0.05)
+    return opener
+
+
 def test_waiting_for_another_node_takes_no_job_slot(cluster):
     """A node with one job slot whose compile waits for another node's lease still
     compiles a kernel nobody holds at once: waiting holds no slot (and no lease is taken
@@ -265,11 +276,8 @@ def test_waiting_for_another_node_takes_no_job_slot(cluster):
     b = cluster.node("b", ["jobs=1", "remote_wait=120"])
     pa = stage_all(cluster, a, [0])[0]
     pb0, pb1 = stage_all(cluster, b, [0, 1])
-    opener_a = subprocess.Popen(["cat", str(pa)], stdout=subprocess.DEVNULL)
+    opener_a = start_holding(cluster, a, pa, stdout=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
-    while not cluster.compiles():  # a compiles k0, holding its lease, until the gate goes
-        assert time.monotonic() < deadline, a.daemon_log()
-        time.sleep(0.05)
     waiter = run_parallel_background(pb0, 1)[0]
     while b.stats()["remote_lease_waits_total"] < 1:
         assert time.monotonic() < deadline, b.daemon_log()
@@ -292,12 +300,7 @@ def test_lease_holder_killed_mid_compile(cluster):
     b = cluster.node("b", ["remote_lease=2"])
     pa = stage_all(cluster, a, [0])[0]
     pb = stage_all(cluster, b, [0])[0]
-    opener_a = subprocess.Popen(["cat", str(pa)], stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
-    while not cluster.compiles():  # a's compile has started: a holds the lease
-        assert time.monotonic() < deadline, a.daemon_log()
-        time.sleep(0.05)
+    opener_a = start_holding(cluster, a, pa, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     readers = run_parallel_background(pb, 4)
     deadline = time.monotonic() + 60
     while b.stats()["remote_lease_waits_total"] < 1:
@@ -374,11 +377,7 @@ def test_waiter_hedges_after_remote_wait(cluster):
     b = cluster.node("b", ["remote_wait=1"])
     pa = stage_all(cluster, a, [0])[0]
     pb = stage_all(cluster, b, [0])[0]
-    opener_a = subprocess.Popen(["cat", str(pa)], stdout=subprocess.PIPE)
-    deadline = time.monotonic() + 60
-    while not cluster.compiles():
-        assert time.monotonic() < deadline, a.daemon_log()
-        time.sleep(0.05)
+    opener_a = start_holding(cluster, a, pa, stdout=subprocess.PIPE)
     rb = read_result(pb)
     assert rb[0] == "ok"
     s = b.stats()
@@ -423,12 +422,8 @@ def test_rejected_compile_note_frees_waiters(cluster):
     b = cluster.node("b", ["remote_wait=600"])
     pa = a.stage("bad", bad, flags) / "kernel.cubin"
     pb = b.stage("bad", bad, flags) / "kernel.cubin"
-    opener_a = subprocess.Popen(["cat", str(pa)], stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while not cluster.compiles():  # a's compile has started: a holds the lease
-        assert time.monotonic() < deadline, a.daemon_log()
-        time.sleep(0.05)
+    opener_a = start_holding(cluster, a, pa, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             text=True)
     opener_b = subprocess.Popen(["cat", str(pb)], stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
@@ -467,11 +462,8 @@ def test_stop_while_waiting_for_another_node(cluster):
     b = cluster.node("b")
     pa = stage_all(cluster, a, [0])[0]
     pb = stage_all(cluster, b, [0])[0]
-    opener_a = subprocess.Popen(["cat", str(pa)], stdout=subprocess.DEVNULL)
+    opener_a = start_holding(cluster, a, pa, stdout=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
-    while not cluster.compiles():
-        assert time.monotonic() < deadline, a.daemon_log()
-        time.sleep(0.05)
     reader = subprocess.Popen(["cat", str(pb)], stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE)
     while b.stats()["remote_lease_waits_total"] < 1:
