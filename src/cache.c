@@ -136,6 +136,12 @@ static void entry_label(struct kc_cache *c, int entry_fd, char *buf, size_t len)
 	snprintf(buf, len, "%.*s", (int)(len > 1 ? len - 1 : 0), *rel ? rel : "/");
 }
 
+/* The slots that bound compiles, or NULL where the pool's size does (no cluster store). */
+static struct kc_slots *job_slots(struct kc_cache *c)
+{
+	return c->remote ? &c->slots : NULL;
+}
+
 int kc_cache_init(struct kc_cache *c, const struct kc_config *cfg, struct kc_store *store,
 		  struct kc_remote_tier *remote)
 {
@@ -148,8 +154,6 @@ int kc_cache_init(struct kc_cache *c, const struct kc_config *cfg, struct kc_sto
 	pthread_mutex_init(&c->holdoff_lock, NULL);
 	c->remote = remote;
 	kc_slots_init(&c->slots, cfg->jobs);
-	if (remote)
-		c->job_slots = &c->slots;
 	c->pool = kc_pool_create(cfg->jobs + (remote ? KC_REMOTE_WAITERS : 0));
 	return c->pool ? 0 : -errno;
 }
@@ -562,7 +566,7 @@ static int run_compile(struct compile_job *j)
 	}
 	struct kc_remote_job rj;
 	int scratch_fd = -1;
-	if (kc_remote_tier_fetch(c->remote, j->recipe.hash, !nvrtc, c->job_slots, &rj) == 1) {
+	if (kc_remote_tier_fetch(c->remote, j->recipe.hash, !nvrtc, job_slots(c), &rj) == 1) {
 		kc_argv_free(&args);
 		result = publish_fetched(j, &rj, out_fd, out_name, label);
 		kc_remote_job_free(&rj);
@@ -575,8 +579,8 @@ static int run_compile(struct compile_job *j)
 		kc_log(KC_LOG_ERR, "compile %s: cannot create scratch directory: %s", label,
 		       strerror(-scratch_fd));
 		kc_remote_tier_finish(c->remote, &rj, 0, 0, out_fd, NULL, 0);
-		if (c->job_slots)
-			kc_slots_release(c->job_slots);
+		if (job_slots(c))
+			kc_slots_release(job_slots(c));
 		kc_argv_free(&args);
 		close(out_fd);
 		unlinkat(c->store->tmp_fd, out_name, 0);
@@ -617,8 +621,8 @@ static int run_compile(struct compile_job *j)
 	}
 	kc_remote_tier_finish(c->remote, &rj, result == 0, out.status == KC_COMPILE_REJECTED,
 			      out_fd, out.deps, out.deps_len);
-	if (c->job_slots)
-		kc_slots_release(c->job_slots);
+	if (job_slots(c))
+		kc_slots_release(job_slots(c));
 	if (result != 0 && result != -EAGAIN)
 		atomic_fetch_add(&c->stats.compile_failures, 1);
 	const char *kind = out.status == KC_COMPILE_OK
@@ -1057,9 +1061,9 @@ int kc_cache_cubin_pending(struct kc_cache *c, int entry_fd)
 void kc_cache_gauges(struct kc_cache *c, struct kc_stats_gauges *g)
 {
 	kc_pool_load(c->pool, &g->queued, &g->inflight);
-	if (c->job_slots) { /* workers fetch and wait too: count compiles by their slots */
+	if (job_slots(c)) { /* workers fetch and wait too: count compiles by their slots */
 		unsigned waiting;
-		kc_slots_load(c->job_slots, &waiting, &g->inflight);
+		kc_slots_load(job_slots(c), &waiting, &g->inflight);
 		g->queued += waiting;
 	}
 	g->flights = kc_flight_count(&c->flights);

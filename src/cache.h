@@ -27,7 +27,8 @@ struct kc_cache {
 	struct kc_flight_table flights;
 	struct kc_pool *pool;        /* compile workers: cfg->jobs, or with a cluster store
 				      * KC_REMOTE_WAITERS more, bounded by slots */
-	struct kc_slots slots;       /* cfg->jobs compiles at once (with a cluster store) */
+	struct kc_slots slots;       /* cfg->jobs compiles at once; used with a cluster store
+				      * only (without, the pool's size bounds them) */
 	struct kc_stats stats;
 	pthread_mutex_t publish_lock; /* orders publishes against recipe removal */
 	pthread_mutex_t verified_lock;
@@ -37,7 +38,6 @@ struct kc_cache {
 	struct kc_evict *evict;      /* borrowed, may be NULL: told of every publish */
 	atomic_int compiler_changed; /* the compiler identity changed during this mount */
 	struct kc_remote_tier *remote; /* borrowed, may be NULL: the cluster store */
-	struct kc_slots *job_slots;  /* &slots with a cluster store, else NULL (the pool bounds) */
 };
 
 /* Seconds after a compile failed for a passing cause (timeout, killed, out of space) during
