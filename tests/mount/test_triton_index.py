@@ -8,11 +8,13 @@ Most tests need no mount: the manager is told it is on one (its coordination is 
 code); the regressions of issue 20 run through the calls of Triton's compile() on a real one.
 The fuzz is seeded, so a failure is repeated by running it again."""
 import copy
+import fcntl
 import json
 import logging
 import os
 import random
 import sys
+import threading
 
 import pytest
 
@@ -436,7 +438,7 @@ def test_put_group_publishes_only_files_of_its_key_directory(cache, warnings):
     assert cache.get(warnings)[0] == cache.good
 
 
-# ---------------------------------------------------------------- the lock file
+# ---------------------------------------------------------------- the lock file, the counters
 
 def test_a_lock_file_that_is_no_lock_is_refused(cache, warnings):
     os.unlink(cache.index)
@@ -460,3 +462,41 @@ def test_a_lock_file_that_is_no_lock_is_refused(cache, warnings):
     group, said = cache.get(warnings)
     assert group is None and any("not a directory" in m for m in said), said
     assert os.listdir(elsewhere) == []
+
+
+def test_the_counters_believe_only_what_parses(tmp_path):
+    line = "1.000 1 0 %s %s k/add.json"
+    lines = [line % ("compile", "0.500"), line % ("loaded", "nan"), line % ("loaded", "inf"),
+             line % ("loaded", "-1"), line % ("loaded", "1e400"), line % ("bogus", "1"), "x"]
+    s = stats.summarise(lines)
+    assert (s["compiles"], s["loaded"], s["bad_lines"], s["wait_seconds"]) == (1, 0, 6, 0.5), s
+    path = tmp_path / "stats"
+    path.write_bytes((line % ("compile", "1.000")).encode() + b"\xff\n")
+    assert stats.summarise(stats.read(str(path)))["compiles"] == 1
+
+
+def test_the_counters_never_block_or_follow(tmp_path):
+    state = tmp_path / "state"
+    state.mkdir()
+    os.mkfifo(state / stats.STATS)
+    assert isinstance(stats.record(str(state), "compile", 0.0, "k/a.json"), OSError)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    os.symlink(elsewhere, tmp_path / "link")
+    assert isinstance(stats.record(str(tmp_path / "link"), "compile", 0.0, "k/a.json"), OSError)
+    assert os.listdir(elsewhere) == []
+    os.unlink(state / stats.STATS)
+    assert stats.record(str(state), "compile", 0.0, "k/a.json") is None
+    holder = os.open(state / stats.STATS, os.O_RDONLY)  # anyone who may read it may flock it
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        got = []
+        t = threading.Thread(target=lambda: got.append(
+            stats.record(str(state), "compile", 0.0, "k/a.json")), daemon=True)
+        t.start()
+        t.join(60)
+        assert not t.is_alive(), "stats.record waits for a flock held forever"
+        assert isinstance(got[0], OSError), got
+    finally:
+        os.close(holder)
+    t.join(60)
