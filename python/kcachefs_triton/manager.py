@@ -17,7 +17,8 @@ kcachefs mount:
   thread, at exit, and in any case by the waiters' bounded wait;
 - a waiter loads only a complete group, and believes only what it checks: the index (written
   last) a regular file of JSON that names the kernel's metadata file and only plain files of
-  the key directory (none a symlink, FIFO or directory, none outside it), and a record that
+  the key directory, at paths ending in <key>/<file> (only this manager's own path of each is
+  opened: none is a symlink, FIFO or directory, or outside the directory), and a record that
   covers exactly those files, each with the size and SHA-256 it has now. Anything less (an
   index of Triton's own manager, which has no record, included) is a miss with a warning
   that says why, compiled again, never a partial group handed to Triton and never an
@@ -327,14 +328,16 @@ class KcachefsCacheManager(FileCacheManager):
         return "%s/%s" % (os.path.basename(self.cache_dir), filename)
 
     def _own_path(self, child, listed):
-        """The path of child in this key directory; raises _Lie unless child is a plain file
-        name and listed (the group's path of it) names that same file."""
+        """The path of child in this key directory, the only one ever opened or returned;
+        raises _Lie unless child is a plain file name and listed (the group's path of it) ends
+        in <key>/<child>. The root before the key may differ: the writer may have reached the
+        same directory another way (a bind mount in a container, a symlink)."""
         if not _plain_name(child):
             raise _Lie("%.80r is not a file name of the key directory" % (child,))
-        path = self._make_path(child)
-        if not isinstance(listed, str) or os.path.normpath(listed) != os.path.normpath(path):
+        tail = os.sep + os.path.join(os.path.basename(self.cache_dir), child)
+        if not isinstance(listed, str) or not os.path.normpath(listed).endswith(tail):
             raise _Lie("%s is listed at %.200r, not in this key directory" % (child, listed))
-        return path
+        return self._make_path(child)
 
     def _record(self, filename, group):
         """put_group's record {child: [size, sha256 hex]} of every file of group, each a

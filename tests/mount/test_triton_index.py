@@ -253,10 +253,15 @@ def test_lies_of_shape(cache, warnings):
                      "not a file name of the key directory"))
     for data, why in lies:
         check(cache, warnings, data, why)
-    # a path that says the same file another way is the same file
-    same = os.path.join(cache.dir, ".", cubin)
-    assert check(cache, warnings, dict(good, child_paths=dict(children, **{cubin: same}))) == \
-        cache.good
+    lies = [(dict(good, child_paths=dict(children, **{cubin: "/x/%s/%s" % ("L" * 52, cubin)})),
+             "not in this key directory")]  # another kernel's file
+    for data, why in lies:
+        check(cache, warnings, data, why)
+    # a path that names the same file another way (a bind mount elsewhere, a symlink of the
+    # root) is that file: only the manager's own path of it is opened and returned
+    for same in (os.path.join(cache.dir, ".", cubin), "/elsewhere/triton/%s/%s" % (KEY, cubin)):
+        assert check(cache, warnings, dict(good, child_paths=dict(children, **{cubin: same}))) \
+            == cache.good
 
 
 def test_lies_of_the_files_on_disk(cache, warnings):
