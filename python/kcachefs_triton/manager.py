@@ -15,9 +15,14 @@ kcachefs mount:
   A compile that raises never reaches put_group: the lock is released when Triton drops the
   manager (the compile's frame goes), at the next get_group of another kernel in the same
   thread, at exit, and in any case by the waiters' bounded wait;
-- a waiter loads only a complete group: the index written last, every file it lists present,
-  and (for indexes this manager wrote) each file's size and SHA-256 as recorded at put_group.
-  Anything less is a miss, compiled again, never a partial group handed to Triton.
+- a waiter loads only a complete group, and believes only what it checks: the index (written
+  last) a regular file of JSON that names the kernel's metadata file and only plain files of
+  the key directory, at paths ending in <key>/<file> (only this manager's own path of each is
+  opened: none is a symlink, FIFO or directory, or outside the directory), and a record that
+  covers exactly those files, each with the size and SHA-256 it has now. Anything less (an
+  index of Triton's own manager, which has no record, included) is a miss with a warning
+  that says why, compiled again, never a partial group handed to Triton and never an
+  exception out of get_group. put_group publishes only such a group.
 
 The lock files live outside the key directories so that tools which copy a key directory
 whole (Inductor's Triton bundler) never carry or replace them. A lock file may be opened only
@@ -48,6 +53,8 @@ WAIT_ENV = "KCACHEFS_TRITON_WAIT"
 DEFAULT_WAIT_S = 120.0  # longer than most compiles; a stuck holder costs at most this
 POLL_FIRST_S, POLL_MAX_S = 0.01, 0.1
 RECORD = "kcachefs"  # the index's extra field: {child: [size, sha256 hex]}
+INDEX_MAX = 1 << 20  # bytes; an index lists a few files, so a larger one is not an index
+HEX = re.compile(r"[0-9a-f]{64}\Z")
 GROUP_PREFIX = "__grp__"  # Triton's name of a group index
 
 _registry = threading.Lock()  # guards the three tables below
@@ -143,7 +150,8 @@ def _state_dir(root):
         try:
             os.mkdir(d, mode)
         except FileExistsError:
-            pass
+            if not stat.S_ISDIR(os.lstat(d).st_mode):  # a symlink would lead the locks away
+                raise OSError(errno.ENOTDIR, "not a directory", d) from None
     with _registry:
         _state_dirs[root] = path
     return path
@@ -177,12 +185,100 @@ def _forget_after_fork():
 os.register_at_fork(after_in_child=_forget_after_fork)
 
 
-def _digest(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
+class _Lie(ValueError):
+    """Why an index, or a file it names, is not believed (the message says what is wrong)."""
+
+
+def _open_regular(path):
+    """A read descriptor of path, which must be a regular file itself: not a symlink (never
+    followed out of the key directory), a directory, or a FIFO (never blocked on). Raises
+    OSError, or _Lie for another kind of file."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise _Lie("%s is a symlink" % path) from None
+        raise
+    if stat.S_ISREG(os.fstat(fd).st_mode):
+        return fd
+    os.close(fd)
+    raise _Lie("%s is not a regular file" % path)
+
+
+def _read_index(path):
+    """The bytes of the index at path: a regular file of at most INDEX_MAX bytes."""
+    fd = _open_regular(path)
+    try:
+        data = b""
+        while len(data) <= INDEX_MAX:
+            block = os.read(fd, INDEX_MAX + 1 - len(data))
+            if not block:
+                return data
+            data += block
+    finally:
+        os.close(fd)
+    raise _Lie("%s is over %d bytes, not an index" % (path, INDEX_MAX))
+
+
+def _measure(path):
+    """(size in bytes, SHA-256 hex) of the regular file at path, read once through one
+    descriptor. Raises OSError or _Lie (_open_regular)."""
+    fd = _open_regular(path)
+    try:
+        h, size = hashlib.sha256(), 0
+        for block in iter(lambda: os.read(fd, 1 << 20), b""):
             h.update(block)
-    return h.hexdigest()
+            size += len(block)
+    finally:
+        os.close(fd)
+    return size, h.hexdigest()
+
+
+def _no_duplicates(pairs):
+    obj = {}
+    for k, v in pairs:
+        if k in obj:
+            raise _Lie("the key %r appears twice" % k)
+        obj[k] = v
+    return obj
+
+
+def _no_constant(name):
+    raise _Lie("%s is not a JSON number" % name)
+
+
+def _parse(data):
+    """The JSON value of an index's bytes: strict UTF-8, no duplicate key, no NaN/Infinity.
+    Raises _Lie."""
+    try:
+        return json.loads(data.decode("utf-8"), object_pairs_hook=_no_duplicates,
+                          parse_constant=_no_constant)
+    except _Lie:
+        raise
+    except RecursionError:
+        raise _Lie("nested too deeply") from None
+    except ValueError as e:  # not UTF-8, not JSON, an integer of too many digits
+        raise _Lie("not JSON (%s)" % e) from None
+
+
+def _plain_name(child):
+    """Whether child names a file of the key directory itself."""
+    return (isinstance(child, str) and child not in ("", ".", "..") and "/" not in child and
+            "\0" not in child)
+
+
+def _recorded(child, entry):
+    """(size, SHA-256 hex) of a record entry, which must be [size, digest] as put_group
+    writes it: size an int >= 0 (not a bool), digest 64 lower-case hex digits."""
+    if not isinstance(entry, list) or len(entry) != 2:
+        raise _Lie("the record of %s is %.60r, not [size, sha256]" % (child, entry))
+    size, digest = entry
+    if type(size) is not int or size < 0:
+        raise _Lie("the recorded size of %s is %.60r, not a byte count" % (child, size))
+    if not isinstance(digest, str) or not HEX.match(digest):
+        raise _Lie("the recorded sha256 of %s is %.80r, not 64 lower-case hex digits" %
+                   (child, digest))
+    return size, digest
 
 
 class KcachefsCacheManager(FileCacheManager):
@@ -212,12 +308,9 @@ class KcachefsCacheManager(FileCacheManager):
         if not self._coordinated:
             return super().put_group(filename, group)
         try:
-            record = {}
-            for child, path in group.items():
-                try:
-                    record[child] = [os.stat(path).st_size, _digest(path)]
-                except OSError:
-                    pass  # not recorded: a reader finds it missing and compiles again
+            record = self._record(filename, group)
+            if record is None:
+                return None  # no index: the next process misses and compiles it again
             contents = json.dumps({"child_paths": group, RECORD: record})
             return self.put(contents, GROUP_PREFIX + filename, binary=False)
         finally:
@@ -234,35 +327,83 @@ class KcachefsCacheManager(FileCacheManager):
     def _what(self, filename):
         return "%s/%s" % (os.path.basename(self.cache_dir), filename)
 
+    def _own_path(self, child, listed):
+        """The path of child in this key directory, the only one ever opened or returned;
+        raises _Lie unless child is a plain file name and listed (the group's path of it) ends
+        in <key>/<child>. The root before the key may differ: the writer may have reached the
+        same directory another way (a bind mount in a container, a symlink)."""
+        if not _plain_name(child):
+            raise _Lie("%.80r is not a file name of the key directory" % (child,))
+        tail = os.sep + os.path.join(os.path.basename(self.cache_dir), child)
+        if not isinstance(listed, str) or not os.path.normpath(listed).endswith(tail):
+            raise _Lie("%s is listed at %.200r, not in this key directory" % (child, listed))
+        return self._make_path(child)
+
+    def _record(self, filename, group):
+        """put_group's record {child: [size, sha256 hex]} of every file of group, each a
+        regular file of this key directory; None (with a warning) if one is not, so that no
+        index is published that readers would reject."""
+        try:
+            if not isinstance(group, dict):
+                raise _Lie("the group is %.60r, not a dict" % (group,))
+            record = {}
+            for child, path in group.items():
+                record[child] = list(_measure(self._own_path(child, path)))
+            return record
+        except OSError as e:
+            why = "%s: %s" % (e.filename, e.strerror)
+        except _Lie as e:
+            why = str(e)
+        log.warning("not publishing the group %s (%s): the next process compiles it again",
+                    self._what(filename), why)
+        return None
+
     def _complete_group(self, filename):
-        """The group of filename if its index is published and every file it lists is there
-        whole; otherwise None (a miss)."""
+        """The group of filename if its index is published and believed; otherwise None (a
+        miss), with a warning that says why unless there is no index at all."""
         index = self._make_path(GROUP_PREFIX + filename)
         try:
-            with open(index, "rb") as f:
-                data = json.loads(f.read())
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError) as e:
-            log.warning("group index %s unreadable (%s); compiling the kernel again", index, e)
-            return None
-        children = data.get("child_paths") if isinstance(data, dict) else None
+            return self._verified_group(filename, index)
+        except FileNotFoundError as e:
+            if e.filename == index:
+                return None  # not published (yet)
+            log.warning("group index %s: %s is missing; compiling the kernel again", index,
+                        e.filename)
+        except OSError as e:
+            log.warning("group index %s: %s: %s; compiling the kernel again", index,
+                        e.filename, e.strerror)
+        except _Lie as e:
+            log.warning("group index %s: %s; compiling the kernel again", index, e)
+        return None
+
+    def _verified_group(self, filename, index):
+        """The group the index at path index publishes, believed only as far as it is
+        checked: a JSON object whose child_paths names filename itself and only files of this
+        key directory, and whose record (RECORD) holds exactly those files, each with the
+        size and SHA-256 it has on disk now. An index without the record (written by Triton's
+        own manager) is not believed: its files could be anything. Returns {child: path}, the
+        paths this manager checked; raises OSError or _Lie."""
+        data = _parse(_read_index(index))
+        if not isinstance(data, dict):
+            raise _Lie("not a JSON object")
+        children, record = data.get("child_paths"), data.get(RECORD)
         if not isinstance(children, dict):
-            return None
-        record = data.get(RECORD)
-        record = record if isinstance(record, dict) else {}
-        for child, path in children.items():
-            try:
-                size = os.stat(path).st_size
-                want = record.get(child)
-                if want is not None and (size != want[0] or _digest(path) != want[1]):
-                    log.warning("%s of group %s is not what was published; compiling again",
-                                path, index)
-                    return None
-            except OSError:
-                log.warning("%s of group %s is missing; compiling the kernel again", path, index)
-                return None
-        return dict(children)
+            raise _Lie("child_paths is %.60r, not an object" % (children,))
+        if filename not in children:
+            raise _Lie("the group does not list %s itself" % filename)
+        if not isinstance(record, dict):
+            raise _Lie("the %r record of sizes and digests is %.60r (not written by this "
+                       "manager)" % (RECORD, record))
+        if set(record) != set(children):
+            raise _Lie("the record covers %s but the group names %s" %
+                       (sorted(record), sorted(children)))
+        want = {self._own_path(c, p): _recorded(c, record[c]) for c, p in children.items()}
+        for path, (size, digest) in want.items():
+            got = _measure(path)
+            if got != (size, digest):
+                raise _Lie("%s is not what was published (%d bytes, recorded %d; sha256 %s, "
+                           "recorded %s)" % (path, got[0], size, got[1][:16], digest[:16]))
+        return {c: self._make_path(c) for c in children}
 
     def _miss(self, filename):
         what = self._what(filename)
@@ -332,12 +473,17 @@ class KcachefsCacheManager(FileCacheManager):
     def _open_lock(self, path):
         """The lock file's descriptor. Created 0600 plus the group/other write bits of the
         cache root, so only those who may write the root (and its compiled kernels) can lock
-        it; an existing one of another user in a shared root is opened read-only."""
+        it; an existing one of another user in a shared root is opened read-only. A symlink, or
+        anything but a regular file, is refused (OSError): it is no lock of ours."""
         root_mode = os.stat(os.path.dirname(self.cache_dir)).st_mode
         mode = 0o600 | (0o060 if root_mode & stat.S_IWGRP else 0) | (
             0o006 if root_mode & stat.S_IWOTH else 0)
-        flags = os.O_CLOEXEC | os.O_NOFOLLOW
+        flags = os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK  # never a FIFO's open to block
         try:
-            return os.open(path, os.O_RDWR | os.O_CREAT | flags, mode)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | flags, mode)
         except PermissionError:
-            return os.open(path, os.O_RDONLY | flags)
+            fd = os.open(path, os.O_RDONLY | flags)
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            return fd
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", path)

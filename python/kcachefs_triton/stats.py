@@ -10,34 +10,67 @@ Events:
   nolock   the lock file could not be opened (permissions): it compiled without the lock
 A hit needs no lock and is not recorded.
 """
+import errno
 import fcntl
+import math
 import os
+import stat
 import sys
 import time
 
 DIRNAME = ".kcachefs-triton"
 STATS = "stats"
 EVENTS = ("compile", "loaded", "timeout", "nolock")
+LOCK_WAIT_S = 2.0  # longest wait for the stats file's flock (an append takes microseconds)
 
 
 def record(state_dir, event, waited_s, what):
-    """Append one event line; a failure (a read-only or foreign directory) is returned as the
-    OSError, never raised: the counters must not break a compile."""
+    """Append one event line; a failure (a read-only or foreign directory, a state directory
+    or stats file that is a symlink or not what it should be, the file's flock held past
+    LOCK_WAIT_S) is returned as the OSError, never raised: the counters must not break or
+    stall a compile."""
     line = "%.3f %d %d %s %.3f %s\n" % (time.time(), os.getpid(), os.getuid(), event, waited_s,
                                         what)
     try:
-        fd = os.open(os.path.join(state_dir, STATS),
-                     os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        fd = _open_stats(state_dir)
     except OSError as e:
         return e
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        _lock(fd, fcntl.LOCK_EX)
         os.write(fd, line.encode())
     except OSError as e:
         return e
     finally:
         os.close(fd)  # releases the flock
     return None
+
+
+def _open_stats(state_dir):
+    """The stats file of state_dir opened to append: neither a symlink, and the file a
+    regular one (a FIFO would block the open, a directory take no line)."""
+    nofollow = os.O_CLOEXEC | os.O_NOFOLLOW
+    dfd = os.open(state_dir, os.O_RDONLY | os.O_DIRECTORY | nofollow)
+    try:
+        fd = os.open(STATS, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | nofollow,
+                     0o644, dir_fd=dfd)
+    finally:
+        os.close(dfd)
+    if stat.S_ISREG(os.fstat(fd).st_mode):
+        return fd
+    os.close(fd)
+    raise OSError(errno.EINVAL, "not a regular file", os.path.join(state_dir, STATS))
+
+
+def _lock(fd, how):
+    """flock fd, waiting at most LOCK_WAIT_S (whoever may read the file may hold it)."""
+    deadline = time.monotonic() + LOCK_WAIT_S
+    while True:
+        try:
+            return fcntl.flock(fd, how | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise OSError(errno.EWOULDBLOCK, "its flock is held by another process") from None
+            time.sleep(0.01)
 
 
 def summarise(lines):
@@ -53,6 +86,8 @@ def summarise(lines):
         try:
             waited = float(f[4])
         except ValueError:
+            waited = -1.0
+        if not 0 <= waited < math.inf:  # also NaN
             s["bad_lines"] += 1
             continue
         event = f[3]
@@ -97,10 +132,11 @@ def stats_files(paths):
 
 
 def read(path):
-    """The lines of one stats file, read under a shared flock (no half-appended line)."""
-    with open(path) as f:
-        fcntl.flock(f.fileno(), fcntl.LOCK_SH)
-        return f.read().splitlines()
+    """The lines of one stats file, read under a shared flock (no half-appended line); bytes
+    that are not UTF-8 (a file someone edited) are replaced, so such a line is a bad one."""
+    with open(path, "rb") as f:
+        _lock(f.fileno(), fcntl.LOCK_SH)
+        return f.read().decode("utf-8", "replace").splitlines()
 
 
 def main(argv):
