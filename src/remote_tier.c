@@ -282,17 +282,24 @@ static void *renew_loop(void *arg)
 	unsigned every = r->t->lease_ms / 3 ? r->t->lease_ms / 3 : 1;
 	if (every > KC_REMOTE_RENEW_MS)
 		every = KC_REMOTE_RENEW_MS;
+	int lost = 0; /* taken over: nothing left to renew */
 	pthread_mutex_lock(&r->mu);
 	while (!r->stop) {
 		struct timespec until = deadline_after(every);
+		if (lost) {
+			pthread_cond_wait(&r->cv, &r->mu);
+			continue;
+		}
 		if (pthread_cond_timedwait(&r->cv, &r->mu, &until) != ETIMEDOUT || r->stop)
 			continue;
 		pthread_mutex_unlock(&r->mu);
 		int err = r->t->b->ops->lease_renew(r->t->b, r->key, r->token, r->t->lease_ms);
 		outcome(r->t, FAULT_LEASE, err, 0, "renewal");
-		if (err == -ENOLCK)
+		if (err == -ENOLCK) {
 			kc_log(KC_LOG_INFO, "cluster store: lease on %.16s was taken over while "
 			       "compiling", r->key);
+			lost = 1;
+		}
 		pthread_mutex_lock(&r->mu);
 	}
 	pthread_mutex_unlock(&r->mu);
