@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "hash.h"
 #include "io.h"
 #include "log.h"
 #include "remote_object.h"
@@ -335,19 +336,35 @@ static int lease_gone(struct dir_call *c, const struct lease *l, const struct ti
 /* Seconds after which a remover's name (lease_remove_expired) left by a crash is stale. */
 #define GRAVE_STALE_S 10
 
-/* Remove the lease file l that counts as gone (read from p) so that it can be taken. The racers that
- * judged this same file agree on one remover: the first to link it under a name made of
- * its inode and mtime; the others get EEXIST and leave it. The remover unlinks p only if
- * that name holds the file judged, so p never vanishes under a lease taken meanwhile (a
- * rename away and back let a racer link in between: two holders). Returns 0 or a fault. */
+/* Whether the file at p holds exactly the bytes of l (which bear a random token and the
+ * holder's counter: the same lease, not renewed since). */
+static int same_bytes(const char *p, const struct lease *l)
+{
+	char buf[LEASE_BYTES];
+	int fd = open(p, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+	if (fd < 0)
+		return 0;
+	ssize_t n = pread(fd, buf, sizeof(buf) - 1, 0);
+	close(fd);
+	return n == (ssize_t)l->len && memcmp(buf, l->body, l->len) == 0;
+}
+
+/* Remove the lease file l that counts as gone (read from p) so that it can be taken. The
+ * racers that judged the same bytes agree on one remover, whatever node they are on: the
+ * first to link it under a name made of the SHA-256 of those bytes (not of its inode or
+ * mtime, which a network filesystem such as sshfs numbers and caches per client); the
+ * others get EEXIST and leave it. The remover unlinks p only if that name holds the bytes
+ * judged, so p never vanishes under a lease taken or renewed meanwhile (a rename away and
+ * back let a racer link in between: two holders). Returns 0 or a fault. */
 static int lease_remove_expired(struct dir_call *c, const char *p, const struct lease *l)
 {
-	char grave[PATH_MAX + 96];
+	char grave[PATH_MAX + 96], sum[KC_SHA256_HEXLEN + 1];
 	struct stat st;
 	const char *slash = strrchr(p, '/');
-	snprintf(grave, sizeof(grave), "%.*s/.%s.stale.%llx.%lld.%ld", (int)(slash - p), p,
-		 slash + 1, (unsigned long long)l->st.st_ino, (long long)l->st.st_mtim.tv_sec,
-		 (long)l->st.st_mtim.tv_nsec);
+	if (kc_sha256_buf(l->body, l->len, sum) != 0)
+		return -ENOMEM;
+	snprintf(grave, sizeof(grave), "%.*s/.%s.stale.%.32s", (int)(slash - p), p, slash + 1,
+		 sum);
 	if (link(p, grave) != 0) {
 		if (errno == ENOENT)
 			return 0; /* gone meanwhile: link again */
@@ -359,9 +376,7 @@ static int lease_remove_expired(struct dir_call *c, const char *p, const struct 
 			unlink(grave);
 		return 0;
 	}
-	if (stat(grave, &st) == 0 && st.st_ino == l->st.st_ino && st.st_dev == l->st.st_dev &&
-	    st.st_mtim.tv_sec == l->st.st_mtim.tv_sec &&
-	    st.st_mtim.tv_nsec == l->st.st_mtim.tv_nsec)
+	if (same_bytes(grave, l))
 		unlink(p); /* the file judged, which no other racer removes now */
 	unlink(grave);
 	return 0;
