@@ -22,7 +22,8 @@
 
 /* A held lease file as a taker last read it, and since when (this node's monotonic clock)
  * it has read the same bytes: unchanged for KC_REMOTE_ALIVE_MS, its holder is dead. */
-#define SEEN_SLOTS 64
+#define SEEN_SLOTS 256 /* more than a node's waiting jobs (KC_REMOTE_WAITERS + jobs); a
+			* slot reused too early only delays judging a holder dead */
 #define LEASE_BYTES 256 /* a lease file's bytes read, at most */
 struct seen_slot {
 	char key[KC_REMOTE_KEYLEN + 1]; /* "" unused */
@@ -254,9 +255,9 @@ struct lease {
 	struct stat st;
 };
 
-/* Open and read the lease file at p and check its record (a file that does not check is
- * !valid: absent to every judge), open for mode (O_RDONLY, or O_RDWR to renew). Returns the open fd (the caller closes it) or a fault
- * (-ENOENT: no lease). */
+/* Open the lease file at p for mode (O_RDONLY, or O_RDWR to renew), read it and check its
+ * record (a file that does not check is !valid: absent to every judge). Returns the open
+ * fd (the caller closes it) or a fault (-ENOENT: no lease). */
 static int lease_read(struct dir_call *c, const char *p, int mode, struct lease *l)
 {
 	char why[200];
