@@ -17,7 +17,18 @@
  *
  * Leases follow Redis's documented single-instance lock: the value is a random token of
  * the taker's, set only if absent, with an expiry; renewed and released only by the
- * holder of the token (compare-and-act, atomically on the store).
+ * holder of the token (compare-and-act, atomically on the store). A lease or failure note
+ * is stored as a record of remote_object.h (kc_lease_record): signed with the -o remote_key
+ * secret when the backend has one, its ttl bounded. A record that does not check (unsigned
+ * or badly signed with a key, malformed, claiming a ttl over the bound, a Redis key without
+ * a TTL, a dir: file whose mtime is more than KC_REMOTE_SKEW_MS ahead of the store's clock)
+ * is treated as absent: a take replaces it, atomically (one taker among racers).
+ *
+ * Liveness: a holder's renewal (every KC_REMOTE_RENEW_MS, remote_tier.c) also proves that
+ * it lives. A held lease whose holder has not been heard from for KC_REMOTE_ALIVE_MS is
+ * dead, whatever its ttl: a take replaces it at once. Redis keeps a short-TTL liveness key
+ * beside the lease; a dir: lease file carries a counter the holder bumps, which takers
+ * watch change by their own monotonic clock (no clock is compared across nodes).
  */
 #ifndef KC_REMOTE_H
 #define KC_REMOTE_H
@@ -26,6 +37,10 @@
 
 #define KC_REMOTE_KEYLEN 64    /* hex digits of an object key */
 #define KC_REMOTE_TOKENLEN 32  /* hex digits of a lease token */
+#define KC_REMOTE_RENEW_MS 1000 /* a holder renews its lease (and proves it lives) this often */
+#define KC_REMOTE_ALIVE_MS 3000 /* a holder not heard from for this long is dead */
+#define KC_REMOTE_SKEW_MS 2000  /* clock difference allowed between a dir: store's writers */
+#define KC_REMOTE_RECORD_MAX_MS 86400000u /* the default bound of a record's ttl */
 
 /* What a lease peek sees. */
 enum kc_lease_state {
@@ -35,6 +50,7 @@ enum kc_lease_state {
 };
 
 struct kc_remote_backend;
+struct kc_object_secret;
 
 struct kc_remote_backend_ops {
 	/* The object under key: 0 and *data (malloc'd, owned by the caller) / *len; -ENOENT
@@ -65,6 +81,11 @@ struct kc_remote_backend_ops {
 struct kc_remote_backend {
 	const struct kc_remote_backend_ops *ops;
 	unsigned timeout_ms; /* bound of each operation (-o remote_timeout=) */
+	/* How lease records are signed and checked; set by the opener before the first lease
+	 * operation (kc_remote_backend_open sets no secret and KC_REMOTE_RECORD_MAX_MS). */
+	const struct kc_object_secret *secret; /* borrowed; NULL or len 0: unsigned records */
+	unsigned held_max_ms; /* a lease record claiming a longer ttl is ignored (ms) */
+	unsigned note_max_ms; /* a failure note claiming a longer ttl is ignored (ms) */
 };
 
 /* Open the backend that url names (-o remote=): "dir:PATH", "redis://HOST[:PORT][/DB]",

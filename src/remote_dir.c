@@ -15,8 +15,22 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "hash.h"
 #include "io.h"
 #include "log.h"
+#include "remote_object.h"
+
+/* A held lease file as a taker last read it, and since when (this node's monotonic clock)
+ * it has read the same bytes: unchanged for KC_REMOTE_ALIVE_MS, its holder is dead. */
+#define SEEN_SLOTS 256 /* more than a node's waiting jobs (KC_REMOTE_WAITERS + jobs); a
+			* slot reused too early only delays judging a holder dead */
+#define LEASE_BYTES 256 /* a lease file's bytes read, at most */
+struct seen_slot {
+	char key[KC_REMOTE_KEYLEN + 1]; /* "" unused */
+	char body[LEASE_BYTES];
+	size_t len;
+	int64_t since_ms;
+};
 
 struct dir_backend {
 	struct kc_remote_backend base;
@@ -25,6 +39,8 @@ struct dir_backend {
 	char clock[PATH_MAX];   /* leases/.clock.<host>.<pid> */
 	atomic_int refs;        /* the opener's and each running operation's */
 	atomic_int abandoned;   /* operations still stuck after their caller timed out */
+	pthread_mutex_t seen_mu;
+	struct seen_slot seen[SEEN_SLOTS]; /* held leases this node waits on, as last read */
 };
 
 enum dir_op { OP_GET, OP_PUT, OP_TAKE, OP_RENEW, OP_RELEASE, OP_PEEK };
@@ -49,6 +65,7 @@ static void backend_put(struct dir_backend *d)
 {
 	if (atomic_fetch_sub(&d->refs, 1) == 1) {
 		unlink(d->clock);
+		pthread_mutex_destroy(&d->seen_mu);
 		free(d->root);
 		free(d);
 	}
@@ -231,74 +248,124 @@ static int fs_now(struct dir_call *c, struct timespec *now)
 }
 
 struct lease {
-	enum kc_lease_state state;
-	char token[KC_REMOTE_TOKENLEN + 1];
-	unsigned ms;       /* its ttl */
+	int valid;         /* the record checks (kc_lease_check) */
+	struct kc_lease_seen seen;
+	char body[LEASE_BYTES];
+	size_t len;
 	struct stat st;
 };
 
-/* Parse a lease file's bytes; something else (garbage) is a held lease of ttl 0: expired
- * once the filesystem's clock passes its mtime. */
-static void lease_parse(const char *buf, struct lease *l)
+/* Open the lease file at p for mode (O_RDONLY, or O_RDWR to renew), read it and check its
+ * record (a file that does not check is !valid: absent to every judge). Returns the open
+ * fd (the caller closes it) or a fault (-ENOENT: no lease). */
+static int lease_read(struct dir_call *c, const char *p, int mode, struct lease *l)
 {
-	char what[8], tok[KC_REMOTE_TOKENLEN + 2];
-	unsigned ms;
-	l->state = KC_LEASE_HELD;
-	l->token[0] = '\0';
-	l->ms = 0;
-	if (sscanf(buf, "%7s %33s %u", what, tok, &ms) != 3 ||
-	    !valid_hex(tok, KC_REMOTE_TOKENLEN))
-		return;
-	if (strcmp(what, "failed") == 0)
-		l->state = KC_LEASE_FAILED;
-	else if (strcmp(what, "held") != 0)
-		return;
-	strcpy(l->token, tok);
-	l->ms = ms;
-}
-
-/* Open and read the lease file at p. Returns the open fd (the caller closes it) or a
- * fault (-ENOENT: no lease). */
-static int lease_read(const char *p, struct lease *l)
-{
-	char buf[128];
-	int fd = open(p, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+	char why[200];
+	int fd = open(p, mode | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
 	if (fd < 0)
 		return fault(errno);
-	ssize_t n = fstat(fd, &l->st) == 0 ? pread(fd, buf, sizeof(buf) - 1, 0) : -1;
+	ssize_t n = fstat(fd, &l->st) == 0 ? pread(fd, l->body, sizeof(l->body) - 1, 0) : -1;
 	if (n < 0) {
 		int err = fault(errno);
 		close(fd);
 		return err;
 	}
-	buf[n] = '\0';
-	lease_parse(buf, l);
+	l->body[n] = '\0';
+	l->len = (size_t)n;
+	const struct kc_remote_backend *b = &c->d->base;
+	int err = kc_lease_check(b->secret, c->key, l->body, l->len, b->held_max_ms,
+				 b->note_max_ms, &l->seen, why, sizeof(why));
+	l->valid = err == 0;
+	if (err == -EBADMSG)
+		kc_log(KC_LOG_DEBUG, "remote: lease %.16s ignored: %s", c->key, why);
 	return fd;
 }
 
-static int expired(const struct lease *l, const struct timespec *now)
+static int64_t mono_ms(void)
 {
-	long long end_ns = (long long)l->st.st_mtim.tv_sec * 1000000000ll +
-			   l->st.st_mtim.tv_nsec + (long long)l->ms * 1000000ll;
-	return end_ns < (long long)now->tv_sec * 1000000000ll + now->tv_nsec;
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
+
+/* Whether the holder of the held lease l on key lives: 1 while its bytes (with the counter
+ * its renewals bump) change within KC_REMOTE_ALIVE_MS of this node's clock; the first
+ * reading of a lease counts as a change. */
+static int holder_lives(struct dir_backend *d, const char *key, const struct lease *l)
+{
+	int64_t now = mono_ms();
+	struct seen_slot *slot = NULL, *spare = &d->seen[0];
+	int lives = 1;
+	pthread_mutex_lock(&d->seen_mu);
+	for (int i = 0; i < SEEN_SLOTS && !slot; i++) {
+		struct seen_slot *e = &d->seen[i];
+		if (strcmp(e->key, key) == 0)
+			slot = e;
+		else if (spare->key[0] && (!e->key[0] || e->since_ms < spare->since_ms))
+			spare = e; /* an unused slot, else the one read longest ago */
+	}
+	if (slot && slot->len == l->len && memcmp(slot->body, l->body, l->len) == 0) {
+		lives = now - slot->since_ms < KC_REMOTE_ALIVE_MS;
+	} else {
+		slot = slot ? slot : spare;
+		strcpy(slot->key, key);
+		memcpy(slot->body, l->body, l->len);
+		slot->len = l->len;
+		slot->since_ms = now;
+	}
+	pthread_mutex_unlock(&d->seen_mu);
+	return lives;
+}
+
+/* Whether the lease l counts as absent at the store's time now: a record that does not
+ * check, an mtime further ahead than the clock skew allows, an expiry passed, or a holder
+ * that no longer lives. */
+static int lease_gone(struct dir_call *c, const struct lease *l, const struct timespec *now)
+{
+	long long mtime = (long long)l->st.st_mtim.tv_sec * 1000000000ll + l->st.st_mtim.tv_nsec;
+	long long now_ns = (long long)now->tv_sec * 1000000000ll + now->tv_nsec;
+	if (!l->valid || mtime > now_ns + KC_REMOTE_SKEW_MS * 1000000ll ||
+	    mtime + (long long)l->seen.ttl_ms * 1000000ll < now_ns)
+		return 1;
+	return l->seen.state == KC_LEASE_HELD && !holder_lives(c->d, c->key, l);
+}
+
+/* A lease file's bytes: its record, then the liveness counter its holder bumps. */
+#define ALIVE_LINE "\nalive "
+#define ALIVE_DIGITS 16
 
 /* Seconds after which a remover's name (lease_remove_expired) left by a crash is stale. */
 #define GRAVE_STALE_S 10
 
-/* Remove the expired lease file l (read from p) so that it can be taken. The racers that
- * judged this same file agree on one remover: the first to link it under a name made of
- * its inode and mtime; the others get EEXIST and leave it. The remover unlinks p only if
- * that name holds the file judged, so p never vanishes under a lease taken meanwhile (a
- * rename away and back let a racer link in between: two holders). Returns 0 or a fault. */
+/* Whether the file at p holds exactly the bytes of l (which bear a random token and the
+ * holder's counter: the same lease, not renewed since). */
+static int same_bytes(const char *p, const struct lease *l)
+{
+	char buf[LEASE_BYTES];
+	int fd = open(p, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+	if (fd < 0)
+		return 0;
+	ssize_t n = pread(fd, buf, sizeof(buf) - 1, 0);
+	close(fd);
+	return n == (ssize_t)l->len && memcmp(buf, l->body, l->len) == 0;
+}
+
+/* Remove the lease file l that counts as gone (read from p) so that it can be taken. The
+ * racers that judged the same bytes agree on one remover, whatever node they are on: the
+ * first to link it under a name made of the SHA-256 of those bytes (not of its inode or
+ * mtime, which a network filesystem such as sshfs numbers and caches per client); the
+ * others get EEXIST and leave it. The remover unlinks p only if that name holds the bytes
+ * judged, so p never vanishes under a lease taken or renewed meanwhile (a rename away and
+ * back let a racer link in between: two holders). Returns 0 or a fault. */
 static int lease_remove_expired(struct dir_call *c, const char *p, const struct lease *l)
 {
-	char grave[PATH_MAX + 96];
+	char grave[PATH_MAX + 96], sum[KC_SHA256_HEXLEN + 1];
 	struct stat st;
 	const char *slash = strrchr(p, '/');
-	snprintf(grave, sizeof(grave), "%.*s/.%s.stale.%llx.%lld.%ld", (int)(slash - p), p,
-		 slash + 1, (unsigned long long)l->st.st_ino, (long long)l->st.st_mtim.tv_sec,
-		 (long)l->st.st_mtim.tv_nsec);
+	if (kc_sha256_buf(l->body, l->len, sum) != 0)
+		return -ENOMEM;
+	snprintf(grave, sizeof(grave), "%.*s/.%s.stale.%.32s", (int)(slash - p), p, slash + 1,
+		 sum);
 	if (link(p, grave) != 0) {
 		if (errno == ENOENT)
 			return 0; /* gone meanwhile: link again */
@@ -310,23 +377,34 @@ static int lease_remove_expired(struct dir_call *c, const char *p, const struct 
 			unlink(grave);
 		return 0;
 	}
-	if (stat(grave, &st) == 0 && st.st_ino == l->st.st_ino && st.st_dev == l->st.st_dev &&
-	    st.st_mtim.tv_sec == l->st.st_mtim.tv_sec &&
-	    st.st_mtim.tv_nsec == l->st.st_mtim.tv_nsec)
+	if (same_bytes(grave, l))
 		unlink(p); /* the file judged, which no other racer removes now */
 	unlink(grave);
 	return 0;
 }
 
+/* The bytes of a new lease file of state for c's key and token, ttl c->ms, into body.
+ * Returns their length or -EINVAL / -ENOMEM. */
+static int lease_body(struct dir_call *c, enum kc_lease_state state, char body[LEASE_BYTES])
+{
+	int n = kc_lease_record(c->d->base.secret, c->key, state, c->token, c->ms, body);
+	if (n < 0)
+		return n;
+	return n + snprintf(body + n, LEASE_BYTES - (size_t)n, ALIVE_LINE "%0*x\n", ALIVE_DIGITS,
+			    0);
+}
+
 static int dir_take(struct dir_call *c)
 {
-	char p[PATH_MAX], tmp[PATH_MAX + 64], body[128];
+	char p[PATH_MAX], tmp[PATH_MAX + 64], body[LEASE_BYTES];
+	int n = lease_body(c, KC_LEASE_HELD, body);
+	if (n < 0)
+		return n;
 	int err = make_dirs(c->d, "leases", c->key);
 	if (err)
 		return err;
 	path_of(c->d, "leases", c->key, c->key, p, sizeof(p));
 	temp_name(p, "new", tmp, sizeof(tmp));
-	int n = snprintf(body, sizeof(body), "held %s %u\n", c->token, c->ms);
 	err = write_temp(tmp, body, (size_t)n, 0644);
 	if (err)
 		return err;
@@ -342,7 +420,7 @@ static int dir_take(struct dir_call *c)
 		}
 		struct lease l;
 		struct timespec now;
-		int fd = lease_read(p, &l);
+		int fd = lease_read(c, p, O_RDONLY, &l);
 		if (fd == -ENOENT)
 			continue; /* released meanwhile: link again */
 		if (fd < 0) {
@@ -354,8 +432,8 @@ static int dir_take(struct dir_call *c)
 			err = r;
 			break;
 		}
-		if (!expired(&l, &now)) {
-			c->state = l.state;
+		if (!lease_gone(c, &l, &now)) {
+			c->state = l.seen.state;
 			err = -EBUSY;
 			break;
 		}
@@ -373,10 +451,11 @@ static int dir_take(struct dir_call *c)
 static int lease_ours(struct dir_call *c, char *p, size_t plen, struct lease *l)
 {
 	path_of(c->d, "leases", c->key, c->key, p, plen);
-	int fd = lease_read(p, l);
+	int fd = lease_read(c, p, O_RDWR, l);
 	if (fd == -ENOENT)
 		return -ENOLCK;
-	if (fd >= 0 && (l->state != KC_LEASE_HELD || strcmp(l->token, c->token) != 0)) {
+	if (fd >= 0 && (!l->valid || l->seen.state != KC_LEASE_HELD ||
+			strcmp(l->seen.token, c->token) != 0)) {
 		close(fd);
 		return -ENOLCK;
 	}
@@ -390,15 +469,27 @@ static int dir_renew(struct dir_call *c)
 	int fd = lease_ours(c, p, sizeof(p), &l);
 	if (fd < 0)
 		return fd;
-	/* the ttl recorded at take stands; touching the file we checked moves its expiry */
-	int err = futimens(fd, NULL) == 0 ? 0 : fault(errno);
+	/* the ttl recorded at take stands; bumping the liveness counter of the file we checked
+	 * (in place: same length, same inode) tells takers that we live and moves its expiry */
+	char num[ALIVE_DIGITS + 1];
+	const char *line = memmem(l.body, l.len, ALIVE_LINE, strlen(ALIVE_LINE));
+	int err = 0;
+	if (line && (size_t)(line - l.body) + strlen(ALIVE_LINE) + ALIVE_DIGITS <= l.len) {
+		off_t at = (off_t)(line - l.body + (ptrdiff_t)strlen(ALIVE_LINE));
+		unsigned long long v = strtoull(l.body + at, NULL, 16) + 1;
+		snprintf(num, sizeof(num), "%0*llx", ALIVE_DIGITS, v & 0xffffffffffffffffull);
+		if (pwrite(fd, num, ALIVE_DIGITS, at) != ALIVE_DIGITS)
+			err = fault(errno);
+	}
+	if (!err && futimens(fd, NULL) != 0)
+		err = fault(errno);
 	close(fd);
 	return err;
 }
 
 static int dir_release(struct dir_call *c)
 {
-	char p[PATH_MAX], tmp[PATH_MAX + 64], body[128];
+	char p[PATH_MAX], tmp[PATH_MAX + 64], body[LEASE_BYTES];
 	struct lease l;
 	struct stat now;
 	int fd = lease_ours(c, p, sizeof(p), &l);
@@ -407,8 +498,8 @@ static int dir_release(struct dir_call *c)
 	close(fd);
 	if (c->ms) {
 		temp_name(p, "new", tmp, sizeof(tmp));
-		int n = snprintf(body, sizeof(body), "failed %s %u\n", c->token, c->ms);
-		int err = write_temp(tmp, body, (size_t)n, 0644);
+		int n = lease_body(c, KC_LEASE_FAILED, body);
+		int err = n < 0 ? n : write_temp(tmp, body, (size_t)n, 0644);
 		if (!err && rename(tmp, p) != 0) {
 			err = fault(errno);
 			unlink(tmp);
@@ -429,7 +520,7 @@ static int dir_peek(struct dir_call *c)
 	struct timespec now;
 	path_of(c->d, "leases", c->key, c->key, p, sizeof(p));
 	c->state = KC_LEASE_NONE;
-	int fd = lease_read(p, &l);
+	int fd = lease_read(c, p, O_RDONLY, &l);
 	if (fd == -ENOENT)
 		return 0;
 	if (fd < 0)
@@ -438,8 +529,8 @@ static int dir_peek(struct dir_call *c)
 	int err = fs_now(c, &now);
 	if (err)
 		return err;
-	if (!expired(&l, &now))
-		c->state = l.state;
+	if (!lease_gone(c, &l, &now))
+		c->state = l.seen.state;
 	return 0;
 }
 
@@ -665,6 +756,9 @@ struct kc_remote_backend *kc_remote_dir_open(const char *path, unsigned timeout_
 	d->base.timeout_ms = timeout_ms ? timeout_ms : 1;
 	atomic_init(&d->refs, 1);
 	atomic_init(&d->abandoned, 0);
+	pthread_mutex_init(&d->seen_mu, NULL);
+	d->base.held_max_ms = KC_REMOTE_RECORD_MAX_MS;
+	d->base.note_max_ms = KC_REMOTE_RECORD_MAX_MS;
 	snprintf(d->desc, sizeof(d->desc), "dir:%s", d->root);
 	struct stat st;
 	if (stat(d->root, &st) != 0 || !S_ISDIR(st.st_mode))

@@ -92,10 +92,10 @@ int kc_object_manifest_check(const char *m, size_t len, char *why, size_t whylen
 	return 0;
 }
 
-/* The HMAC-SHA256 of an object's fields into hex. Returns 0 or -ENOMEM. */
-static int object_hmac(const struct kc_object_secret *secret, enum kc_object_kind kind,
-		       const char *key, const char *manifest, size_t manifest_len,
-		       const void *cubin, size_t cubin_len, char hex[KC_SHA256_HEXLEN + 1])
+/* The HMAC-SHA256 of n fields (each as hash.h encodes it: "<length>\n<bytes>\n") into
+ * hex. Returns 0 or -ENOMEM. */
+static int hmac_fields(const struct kc_object_secret *secret, const void *const *fields,
+		       const size_t *lens, size_t n, char hex[KC_SHA256_HEXLEN + 1])
 {
 	static const char digits[] = "0123456789abcdef";
 	EVP_MAC *mac = EVP_MAC_fetch(NULL, "HMAC", NULL);
@@ -105,31 +105,38 @@ static int object_hmac(const struct kc_object_secret *secret, enum kc_object_kin
 		OSSL_PARAM_construct_end(),
 	};
 	unsigned char md[EVP_MAX_MD_SIZE];
-	size_t n = 0;
+	size_t mdlen = 0;
 	int ok = ctx && EVP_MAC_init(ctx, secret->bytes, secret->len, params) == 1;
 
-	/* the fields as hash.h encodes them: "<length>\n<bytes>\n" */
-	const void *fields[] = {KC_OBJECT_MAGIC, kind_names[kind], key, manifest, cubin};
-	size_t lens[] = {strlen(KC_OBJECT_MAGIC), strlen(kind_names[kind]), strlen(key),
-			 manifest_len, cubin_len};
-	for (size_t i = 0; ok && i < sizeof(lens) / sizeof(*lens); i++) {
+	for (size_t i = 0; ok && i < n; i++) {
 		char num[32];
 		int nl = snprintf(num, sizeof(num), "%zu\n", lens[i]);
 		ok = EVP_MAC_update(ctx, (const unsigned char *)num, (size_t)nl) == 1 &&
 		     (!lens[i] || EVP_MAC_update(ctx, fields[i], lens[i]) == 1) &&
 		     EVP_MAC_update(ctx, (const unsigned char *)"\n", 1) == 1;
 	}
-	ok = ok && EVP_MAC_final(ctx, md, &n, sizeof(md)) == 1 && n == KC_SHA256_HEXLEN / 2;
+	ok = ok && EVP_MAC_final(ctx, md, &mdlen, sizeof(md)) == 1 && mdlen == KC_SHA256_HEXLEN / 2;
 	EVP_MAC_CTX_free(ctx);
 	EVP_MAC_free(mac);
 	if (!ok)
 		return -ENOMEM;
-	for (size_t i = 0; i < n; i++) {
+	for (size_t i = 0; i < mdlen; i++) {
 		hex[2 * i] = digits[md[i] >> 4];
 		hex[2 * i + 1] = digits[md[i] & 15];
 	}
 	hex[KC_SHA256_HEXLEN] = '\0';
 	return 0;
+}
+
+/* The HMAC-SHA256 of an object's fields into hex. Returns 0 or -ENOMEM. */
+static int object_hmac(const struct kc_object_secret *secret, enum kc_object_kind kind,
+		       const char *key, const char *manifest, size_t manifest_len,
+		       const void *cubin, size_t cubin_len, char hex[KC_SHA256_HEXLEN + 1])
+{
+	const void *fields[] = {KC_OBJECT_MAGIC, kind_names[kind], key, manifest, cubin};
+	size_t lens[] = {strlen(KC_OBJECT_MAGIC), strlen(kind_names[kind]), strlen(key),
+			 manifest_len, cubin_len};
+	return hmac_fields(secret, fields, lens, sizeof(lens) / sizeof(*lens), hex);
 }
 
 int kc_object_build(enum kc_object_kind kind, const char *key, const char *manifest,
@@ -257,5 +264,76 @@ int kc_object_parse(const char *data, size_t len, enum kc_object_kind kind,
 		if (kc_cubin_check_buf(obj->cubin, cl, what, sizeof(what)))
 			return REJECT("%s", what);
 	}
+	return 0;
+}
+
+static const char *const lease_words[] = {[KC_LEASE_HELD] = "held", [KC_LEASE_FAILED] = "failed"};
+
+/* The HMAC of a lease record's fields: a tag, the key, its state word, token and ttl. */
+static int lease_hmac(const struct kc_object_secret *secret, const char *key,
+		      enum kc_lease_state state, const char *token, const char *ttl,
+		      char hex[KC_SHA256_HEXLEN + 1])
+{
+	static const char tag[] = "kcachefs-lease-v1\n";
+	const void *fields[] = {tag, key, lease_words[state], token, ttl};
+	size_t lens[] = {strlen(tag), strlen(key), strlen(lease_words[state]), strlen(token),
+			 strlen(ttl)};
+	return hmac_fields(secret, fields, lens, sizeof(lens) / sizeof(*lens), hex);
+}
+
+int kc_lease_record(const struct kc_object_secret *secret, const char *key,
+		    enum kc_lease_state state, const char *token, unsigned ttl_ms,
+		    char out[KC_LEASE_RECORD_MAX])
+{
+	char ttl[16], mac[KC_SHA256_HEXLEN + 1] = "-";
+	if (!is_hex64(key, strlen(key)) || state == KC_LEASE_NONE || !ttl_ms || !token ||
+	    strlen(token) != KC_REMOTE_TOKENLEN)
+		return -EINVAL;
+	snprintf(ttl, sizeof(ttl), "%u", ttl_ms);
+	if (secret && secret->len > 0 && lease_hmac(secret, key, state, token, ttl, mac))
+		return -ENOMEM;
+	return snprintf(out, KC_LEASE_RECORD_MAX, "%s %s %s %s", lease_words[state], token, ttl,
+			mac);
+}
+
+int kc_lease_check(const struct kc_object_secret *secret, const char *key, const char *rec,
+		   size_t len, unsigned held_max_ms, unsigned note_max_ms,
+		   struct kc_lease_seen *seen, char *why, size_t whylen)
+{
+	char buf[KC_LEASE_RECORD_MAX], word[8], token[KC_REMOTE_TOKENLEN + 2], ttl[16],
+		mac[KC_SHA256_HEXLEN + 2], want[KC_SHA256_HEXLEN + 1];
+	const char *nl = memchr(rec, '\n', len);
+	size_t n = nl ? (size_t)(nl - rec) : len;
+	unsigned long ms;
+	char *end;
+
+	memset(seen, 0, sizeof(*seen));
+	if (n >= sizeof(buf) || memchr(rec, '\0', n))
+		return REJECT("a lease record of %zu bytes", n);
+	memcpy(buf, rec, n);
+	buf[n] = '\0';
+	if (sscanf(buf, "%7s %33s %15s %65s", word, token, ttl, mac) != 4 ||
+	    strlen(token) != KC_REMOTE_TOKENLEN || strspn(token, "0123456789abcdef") !=
+	    KC_REMOTE_TOKENLEN || ttl[0] < '1' || ttl[0] > '9')
+		return REJECT("a malformed lease record");
+	if (strcmp(word, "held") == 0)
+		seen->state = KC_LEASE_HELD;
+	else if (strcmp(word, "failed") == 0)
+		seen->state = KC_LEASE_FAILED;
+	else
+		return REJECT("a lease record of unknown kind");
+	errno = 0;
+	ms = strtoul(ttl, &end, 10);
+	if (errno || *end || ms > (seen->state == KC_LEASE_HELD ? held_max_ms : note_max_ms))
+		return REJECT("a %s record whose ttl %s ms is over the bound of %u ms", word, ttl,
+			      seen->state == KC_LEASE_HELD ? held_max_ms : note_max_ms);
+	if (secret && secret->len > 0) {
+		if (lease_hmac(secret, key, seen->state, token, ttl, want))
+			return -ENOMEM;
+		if (strlen(mac) != KC_SHA256_HEXLEN || CRYPTO_memcmp(mac, want, KC_SHA256_HEXLEN))
+			return REJECT("a %s record not signed with -o remote_key", word);
+	}
+	memcpy(seen->token, token, KC_REMOTE_TOKENLEN + 1);
+	seen->ttl_ms = (unsigned)ms;
 	return 0;
 }

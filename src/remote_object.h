@@ -28,6 +28,7 @@
 #include <stddef.h>
 
 #include "hash.h"
+#include "remote.h"
 
 #define KC_OBJECT_MAGIC "kcachefs-object-v1\n"
 #define KC_OBJECT_MAX_MANIFEST (1u << 20)  /* bytes of a manifest accepted */
@@ -85,5 +86,35 @@ int kc_object_build(enum kc_object_kind kind, const char *key, const char *manif
 int kc_object_parse(const char *data, size_t len, enum kc_object_kind kind,
 		    const char *want_key, const struct kc_object_secret *secret,
 		    struct kc_object *obj, char *why, size_t whylen);
+
+/* Lease records (remote.h), the same text on every store:
+ *   "<held|failed> <token: 32 hex> <ttl ms, decimal> <HMAC-SHA256 hex, or - unsigned>"
+ * The HMAC, with the -o remote_key secret, is over a tag, the object key the record stands
+ * on, the kind word, the token and the ttl (length-prefixed fields, as objects are), so a
+ * record copied to another key, or with its kind or ttl changed, does not verify. */
+#define KC_LEASE_RECORD_MAX 160 /* bytes of a record, with its NUL */
+
+/* What kc_lease_check read from a record. */
+struct kc_lease_seen {
+	enum kc_lease_state state; /* KC_LEASE_HELD or KC_LEASE_FAILED */
+	char token[KC_REMOTE_TOKENLEN + 1];
+	unsigned ttl_ms;
+};
+
+/* Write the record of a lease (state HELD) or failure note (FAILED) on key for token with
+ * ttl_ms into out, signed when secret->len > 0. Returns its length, or -EINVAL (a bad key
+ * or token, a zero ttl, state NONE) or -ENOMEM. */
+int kc_lease_record(const struct kc_object_secret *secret, const char *key,
+		    enum kc_lease_state state, const char *token, unsigned ttl_ms,
+		    char out[KC_LEASE_RECORD_MAX]);
+
+/* Check the record rec/len found on key (up to its first newline; the dir: store keeps a
+ * liveness line after it): its syntax, its ttl at most held_max_ms (a lease) or
+ * note_max_ms (a note), and with a secret its HMAC (an unsigned record is refused;
+ * compared in constant time). Returns 0 with *seen filled, -EBADMSG with why filled (the
+ * store treats the record as absent: it is taken over), or -ENOMEM. */
+int kc_lease_check(const struct kc_object_secret *secret, const char *key, const char *rec,
+		   size_t len, unsigned held_max_ms, unsigned note_max_ms,
+		   struct kc_lease_seen *seen, char *why, size_t whylen);
 
 #endif

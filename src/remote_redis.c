@@ -31,6 +31,7 @@
 
 #include "hash.h"
 #include "log.h"
+#include "remote_object.h"
 
 #define MAX_REPLY ((size_t)512 << 20) /* Redis's own proto-max-bulk-len default */
 #define MAX_ARRAY 16                  /* no command here expects an array at all */
@@ -38,30 +39,54 @@
 #define AUTH_MAX 4096
 #define OBJ_PREFIX "kcachefs:obj:"
 #define LEASE_PREFIX "kcachefs:lease:"
-#define FAILED_PREFIX "failed:"
 #define RELOG_S 60 /* a fault that persists is logged again after this long */
 
-/* Lease scripts (KEYS[1] the lease key). take: ARGV token, ttl -> 0 taken, 1 held by
- * another, 2 a failure note stands. renew: ARGV token, ttl -> 1 renewed, 0 not ours.
- * release: ARGV token, fail_ms -> 1 released (or replaced by the note), 0 not ours. */
-static const char take_script[] =
+#define ALIVE_PREFIX "kcachefs:alive:"
+
+/* Lease scripts: KEYS[1] the lease key, holding a record of remote_object.h; KEYS[2] the
+ * holder's liveness key, holding its token with a TTL of KC_REMOTE_ALIVE_MS that each
+ * renewal sets again. A standing record counts (JUDGE's live) only with a TTL within the
+ * bound of its kind, and a held one only while its holder's liveness key is there; the
+ * signature is checked by the caller, which names a record it refuses in ARGV[7] (judged)
+ * and so replaces it atomically.
+ * take: ARGV record, ttl, token, alive_ms, held_max, note_max, judged -> "0" taken, or
+ *   "1" .. the record standing.  peek: the same ARGV -> "" or the record standing.
+ * renew: ARGV prefix ("held <token> "), ttl, token, alive_ms -> 1 renewed, 0 not ours.
+ * release: ARGV prefix, fail_ms, note record -> 1 released (or replaced by the note), 0
+ *   not ours. */
+#define JUDGE                                                                                 \
+	"local function live(v)\n"                                                             \
+	"  if v == ARGV[7] then return false end\n"                                            \
+	"  local failed = string.sub(v, 1, 7) == 'failed '\n"                                  \
+	"  local left = redis.call('PTTL', KEYS[1])\n"                                         \
+	"  if left < 0 or left > tonumber(failed and ARGV[6] or ARGV[5]) then return false end\n" \
+	"  if failed then return true end\n"                                                   \
+	"  return string.sub(v, 1, 5) == 'held ' and\n"                                        \
+	"         redis.call('GET', KEYS[2]) == string.sub(v, 6, 37)\n"                        \
+	"end\n"                                                                                \
 	"local v = redis.call('GET', KEYS[1])\n"
-	"if v then\n"
-	"  if string.sub(v, 1, 7) == '" FAILED_PREFIX "' then return 2 end\n"
-	"  return 1\n"
-	"end\n"
+static const char take_script[] =
+	JUDGE
+	"if v and live(v) then return '1' .. v end\n"
 	"redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])\n"
-	"return 0\n";
+	"redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[4])\n"
+	"return '0'\n";
+static const char peek_script[] =
+	JUDGE
+	"if v and live(v) then return v end\n"
+	"return ''\n";
 static const char renew_script[] =
-	"if redis.call('GET', KEYS[1]) == ARGV[1] then\n"
-	"  redis.call('PEXPIRE', KEYS[1], ARGV[2])\n"
-	"  return 1\n"
-	"end\n"
-	"return 0\n";
+	"local v = redis.call('GET', KEYS[1])\n"
+	"if not v or string.sub(v, 1, #ARGV[1]) ~= ARGV[1] then return 0 end\n"
+	"redis.call('PEXPIRE', KEYS[1], ARGV[2])\n"
+	"redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[4])\n"
+	"return 1\n";
 static const char release_script[] =
-	"if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end\n"
+	"local v = redis.call('GET', KEYS[1])\n"
+	"if not v or string.sub(v, 1, #ARGV[1]) ~= ARGV[1] then return 0 end\n"
+	"redis.call('DEL', KEYS[2])\n"
 	"if tonumber(ARGV[2]) > 0 then\n"
-	"  redis.call('SET', KEYS[1], '" FAILED_PREFIX "' .. ARGV[1], 'PX', ARGV[2])\n"
+	"  redis.call('SET', KEYS[1], ARGV[3], 'PX', ARGV[2])\n"
 	"else\n"
 	"  redis.call('DEL', KEYS[1])\n"
 	"end\n"
@@ -954,99 +979,155 @@ static int r_put(struct kc_remote_backend *base, const char *key, const void *da
 	return rc;
 }
 
-/* Run a lease script: 0 and *value (its integer reply). */
-static int lease_script(struct redis_backend *b, const char *op, const char *script,
-			const char *key, const char *token, unsigned ms, long long *value)
-{
-	char name[64 + KC_REMOTE_KEYLEN], num[16];
-	const char *argv[6] = {"EVAL", script, "1", name, token, num};
-	size_t lens[6];
-	redisReply *r;
-	int rc;
+#define LEASE_ARGS 7
 
-	if (name_of(LEASE_PREFIX, key, name) || !is_hex(token, KC_REMOTE_TOKENLEN))
+/* Run a lease script on key's lease and liveness keys with args (NUL-terminated, n at
+ * most LEASE_ARGS): 0 and *r (of a type in accept; the caller frees it), or -errno. */
+static int lease_eval(struct redis_backend *b, const char *op, const char *script,
+		      const char *key, int n, const char *const *args, unsigned accept,
+		      redisReply **r)
+{
+	char lease[64 + KC_REMOTE_KEYLEN], alive[64 + KC_REMOTE_KEYLEN];
+	const char *argv[5 + LEASE_ARGS] = {"EVAL", script, "2", lease, alive};
+	size_t lens[5 + LEASE_ARGS];
+
+	if (name_of(LEASE_PREFIX, key, lease) || name_of(ALIVE_PREFIX, key, alive))
 		return -EINVAL;
-	lens[0] = 4;
-	lens[1] = strlen(script);
-	lens[2] = 1;
-	lens[3] = strlen(name);
-	lens[4] = KC_REMOTE_TOKENLEN;
-	lens[5] = (size_t)snprintf(num, sizeof(num), "%u", ms);
-	rc = shard_call(b, key, op, 6, argv, lens, T(REDIS_REPLY_INTEGER), &r);
+	for (int i = 0; i < n; i++)
+		argv[5 + i] = args[i];
+	for (int i = 0; i < 5 + n; i++)
+		lens[i] = strlen(argv[i]);
+	return shard_call(b, key, op, 5 + n, argv, lens, accept, r);
+}
+
+/* Run a script that answers 1 (done) or 0 (not our lease): 0, -ENOLCK or -errno. */
+static int lease_eval_int(struct redis_backend *b, const char *op, const char *script,
+			  const char *key, int n, const char *const *args)
+{
+	redisReply *r;
+	int rc = lease_eval(b, op, script, key, n, args, T(REDIS_REPLY_INTEGER), &r);
+
 	if (rc)
 		return rc;
-	*value = r->integer;
+	rc = r->integer == 1 ? 0 : r->integer == 0 ? -ENOLCK : -EPROTO;
 	freeReplyObject(r);
-	return 0;
+	return rc;
+}
+
+/* Whether the record v/len standing on key checks: 0 with *seen, else -EBADMSG (logged
+ * at debug: anyone who can write the store can plant one). */
+static int record_check(struct redis_backend *b, const char *key, const char *v, size_t len,
+			struct kc_lease_seen *seen)
+{
+	char why[200];
+	int rc = kc_lease_check(b->base.secret, key, v, len, b->base.held_max_ms,
+				b->base.note_max_ms, seen, why, sizeof(why));
+
+	if (rc == -EBADMSG)
+		kc_log(KC_LOG_DEBUG, "remote: lease %.16s ignored: %s", key, why);
+	return rc;
+}
+
+/* The judging arguments of take and peek: held_max, note_max (into nums) and judged. */
+static void judge_args(struct redis_backend *b, const char **args, char nums[2][16],
+		       const char *judged)
+{
+	snprintf(nums[0], 16, "%u", b->base.held_max_ms);
+	snprintf(nums[1], 16, "%u", b->base.note_max_ms);
+	args[4] = nums[0];
+	args[5] = nums[1];
+	args[6] = judged;
 }
 
 static int r_lease_take(struct kc_remote_backend *base, const char *key, const char *token,
 			unsigned ttl_ms, enum kc_lease_state *state)
 {
-	long long v;
-	int rc;
+	struct redis_backend *b = (struct redis_backend *)base;
+	char rec[KC_LEASE_RECORD_MAX], ttl[16], alive[16], nums[2][16], *judged = NULL;
+	const char *args[LEASE_ARGS] = {rec, ttl, token, alive};
+	struct kc_lease_seen seen;
+	redisReply *r;
+	int rc = -EBUSY;
 
-	if (!ttl_ms)
+	if (!ttl_ms || !is_hex(token, KC_REMOTE_TOKENLEN) ||
+	    kc_lease_record(base->secret, key, KC_LEASE_HELD, token, ttl_ms, rec) < 0)
 		return -EINVAL;
-	rc = lease_script((struct redis_backend *)base, "lease take", take_script, key, token,
-			  ttl_ms, &v);
-	if (rc)
-		return rc;
-	switch (v) {
-	case 0:
-		*state = KC_LEASE_HELD; /* by us */
-		return 0;
-	case 1:
-		*state = KC_LEASE_HELD;
-		return -EBUSY;
-	case 2:
-		*state = KC_LEASE_FAILED;
-		return -EBUSY;
-	default:
-		return -EPROTO;
+	snprintf(ttl, sizeof(ttl), "%u", ttl_ms);
+	snprintf(alive, sizeof(alive), "%u", KC_REMOTE_ALIVE_MS);
+	*state = KC_LEASE_HELD;
+	/* a record that does not check is named and replaced: twice, then it is busy */
+	for (int attempt = 0; attempt < 2 && rc == -EBUSY; attempt++) {
+		judge_args(b, args, nums, judged ? judged : "");
+		rc = lease_eval(b, "lease take", take_script, key, LEASE_ARGS, args,
+				T(REDIS_REPLY_STRING), &r);
+		if (rc)
+			break;
+		if (r->len == 1 && r->str[0] == '0') {
+			rc = 0;
+		} else if (r->len < 1 || r->str[0] != '1') {
+			rc = -EPROTO;
+		} else if (record_check(b, key, r->str + 1, r->len - 1, &seen) == 0) {
+			*state = seen.state;
+			rc = -EBUSY;
+			attempt = 2;
+		} else {
+			free(judged);
+			judged = strndup(r->str + 1, r->len - 1);
+			rc = judged ? -EBUSY : -ENOMEM;
+		}
+		freeReplyObject(r);
 	}
+	free(judged);
+	return rc;
 }
 
 static int r_lease_renew(struct kc_remote_backend *base, const char *key, const char *token,
 			 unsigned ttl_ms)
 {
-	long long v;
-	int rc;
+	char prefix[8 + KC_REMOTE_TOKENLEN], ttl[16], alive[16];
+	const char *args[4] = {prefix, ttl, token, alive};
 
-	if (!ttl_ms)
+	if (!ttl_ms || !is_hex(token, KC_REMOTE_TOKENLEN))
 		return -EINVAL;
-	rc = lease_script((struct redis_backend *)base, "lease renew", renew_script, key, token,
-			  ttl_ms, &v);
-	if (rc)
-		return rc;
-	return v == 1 ? 0 : v == 0 ? -ENOLCK : -EPROTO;
+	snprintf(prefix, sizeof(prefix), "held %s ", token);
+	snprintf(ttl, sizeof(ttl), "%u", ttl_ms);
+	snprintf(alive, sizeof(alive), "%u", KC_REMOTE_ALIVE_MS);
+	return lease_eval_int((struct redis_backend *)base, "lease renew", renew_script, key, 4,
+			      args);
 }
 
 static int r_lease_release(struct kc_remote_backend *base, const char *key, const char *token,
 			   unsigned fail_ms)
 {
-	long long v;
-	int rc = lease_script((struct redis_backend *)base, "lease release", release_script, key,
-			      token, fail_ms, &v);
+	char prefix[8 + KC_REMOTE_TOKENLEN], ms[16], note[KC_LEASE_RECORD_MAX] = "";
+	const char *args[3] = {prefix, ms, note};
 
-	if (rc)
-		return rc;
-	return v == 1 ? 0 : v == 0 ? -ENOLCK : -EPROTO;
+	if (!is_hex(token, KC_REMOTE_TOKENLEN) ||
+	    (fail_ms && kc_lease_record(base->secret, key, KC_LEASE_FAILED, token, fail_ms,
+					note) < 0))
+		return -EINVAL;
+	snprintf(prefix, sizeof(prefix), "held %s ", token);
+	snprintf(ms, sizeof(ms), "%u", fail_ms);
+	return lease_eval_int((struct redis_backend *)base, "lease release", release_script, key,
+			      3, args);
 }
 
 static int r_lease_peek(struct kc_remote_backend *base, const char *key, enum kc_lease_state *state)
 {
+	struct redis_backend *b = (struct redis_backend *)base;
+	char nums[2][16];
+	const char *args[LEASE_ARGS] = {"", "", "", ""};
+	struct kc_lease_seen seen;
 	redisReply *r;
-	int rc = get_named((struct redis_backend *)base, "lease peek", LEASE_PREFIX, key, &r);
 
+	judge_args(b, args, nums, "");
+	int rc = lease_eval(b, "lease peek", peek_script, key, LEASE_ARGS, args,
+			    T(REDIS_REPLY_STRING), &r);
 	if (rc)
 		return rc;
-	if (r->type == REDIS_REPLY_NIL)
-		*state = KC_LEASE_NONE;
-	else if (r->len >= strlen(FAILED_PREFIX) && !memcmp(r->str, FAILED_PREFIX, strlen(FAILED_PREFIX)))
-		*state = KC_LEASE_FAILED;
-	else
-		*state = KC_LEASE_HELD;
+	*state = KC_LEASE_NONE;
+	if (r->len && record_check(b, key, r->str, r->len, &seen) == 0)
+		*state = seen.state;
 	freeReplyObject(r);
 	return 0;
 }
@@ -1108,6 +1189,8 @@ struct kc_remote_backend *kc_remote_redis_open(const char *url, const char *auth
 	}
 	b->base.ops = &redis_ops;
 	b->base.timeout_ms = timeout_ms;
+	b->base.held_max_ms = KC_REMOTE_RECORD_MAX_MS;
+	b->base.note_max_ms = KC_REMOTE_RECORD_MAX_MS;
 	n = kc_redis_parse(url, &b->addrs, why, whylen);
 	if (n < 0) {
 		rc = n;

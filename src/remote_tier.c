@@ -175,6 +175,9 @@ int kc_remote_tier_open(const struct kc_remote_opts *o, const char *nvcc,
 		free(t);
 		return err;
 	}
+	t->b->secret = &t->secret; /* len 0 without a key: records unsigned, still bounded */
+	t->b->held_max_ms = t->lease_ms;
+	t->b->note_max_ms = KC_REMOTE_FAIL_NOTE_MS;
 	if (kc_manifest_toolkit_root(nvcc, KC_CUDA_HOME, t->toolkit, sizeof(t->toolkit)) != 0)
 		t->toolkit[0] = '\0'; /* every header is then hashed */
 	pthread_mutex_init(&t->lock, NULL);
@@ -270,21 +273,33 @@ struct renewer {
 	int stop;
 };
 
+/* Renew every third of the lease, and at least every KC_REMOTE_RENEW_MS: each renewal also
+ * tells waiters that this holder lives, so that one that died is taken over within
+ * KC_REMOTE_ALIVE_MS and not its lease's ttl. */
 static void *renew_loop(void *arg)
 {
 	struct renewer *r = arg;
 	unsigned every = r->t->lease_ms / 3 ? r->t->lease_ms / 3 : 1;
+	if (every > KC_REMOTE_RENEW_MS)
+		every = KC_REMOTE_RENEW_MS;
+	int lost = 0; /* taken over: nothing left to renew */
 	pthread_mutex_lock(&r->mu);
 	while (!r->stop) {
 		struct timespec until = deadline_after(every);
+		if (lost) {
+			pthread_cond_wait(&r->cv, &r->mu);
+			continue;
+		}
 		if (pthread_cond_timedwait(&r->cv, &r->mu, &until) != ETIMEDOUT || r->stop)
 			continue;
 		pthread_mutex_unlock(&r->mu);
 		int err = r->t->b->ops->lease_renew(r->t->b, r->key, r->token, r->t->lease_ms);
 		outcome(r->t, FAULT_LEASE, err, 0, "renewal");
-		if (err == -ENOLCK)
+		if (err == -ENOLCK) {
 			kc_log(KC_LOG_INFO, "cluster store: lease on %.16s was taken over while "
 			       "compiling", r->key);
+			lost = 1;
+		}
 		pthread_mutex_lock(&r->mu);
 	}
 	pthread_mutex_unlock(&r->mu);

@@ -13,9 +13,11 @@
  *      to L1 as a compile would be. A node whose headers differ has another object key.
  *   2. no index: take the lease on mkey and look again (the holder may just have
  *      published); holding it, compile, put the object and then the index, release. A
- *      timer thread renews the lease every third of its ttl while the compile runs.
+ *      timer thread renews the lease every KC_REMOTE_RENEW_MS (or third of its ttl, if
+ *      shorter) while the compile runs, which also proves that this holder lives.
  *   3. the lease is another node's: wait for the index, polling at 50 ms growing to 1 s;
- *      a lease gone without an object is taken over; after remote_wait seconds compile
+ *      a lease gone without an object, or whose holder has not proved for KC_REMOTE_ALIVE_MS
+ *      that it lives, is taken over (remote.h); after remote_wait seconds compile
  *      locally (a hedge). A failure note (the holder's compile was rejected) means: compile
  *      locally at once.
  * Every store fault is a miss or a failed put: counted, logged (at most one line per 10 s

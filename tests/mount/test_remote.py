@@ -102,6 +102,25 @@ class Cluster:
         for m in self.nodes:
             assert not os.path.ismount(m.mnt), "mount left behind"
 
+    def lease_keys(self):
+        """The keys that a lease or note stands on."""
+        return [p.name for p in (self.store / "leases").glob("*/*") if not p.name.startswith(".")]
+
+    def wipe(self):
+        """Remove every object, lease and note from the store."""
+        for area in ("objects", "leases"):
+            for p in (self.store / area).glob("*/*"):
+                if not p.name.startswith(".clock"):
+                    p.unlink()
+
+    def plant(self, key, record):
+        """Write record as the lease file of key, as anyone who can write the store can,
+        dated a day ahead (a file can claim any mtime)."""
+        d = self.store / "leases" / key[:2]
+        d.mkdir(parents=True, exist_ok=True)
+        (d / key).write_text(record + "\n")
+        os.utime(d / key, (time.time() + 86400, time.time() + 86400))
+
     def objects(self, kind):
         """Paths of the stored objects of kind (b"cubin" or b"index"); dir: store only."""
         out = []
@@ -294,18 +313,25 @@ def test_waiting_for_another_node_takes_no_job_slot(cluster):
     assert len(cluster.compiles()) == 2
 
 
-def test_lease_holder_killed_mid_compile(cluster):
+def holding_and_waiting(cluster, opts=(), readers=4):
+    """Node a holds kernel 0's lease, its compile stopped at the gate; node b's readers
+    wait on it. Returns a, b, a's opener and b's readers."""
     cluster.gate.write_text("")
-    a = cluster.node("a", ["remote_lease=2"])
-    b = cluster.node("b", ["remote_lease=2"])
+    a = cluster.node("a", opts)
+    b = cluster.node("b", opts)
     pa = stage_all(cluster, a, [0])[0]
     pb = stage_all(cluster, b, [0])[0]
     opener_a = start_holding(cluster, a, pa, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    readers = run_parallel_background(pb, 4)
+    waiting = run_parallel_background(pb, readers)
     deadline = time.monotonic() + 60
     while b.stats()["remote_lease_waits_total"] < 1:
         assert time.monotonic() < deadline, b.daemon_log()
         time.sleep(0.05)
+    return a, b, opener_a, waiting
+
+
+def test_lease_holder_killed_mid_compile(cluster):
+    a, b, opener_a, readers = holding_and_waiting(cluster, ["remote_lease=2"])
     a.kill()
     opener_a.wait(timeout=60)
     results = [r.communicate(timeout=120)[0] for r in readers]
@@ -384,7 +410,7 @@ def test_waiter_hedges_after_remote_wait(cluster):
     assert s["remote_lease_waits_total"] == 1 and s["remote_hedged_total"] == 1
     assert s["compiles_total"] == 1
     cluster.gate.unlink()
-    opener_a.communicate(timeout=120)
+    assert opener_a.wait(timeout=120) == 0
     assert read_result(pa)[0] == "ok"
     assert len(cluster.compiles()) == 2
     assert len(cluster.objects(b"cubin")) == 1  # the first stored won
@@ -477,3 +503,99 @@ def test_stop_while_waiting_for_another_node(cluster):
     cluster.gate.unlink()
     opener_a.wait(timeout=120)
     assert read_result(pa)[0] == "ok"
+
+
+def key_opts(tmp_path):
+    key = tmp_path / "cluster.key"
+    key.write_bytes(os.urandom(32))
+    os.chmod(key, 0o600)
+    return ["remote_key=%s" % key]
+
+
+def manifest_key_of_kernel0(cluster, opts):
+    """The store key kernel 0's lease stands on: a node holds it at the gate and the store
+    names it; then the store is wiped, so that the kernel is nobody's again (later
+    compiles pass the gate, which only the first one waits at)."""
+    cluster.gate.write_text("")
+    a = cluster.node("discover", opts)
+    opener = start_holding(cluster, a, stage_all(cluster, a, [0])[0], stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not cluster.lease_keys():
+        assert time.monotonic() < deadline, a.daemon_log()
+        time.sleep(0.05)
+    key = cluster.lease_keys()[0]
+    cluster.gate.unlink()
+    opener.wait(timeout=60)
+    a.stop()
+    cluster.wipe()
+    return key
+
+
+def planted_record_is_ignored(cluster, tmp_path, kind):
+    """Someone who can write the store but has not the key plants an unsigned lease or
+    failure note on a kernel's key, claiming no expiry (a huge ttl, a Redis key without a
+    TTL, a dir: file dated ahead): racing nodes with the key ignore it, and exactly one of
+    them compiles at once, far under remote_wait; the others get its object."""
+    opts = key_opts(tmp_path) + ["remote_wait=20"]
+    key = manifest_key_of_kernel0(cluster, opts)
+    cluster.plant(key, "%s %s 2000000000 -" % (kind, os.urandom(16).hex()))
+    nodes = [cluster.node("n%d" % i, opts) for i in range(3)]
+    paths = [stage_all(cluster, m, [0]) for m in nodes]
+    t0 = time.monotonic()
+    results = run_parallel(6, read_all_kernels, paths, 2, timeout=120)
+    took = time.monotonic() - t0
+    print("\nplanted %s: %.1f s to read the kernel on 3 nodes" % (kind, took))
+    assert took < 10, "the nodes waited on a planted %s (remote_wait=20)" % kind
+    assert len(cluster.compiles()) == 2, cluster.compiles()  # the discovery's and one
+    assert all(r == results[0] and next(iter(r.values()))[0] == "ok" for r in results), results
+    assert total(nodes, "compiles_total") == 1 and total(nodes, "remote_hits_total") == 2
+
+
+def dead_holder_is_taken_over_within_seconds(cluster):
+    """The lease holder is SIGKILLed mid-compile, with the default remote_lease: the node
+    waiting on it learns within seconds that it died (its renewals stop proving that it
+    lives) and takes over, not after the lease's 60 s."""
+    a, b, opener_a, readers = holding_and_waiting(cluster)
+    time.sleep(1.5)  # b has seen a renewal or two
+    killed = time.monotonic()
+    a.kill()
+    while len(cluster.compiles()) < 2 and time.monotonic() < killed + 120:
+        time.sleep(0.05)
+    took = time.monotonic() - killed
+    print("\ntakeover %.1f s after the holder's SIGKILL" % took)
+    opener_a.wait(timeout=60)
+    results = [r.communicate(timeout=120)[0] for r in readers]
+    assert all(r.startswith("ok ") for r in results), results
+    assert took < 15, "took over %.1f s after the holder died" % took
+    s = b.stats()
+    assert s["remote_takeovers_total"] == 1 and s["compiles_total"] == 1, s
+    assert len(cluster.compiles()) == 2  # a's (killed) and b's
+
+
+def live_holder_keeps_its_lease(cluster, hold_s=10):
+    """A live holder whose compile lasts several times KC_REMOTE_ALIVE_MS keeps its lease:
+    the waiting node takes nothing over and gets the holder's object."""
+    a, b, opener_a, readers = holding_and_waiting(cluster, readers=2)
+    time.sleep(hold_s)
+    assert len(cluster.compiles()) == 1, "b compiled while a's compile ran"
+    cluster.gate.unlink()
+    assert opener_a.wait(timeout=120) == 0
+    results = [r.communicate(timeout=120)[0] for r in readers]
+    assert all(r.startswith("ok ") for r in results), results
+    s = b.stats()
+    assert s["remote_takeovers_total"] == 0 and s["compiles_total"] == 0, s
+    assert s["remote_hits_total"] == 1 and len(cluster.compiles()) == 1
+
+
+@pytest.mark.parametrize("kind", ["held", "failed"])
+def test_planted_lease_or_note_is_ignored(cluster, tmp_path, kind):
+    planted_record_is_ignored(cluster, tmp_path, kind)
+
+
+def test_dead_holder_taken_over_within_seconds(cluster):
+    dead_holder_is_taken_over_within_seconds(cluster)
+
+
+@pytest.mark.heavy
+def test_live_holder_of_a_long_compile_keeps_its_lease(cluster):
+    live_holder_keeps_its_lease(cluster)

@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 
 from conftest import read_result, run_parallel
-from test_remote import (KERNELS, Cluster, read_all_kernels, stage_all, template,  # noqa: F401
+from test_remote import (KERNELS, Cluster, dead_holder_is_taken_over_within_seconds,
+                         live_holder_keeps_its_lease, planted_record_is_ignored,
+                         read_all_kernels, stage_all, template,  # noqa: F401
                          test_cluster_compiles_each_kernel_once as cluster_once, total)
 
 READY_WAIT = 30  # seconds for a redis-server to answer on a busy machine
@@ -94,6 +96,20 @@ class RedisCluster(Cluster):
     def __init__(self, tmp_path, template, servers):
         super().__init__(tmp_path, template, "|".join(s.url for s in servers))
         self.servers = servers
+
+    def lease_keys(self):
+        return [k.decode()[len("kcachefs:lease:"):] for s in self.servers if s.proc
+                for k in s.keys("kcachefs:lease:*")]
+
+    def wipe(self):
+        for s in self.servers:
+            if s.proc is not None:
+                assert s.cli("FLUSHALL") == b"OK"
+
+    def plant(self, key, record):
+        """SET the lease key with record and no TTL, on every shard (so on key's)."""
+        for s in self.servers:
+            assert s.cli("SET", "kcachefs:lease:" + key, record) == b"OK"
 
     def objects(self, kind):
         """Names of the stored objects of kind (b"cubin" or b"index"), on every live shard."""
@@ -475,3 +491,17 @@ def test_holder_loses_store_mid_compile(redis_cluster):
     assert results[0] != results[4], "b compiled for itself"
     assert a.stats()["compiles_total"] == 1 and b.stats()["compiles_total"] == 1
     assert len(redis_cluster.compiles()) == 2
+
+
+@pytest.mark.parametrize("case", ["planted-held", "planted-failed", "dead-holder"])
+def test_redis_lease_records_and_holders(redis_cluster, tmp_path, case):
+    """test_remote.py's planted lease and note, and SIGKILLed holder, on Redis."""
+    if case == "dead-holder":
+        dead_holder_is_taken_over_within_seconds(redis_cluster)
+    else:
+        planted_record_is_ignored(redis_cluster, tmp_path, case[len("planted-"):])
+
+
+@pytest.mark.heavy
+def test_redis_live_holder_of_a_long_compile_keeps_its_lease(redis_cluster):
+    live_holder_keeps_its_lease(redis_cluster)

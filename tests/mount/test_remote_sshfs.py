@@ -15,7 +15,9 @@ import pytest
 
 from conftest import read_result
 from sshfs_export import SshfsExport, missing_prerequisite
-from test_remote import (KERNELS, Cluster, source, stage_all, template,  # noqa: F401
+from test_remote import (KERNELS, Cluster, dead_holder_is_taken_over_within_seconds,
+                         live_holder_keeps_its_lease, planted_record_is_ignored, source,
+                         stage_all, template,  # noqa: F401
                          test_cluster_compiles_each_kernel_once as cluster_once, total)
 
 MISSING = missing_prerequisite()
@@ -84,3 +86,19 @@ def test_server_lost_mid_run(sshfs_cluster, export, how):
     logs = "".join(m.daemon_log() for m in nodes)
     if how == "frozen":  # the hung mount answered nothing: remote_timeout ended each call
         assert "Connection timed out" in logs, logs
+
+
+SCENARIOS = {
+    "live-holder": lambda c, tmp: live_holder_keeps_its_lease(c),
+    "dead-holder": lambda c, tmp: dead_holder_is_taken_over_within_seconds(c),
+    "planted-held": lambda c, tmp: planted_record_is_ignored(c, tmp, "held"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SCENARIOS))
+def test_lease_liveness_on_sshfs(sshfs_cluster, tmp_path, case):
+    """Through sshfs's 30 s attribute cache, which would hide a lease file's new mtime from
+    the other nodes: a live holder of a long compile keeps its lease, a SIGKILLed one is
+    taken over within seconds, a planted lease is ignored (the liveness counter is in the
+    file's bytes, read fresh at each open)."""
+    SCENARIOS[case](sshfs_cluster, tmp_path)

@@ -1,6 +1,7 @@
 /* test_remote_dir.c - the dir: backend of the cluster store on a real temporary directory:
  * objects (no-replace publish, whole-file reads, misses), leases (take, renew, release,
- * failure notes, expiry, takeover by one of several), the per-operation bound. */
+ * failure notes, expiry, takeover by one of several), signed and bounded lease records,
+ * the liveness of a holder, the per-operation bound. */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
@@ -16,6 +17,7 @@
 
 #include "remote.h"
 #include "remote_dir.h"
+#include "remote_object.h"
 #include "tap.h"
 
 static char root[64], store[128];
@@ -250,6 +252,75 @@ int main(void)
 		close(fd);
 		CHECK(wait_state(b, k, KC_LEASE_NONE) && b->ops->lease_take(b, k, TOK1, 1000, &st) == 0,
 		      "a garbage lease expires and is taken over");
+	}
+
+	{ /* with a key, only a signed record within its bound stands; others are taken over */
+		static const unsigned char sec[] = "0123456789abcdef0123", other_sec[] =
+			"fedcba9876543210fedc";
+		struct kc_object_secret key = {sec, 20}, other = {other_sec, 20};
+		const char *k = "abababababababababababababababababababababababababababababababab";
+		char rec[KC_LEASE_RECORD_MAX], line[KC_LEASE_RECORD_MAX + 40];
+		struct {
+			const struct kc_object_secret *by;
+			enum kc_lease_state state;
+			unsigned ttl;
+			const char *what;
+		} planted[] = {
+			{NULL, KC_LEASE_HELD, 60000, "an unsigned lease"},
+			{NULL, KC_LEASE_FAILED, 4000, "an unsigned failure note"},
+			{&other, KC_LEASE_HELD, 60000, "a lease signed with another key"},
+			{&other, KC_LEASE_FAILED, 4000, "a note signed with another key"},
+			{&key, KC_LEASE_HELD, 61000, "a signed lease over the bound"},
+			{&key, KC_LEASE_FAILED, 5001, "a signed note over the bound"},
+		};
+		b->secret = &key;
+		b->held_max_ms = 60000;
+		b->note_max_ms = 5000;
+		snprintf(path, sizeof(path), "%s/leases/ab", store);
+		mkdir(path, 0755);
+		snprintf(path, sizeof(path), "%s/leases/ab/%s", store, k);
+		for (size_t i = 0; i < sizeof(planted) / sizeof(*planted); i++) {
+			int n = kc_lease_record(planted[i].by, k, planted[i].state, TOK2,
+						planted[i].ttl, rec);
+			FILE *f = fopen(path, "w");
+			snprintf(line, sizeof(line), "%s\nalive 0000000000000000\n", rec);
+			printf("# planted: %s\n", planted[i].what);
+			CHECK(n > 0 && f && fputs(line, f) >= 0 && fclose(f) == 0, "plant it");
+			CHECK(b->ops->lease_peek(b, k, &st) == 0 && st == KC_LEASE_NONE,
+			      "peek sees none");
+			CHECK(b->ops->lease_take(b, k, TOK1, 60000, &st) == 0 &&
+				      b->ops->lease_release(b, k, TOK1, 0) == 0, "taken over at once");
+		}
+		CHECK(b->ops->lease_take(b, k, TOK1, 60000, &st) == 0 &&
+			      b->ops->lease_take(b, k, TOK2, 60000, &st) == -EBUSY &&
+			      st == KC_LEASE_HELD, "a signed lease of this key stands");
+		CHECK(b->ops->lease_release(b, k, TOK1, 4000) == 0 &&
+			      b->ops->lease_take(b, k, TOK2, 60000, &st) == -EBUSY &&
+			      st == KC_LEASE_FAILED, "and so does its signed failure note");
+		CHECK(wait_state(b, k, KC_LEASE_NONE), "which expires");
+
+		/* liveness: a holder that stops renewing is dead after KC_REMOTE_ALIVE_MS of
+		 * a taker's clock, whatever its ttl; one that renews lives */
+		struct timespec t0, t1;
+		CHECK(b->ops->lease_take(b, k, TOK1, 60000, &st) == 0, "take a 60 s lease");
+		clock_gettime(CLOCK_MONOTONIC, &t0);
+		for (int i = 0; i < 10; i++) {
+			sleep_ms(500);
+			CHECK(b->ops->lease_renew(b, k, TOK1, 60000) == 0 &&
+				      b->ops->lease_take(b, k, TOK2, 60000, &st) == -EBUSY,
+			      "renewed every 500 ms: it stands");
+		}
+		CHECK(b->ops->lease_take(b, k, TOK2, 60000, &st) == -EBUSY, "the holder stops");
+		while (b->ops->lease_take(b, k, TOK2, 60000, &st) == -EBUSY)
+			sleep_ms(50);
+		clock_gettime(CLOCK_MONOTONIC, &t1);
+		double gone = (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9 - 5;
+		printf("# a holder that stopped renewing: taken over %.2f s later\n", gone);
+		CHECK(gone >= KC_REMOTE_ALIVE_MS / 1000.0 - 0.6 && gone < 20,
+		      "taken over once not heard from for KC_REMOTE_ALIVE_MS, not its 60 s ttl");
+		CHECK(b->ops->lease_renew(b, k, TOK1, 60000) == -ENOLCK, "the dead one's renew: -ENOLCK");
+		CHECK(b->ops->lease_release(b, k, TOK2, 0) == 0, "released");
+		b->secret = NULL;
 	}
 
 	/* the bound: a put slower than the timeout returns -ETIMEDOUT; its worker finishes on

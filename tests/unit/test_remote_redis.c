@@ -26,6 +26,7 @@
 #include "hash.h"
 #include "log.h"
 #include "remote.h"
+#include "remote_object.h"
 #include "remote_redis.h"
 #include "tap.h"
 
@@ -604,6 +605,88 @@ static void test_leases(struct server *s)
 	b->ops->destroy(b);
 }
 
+/* Lease records that do not check (unsigned or signed with another key with a key set,
+ * over their bound, a key without a TTL) are taken over at once; a holder whose liveness
+ * key is gone (it stopped renewing) is taken over within KC_REMOTE_ALIVE_MS. */
+static void test_lease_records(struct server *s)
+{
+	static const unsigned char sec[] = "0123456789abcdef0123", other_sec[] =
+		"fedcba9876543210fedc";
+	struct kc_object_secret key = {sec, 20}, other = {other_sec, 20};
+	struct kc_remote_backend *b = open_server(s, NULL, 5000);
+	enum kc_lease_state st = KC_LEASE_NONE;
+	char k[65], name[128], rec[KC_LEASE_RECORD_MAX];
+	struct {
+		const struct kc_object_secret *by;
+		enum kc_lease_state state;
+		unsigned ttl, px; /* px 0: no TTL on the key */
+		const char *what;
+	} planted[] = {
+		{NULL, KC_LEASE_HELD, 60000, 60000, "an unsigned lease"},
+		{NULL, KC_LEASE_FAILED, 4000, 4000, "an unsigned failure note"},
+		{&other, KC_LEASE_FAILED, 4000, 4000, "a note signed with another key"},
+		{&key, KC_LEASE_FAILED, 5001, 5001, "a signed note over the bound"},
+		{&key, KC_LEASE_FAILED, 4000, 0, "a signed note without a TTL"},
+		{&key, KC_LEASE_FAILED, 4000, 9000, "a signed note whose TTL is over the bound"},
+		{&key, KC_LEASE_HELD, 60000, 60000, "a signed lease whose holder is not alive"},
+	};
+
+	if (!b) {
+		CHECK(0, "open a backend on the server");
+		return;
+	}
+	b->secret = &key;
+	b->held_max_ms = 60000;
+	b->note_max_ms = 5000;
+	key_of("records", 1, k);
+	snprintf(name, sizeof(name), "kcachefs:lease:%s", k);
+	for (size_t i = 0; i < sizeof(planted) / sizeof(*planted); i++) {
+		redisReply *r;
+		printf("# planted: %s\n", planted[i].what);
+		CHECK(kc_lease_record(planted[i].by, k, planted[i].state, TOKB, planted[i].ttl,
+				      rec) > 0, "make the record");
+		if (planted[i].px)
+			r = cmd(s, "SET %s %s PX %u", name, rec, planted[i].px);
+		else
+			r = cmd(s, "SET %s %s", name, rec);
+		CHECK(r && r->type == REDIS_REPLY_STATUS, "plant it");
+		if (r)
+			freeReplyObject(r);
+		CHECK(b->ops->lease_peek(b, k, &st) == 0 && st == KC_LEASE_NONE, "peek sees none");
+		CHECK(b->ops->lease_take(b, k, TOKA, 60000, &st) == 0, "taken over at once");
+		long long pttl = cmd_int(s, "PTTL %s", name);
+		CHECK(pttl > 0 && pttl <= 60000, "the new lease has a TTL");
+		CHECK(b->ops->lease_release(b, k, TOKA, 0) == 0, "and is released");
+	}
+	CHECK(b->ops->lease_take(b, k, TOKA, 60000, &st) == 0 &&
+		      b->ops->lease_take(b, k, TOKB, 60000, &st) == -EBUSY && st == KC_LEASE_HELD,
+	      "a signed lease of this key stands");
+	CHECK(b->ops->lease_release(b, k, TOKA, 4000) == 0 &&
+		      b->ops->lease_take(b, k, TOKB, 60000, &st) == -EBUSY && st == KC_LEASE_FAILED,
+	      "and so does its signed failure note");
+	CHECK(cmd_int(s, "PTTL %s", name) > 0, "which expires");
+	CHECK(cmd_int(s, "DEL %s", name) == 1, "drop it");
+
+	/* liveness */
+	int64_t t0 = now_ms();
+	CHECK(b->ops->lease_take(b, k, TOKA, 60000, &st) == 0, "take a 60 s lease");
+	for (int i = 0; i < 8; i++) {
+		usleep(500000);
+		CHECK(b->ops->lease_renew(b, k, TOKA, 60000) == 0 &&
+			      b->ops->lease_take(b, k, TOKB, 60000, &st) == -EBUSY,
+		      "renewed every 500 ms: it stands");
+	}
+	while (b->ops->lease_take(b, k, TOKB, 60000, &st) == -EBUSY && now_ms() < t0 + 30000)
+		usleep(50000);
+	double gone = (double)(now_ms() - t0 - 4000) / 1000;
+	printf("# a holder that stopped renewing: taken over %.2f s later\n", gone);
+	CHECK(gone >= KC_REMOTE_ALIVE_MS / 1000.0 - 0.6 && gone < 20,
+	      "taken over once not heard from for KC_REMOTE_ALIVE_MS, not its 60 s ttl");
+	CHECK(b->ops->lease_renew(b, k, TOKA, 60000) == -ENOLCK, "the dead one's renew: -ENOLCK");
+	CHECK(b->ops->lease_release(b, k, TOKB, 0) == 0, "released");
+	b->ops->destroy(b);
+}
+
 struct thr_arg {
 	struct kc_remote_backend *b;
 	int id, fails;
@@ -1170,6 +1253,7 @@ int main(void)
 	}
 	test_objects(&main_srv);
 	test_leases(&main_srv);
+	test_lease_records(&main_srv);
 	test_threads(&main_srv);
 	stop(&main_srv, SIGKILL);
 	test_shards();
