@@ -5,6 +5,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -75,6 +76,17 @@ static int exit_status(pid_t pid)
 	while (pid > 0 && waitpid(pid, &status, 0) < 0 && errno == EINTR)
 		;
 	return status;
+}
+
+/* A thread that starts a sleep as the uid at arg, and exits without waiting for it. */
+static void *start_and_go(void *arg)
+{
+	char why[256];
+	int bad_dir;
+	char *const nap[] = {"/bin/sleep", "1000.4244", NULL};
+	static pid_t pid;
+	pid = start(nap, *(uid_t *)arg, 0, NULL, &bad_dir, why, sizeof(why));
+	return &pid;
 }
 
 /* A daemon, forked here: it claims the uid claim, starts a watcher holding that claim and
@@ -199,6 +211,26 @@ int main(void)
 		kc_sandbox_kill_uids(0, 1);
 		kc_sandbox_kill_uids(KC_SANDBOX_AS_DAEMON, 1);
 		CHECK(kill(getpid(), 0) == 0, "kill_uids: the caller lives");
+	}
+	if (root) {
+		/* the compiler dies with the thread that started it: its death signal is set after
+		 * its change of uid, which clears one set before */
+		pthread_t th;
+		void *got = NULL;
+		uid_t as = UID + 3;
+		if (pthread_create(&th, NULL, start_and_go, &as) == 0)
+			pthread_join(th, &got);
+		pid_t napper = got ? *(pid_t *)got : -1;
+		int status = -1;
+		for (int i = 0; napper > 0 && i < 1000 && waitpid(napper, &status, WNOHANG) == 0; i++)
+			usleep(10000);
+		if (napper > 0 && status == -1) { /* still runs after 10 s */
+			kill(napper, SIGKILL);
+			exit_status(napper);
+		}
+		CHECK(napper > 0 && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL,
+		      "pdeathsig: the compiler of a thread that ended is killed, as its uid");
+		kc_sandbox_kill_uids(UID + 3, 1); /* on failure */
 	}
 	if (root) {
 		/* a daemon SIGKILLed with a compile running: its watcher ends every process of
