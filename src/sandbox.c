@@ -302,6 +302,44 @@ static void close_all_but(int a, int b)
 	close_span(from, INT_MAX);
 }
 
+/* Make this process's command line (in ps, pgrep, /proc/PID/cmdline) "kcachefs-watch of
+ * pid <daemon>", over the daemon's arguments that it has a copy of: a watcher is then never
+ * taken for the daemon it watches. Writes into the argument area that /proc/self/stat
+ * gives (fields 48 and 49); system calls only. */
+static void retitle(pid_t daemon)
+{
+	char st[1024], title[64] = "kcachefs-watch of pid ", digits[16];
+	int fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
+	ssize_t n = fd >= 0 ? read(fd, st, sizeof(st) - 1) : -1;
+	if (fd >= 0)
+		close(fd);
+	if (n <= 0)
+		return;
+	st[n] = '\0';
+	char *p = strrchr(st, ')');
+	unsigned long field[50] = {0};
+	for (int f = 3; p && f <= 49; f++) { /* p at the space before field f */
+		while (*p && *p != ' ')
+			p++;
+		while (*p == ' ')
+			p++;
+		for (; *p >= '0' && *p <= '9'; p++)
+			field[f] = field[f] * 10 + (unsigned long)(*p - '0');
+	}
+	char *start = (char *)field[48], *end = (char *)field[49];
+	if (!p || !start || end <= start)
+		return;
+	int d = 0, t = (int)strlen(title);
+	for (unsigned v = (unsigned)daemon; d == 0 || v; v /= 10)
+		digits[d++] = (char)('0' + v % 10);
+	while (d && t < (int)sizeof(title) - 1)
+		title[t++] = digits[--d];
+	title[t] = '\0';
+	size_t len = (size_t)(end - start);
+	memset(start, 0, len);
+	memcpy(start, title, (size_t)t < len - 1 ? (size_t)t : len - 1);
+}
+
 /* The watcher: waits for the daemon (pidfd, else a look each second), then kills. */
 static void watcher(pid_t daemon, int pidfd, uid_t first, unsigned count,
 		    const volatile pid_t *groups, unsigned ngroups, int keep_fd)
@@ -316,6 +354,7 @@ static void watcher(pid_t daemon, int pidfd, uid_t first, unsigned count,
 		sigaction(quiet[i], &ign, NULL);
 	setsid();
 	prctl(PR_SET_NAME, "kcachefs-watch", 0, 0, 0);
+	retitle(daemon);
 	/* Nothing of the daemon's stays open: not /dev/fuse (the mount would outlive it), not
 	 * the store, not the log's pipe. */
 	close_all_but(pidfd, keep_fd);

@@ -77,7 +77,8 @@ void kc_sandbox_kill_uids(uid_t first, unsigned count);
 /* End the compiles with the daemon, however it dies (SIGKILL, the OOM killer): start a
  * watcher, a process of the daemon's uid that is no child of it, holds nothing of it but
  * keep_fd (or -1: the claim on the uids, kc_sandbox_claim_uids, so that no other daemon
- * compiles as them until the watcher is done), and waits for the daemon's exit. Then it
+ * compiles as them until the watcher is done), and waits for the daemon's exit (in ps:
+ * "kcachefs-watch of pid <daemon>", never the daemon's arguments). Then it
  * SIGKILLs each process group (and process) of groups[0] to groups[ngroups - 1] that is >
  * 0, and every process of the uids first to first + count - 1 (none for first 0 or
  * KC_SANDBOX_AS_DAEMON), and exits. groups: memory shared with the watcher (MAP_SHARED),

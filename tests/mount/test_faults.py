@@ -130,11 +130,11 @@ def tagged(tag):
 
 
 def watcher_of(m):
-    """The pid of the watcher of m's daemon: named kcachefs-watch, the daemon's arguments."""
-    out = subprocess.run(["ps", "ax", "-o", "pid=,comm=,args="], capture_output=True,
+    """The pid of the watcher of m's daemon, as ps shows it."""
+    title = "kcachefs-watch of pid %d" % m.proc.pid
+    out = subprocess.run(["ps", "ax", "-o", "pid=,args="], capture_output=True,
                          text=True).stdout
-    pids = [int(l.split()[0]) for l in out.splitlines()
-            if l.split()[1] == "kcachefs-watch" and str(m.mnt) in l]
+    pids = [int(l.split()[0]) for l in out.splitlines() if l.split(None, 1)[1] == title]
     assert len(pids) == 1, out
     return pids[0]
 
