@@ -21,6 +21,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "compile.h"
 #include "fh.h"
 #include "fs.h"
 #include "kc_build.h"
@@ -472,6 +473,12 @@ int main(int argc, char *argv[])
 		goto out_unmount;
 	if (!cmd.foreground)
 		kc_log_init(1, cmd.debug ? KC_LOG_DEBUG : level);
+	/* The watcher too: it waits for this process, not for the one that daemonized. */
+	int werr = kc_compile_watch(fs->cfg.compile_uids,
+				    fs->cfg.uids_lock_fd > 0 ? fs->cfg.uids_lock_fd : -1);
+	if (werr)
+		kc_log(KC_LOG_WARN, "cannot start the watcher of the compiles (%s): a compile "
+		       "outlives a daemon that dies, until the next start", strerror(-werr));
 	/* Threads start after daemonizing (fork keeps only the calling thread). */
 	int started = kc_cache_init(&fs->cache, &fs->cfg, &fs->store, remote) == 0;
 	fs->cache.evict = &fs->evict; /* every publish is told to the index */

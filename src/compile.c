@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/pidfd.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -33,8 +34,23 @@
  * it runs, and gives a sandboxed compile its uid (first_uid + slot), so that no two
  * running compiles share one. */
 static pthread_mutex_t running_lock = PTHREAD_MUTEX_INITIALIZER;
-static pid_t running[KC_COMPILE_SLOTS];
+static pid_t running_here[KC_COMPILE_SLOTS];
+static pid_t *running = running_here; /* memory shared with the watcher once it runs */
 static int shutting_down;
+
+int kc_compile_watch(unsigned first_uid, int lock_fd)
+{
+	pid_t *shared = mmap(NULL, sizeof(running_here), PROT_READ | PROT_WRITE,
+			     MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	if (shared == MAP_FAILED)
+		return -errno;
+	pthread_mutex_lock(&running_lock);
+	memcpy(shared, running, sizeof(running_here));
+	running = shared;
+	pthread_mutex_unlock(&running_lock);
+	return kc_sandbox_watch(first_uid ? (uid_t)first_uid : KC_SANDBOX_AS_DAEMON,
+				KC_COMPILE_SLOTS, shared, KC_COMPILE_SLOTS, lock_fd);
+}
 
 static int reserve_slot(void)
 {

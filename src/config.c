@@ -15,6 +15,8 @@
 #include "nvcc.h"
 #include "sandbox.h"
 
+#define KC_CLAIM_WAIT_MS 2000 /* how long a start waits for a range held (see below) */
+
 /* Nonzero if path is an executable regular file (else errno says why). */
 static int runnable_file(const char *path)
 {
@@ -109,12 +111,18 @@ static int resolve_compile_uids(struct kc_config *c, char *why, size_t whylen)
 		c->compile_uids = 0;
 		return 0;
 	}
-	/* Two daemons in one range would kill each other's compiles. */
+	/* Two daemons in one range would kill each other's compiles. The watcher of a daemon
+	 * that just died holds its claim while it kills that daemon's compiles (milliseconds):
+	 * a restart on that range waits for it, up to KC_CLAIM_WAIT_MS. */
 	int fd = -EBUSY;
-	for (unsigned long k = 0; k < ranges && fd == -EBUSY; k++)
-		if ((fd = kc_sandbox_claim_uids((uid_t)(first + k * KC_COMPILE_SLOTS),
-						KC_COMPILE_SLOTS)) >= 0)
-			first += k * KC_COMPILE_SLOTS;
+	for (unsigned waited = 0; fd == -EBUSY && waited <= KC_CLAIM_WAIT_MS; waited += 50) {
+		if (waited)
+			usleep(50000);
+		for (unsigned long k = 0; k < ranges && fd == -EBUSY; k++)
+			if ((fd = kc_sandbox_claim_uids((uid_t)(first + k * KC_COMPILE_SLOTS),
+							KC_COMPILE_SLOTS)) >= 0)
+				first += k * KC_COMPILE_SLOTS;
+	}
 	if (fd < 0) {
 		if (fd == -EPERM)
 			snprintf(why, whylen, "compile uids: " KC_SANDBOX_RUN_DIR " must be a directory "

@@ -34,7 +34,9 @@ struct kc_remote_tier {
 	pthread_cond_t stop_cv; /* CLOCK_MONOTONIC: waits between polls end early at stop */
 	int stopping;
 	unsigned faults_in_row;
-	double breaker_until;   /* monotonic seconds; 0: closed */
+	double breaker_until;   /* monotonic seconds of the next probe; 0: closed */
+	double breaker_wait_s;  /* the wait before that probe (doubles after a failed one) */
+	int probing;            /* 1 while a thread asks the store whether it is back */
 	double last_log[FAULT_KINDS];
 	unsigned long suppressed[FAULT_KINDS];
 };
@@ -46,16 +48,64 @@ static double now_s(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-/* Whether the breaker lets an operation through now. When it has cooled down, one
- * operation at a time tries again (its outcome closes or reopens it). */
+/* Open the breaker at now (t->lock held): the store is asked again, with one probe, after
+ * KC_REMOTE_BREAKER_FIRST_S seconds. */
+static void breaker_open(struct kc_remote_tier *t, double now)
+{
+	t->faults_in_row = KC_REMOTE_BREAKER_FAULTS;
+	t->breaker_wait_s = KC_REMOTE_BREAKER_FIRST_S;
+	t->breaker_until = now + t->breaker_wait_s;
+}
+
+double kc_remote_breaker_next_wait(double wait_s)
+{
+	double next = wait_s * 2;
+	return next < KC_REMOTE_BREAKER_S ? next : KC_REMOTE_BREAKER_S;
+}
+
+/* The cheap call that says whether the store is back: a get of a key no object has (one
+ * GET on Redis, one failed open on a dir: store). 0 when it answered, else the fault. */
+static int ask_store(struct kc_remote_tier *t)
+{
+	static const char nobody[KC_SHA256_HEXLEN + 1] =
+		"0000000000000000000000000000000000000000000000000000000000000000";
+	char *data = NULL;
+	size_t len = 0;
+	int err = t->b->ops->get(t->b, nobody, &data, &len);
+	free(data);
+	return err == -ENOENT ? 0 : err;
+}
+
+/* Whether the breaker lets an operation through now. An open breaker holds operations off
+ * until its probe is due; then the first caller asks the store once (the others are held
+ * off meanwhile): an answer closes the breaker and lets the caller through, a fault doubles
+ * the wait (up to KC_REMOTE_BREAKER_S) before the next probe. A store back at once is then
+ * used again after KC_REMOTE_BREAKER_FIRST_S, not after the cap. */
 static int store_usable(struct kc_remote_tier *t)
 {
 	pthread_mutex_lock(&t->lock);
-	int ok = t->breaker_until == 0 || now_s() >= t->breaker_until;
-	if (ok && t->breaker_until != 0)
-		t->breaker_until = now_s() + 1; /* half open: this one tries, others wait 1 s */
+	int closed = t->breaker_until == 0;
+	int due = !closed && !t->probing && now_s() >= t->breaker_until;
+	t->probing |= due;
 	pthread_mutex_unlock(&t->lock);
-	return ok;
+	if (!due)
+		return closed;
+	int err = ask_store(t);
+	pthread_mutex_lock(&t->lock);
+	t->probing = 0;
+	if (err == 0 && t->breaker_until != 0) {
+		kc_log(KC_LOG_WARN, "cluster store %s answers again", t->b->ops->describe(t->b));
+		t->faults_in_row = 0;
+		t->breaker_until = 0;
+	} else if (err != 0 && t->breaker_until != 0) {
+		t->breaker_wait_s = kc_remote_breaker_next_wait(t->breaker_wait_s);
+		t->breaker_until = now_s() + t->breaker_wait_s;
+	}
+	closed = t->breaker_until == 0;
+	pthread_mutex_unlock(&t->lock);
+	if (err != 0)
+		atomic_fetch_add(&t->stats->remote_get_errors, 1);
+	return closed;
 }
 
 /* Count the outcome err of an operation of kind: 0 and the answers that are no fault
@@ -90,13 +140,13 @@ static void outcome(struct kc_remote_tier *t, enum fault_kind kind, int err, int
 	} else {
 		t->suppressed[kind]++;
 	}
-	if (++t->faults_in_row >= KC_REMOTE_BREAKER_FAULTS &&
-	    (t->breaker_until == 0 || t->breaker_until <= now + 1)) {
-		if (t->breaker_until == 0)
-			kc_log(KC_LOG_WARN, "cluster store %s: %u faults in a row; not asked for %d s "
-			       "(compiling locally)", t->b->ops->describe(t->b), t->faults_in_row,
-			       KC_REMOTE_BREAKER_S);
-		t->breaker_until = now + KC_REMOTE_BREAKER_S;
+	/* An operation begun before the breaker opened, failing now, leaves its probes be. */
+	if (++t->faults_in_row >= KC_REMOTE_BREAKER_FAULTS && t->breaker_until == 0) {
+		kc_log(KC_LOG_WARN, "cluster store %s: %u faults in a row; compiling locally, and "
+		       "asking it again in %d s, then at doubling waits up to %d s",
+		       t->b->ops->describe(t->b), t->faults_in_row, KC_REMOTE_BREAKER_FIRST_S,
+		       KC_REMOTE_BREAKER_S);
+		breaker_open(t, now);
 	}
 	pthread_mutex_unlock(&t->lock);
 }
@@ -198,23 +248,18 @@ int kc_remote_tier_open(const struct kc_remote_opts *o, const char *nvcc,
 
 void kc_remote_tier_probe(struct kc_remote_tier *t)
 {
-	static const char nobody[KC_SHA256_HEXLEN + 1] = /* a key no object has */
-		"0000000000000000000000000000000000000000000000000000000000000000";
-	char *data = NULL;
-	size_t len = 0;
-	int err = t->b->ops->get(t->b, nobody, &data, &len);
-	free(data);
-	if (err == 0 || err == -ENOENT) {
+	int err = ask_store(t);
+	if (err == 0) {
 		kc_log(KC_LOG_INFO, "cluster store %s answers", t->b->ops->describe(t->b));
 		return;
 	}
 	atomic_fetch_add(&t->stats->remote_get_errors, 1);
 	kc_log(KC_LOG_WARN, "cluster store %s does not answer at start (%s): compiling locally, "
-	       "and asking it again in %d s", t->b->ops->describe(t->b), strerror(-err),
+	       "and asking it again in %d s, then at doubling waits up to %d s",
+	       t->b->ops->describe(t->b), strerror(-err), KC_REMOTE_BREAKER_FIRST_S,
 	       KC_REMOTE_BREAKER_S);
 	pthread_mutex_lock(&t->lock);
-	t->faults_in_row = KC_REMOTE_BREAKER_FAULTS;
-	t->breaker_until = now_s() + KC_REMOTE_BREAKER_S;
+	breaker_open(t, now_s());
 	pthread_mutex_unlock(&t->lock);
 }
 

@@ -21,8 +21,10 @@
  *      locally (a hedge). A failure note (the holder's compile was rejected) means: compile
  *      locally at once.
  * Every store fault is a miss or a failed put: counted, logged (at most one line per 10 s
- * per kind), and after KC_REMOTE_BREAKER_FAULTS faults in a row the store is not asked
- * for KC_REMOTE_BREAKER_S seconds (logged once each way). Only nvcc compiles are shared:
+ * per kind), and after KC_REMOTE_BREAKER_FAULTS faults in a row the breaker opens: the store
+ * is not asked, but probed (one cheap call) after KC_REMOTE_BREAKER_FIRST_S seconds, then at
+ * waits that double up to KC_REMOTE_BREAKER_S; the first probe it answers closes the breaker
+ * (logged once each way). Only nvcc compiles are shared:
  * NVRTC entries have no dependency output to build a manifest from (remote_manifest.h).
  */
 #ifndef KC_REMOTE_TIER_H
@@ -41,7 +43,8 @@
 #define KC_REMOTE_DEFAULT_TIMEOUT 2000  /* milliseconds of one store operation */
 #define KC_REMOTE_FAIL_NOTE_MS 5000     /* a rejected compile's note lives this long */
 #define KC_REMOTE_BREAKER_FAULTS 5      /* faults in a row that stop asking the store */
-#define KC_REMOTE_BREAKER_S 30          /* for this many seconds */
+#define KC_REMOTE_BREAKER_FIRST_S 1     /* seconds from the opening to the first probe */
+#define KC_REMOTE_BREAKER_S 30          /* the longest wait between two probes, seconds */
 #define KC_REMOTE_WAITERS 32            /* pool workers beyond -o jobs: fetches and waits */
 
 /* -o remote options, as given (borrowed). */
@@ -81,8 +84,9 @@ int kc_remote_tier_open(const struct kc_remote_opts *o, const char *nvcc,
 			size_t whylen);
 
 /* Ask the store once, bounded by remote_timeout: a store that does not answer is said in
- * the log, counted as a get error, and not asked for KC_REMOTE_BREAKER_S seconds (the
- * breaker opens: remote_up is 0); the mount goes on without it. For start-up. */
+ * the log, counted as a get error, and the breaker opens (remote_up is 0: probed again
+ * after KC_REMOTE_BREAKER_FIRST_S s, see above); the mount goes on without it. For
+ * start-up. */
 void kc_remote_tier_probe(struct kc_remote_tier *t);
 
 /* Make waiting jobs stop waiting (they compile locally or fail at once); for shutdown. */
@@ -111,5 +115,9 @@ void kc_remote_job_free(struct kc_remote_job *rj);
 
 /* 1 while the store answers (the breaker is closed), else 0. */
 int kc_remote_tier_up(struct kc_remote_tier *t);
+
+/* The breaker's wait, in seconds, before the probe after one that failed following a wait
+ * of wait_s: twice wait_s, at most KC_REMOTE_BREAKER_S. */
+double kc_remote_breaker_next_wait(double wait_s);
 
 #endif

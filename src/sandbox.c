@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <limits.h>
 #include <poll.h>
 #include <pwd.h>
 #include <sched.h>
@@ -50,8 +51,8 @@ static pid_t clone_ns(int ns_flags)
 			      NULL);
 }
 
-/* The child, between clone and exec: system calls only. */
-static void child(const struct kc_spawn *sp, int pipe_fd, int devnull)
+/* The child, between clone and exec: system calls only. parent: the daemon's pid. */
+static void child(const struct kc_spawn *sp, int pipe_fd, int devnull, pid_t parent)
 {
 	struct sigaction dfl;
 	sigset_t none;
@@ -87,6 +88,13 @@ static void child(const struct kc_spawn *sp, int pipe_fd, int devnull)
 		fail_child(pipe_fd, errno, STAGE_IDENTITY);
 	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
 		fail_child(pipe_fd, errno, STAGE_IDENTITY);
+	/* Dies with the thread that cloned it, which waits for it to the end (a pool worker,
+	 * or the thread of a start-up probe): this covers a daemon killed before the child's
+	 * pid was recorded for the watcher (kc_sandbox_watch). Set after the identity, which
+	 * clears it (prctl(2): a change of the effective or filesystem uid or gid); a parent
+	 * gone before this line is seen by getppid. */
+	if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0 || getppid() != parent)
+		fail_child(pipe_fd, ESRCH, STAGE_SETUP);
 	for (int i = 0; sp->dirs && sp->dirs[i]; i++) {
 		struct stat st;
 		if (stat(sp->dirs[i], &st) != 0)
@@ -117,10 +125,11 @@ pid_t kc_sandbox_spawn(const struct kc_spawn *sp, int *bad_dir, char *why, size_
 		snprintf(why, whylen, "cannot open /dev/null: %s", strerror(err));
 		return -err;
 	}
+	pid_t parent = getpid();
 	pid_t pid = clone_ns(sp->ns_flags);
 	if (pid == 0) {
 		close(p[0]);
-		child(sp, p[1], devnull);
+		child(sp, p[1], devnull, parent);
 	}
 	int clone_err = errno;
 	close(p[1]);
@@ -268,4 +277,122 @@ void kc_sandbox_kill_uids(uid_t first, unsigned count)
 	}
 	while (pid > 0 && waitpid(pid, NULL, 0) < 0 && errno == EINTR)
 		;
+}
+
+/* Close the descriptors from to to (none when to < from). */
+static void close_span(int from, int to)
+{
+	if (to >= from && syscall(SYS_close_range, (unsigned)from, (unsigned)to, 0u) != 0)
+		for (int fd = from; fd <= to && fd < 65536; fd++) /* kernels before 5.9 */
+			close(fd);
+}
+
+/* Close every descriptor but a and b (either may be -1). */
+static void close_all_but(int a, int b)
+{
+	int lo = a < b ? a : b, hi = a < b ? b : a, from = 0;
+	if (lo >= 0) {
+		close_span(from, lo - 1);
+		from = lo + 1;
+	}
+	if (hi >= 0 && hi != lo) {
+		close_span(from, hi - 1);
+		from = hi + 1;
+	}
+	close_span(from, INT_MAX);
+}
+
+/* Make this process's command line (in ps, pgrep, /proc/PID/cmdline) "kcachefs-watch of
+ * pid <daemon>", over the daemon's arguments that it has a copy of: a watcher is then never
+ * taken for the daemon it watches. Writes into the argument area that /proc/self/stat
+ * gives (fields 48 and 49); system calls only. */
+static void retitle(pid_t daemon)
+{
+	char st[1024], title[64] = "kcachefs-watch of pid ", digits[16];
+	int fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
+	ssize_t n = fd >= 0 ? read(fd, st, sizeof(st) - 1) : -1;
+	if (fd >= 0)
+		close(fd);
+	if (n <= 0)
+		return;
+	st[n] = '\0';
+	char *p = strrchr(st, ')');
+	unsigned long field[50] = {0};
+	for (int f = 3; p && f <= 49; f++) { /* p at the space before field f */
+		while (*p && *p != ' ')
+			p++;
+		while (*p == ' ')
+			p++;
+		for (; *p >= '0' && *p <= '9'; p++)
+			field[f] = field[f] * 10 + (unsigned long)(*p - '0');
+	}
+	char *start = (char *)field[48], *end = (char *)field[49];
+	if (!p || !start || end <= start)
+		return;
+	int d = 0, t = (int)strlen(title);
+	for (unsigned v = (unsigned)daemon; d == 0 || v; v /= 10)
+		digits[d++] = (char)('0' + v % 10);
+	while (d && t < (int)sizeof(title) - 1)
+		title[t++] = digits[--d];
+	title[t] = '\0';
+	size_t len = (size_t)(end - start);
+	memset(start, 0, len);
+	memcpy(start, title, (size_t)t < len - 1 ? (size_t)t : len - 1);
+}
+
+/* The watcher: waits for the daemon (pidfd, else a look each second), then kills. */
+static void watcher(pid_t daemon, int pidfd, uid_t first, unsigned count,
+		    const volatile pid_t *groups, unsigned ngroups, int keep_fd)
+{
+	struct sigaction ign;
+	memset(&ign, 0, sizeof(ign));
+	ign.sa_handler = SIG_IGN;
+	/* Not stopped by what stops the daemon cleanly (a terminal's ^C, systemd's SIGTERM): it
+	 * ends by itself once the daemon is gone. */
+	int quiet[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE, SIGUSR1, SIGUSR2};
+	for (size_t i = 0; i < sizeof(quiet) / sizeof(quiet[0]); i++)
+		sigaction(quiet[i], &ign, NULL);
+	setsid();
+	prctl(PR_SET_NAME, "kcachefs-watch", 0, 0, 0);
+	retitle(daemon);
+	/* Nothing of the daemon's stays open: not /dev/fuse (the mount would outlive it), not
+	 * the store, not the log's pipe. */
+	close_all_but(pidfd, keep_fd);
+	struct pollfd p = {.fd = pidfd, .events = POLLIN};
+	while (poll(&p, 1, 1000) <= 0)
+		if (pidfd < 0 && kill(daemon, 0) != 0 && errno == ESRCH)
+			break;
+	for (unsigned i = 0; i < ngroups; i++) {
+		pid_t g = groups[i];
+		if (g > 0) { /* the group, once the child made it; the child before that */
+			kill(-g, SIGKILL);
+			kill(g, SIGKILL);
+		}
+	}
+	kc_sandbox_kill_uids(first, count);
+	_exit(0);
+}
+
+int kc_sandbox_watch(uid_t first, unsigned count, const volatile pid_t *groups,
+		     unsigned ngroups, int keep_fd)
+{
+	pid_t daemon = getpid();
+	int pidfd = (int)syscall(SYS_pidfd_open, daemon, 0u); /* -1 before Linux 5.3 */
+	/* Twice: the watcher is then nobody's child here, so no wait of the daemon's (nor a
+	 * check for children it left) ever sees it. */
+	pid_t mid = clone_ns(0);
+	if (mid == 0) {
+		pid_t w = clone_ns(0);
+		if (w == 0)
+			watcher(daemon, pidfd, first, count, groups, ngroups, keep_fd);
+		_exit(w > 0 ? 0 : 1);
+	}
+	int err = mid < 0 ? -errno : 0, status = 0;
+	while (mid > 0 && waitpid(mid, &status, 0) < 0 && errno == EINTR)
+		;
+	if (pidfd >= 0)
+		close(pidfd);
+	if (!err && !(WIFEXITED(status) && WEXITSTATUS(status) == 0))
+		err = -EAGAIN;
+	return err;
 }

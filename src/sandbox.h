@@ -74,6 +74,26 @@ int kc_sandbox_id_taken(unsigned id, char *who, size_t len);
  * for KC_SANDBOX_AS_DAEMON or 0. Waits for the child, not for the processes to be gone. */
 void kc_sandbox_kill_uids(uid_t first, unsigned count);
 
+/* End the compiles with the daemon, however it dies (SIGKILL, the OOM killer): start a
+ * watcher, a process of the daemon's uid that is no child of it, holds nothing of it but
+ * keep_fd (or -1: the claim on the uids, kc_sandbox_claim_uids, so that no other daemon
+ * compiles as them until the watcher is done), and waits for the daemon's exit (in ps:
+ * "kcachefs-watch of pid <daemon>", never the daemon's arguments). Then it
+ * SIGKILLs each process group (and process) of groups[0] to groups[ngroups - 1] that is >
+ * 0, and every process of the uids first to first + count - 1 (none for first 0 or
+ * KC_SANDBOX_AS_DAEMON), and exits. groups: memory shared with the watcher (MAP_SHARED),
+ * where the daemon keeps its compilers' groups. A daemon's clean exit leaves nothing to
+ * kill. Call after any fork that daemonizes, from a process without compiles yet.
+ * Returns 0, or -errno (-EAGAIN, -ENOMEM: it could not be started). Each compiler also
+ * dies with the thread that started it (PR_SET_PDEATHSIG), as a daemon may die before it
+ * records that compiler's group. Why not PR_SET_PDEATHSIG alone: it reaches the
+ * compiler (nvcc) only, not the cicc, ptxas or gcc it started, nor a process that left
+ * its group; why not PR_SET_CHILD_SUBREAPER: the daemon would adopt the tools, but they
+ * outlive it all the same; and why not a pid namespace: the compiler would be its init,
+ * which ignores the signals (its own SIGKILL too) that end a failing compiler. */
+int kc_sandbox_watch(uid_t first, unsigned count, const volatile pid_t *groups,
+		     unsigned ngroups, int keep_fd);
+
 /* How many processes whose uid is first to first + count - 1 run (not zombies): a scan of
  * /proc. */
 unsigned kc_sandbox_count_uids(uid_t first, unsigned count);

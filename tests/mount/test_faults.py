@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import run_parallel, elf_symbols, entry_name, read_result, sample, start_openers, write_script
+from conftest import NVCC, run_parallel, elf_symbols, entry_name, read_result, sample, start_openers, write_script
 
 PART_A = b'extern "C" __global__ void part_a(float *x) { x[threadIdx.x] += 1.0f; }\n'
 PART_B = b'extern "C" __global__ void part_b(float *x) { x[threadIdx.x] *= 2.0f; }\n'
@@ -121,32 +121,111 @@ def test_compiler_failing_without_an_error_message_is_not_remembered(mount_facto
     assert read_result(entry / "kernel.cubin")[0] == "ok"
 
 
-def test_compiler_of_a_killed_daemon_is_killed_at_restart(mount_factory, tmp_path):
-    # this run's own sleep: another suite on the machine may run the same test
-    tag = b"sleep 1000.%d%d" % (os.getpid(), time.monotonic_ns() % 1000000)
-    nvcc = write_script(tmp_path / "nvcc-hangs", 'case "$*" in *-cubin*) exec %s;; esac\n'
-                        'exec /usr/local/cuda/bin/nvcc "$@"\n' % tag.decode())
-    m = mount_factory(["nvcc=%s" % nvcc])
+def tagged(tag):
+    """Pids of the live processes (no zombies) whose command line holds tag."""
+    out = subprocess.run(["ps", "ax", "-o", "pid=,stat=,args="], capture_output=True,
+                         text=True).stdout
+    return [int(l.split(None, 2)[0]) for l in out.splitlines()
+            if tag in l and l.split(None, 2)[1][0] != "Z"]
+
+
+def watcher_of(m):
+    """The pid of the watcher of m's daemon, as ps shows it."""
+    title = "kcachefs-watch of pid %d" % m.proc.pid
+    out = subprocess.run(["ps", "ax", "-o", "pid=,args="], capture_output=True,
+                         text=True).stdout
+    pids = [int(l.split()[0]) for l in out.splitlines() if l.split(None, 1)[1] == title]
+    assert len(pids) == 1, out
+    return pids[0]
+
+
+def wait_for(cond, seconds, why):
+    """Poll cond() until it holds; fail with why after seconds."""
+    deadline = time.monotonic() + seconds
+    while not cond():
+        assert time.monotonic() < deadline, why
+        time.sleep(0.05)
+
+
+def hanging_compile(m, tag):
+    """Open a staged kernel on m (its compiler hangs): returns the reader, once tag runs."""
     entry = m.stage("vector_add", *sample("vector_add"))
     reader = subprocess.Popen(["cat", str(entry / "kernel.cubin")], stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
-    while tag not in subprocess.run(["ps", "ax", "-o", "args"], capture_output=True).stdout:
-        assert time.monotonic() < deadline, "compiler did not start"
-        time.sleep(0.05)
-    m.kill()
-    reader.wait(timeout=30)
-    assert tag in subprocess.run(["ps", "ax", "-o", "args"], capture_output=True).stdout
-    m2 = mount_factory(name="m")
-    deadline = time.monotonic() + 10
-    while tag in subprocess.run(["ps", "ax", "-o", "args"], capture_output=True).stdout:
-        assert time.monotonic() < deadline, "orphaned compiler survived the restart"
-        time.sleep(0.05)
+    wait_for(lambda: tagged(tag), 30, "compiler did not start")
+    return reader
+
+
+def test_compiler_of_a_killed_daemon_is_killed_at_restart(mount_factory, tmp_path):
+    """The daemon and its watcher both SIGKILLed (systemd kills the whole unit so): a tool
+    of the compile outlives them, and the restart that claims the range kills it."""
+    # this run's own sleep: another suite on the machine may run the same test
+    tag = "sleep 1000.%d%d" % (os.getpid(), time.monotonic_ns() % 1000000)
+    # a tool of the compiler's: the compiler itself dies with the thread that started it
+    nvcc = write_script(tmp_path / "nvcc-hangs", 'case "$*" in *-cubin*) %s & wait;; esac\n'
+                        'exec /usr/local/cuda/bin/nvcc "$@"\n' % tag)
+    m = mount_factory(["nvcc=%s" % nvcc])
+    try:
+        reader = hanging_compile(m, tag)
+        os.kill(watcher_of(m), signal.SIGKILL)
+        m.kill()
+        reader.wait(timeout=30)
+        assert tagged(tag)
+        m2 = mount_factory(name="m")
+        wait_for(lambda: not tagged(tag), 10, "orphaned compiler survived the restart")
+    finally:
+        for pid in tagged(tag):
+            os.kill(pid, signal.SIGKILL)
     # The restart that claims the dead daemon's range of compile uids says it killed what
     # ran there (another suite's daemon on this machine may claim that range first).
     ranges = re.findall(r"compiles run as uids (\d+)\+", m.daemon_log() + m2.daemon_log())
     if len(set(ranges)) == 1:
         assert "left by a previous daemon" in m2.daemon_log()
+
+
+@pytest.mark.parametrize("uids", ["own", "daemon"])
+def test_compile_of_a_killed_daemon_ends_with_it(mount_factory, tmp_path, uids):
+    """A SIGKILLed daemon's compile ends with it, not at the next start: nvcc's own process
+    and the tools it started (a child, a grandchild), and, under a uid of its own, one that
+    left the process group; the dead mount answers its reader and is unmounted."""
+    tag = "sleep 1000.%d%d" % (os.getpid(), time.monotonic_ns() % 1000000)
+    left = "setsid %s &" % tag if uids == "own" else ""  # with the daemon's uid: by group
+    nvcc = write_script(tmp_path / "nvcc-hangs",
+                        'case "$*" in *-cubin*) %s & sh -c "%s & wait" & %s exec %s;; esac\n'
+                        'exec /usr/local/cuda/bin/nvcc "$@"\n' % (tag, tag, left, tag))
+    m = mount_factory(["nvcc=%s" % nvcc] + (["compile_uids=daemon"] if uids == "daemon" else []))
+    try:
+        reader = hanging_compile(m, tag)
+        want = 5 if uids == "own" else 4  # nvcc, its sleep, sh and its sleep (, setsid's)
+        wait_for(lambda: len(tagged(tag)) >= want, 30, "the compiler's tools did not start")
+        m.kill()  # and the dead mount unmounted
+        assert not os.path.ismount(m.mnt)
+        reader.wait(timeout=30)  # the mount went with the daemon: nothing kept /dev/fuse
+        wait_for(lambda: not tagged(tag), 30, "a compiler process of a dead daemon runs on")
+    finally:
+        for pid in tagged(tag):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_real_nvccs_tools_end_with_a_killed_daemon(mount_factory, tmp_path):
+    """Real nvcc, whose host compiler (a gcc that hangs in its preprocessing, with a child)
+    runs when the daemon is SIGKILLed: nvcc, that gcc and its child all end with it."""
+    ccbin = tmp_path / "ccbin"  # in nvcc's and the gcc's command lines: this run's own
+    ccbin.mkdir()
+    tag = "sleep 1000.%d%d" % (os.getpid(), time.monotonic_ns() % 1000000)
+    write_script(ccbin / "gcc", 'case "$*" in *__CUDA_ARCH__*) %s & wait;; esac\n'
+                 'exec /usr/bin/gcc "$@"\n' % tag)
+    nvcc = write_script(tmp_path / "nvcc-ccbin", 'exec %s -ccbin %s "$@"\n' % (NVCC, ccbin))
+    m = mount_factory(["nvcc=%s" % nvcc])
+    try:
+        hanging_compile(m, tag)
+        assert len(tagged(str(ccbin))) >= 2  # nvcc and the gcc
+        m.kill()
+        wait_for(lambda: not tagged(tag) and not tagged(str(ccbin)), 30,
+                 "a tool of a dead daemon's nvcc runs on")
+    finally:
+        for pid in tagged(tag) + tagged(str(ccbin)):
+            os.kill(pid, signal.SIGKILL)
 
 
 def test_only_staged_files_carry_staged_names(mount_factory):

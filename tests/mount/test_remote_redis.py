@@ -326,6 +326,38 @@ def test_redis_paused_longer_than_timeout(redis_cluster, how):
             sleeper.wait()
 
 
+def test_redis_back_at_once_is_used_again_within_seconds(redis_cluster):
+    """The server stopped (SIGSTOP) just long enough for the breaker to open (5 faults of
+    300 ms timeouts), then continued at once: the open breaker probes it after 1 s and the
+    node uses the store again within seconds, not after the 30 s cap."""
+    server = redis_cluster.servers[0]
+    b = redis_cluster.node("b", ["remote_timeout=300"])
+    paths = iter(stage_all(redis_cluster, b, range(100, 300)))  # fresh kernels: each asks
+    assert read_result(next(paths))[0] == "ok"
+    assert b.stats()["remote_puts_total"] >= 1  # the store in use
+    server.proc.send_signal(signal.SIGSTOP)
+    try:
+        while "faults in a row" not in b.daemon_log():
+            assert read_result(next(paths))[0] == "ok"
+    finally:
+        server.proc.send_signal(signal.SIGCONT)
+    back = time.monotonic()
+    s = b.stats()
+    assert s["remote_up"] == 0, s
+    puts = s["remote_puts_total"]
+    while True:
+        assert read_result(next(paths))[0] == "ok"
+        s = b.stats()
+        took = time.monotonic() - back
+        if s["remote_up"] == 1 and s["remote_puts_total"] > puts:
+            break
+        # generous for a busy machine; the cap it replaces kept the node off for 30 s
+        assert took < 20, "store not used again %.1f s after it answered: %s" % (took, s)
+        time.sleep(0.25)
+    print("store used again %.2f s after it answered" % took)
+    assert "answers again" in b.daemon_log()
+
+
 @pytest.mark.heavy
 def test_redis_flushall(redis_cluster):
     a = redis_cluster.node("a")

@@ -1,13 +1,16 @@
-/* test_sandbox.c - kc_sandbox_spawn and kc_sandbox_kill_uids: identity, namespaces, limits,
- * descriptors, the directory check, and each way a start can fail. Run as root for the
+/* test_sandbox.c - kc_sandbox_spawn, kc_sandbox_kill_uids and kc_sandbox_watch: identity,
+ * namespaces, limits, descriptors, the directory check, each way a start can fail, and the
+ * compile of a daemon that is killed. Run as root for the
  * identity checks (CI is); otherwise they are skipped. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -73,6 +76,48 @@ static int exit_status(pid_t pid)
 	while (pid > 0 && waitpid(pid, &status, 0) < 0 && errno == EINTR)
 		;
 	return status;
+}
+
+/* A thread that starts a sleep as the uid at arg, and exits without waiting for it. */
+static void *start_and_go(void *arg)
+{
+	char why[256];
+	int bad_dir;
+	char *const nap[] = {"/bin/sleep", "1000.4244", NULL};
+	static pid_t pid;
+	pid = start(nap, *(uid_t *)arg, 0, NULL, &bad_dir, why, sizeof(why));
+	return &pid;
+}
+
+/* A daemon, forked here: it claims the uid claim, starts a watcher holding that claim and
+ * the groups in shared memory, then starts a compile as uid (a shell with a child in its
+ * group, one that left it, and itself a sleep), and waits to be killed. Returns its pid
+ * (or -1) once the three processes of uid run, or after 10 s. */
+static pid_t daemon_with_compile(uid_t uid, int ns, uid_t claim)
+{
+	pid_t *groups = mmap(NULL, sizeof(pid_t), PROT_READ | PROT_WRITE,
+			     MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	if (groups == MAP_FAILED)
+		return -1;
+	*groups = 0;
+	pid_t d = fork();
+	if (d == 0) {
+		char why[256];
+		int bad_dir, fd = kc_sandbox_claim_uids(claim, 1);
+		if (fd < 0 || kc_sandbox_watch(uid, 1, groups, 1, fd) != 0)
+			_exit(1);
+		close(fd); /* the watcher holds the claim */
+		char *const tools[] = {"/bin/sh", "-c", "sleep 1000.4243 & setsid -f sleep 1000.4243;"
+				       " exec sleep 1000.4243", NULL};
+		pid_t pid = start(tools, uid, ns, NULL, &bad_dir, why, sizeof(why));
+		*groups = pid;
+		for (;;)
+			pause();
+	}
+	for (int i = 0; d > 0 && i < 1000 && live_of_uid(uid) != 3; i++)
+		usleep(10000);
+	munmap(groups, sizeof(pid_t));
+	return d;
 }
 
 int main(void)
@@ -166,6 +211,52 @@ int main(void)
 		kc_sandbox_kill_uids(0, 1);
 		kc_sandbox_kill_uids(KC_SANDBOX_AS_DAEMON, 1);
 		CHECK(kill(getpid(), 0) == 0, "kill_uids: the caller lives");
+	}
+	if (root) {
+		/* the compiler dies with the thread that started it: its death signal is set after
+		 * its change of uid, which clears one set before */
+		pthread_t th;
+		void *got = NULL;
+		uid_t as = UID + 3;
+		if (pthread_create(&th, NULL, start_and_go, &as) == 0)
+			pthread_join(th, &got);
+		pid_t napper = got ? *(pid_t *)got : -1;
+		int status = -1;
+		for (int i = 0; napper > 0 && i < 1000 && waitpid(napper, &status, WNOHANG) == 0; i++)
+			usleep(10000);
+		if (napper > 0 && status == -1) { /* still runs after 10 s */
+			kill(napper, SIGKILL);
+			exit_status(napper);
+		}
+		CHECK(napper > 0 && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL,
+		      "pdeathsig: the compiler of a thread that ended is killed, as its uid");
+		kc_sandbox_kill_uids(UID + 3, 1); /* on failure */
+	}
+	if (root) {
+		/* a daemon SIGKILLed with a compile running: its watcher ends every process of
+		 * the compile (the shell, its child, the one that left the group), then lets the
+		 * daemon's claim go */
+		uid_t claim = UID + 201 * 256;
+		pid_t d = daemon_with_compile(UID + 2, ns, claim);
+		CHECK(d > 0 && live_of_uid(UID + 2) == 3,
+		      "watch: a daemon with a watcher runs a compile of three processes");
+		CHECK(kc_sandbox_claim_uids(claim, 1) == -EBUSY, "watch: the daemon's claim is held");
+		if (d > 0) {
+			kill(d, SIGKILL);
+			exit_status(d);
+		}
+		int fd = -EBUSY;
+		for (int i = 0; i < 1000 && (live_of_uid(UID + 2) != 0 || fd < 0); i++) {
+			usleep(10000);
+			if (fd < 0)
+				fd = kc_sandbox_claim_uids(claim, 1);
+		}
+		CHECK(d > 0 && live_of_uid(UID + 2) == 0,
+		      "watch: no process of the compile outlives the killed daemon");
+		CHECK(fd > 0, "watch: the claim is free once the watcher is done");
+		if (fd > 0)
+			close(fd);
+		kc_sandbox_kill_uids(UID + 2, 1); /* on failure */
 	}
 	if (root) {
 		uid_t far = UID + 200 * 256; /* no daemon's default range */
