@@ -75,7 +75,16 @@ static const char *const exact_ok[] = {
 	"--no-display-error-number", "-O0", "-O1", "-O2", "-O3", "-std=c++11", "-std=c++14",
 	"-std=c++17", "-std=c++20", "--std=c++11", "--std=c++14", "--std=c++17", "--std=c++20",
 	"-rdc=false", "--relocatable-device-code=false", KC_FLAG_BACKEND "nvcc",
-	KC_FLAG_BACKEND "nvrtc", NULL,
+	KC_FLAG_BACKEND "nvrtc",
+	/* NVRTC's own (DeepGEMM's NVRTC compiler passes them; nvcc refuses them itself).
+	 * Automatic PCH writes its file in the compile's cwd, the private scratch directory,
+	 * and removes it when the compile ends. */
+	"-default-device", "--device-as-default-execution-space", "--device-int128",
+	"-device-int128", "--pch", "-pch", "--pch-verbose=true", "--pch-verbose=false",
+	"-pch-verbose=true", "-pch-verbose=false", "--pch-messages=true", "--pch-messages=false",
+	"-pch-messages=true", "-pch-messages=false", "--instantiate-templates-in-pch=true",
+	"--instantiate-templates-in-pch=false", "-instantiate-templates-in-pch=true",
+	"-instantiate-templates-in-pch=false", NULL,
 };
 
 /* Arguments allowed with any value after the prefix (value checked separately where
@@ -133,6 +142,13 @@ static const struct {
 	{"--compile", 1, "the output kind is the mount's"},
 	{"-E", 1, "the output kind is the mount's"},
 	{"--preprocess", 1, "the output kind is the mount's"},
+	/* NVRTC's PCH files go in the compile's scratch directory (--pch) and nowhere else */
+	{"--pch-dir", 0, "names where PCH files are written (with --pch: the scratch directory)"},
+	{"-pch-dir", 0, "names where PCH files are written (with --pch: the scratch directory)"},
+	{"--create-pch", 0, "writes a PCH file (with --pch: in the scratch directory)"},
+	{"-create-pch", 0, "writes a PCH file (with --pch: in the scratch directory)"},
+	{"--use-pch", 0, "reads a PCH file from outside the entry"},
+	{"-use-pch", 0, "reads a PCH file from outside the entry"},
 };
 
 /* Host-compiler options accepted inside --compiler-options= / -Xcompiler=. */
@@ -394,6 +410,14 @@ int kc_flags_to_nvrtc(const struct kc_argv *in, struct kc_argv *out, char *why, 
 		{"--no-display-error-number", "--no-display-error-number"}, {"-dopt=", "--dopt="},
 		{"--dopt=", "--dopt="}, {"-rdc=false", "-rdc=false"},
 		{"--relocatable-device-code=false", "-rdc=false"},
+		{"-default-device", "-default-device"},
+		{"--device-as-default-execution-space", "-default-device"},
+		{"--device-int128", "--device-int128"}, {"-device-int128", "--device-int128"},
+		{"--pch", "--pch"}, {"-pch", "--pch"}, {"--pch-verbose=", "--pch-verbose="},
+		{"-pch-verbose=", "--pch-verbose="}, {"--pch-messages=", "--pch-messages="},
+		{"-pch-messages=", "--pch-messages="},
+		{"--instantiate-templates-in-pch=", "--instantiate-templates-in-pch="},
+		{"-instantiate-templates-in-pch=", "--instantiate-templates-in-pch="},
 	};
 	/* nvcc arguments for the host side, or what NVRTC does anyway: dropped */
 	static const char *const host_only[] = {

@@ -3,8 +3,12 @@
  *
  * The allow-list admits what JIT clients (DeepGEMM: see doc/clients.md) pass: language and
  * optimisation switches, macros, existing include directories, diagnostics, ptxas options
- * and vetted host-compiler options. It refuses anything that names an output, picks a host
- * compiler, runs a program, reads more options from a file, or changes what is produced.
+ * and vetted host-compiler options, and NVRTC's own options that DeepGEMM's NVRTC compiler
+ * passes (-default-device, --device-int128, --pch: nvcc refuses them with its own message).
+ * It refuses anything that names an output, picks a host compiler, runs a program, reads
+ * more options from a file, names a PCH file or directory (--create-pch, --use-pch,
+ * --pch-dir: automatic PCH writes in the compile's TMPDIR, its scratch directory), or
+ * changes what is produced.
  */
 #ifndef KC_FLAGS_H
 #define KC_FLAGS_H
@@ -63,7 +67,7 @@ const char *kc_flags_include_dir(const char *arg);
 const char *kc_flags_backend(const struct kc_argv *args);
 
 /* Turn nvcc arguments (as the allow-list passed them) into NVRTC options: the device-side
- * ones kept (renamed where NVRTC spells them otherwise), the host-side ones and what NVRTC
+ * ones and NVRTC's own kept (renamed where NVRTC spells them otherwise), the host-side ones and what NVRTC
  * does anyway dropped (-O3, --compiler-options=, --expt-relaxed-constexpr...), and
  * KC_FLAG_BACKEND dropped. out is appended to. Returns 0, -EINVAL with why naming the first
  * argument NVRTC cannot take, or -ENOMEM (out is then freed). */

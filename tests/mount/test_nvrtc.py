@@ -7,8 +7,8 @@ import subprocess
 
 import pytest
 
-from conftest import (EM_CUDA, KCACHEFS, KERNELS, SHIM, Mount, elf_machine, elf_symbols,
-                      read_result, sample)
+from conftest import (EM_CUDA, KCACHEFS, KERNELS, NVCC, SHIM, Mount, elf_machine,
+                      elf_symbols, read_result, sample)
 
 NVRTC = KCACHEFS.parent / "kcachefs-nvrtc"
 pytestmark = pytest.mark.skipif(not NVRTC.exists(), reason="built without libnvrtc")
@@ -59,6 +59,60 @@ def test_nvrtc_failures_give_eio_and_say_why(mount_factory):
     ptx = m.stage("vector_add", sample("vector_add")[0], b"--gpu-architecture=compute_90\n")
     assert read_result(ptx / "kernel.cubin") == ("err", errno.EIO)
     assert "no cubin" in (ptx / "kernel.log").read_text()
+
+
+# block_sum's CUB kernel and a kernel that needs NVRTC's own options: a function with no
+# execution space is a host function without -default-device, and __int128 in device code
+# needs --device-int128.
+DEFAULT_DEVICE_SOURCE = (KERNELS / "block_sum.cu").read_bytes() + b"""
+static unsigned __int128 wide(unsigned long long a) { return (unsigned __int128)a * a; }
+
+extern "C" __global__ void wide_square_high(unsigned long long a, unsigned long long *high)
+{
+	*high = (unsigned long long)(wide(a) >> 64);
+}
+"""
+
+
+def deepgemm_nvrtc_flags(extra=b""):
+    """DeepGEMM's NVRTC options (csrc/jit/compiler.hpp), with the toolkit's include
+    directory and its CCCL directory for CUB."""
+    cuda = NVCC.parent.parent
+    return (b"-std=c++17\n--diag-suppress=39,161,174,177,186,940\n"
+            b"--ptxas-options=--register-usage-level=10\n-I%s/include\n-I%s/include/cccl\n"
+            b"--gpu-architecture=sm_90a\n-default-device\n--pch\n--device-int128\n"
+            % (bytes(cuda), bytes(cuda))) + extra
+
+
+def test_deepgemms_nvrtc_options_compile_through_the_mount(mount_factory):
+    m = mount_factory(["compiler=nvrtc"])
+    entry = m.stage("block_sum", DEFAULT_DEVICE_SOURCE, deepgemm_nvrtc_flags())
+    data = (entry / "kernel.cubin").read_bytes()
+    assert elf_machine(data) == EM_CUDA
+    assert {"block_sum", "wide_square_high"} <= elf_symbols(data)
+    log = (entry / "kernel.log").read_text()
+    assert "published (ok)" in log.splitlines()[0], log
+    # Automatic PCH wrote its file in the compile's TMPDIR, the scratch directory (named in
+    # the log), and nowhere in the shared /tmp.
+    pch = [l for l in log.splitlines() if "creating precompiled header file" in l]
+    assert pch and "/tmp/__nvrtc_auto_pch" not in pch[0], log
+    assert not list(m.backing.rglob("*.pch")), "no PCH file is left behind"
+    # A PCH file or directory of the client's choosing is refused when staged.
+    bad = m.mnt / "cache" / "kernel.block_sum.0123456789abcdef01"
+    bad.mkdir()
+    (bad / "kernel.cu").write_bytes(DEFAULT_DEVICE_SOURCE)
+    for opt in (b"--pch-dir=/tmp", b"--create-pch=/tmp/x.pch", b"--use-pch=/tmp/x.pch"):
+        with pytest.raises(OSError) as e:
+            (bad / "kernel.flags").write_bytes(deepgemm_nvrtc_flags(opt + b"\n"))
+        assert e.value.errno == errno.EINVAL
+        assert "'%s' refused" % opt.decode() in (bad / "kernel.log").read_text()
+
+
+def test_nvrtcs_own_options_fail_an_nvcc_compile_with_nvccs_message(mount_factory):
+    m = mount_factory()  # nvcc by default
+    entry = m.stage("block_sum", DEFAULT_DEVICE_SOURCE, deepgemm_nvrtc_flags())
+    assert read_result(entry / "kernel.cubin") == ("err", errno.EIO)
+    assert "Unknown option '-default-device'" in (entry / "kernel.log").read_text()
 
 
 def test_compiler_option_errors(tmp_path):

@@ -22,6 +22,20 @@ static const char *const deepgemm[] = {
 };
 #define N_DEEPGEMM (sizeof(deepgemm) / sizeof(deepgemm[0]))
 
+/* What DeepGEMM's NVRTC compiler (csrc/jit/compiler.hpp at 54e2261) adds to the flags above
+ * that it keeps (-std=, --diag-suppress=, --ptxas-options=): its include directories, the
+ * architecture, and NVRTC's own options (--pch-verbose=true with DG_JIT_DEBUG). */
+static const char *const deepgemm_nvrtc[] = {
+	"-I/usr/local/lib/python3/dist-packages/deep_gemm/include",
+	"-I/usr/local/cuda/include",
+	"--gpu-architecture=sm_90a",
+	"-default-device",
+	"--pch",
+	"--pch-verbose=true",
+	"--device-int128",
+};
+#define N_DEEPGEMM_NVRTC (sizeof(deepgemm_nvrtc) / sizeof(deepgemm_nvrtc[0]))
+
 /* arg as printable text for a TAP description (no control characters, no '#'). */
 static const char *printable(const char *arg)
 {
@@ -428,6 +442,78 @@ static void test_nvrtc(void)
 	unsupported(KC_FLAG_BACKEND);
 }
 
+/* NVRTC's own options, as DeepGEMM's NVRTC compiler passes them: allowed and kept. PCH files
+ * go only where automatic PCH puts them (the compile's TMPDIR, its scratch directory): an
+ * option that names a PCH file or directory is refused. */
+static void test_nvrtc_own_options(void)
+{
+	struct kc_argv in = {0}, out = {0};
+	char why[512] = "", joined[2048] = "";
+
+	/* NVRTC's other spellings of the same options */
+	static const char *const other[] = {
+		"--device-as-default-execution-space", "-device-int128", "-pch",
+		"-pch-verbose=false", "-pch-messages=false", "-instantiate-templates-in-pch=false",
+	};
+	for (size_t i = 0; i < N_DEEPGEMM_NVRTC; i++) {
+		allowed(deepgemm_nvrtc[i]);
+		kc_argv_push(&in, deepgemm_nvrtc[i]);
+	}
+	for (size_t i = 0; i < sizeof(other) / sizeof(other[0]); i++) {
+		allowed(other[i]);
+		kc_argv_push(&in, other[i]);
+	}
+	CHECK(kc_flags_to_nvrtc(&in, &out, why, sizeof(why)) == 0,
+	      "nvrtc: DeepGEMM's NVRTC options translate");
+	for (size_t i = 0; i < out.n; i++) {
+		strcat(joined, out.v[i]);
+		strcat(joined, "|");
+	}
+	CHECK(strcmp(joined, "-I/usr/local/lib/python3/dist-packages/deep_gemm/include|"
+			     "-I/usr/local/cuda/include|--gpu-architecture=sm_90a|-default-device|"
+			     "--pch|--pch-verbose=true|--device-int128|-default-device|"
+			     "--device-int128|--pch|--pch-verbose=false|--pch-messages=false|"
+			     "--instantiate-templates-in-pch=false|") == 0,
+	      "nvrtc: kept in order, short and long spellings as NVRTC takes them");
+	kc_argv_free(&out);
+	kc_argv_free(&in);
+
+	/* a PCH file or directory of the client's choosing is written or read outside the
+	 * scratch directory: refused, whatever the spelling */
+	refused("--pch-dir=/tmp");
+	refused("-pch-dir=/tmp");
+	refused("--pch-dir");
+	refused("--create-pch=/home/u/x.pch");
+	refused("-create-pch=/home/u/x.pch");
+	refused("--use-pch=/home/u/x.pch");
+	refused("-use-pch=/home/u/x.pch");
+	unsupported("--pch=/tmp");
+	unsupported("--pch-verbose=yes");
+	unsupported("-default-device=1");
+	unsupported("--device-int128=1");
+	kc_flag_check("--create-pch=/x.pch", why, sizeof(why));
+	CHECK(strstr(why, "writes a PCH file") != NULL, "why: --create-pch writes a PCH file");
+	kc_flag_check("--pch-dir=/x", why, sizeof(why));
+	CHECK(strstr(why, "names where PCH files are written") != NULL,
+	      "why: --pch-dir names where PCH files are written");
+	kc_flag_check("--use-pch=/x.pch", why, sizeof(why));
+	CHECK(strstr(why, "reads a PCH file") != NULL, "why: --use-pch reads a PCH file");
+	/* -I beside them follows the rules of every -I */
+	unsupported("-Irelative/include");
+	unsupported("-I/usr/local/cuda/include,/etc");
+
+	const char *flags = "-default-device\n--device-int128\n--pch\n-I/usr/local/cuda/include\n"
+			    "-I/usr/local/cuda/include/cccl\n--kcachefs-compiler=nvrtc\n";
+	CHECK(kc_flags_parse(flags, strlen(flags), &in, why, sizeof(why)) == 0 && in.n == 6,
+	      "parse: a kernel.flags with NVRTC's options is staged");
+	kc_argv_free(&in);
+	flags = "--pch\n--pch-dir=/tmp\n";
+	CHECK(kc_flags_parse(flags, strlen(flags), &in, why, sizeof(why)) == -EINVAL &&
+		      strstr(why, "'--pch-dir=/tmp'") && in.n == 0,
+	      "parse: a kernel.flags with --pch-dir= is refused and names it");
+	kc_argv_free(&in);
+}
+
 int main(void)
 {
 	test_check();
@@ -435,6 +521,7 @@ int main(void)
 	test_split();
 	test_argv_arch();
 	test_nvrtc();
+	test_nvrtc_own_options();
 	test_include_dir();
 	return tap_done();
 }
