@@ -20,6 +20,9 @@ struct kc_fh {
 	char tmpname[64];    /* the stage temporary in the store's tmp/; "" once committed */
 	int dirty;           /* written (or truncated) since the last commit */
 	int done;            /* committed or refused: nothing left to commit */
+	int failed;          /* errno of a write or truncation of the stage that failed or fell
+			      * short (0: none): the stage is discarded at the next close, never
+			      * committed, and every later write through fh fails with it */
 	pid_t writer_tid;    /* the last thread that wrote, and its process */
 	pid_t writer_tgid;
 	pid_t creator_tgid;  /* the process that created it (0: opened, not created) */
@@ -43,13 +46,17 @@ void kc_fh_free_all(struct kc_fs *fs);
 /* Give fh a fresh stage temporary with mode, seeded with the bytes of the file behind
  * seed_fd (any fd, write-only too) if seed_fd >= 0. Returns 0 or -errno. */
 int kc_stage_begin(struct kc_fs *fs, struct kc_fh *fh, int seed_fd, mode_t mode);
+/* Drop fh's uncommitted stage (its temporary goes; the entry is as it was), logging why.
+ * Nothing through fh commits until a later write starts a new version. */
+void kc_stage_discard(struct kc_fs *fs, struct kc_fh *fh, const char *why);
 /* Commit fh's stage into its entry (once). Returns 0 or -errno: EEXIST (other bytes are
  * staged), EINVAL (refused flags or cubin), EFBIG, or an I/O error. */
 int kc_stage_commit(struct kc_fs *fs, struct kc_fh *fh);
 /* Call before bytes change through fh (write, ftruncate) on inode in: a committed stage
  * starts a new version from the committed bytes. Returns 0 or -errno: -EBADF for a plain
  * descriptor on a file that has since become a staged file or was consumed by a stage (the
- * caller has the kernel drop what the write left in its cache). */
+ * caller has the kernel drop what the write left in its cache), or fh's failed errno for
+ * a stage a write to it failed. */
 int kc_stage_prepare_write(struct kc_fs *fs, struct kc_inode *in, struct kc_fh *fh);
 /* The process (thread group) of the requesting thread. */
 pid_t kc_stage_tgid(fuse_req_t req);

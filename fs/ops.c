@@ -290,7 +290,10 @@ static void kc_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to
 			r = -1;
 		} else if (fh && fh->kind == FH_STAGE) {
 			r = ftruncate(fh->fd, attr->st_size);
-			kc_stage_note_writer(req, fh);
+			if (r != 0)
+				fh->failed = errno; /* a stage of a length never asked for */
+			else
+				kc_stage_note_writer(req, fh);
 		} else if (kc_role_is_staged(in->role) && !in->staging) {
 			errno = EPERM; /* a staged file or published cubin changes only by staging */
 			r = -1;
@@ -830,6 +833,17 @@ static void kc_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 	fuse_reply_data(req, &buf, FUSE_BUF_SPLICE_MOVE);
 }
 
+/* The error that stopped a copy of in_buf to fd at done bytes of it (offset off): the
+ * write of the rest, tried once more, says it; EIO if it cannot be told. */
+static int rest_errno(int fd, const struct fuse_bufvec *in_buf, size_t done, off_t off)
+{
+	const struct fuse_buf *b = &in_buf->buf[0];
+	if (in_buf->count != 1 || (b->flags & FUSE_BUF_IS_FD) || done >= b->size)
+		return EIO;
+	ssize_t r = pwrite(fd, (const char *)b->mem + done, b->size - done, off + (off_t)done);
+	return r < 0 ? errno : EIO;
+}
+
 static void kc_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *in_buf, off_t off,
 			 struct fuse_file_info *fi)
 {
@@ -856,7 +870,16 @@ static void kc_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *in_
 	out.buf[0].flags = FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK;
 	out.buf[0].fd = fh->fd;
 	out.buf[0].pos = off;
+	size_t want = fuse_buf_size(in_buf);
 	ssize_t n = fuse_buf_copy(&out, in_buf, 0);
+	if (fh->kind == FH_STAGE && (n < 0 || (size_t)n < want)) {
+		/* A stage with a hole in it is no stage: it is discarded at close, and this
+		 * write's error is the client's (a short copy stopped at an error: find it). */
+		fh->failed = n < 0 ? (int)-n : rest_errno(fh->fd, in_buf, (size_t)n, off);
+		kc_log(KC_LOG_INFO, "a write to a %s stage failed (%s): nothing of it is staged",
+		       kc_role_name(fh->role), strerror(fh->failed));
+		return (void)fuse_reply_err(req, fh->failed);
+	}
 	if (n < 0)
 		return (void)fuse_reply_err(req, (int)-n);
 	if (fh->kind == FH_STAGE)
@@ -900,21 +923,20 @@ static void kc_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	 * writing. What no writer's close committed is committed at release (the last close). */
 	int killed_creator = fh->kind == FH_STAGE && !fh->done && !fh->dirty &&
 			     fh->creator_tgid == kc_stage_tgid(req) && kc_stage_writer_killed(req);
-	if (killed_creator) {
-		kc_log(KC_LOG_INFO, "stage discarded: its creator was killed before writing");
-		unlinkat(fs_of(req)->store.tmp_fd, fh->tmpname, 0);
-		fh->tmpname[0] = '\0';
-		fh->done = 1;
+	if (fh->kind == FH_STAGE && !fh->done && fh->failed) {
+		/* A write to it failed: whoever closes, it is not committed, and the writer's
+		 * error is close()'s too. */
+		kc_stage_discard(fs_of(req), fh, "a write to it failed");
+		err = -fh->failed;
+	} else if (killed_creator) {
+		kc_stage_discard(fs_of(req), fh, "its creator was killed before writing");
 	} else if (fh->kind == FH_STAGE && !fh->done &&
 		   (fh->dirty ? kc_stage_is_writer(req, fh)
 			      : fh->creator_tgid == kc_stage_tgid(req) &&
 					!kc_stage_held_elsewhere(req, fh))) {
 		if (kc_stage_writer_killed(req)) {
 			/* A killed writer's files are closed for it: its stage is not complete. */
-			kc_log(KC_LOG_INFO, "stage discarded: its writer was killed by a signal");
-			unlinkat(fs_of(req)->store.tmp_fd, fh->tmpname, 0);
-			fh->tmpname[0] = '\0';
-			fh->done = 1;
+			kc_stage_discard(fs_of(req), fh, "its writer was killed by a signal");
 		} else {
 			err = kc_stage_commit(fs_of(req), fh);
 		}
@@ -927,7 +949,9 @@ static void kc_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 	struct kc_fs *fs = fs_of(req);
 	struct kc_fh *fh = fh_of(fi);
 	(void)ino;
-	if (fh->kind == FH_STAGE && !fh->done) {
+	if (fh->kind == FH_STAGE && !fh->done && fh->failed) {
+		kc_stage_discard(fs, fh, "a write to it failed");
+	} else if (fh->kind == FH_STAGE && !fh->done) {
 		int err = kc_stage_commit(fs, fh);
 		if (err)
 			kc_log(KC_LOG_INFO, "stage committed at release refused: %s", strerror(-err));
