@@ -14,6 +14,8 @@ enum fh_kind { FH_PLAIN, FH_STAGE, FH_STATS };
 struct kc_fh {
 	enum fh_kind kind;
 	int fd;              /* reads and writes go here */
+	struct kc_inode *in; /* the inode opened, counted in its opens until release (NULL:
+			      * none, e.g. a stats handle) */
 	/* FH_STAGE: */
 	enum kc_role role;
 	int entry_fd;        /* the entry directory (owned) */
@@ -39,6 +41,9 @@ struct kc_fh {
 struct kc_fh *kc_fh_new(enum fh_kind kind, int fd);
 /* Close its fds, remove an uncommitted stage temporary, free it. */
 void kc_fh_free(struct kc_fs *fs, struct kc_fh *fh);
+/* kc_fh_free, and then, for a handle counted in its inode's opens, drop that count: the
+ * last handle of a file with no name left lets go of it (kc_inode_unlinked). */
+void kc_fh_release(struct kc_fs *fs, struct kc_fh *fh);
 /* Free the handles the kernel never released (files still open when the session ended).
  * Only after the session loop and every thread that uses handles have stopped. */
 void kc_fh_free_all(struct kc_fs *fs);

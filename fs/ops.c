@@ -43,6 +43,34 @@ static struct kc_fh *fh_of(struct fuse_file_info *fi)
 	return (struct kc_fh *)(uintptr_t)fi->fh;
 }
 
+/* Answer ESTALE and return 1 for an inode the daemon let go of (kc_inode_unlinked): its
+ * object has no name and is gone. Else 0. */
+static int stale(fuse_req_t req, struct kc_inode *in)
+{
+	if (!__atomic_load_n(&in->unhashed, __ATOMIC_SEQ_CST))
+		return 0;
+	fuse_reply_err(req, ESTALE);
+	return 1;
+}
+
+/* Hand fh, open on in, to the kernel: in counts it until its release. */
+static void count_open(fuse_req_t req, struct kc_inode *in, struct kc_fh *fh)
+{
+	fh->in = in;
+	kc_inode_opened(&fs_of(req)->inodes, in, 1);
+}
+
+/* The object that was stat'ed as st before a call took one of its names: let go of it if
+ * that was its last (kc_inode_unlinked). */
+static void name_gone(struct kc_fs *fs, const struct stat *st)
+{
+	struct kc_inode *in = kc_inode_find_held(&fs->inodes, st->st_dev, st->st_ino);
+	if (!in || in == &fs->inodes.root)
+		return;
+	kc_inode_unlinked(&fs->inodes, in);
+	kc_inode_forget(&fs->inodes, in, 1);
+}
+
 static int is_ctl_name(struct kc_fs *fs, struct kc_inode *parent, const char *name)
 {
 	return parent == &fs->inodes.root && strcmp(name, KC_CTL_NAME) == 0;
@@ -233,6 +261,8 @@ static void kc_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 	struct kc_inode *in = inode_of(req, ino);
 	struct stat st;
 
+	if (stale(req, in))
+		return;
 	if (in->virt) {
 		kc_ctl_attr(fs_of(req), in, &st);
 		return (void)fuse_reply_attr(req, &st, KC_TIMEOUT_PLAIN);
@@ -263,6 +293,8 @@ static void kc_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to
 	char path[32];
 	int r = 0;
 
+	if (stale(req, in))
+		return;
 	if (in->virt == KC_VIRT_STATS && (to_set & FUSE_SET_ATTR_SIZE) && attr->st_size == 0 &&
 	    !(to_set & (FUSE_SET_ATTR_MODE | FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID))) {
 		kc_ctl_reset(fs_of(req)); /* truncate -s 0 .kcachefs/stats */
@@ -417,6 +449,8 @@ static void kc_readlink(fuse_req_t req, fuse_ino_t ino)
 		return;
 	struct kc_inode *in = inode_of(req, ino);
 	char buf[PATH_MAX + 1];
+	if (stale(req, in))
+		return;
 	if (in->virt)
 		return (void)fuse_reply_err(req, EINVAL);
 	ssize_t n = readlinkat(in->fd, "", buf, sizeof(buf) - 1);
@@ -435,6 +469,8 @@ static void kc_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent_ino, co
 	struct kc_inode *newparent = inode_of(req, newparent_ino);
 	char path[32];
 
+	if (stale(req, in))
+		return;
 	/* A second name would give one file two roles; staged files enter only by staging. */
 	if (in->virt || reserved(fs, newparent, name))
 		return (void)fuse_reply_err(req, EPERM);
@@ -475,8 +511,12 @@ static void kc_unlink(fuse_req_t req, fuse_ino_t parent_ino, const char *name)
 
 	if (reserved(fs, parent, name))
 		return (void)fuse_reply_err(req, EPERM);
+	struct stat st;
+	int known = fstatat(parent->fd, name, &st, AT_SYMLINK_NOFOLLOW) == 0;
 	if (unlinkat(parent->fd, name, 0) != 0)
 		return (void)fuse_reply_err(req, errno);
+	if (known) /* its space is free when unlink returns */
+		name_gone(fs, &st);
 	recipe_removed(req, parent_ino, parent, name);
 	if (parent->entry)
 		kc_evict_note_fd(&fs->evict, parent->fd);
@@ -575,6 +615,7 @@ static void mark_discarded(struct kc_fs *fs, const struct stat *st)
 	if (in && in != &fs->inodes.root &&
 	    fstatat(in->fd, "", &now, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) == 0 && now.st_nlink == 0)
 		__atomic_store_n(&in->discarded, 1, __ATOMIC_SEQ_CST);
+	name_gone(fs, st); /* the entry holds a copy: the client's file goes now */
 }
 
 static void kc_rename(fuse_req_t req, fuse_ino_t parent_ino, const char *name,
@@ -616,11 +657,17 @@ static void kc_rename(fuse_req_t req, fuse_ino_t parent_ino, const char *name,
 		else
 			err = name_refused(&tst, name);
 	}
+	/* A file the rename replaces: its space is free when the rename returns. */
+	int replaced = !err && !kc_role_is_staged(role) && !(flags & RENAME_EXCHANGE) &&
+		       fstatat(newparent->fd, newname, &tst, AT_SYMLINK_NOFOLLOW) == 0 &&
+		       (tst.st_dev != st.st_dev || tst.st_ino != st.st_ino);
 	if (!err && !kc_role_is_staged(role) &&
 	    renameat2(parent->fd, name, newparent->fd, newname, flags) != 0)
 		err = -errno;
 	if (err)
 		return (void)fuse_reply_err(req, -err);
+	if (replaced)
+		name_gone(fs, &tst);
 	if (parent != newparent || strcmp(name, newname) != 0)
 		recipe_removed(req, parent_ino, parent, name);
 	replace_role(fs, newparent, newname);
@@ -641,8 +688,8 @@ static void kc_rename(fuse_req_t req, fuse_ino_t parent_ino, const char *name,
 
 /* Open a staged file for writing: a private stage, seeded with the bytes of seed_fd
  * unless O_TRUNC, committed at close. Consumes entry_fd. Replies. */
-static void open_stage(fuse_req_t req, struct fuse_file_info *fi, enum kc_role role,
-		       int entry_fd, int seed_fd)
+static void open_stage(fuse_req_t req, struct fuse_file_info *fi, struct kc_inode *in,
+		       enum kc_role role, int entry_fd, int seed_fd)
 {
 	struct kc_fs *fs = fs_of(req);
 	struct kc_fh *fh = kc_fh_new(FH_STAGE, -1);
@@ -664,8 +711,10 @@ static void open_stage(fuse_req_t req, struct fuse_file_info *fi, enum kc_role r
 			close(entry_fd);
 		return (void)fuse_reply_err(req, -err);
 	}
+	count_open(req, in, fh);
 	fi->fh = (uintptr_t)fh;
-	fuse_reply_open(req, fi);
+	if (fuse_reply_open(req, fi) != 0)
+		kc_fh_release(fs, fh);
 }
 
 static void kc_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
@@ -700,6 +749,8 @@ static void kc_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	}
 	/* A file consumed by a stage, still under the staged name in the kernel's dentry: the
 	 * kernel retries the open with a fresh lookup, which finds what the name holds. */
+	if (stale(req, in))
+		return;
 	if (__atomic_load_n(&in->discarded, __ATOMIC_SEQ_CST))
 		return (void)fuse_reply_err(req, ESTALE);
 	/* A published or pending cubin is read-only: a write would reach the kernel's cached
@@ -716,7 +767,7 @@ static void kc_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 			close(entry_fd);
 			return (void)fuse_reply_err(req, errno);
 		}
-		open_stage(req, fi, role, entry_fd, seed);
+		open_stage(req, fi, in, role, entry_fd, seed);
 		close(seed);
 		return;
 	}
@@ -730,8 +781,10 @@ static void kc_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 		close(fd);
 		return (void)fuse_reply_err(req, ENOMEM);
 	}
+	count_open(req, in, fh);
 	fi->fh = (uintptr_t)fh;
-	fuse_reply_open(req, fi);
+	if (fuse_reply_open(req, fi) != 0)
+		kc_fh_release(fs, fh);
 }
 
 static void kc_create(fuse_req_t req, fuse_ino_t parent_ino, const char *name, mode_t mode,
@@ -801,10 +854,11 @@ static void kc_create(fuse_req_t req, fuse_ino_t parent_ino, const char *name, m
 	e.ino = kc_inode_ino(&fs->inodes, in);
 	e.attr = st;
 	e.attr_timeout = e.entry_timeout = timeout_for(in);
+	count_open(req, in, fh);
 	fi->fh = (uintptr_t)fh;
 	if (fuse_reply_create(req, &e, fi) != 0) {
+		kc_fh_release(fs, fh);
 		kc_inode_forget(&fs->inodes, in, 1);
-		kc_fh_free(fs, fh);
 	}
 }
 
@@ -956,7 +1010,7 @@ static void kc_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 		if (err)
 			kc_log(KC_LOG_INFO, "stage committed at release refused: %s", strerror(-err));
 	}
-	kc_fh_free(fs, fh);
+	kc_fh_release(fs, fh);
 	fuse_reply_err(req, 0);
 }
 

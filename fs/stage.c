@@ -85,6 +85,14 @@ void kc_fh_free(struct kc_fs *fs, struct kc_fh *fh)
 	free(fh);
 }
 
+void kc_fh_release(struct kc_fs *fs, struct kc_fh *fh)
+{
+	struct kc_inode *in = fh->in;
+	kc_fh_free(fs, fh);
+	if (in && kc_inode_opened(&fs->inodes, in, -1) == 0)
+		kc_inode_unlinked(&fs->inodes, in);
+}
+
 /* Give fh a fresh stage temporary, seeded with the bytes of the file behind seed_fd (any
  * fd, write-only too) if it is >= 0. */
 int kc_stage_begin(struct kc_fs *fs, struct kc_fh *fh, int seed_fd, mode_t mode)

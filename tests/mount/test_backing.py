@@ -136,16 +136,17 @@ def test_a_failed_staging_write_stages_nothing(small_disk, tmp_path):
             with open(entries[0] / "kernel.cu", "wb") as f:
                 f.write(src)
         assert e.value.errno == errno.ENOSPC
+        # kernel.flags the same way.
+        with pytest.raises(OSError) as e:
+            with open(entries[3] / "kernel.flags", "wb") as f:
+                f.write(flags)
+        assert e.value.errno == errno.ENOSPC
+        # The early writer's next write fails; its discarded stage gives its block back.
         with pytest.raises(OSError) as e:
             try:
                 os.write(early, src[100:] + b"x" * (1 << 20))
             finally:
                 os.close(early)
-        assert e.value.errno == errno.ENOSPC
-        # kernel.flags the same way.
-        with pytest.raises(OSError) as e:
-            with open(entries[3] / "kernel.flags", "wb") as f:
-                f.write(flags)
         assert e.value.errno == errno.ENOSPC
         free()
         # A short write (some room, not enough): the error stands, nothing commits.
@@ -192,6 +193,43 @@ def test_the_shim_stages_again_after_a_failed_stage(small_disk, tmp_path, counti
             assert r.returncode == 0 and r.stderr == "", r.stderr
             assert "vector_add" in elf_symbols((m.mnt / "k.cubin").read_bytes())
         assert calls() == 1, "the second call went through the mount, the third was served"
+    finally:
+        m.stop()
+
+
+@needs_loop
+def test_space_freed_through_the_mount_is_free_when_the_call_returns(small_disk, tmp_path):
+    """On a full disk, a file unlinked (or replaced by rename) through the mount gives its
+    space back before the call returns: a file of its size is written at once. A file a
+    client holds open keeps working after its unlink."""
+    m = mount_on(small_disk, tmp_path)
+    try:
+        size = 2 << 20
+        d = m.mnt / "plain"
+        d.mkdir()
+        for i in range(4):
+            (d / ("small%d" % i)).write_bytes(b"s")
+        (d / "big").write_bytes(b"b" * size)
+        held = d / "held"
+        held.write_bytes(b"h" * 4096)
+        free = fill(small_disk)
+        with open(held, "rb") as f:
+            held.unlink()
+            assert f.read() == b"h" * 4096 and os.fstat(f.fileno()).st_size == 4096
+        for i in range(4):
+            # An O_PATH descriptor (no open, no handle) keeps the kernel's reference to the
+            # inode, as a FORGET not sent yet does: the space must not wait for it.
+            pinned = os.open(d / "big", os.O_PATH)
+            (d / "big").unlink()
+            (d / "big").write_bytes(b"u" * size)  # no sleep: the room is there
+            os.close(pinned)
+            pinned = os.open(d / "big", os.O_PATH)
+            os.rename(d / ("small%d" % i), d / "big")
+            (d / ("new%d" % i)).write_bytes(b"r" * size)
+            os.close(pinned)
+            os.rename(d / ("new%d" % i), d / "big")
+        assert (d / "big").read_bytes() == b"r" * size
+        free()
     finally:
         m.stop()
 
