@@ -41,6 +41,8 @@ struct kc_inode {
 	uint64_t last_use;   /* the table's clock at its last lookup, or a lookup inside it */
 	uint64_t dropped_use; /* last_use when the kernel was last asked to forget it */
 	ino_t entry_ino;     /* a file in an entry: the entry directory's inode number */
+	int write_failed;    /* a plain file a write to failed or fell short since it was last
+			      * emptied: a rename onto a staged name does not stage it (EIO) */
 	int opens;           /* client handles open on it (kc_inode_opened); table lock */
 	int unhashed;        /* let go of (kc_inode_unlinked): out of the tree, fd a placeholder,
 			      * every request on it answered ESTALE until the kernel forgets it */

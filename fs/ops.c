@@ -331,6 +331,8 @@ static void kc_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to
 			r = -1;
 		} else {
 			r = fh ? ftruncate(fh->fd, attr->st_size) : truncate(path, attr->st_size);
+			if (r == 0 && attr->st_size == 0) /* emptied: what failed is gone */
+				__atomic_store_n(&in->write_failed, 0, __ATOMIC_SEQ_CST);
 		}
 	}
 	if (!r && (to_set & (FUSE_SET_ATTR_ATIME | FUSE_SET_ATTR_MTIME))) {
@@ -641,10 +643,15 @@ static void kc_rename(fuse_req_t req, fuse_ino_t parent_ino, const char *name,
 	}
 	if (kc_role_is_staged(role)) {
 		/* Renaming a file onto kernel.cu/.flags/.cubin stages a copy of it. */
+		struct kc_inode *src = kc_inode_find(&fs->inodes, st.st_dev, st.st_ino);
 		if ((flags & RENAME_NOREPLACE) &&
 		    fstatat(newparent->fd, newname, &tst, AT_SYMLINK_NOFOLLOW) == 0)
 			err = -EEXIST;
-		else
+		else if (src && __atomic_load_n(&src->write_failed, __ATOMIC_SEQ_CST)) {
+			kc_log(KC_LOG_WARN, "rename of '%s' to '%s' refused (EIO): a write to it "
+			       "failed, so it is not what its writer meant to stage", name, newname);
+			err = -EIO;
+		} else
 			err = kc_stage_result(fs, kc_cache_stage_copy(&fs->cache, role, parent->fd,
 								      name, newparent->fd),
 					      newparent_ino, newname);
@@ -774,6 +781,8 @@ static void kc_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	int fd = open(path, (fi->flags & ~(O_CREAT | O_EXCL | O_NOCTTY | O_NOFOLLOW)) | O_CLOEXEC);
 	if (fd < 0)
 		return (void)fuse_reply_err(req, errno);
+	if (fi->flags & O_TRUNC) /* emptied: what failed is gone */
+		__atomic_store_n(&in->write_failed, 0, __ATOMIC_SEQ_CST);
 	if (in->role == KC_ROLE_CUBIN && !in->staging)
 		return kc_cubin_open(req, in, fd, fi);
 	struct kc_fh *fh = kc_fh_new(FH_PLAIN, fd);
@@ -934,6 +943,8 @@ static void kc_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *in_
 		       kc_role_name(fh->role), strerror(fh->failed));
 		return (void)fuse_reply_err(req, fh->failed);
 	}
+	if (n < 0 || (size_t)n < want) /* a hole: this file is not staged by a rename */
+		__atomic_store_n(&inode_of(req, ino)->write_failed, 1, __ATOMIC_SEQ_CST);
 	if (n < 0)
 		return (void)fuse_reply_err(req, (int)-n);
 	if (fh->kind == FH_STAGE)

@@ -131,6 +131,12 @@ def test_a_failed_staging_write_stages_nothing(small_disk, tmp_path):
         early = os.open(entries[1] / "kernel.cu", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         assert os.write(early, src[:100]) == 100
         free = fill(small_disk)
+        # A plain file whose write failed is not staged by a rename either (below).
+        failed_plain = cache / "x.cu"
+        with pytest.raises(OSError) as e:
+            with open(failed_plain, "wb") as f:
+                f.write(src)
+        assert e.value.errno == errno.ENOSPC
         # Python's way, as in the issue: nothing reaches the disk, close() commits nothing.
         with pytest.raises(OSError) as e:
             with open(entries[0] / "kernel.cu", "wb") as f:
@@ -160,6 +166,12 @@ def test_a_failed_staging_write_stages_nothing(small_disk, tmp_path):
             assert sorted(os.listdir(small_disk / e.relative_to(m.mnt))) == left, e
             assert sorted(os.listdir(e)) == left, e
             assert read_result(e / "kernel.cubin") == ("err", errno.ENOENT)
+        with pytest.raises(OSError) as e:
+            os.rename(failed_plain, entries[0] / "kernel.cu")
+        assert e.value.errno == errno.EIO
+        assert sorted(os.listdir(entries[0])) == ["kernel.flags"]
+        failed_plain.write_bytes(src)  # written again in full: it stages
+        os.rename(failed_plain, entries[0] / "kernel.cu")
         # With room again, each stages, and compiles the real source.
         for e in entries:
             (e / ("kernel.flags" if e == entries[3] else "kernel.cu")).write_bytes(
