@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/xattr.h>
@@ -907,6 +908,18 @@ static int rest_errno(int fd, const struct fuse_bufvec *in_buf, size_t done, off
 	return r < 0 ? errno : EIO;
 }
 
+/* Nonzero if a write of n bytes at off may have been cut short by the kernel before it got
+ * here: it ends at (or past) the writer's file size limit (RLIMIT_FSIZE), where the kernel
+ * stops a write and fails the next with EFBIG, without telling the daemon. */
+static int cut_by_fsize_limit(fuse_req_t req, off_t off, size_t n)
+{
+	struct rlimit lim;
+	if (prlimit(fuse_req_ctx(req)->pid, RLIMIT_FSIZE, NULL, &lim) != 0 ||
+	    lim.rlim_cur == RLIM_INFINITY)
+		return 0;
+	return (unsigned long long)off + n >= (unsigned long long)lim.rlim_cur;
+}
+
 static void kc_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *in_buf, off_t off,
 			 struct fuse_file_info *fi)
 {
@@ -947,6 +960,12 @@ static void kc_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *in_
 		__atomic_store_n(&inode_of(req, ino)->write_failed, 1, __ATOMIC_SEQ_CST);
 	if (n < 0)
 		return (void)fuse_reply_err(req, (int)-n);
+	if (fh->kind == FH_STAGE && cut_by_fsize_limit(req, off, (size_t)n)) {
+		/* Its writer was told EFBIG, or will be: the stage is not what it meant. */
+		fh->failed = EFBIG;
+		kc_log(KC_LOG_INFO, "a write to a %s stage reached its writer's file size limit "
+		       "(RLIMIT_FSIZE): nothing of it is staged", kc_role_name(fh->role));
+	}
 	if (fh->kind == FH_STAGE)
 		kc_stage_note_writer(req, fh);
 	fuse_reply_write(req, (size_t)n);
