@@ -1,6 +1,7 @@
 /* inode.c - see inode.h */
 #define _GNU_SOURCE
 #include "inode.h"
+#include "store.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -53,7 +54,11 @@ int kc_inode_table_init(struct kc_inode_table *t, int root_fd)
 		return -errno;
 	t->root.dev = st.st_dev;
 	t->root.ino = st.st_ino;
-	t->placeholder_fd = open("/dev/null", O_PATH | O_CLOEXEC);
+	/* The store's empty lock file: the daemon's own, named (an unnamed file would keep the
+	 * backing disk from being remounted read-only), and what a request that raced with the
+	 * swap does to it harms nothing (opens check the object: ops.c). */
+	t->placeholder_fd = openat(t->root.fd, KC_STATE_DIR "/lock", O_PATH | O_NOFOLLOW |
+				   O_CLOEXEC);
 	return 0;
 }
 

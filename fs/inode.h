@@ -60,8 +60,8 @@ struct kc_inode_table {
 			      * recently used (notify.c); 0: no bound */
 	uint64_t clock;      /* ticks once per lookup (atomic) */
 	void *unhashed;      /* tsearch tree (by address) of the inodes let go of, not forgotten */
-	int placeholder_fd;  /* O_PATH on /dev/null: what an unhashed inode's fd becomes (-1:
-			      * none could be opened, and no inode is let go of) */
+	int placeholder_fd;  /* O_PATH on the store's lock file: what an unhashed inode's fd
+			      * becomes (-1: none could be opened, and no inode is let go of) */
 	struct kc_inode root, ctl_dir, stats, metrics;
 };
 

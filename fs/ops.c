@@ -725,6 +725,22 @@ static void open_stage(fuse_req_t req, struct fuse_file_info *fi, struct kc_inod
 		kc_fh_release(fs, fh);
 }
 
+/* Open in's object through path (its fd's /proc path) with flags. The object must still
+ * be in's: an inode let go of by a concurrent unlink has a placeholder there (ESTALE).
+ * Returns the fd or -errno. */
+static int open_object(const struct kc_inode *in, const char *path, int flags)
+{
+	struct stat st;
+	int fd = open(path, flags | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	if (fstat(fd, &st) != 0 || st.st_dev != in->dev || st.st_ino != in->ino) {
+		close(fd);
+		return -ESTALE;
+	}
+	return fd;
+}
+
 static void kc_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
 	if (kc_refuse_compile(req))
@@ -770,18 +786,18 @@ static void kc_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	kc_fd_path(in->fd, path);
 	int entry_fd = writing ? kc_inode_entry_fd(&fs->inodes, in, &role) : -1;
 	if (entry_fd >= 0) {
-		int seed = open(path, O_RDONLY | O_CLOEXEC);
+		int seed = open_object(in, path, O_RDONLY);
 		if (seed < 0) {
 			close(entry_fd);
-			return (void)fuse_reply_err(req, errno);
+			return (void)fuse_reply_err(req, -seed);
 		}
 		open_stage(req, fi, in, role, entry_fd, seed);
 		close(seed);
 		return;
 	}
-	int fd = open(path, (fi->flags & ~(O_CREAT | O_EXCL | O_NOCTTY | O_NOFOLLOW)) | O_CLOEXEC);
+	int fd = open_object(in, path, fi->flags & ~(O_CREAT | O_EXCL | O_NOCTTY | O_NOFOLLOW));
 	if (fd < 0)
-		return (void)fuse_reply_err(req, errno);
+		return (void)fuse_reply_err(req, -fd);
 	if (fi->flags & O_TRUNC) /* emptied: what failed is gone */
 		__atomic_store_n(&in->write_failed, 0, __ATOMIC_SEQ_CST);
 	if (in->role == KC_ROLE_CUBIN && !in->staging)

@@ -147,13 +147,17 @@ def test_a_failed_staging_write_stages_nothing(small_disk, tmp_path):
             with open(entries[3] / "kernel.flags", "wb") as f:
                 f.write(flags)
         assert e.value.errno == errno.ENOSPC
-        # The early writer's next write fails; its discarded stage gives its block back.
+        # The early writer's next write fails; its close says so too, and the close of a
+        # dup of it (a second FLUSH) commits nothing either. Its discarded stage gives its
+        # block back.
+        dup = os.dup(early)
         with pytest.raises(OSError) as e:
-            try:
-                os.write(early, src[100:] + b"x" * (1 << 20))
-            finally:
-                os.close(early)
+            os.write(early, src[100:] + b"x" * (1 << 20))
         assert e.value.errno == errno.ENOSPC
+        with pytest.raises(OSError) as e:
+            os.close(early)
+        assert e.value.errno == errno.ENOSPC
+        os.close(dup)
         free()
         # A short write (some room, not enough): the error stands, nothing commits.
         free = fill_but(small_disk, 64 << 10)
