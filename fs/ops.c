@@ -665,17 +665,15 @@ static void kc_rename(fuse_req_t req, fuse_ino_t parent_ino, const char *name,
 		else
 			err = name_refused(&tst, name);
 	}
-	/* A file the rename replaces: its space is free when the rename returns. */
-	int replaced = !err && !kc_role_is_staged(role) && !(flags & RENAME_EXCHANGE) &&
-		       fstatat(newparent->fd, newname, &tst, AT_SYMLINK_NOFOLLOW) == 0 &&
-		       (tst.st_dev != st.st_dev || tst.st_ino != st.st_ino);
+	/* A file the rename replaces is not let go of here (kc_inode_unlinked): a reader that
+	 * looked the name up just before opens it next, and would get ESTALE; the kernel's
+	 * one retry can meet the next rename over the name again (writers renaming over
+	 * final names, readers opening them). Its space comes back at the kernel's FORGET. */
 	if (!err && !kc_role_is_staged(role) &&
 	    renameat2(parent->fd, name, newparent->fd, newname, flags) != 0)
 		err = -errno;
 	if (err)
 		return (void)fuse_reply_err(req, -err);
-	if (replaced)
-		name_gone(fs, &tst);
 	if (parent != newparent || strcmp(name, newname) != 0)
 		recipe_removed(req, parent_ino, parent, name);
 	replace_role(fs, newparent, newname);
