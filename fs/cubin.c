@@ -57,6 +57,8 @@ void kc_cubin_open(fuse_req_t req, struct kc_inode *in, int fd, struct fuse_file
 		close(fd);
 		return (void)fuse_reply_err(req, err ? -err : ENOMEM);
 	}
+	fh->in = in; /* counted: an unlinked cubin stays readable while open */
+	kc_inode_opened(&fs->inodes, in, 1);
 	fi->fh = (uintptr_t)fh;
 	/* Immutable: the kernel's pages of this inode (a pending inode's were stored from this
 	 * recipe's cubin by open_published) stay valid. */

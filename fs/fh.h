@@ -14,12 +14,17 @@ enum fh_kind { FH_PLAIN, FH_STAGE, FH_STATS };
 struct kc_fh {
 	enum fh_kind kind;
 	int fd;              /* reads and writes go here */
+	struct kc_inode *in; /* the inode opened, counted in its opens until release (NULL:
+			      * none, e.g. a stats handle) */
 	/* FH_STAGE: */
 	enum kc_role role;
 	int entry_fd;        /* the entry directory (owned) */
 	char tmpname[64];    /* the stage temporary in the store's tmp/; "" once committed */
 	int dirty;           /* written (or truncated) since the last commit */
 	int done;            /* committed or refused: nothing left to commit */
+	int failed;          /* errno of a write or truncation of the stage that failed or fell
+			      * short (0: none): the stage is discarded at the next close, never
+			      * committed, and every later write through fh fails with it */
 	pid_t writer_tid;    /* the last thread that wrote, and its process */
 	pid_t writer_tgid;
 	pid_t creator_tgid;  /* the process that created it (0: opened, not created) */
@@ -36,6 +41,9 @@ struct kc_fh {
 struct kc_fh *kc_fh_new(enum fh_kind kind, int fd);
 /* Close its fds, remove an uncommitted stage temporary, free it. */
 void kc_fh_free(struct kc_fs *fs, struct kc_fh *fh);
+/* kc_fh_free, and then, for a handle counted in its inode's opens, drop that count: the
+ * last handle of a file with no name left lets go of it (kc_inode_unlinked). */
+void kc_fh_release(struct kc_fs *fs, struct kc_fh *fh);
 /* Free the handles the kernel never released (files still open when the session ended).
  * Only after the session loop and every thread that uses handles have stopped. */
 void kc_fh_free_all(struct kc_fs *fs);
@@ -43,13 +51,17 @@ void kc_fh_free_all(struct kc_fs *fs);
 /* Give fh a fresh stage temporary with mode, seeded with the bytes of the file behind
  * seed_fd (any fd, write-only too) if seed_fd >= 0. Returns 0 or -errno. */
 int kc_stage_begin(struct kc_fs *fs, struct kc_fh *fh, int seed_fd, mode_t mode);
+/* Drop fh's uncommitted stage (its temporary goes; the entry is as it was), logging why.
+ * Nothing through fh commits until a later write starts a new version. */
+void kc_stage_discard(struct kc_fs *fs, struct kc_fh *fh, const char *why);
 /* Commit fh's stage into its entry (once). Returns 0 or -errno: EEXIST (other bytes are
  * staged), EINVAL (refused flags or cubin), EFBIG, or an I/O error. */
 int kc_stage_commit(struct kc_fs *fs, struct kc_fh *fh);
 /* Call before bytes change through fh (write, ftruncate) on inode in: a committed stage
  * starts a new version from the committed bytes. Returns 0 or -errno: -EBADF for a plain
  * descriptor on a file that has since become a staged file or was consumed by a stage (the
- * caller has the kernel drop what the write left in its cache). */
+ * caller has the kernel drop what the write left in its cache), or fh's failed errno for
+ * a stage a write to it failed. */
 int kc_stage_prepare_write(struct kc_fs *fs, struct kc_inode *in, struct kc_fh *fh);
 /* The process (thread group) of the requesting thread. */
 pid_t kc_stage_tgid(fuse_req_t req);

@@ -1,6 +1,7 @@
 /* inode.c - see inode.h */
 #define _GNU_SOURCE
 #include "inode.h"
+#include "store.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -21,6 +22,11 @@ static int inode_cmp(const void *a, const void *b)
 	return x->recipe_id < y->recipe_id ? -1 : x->recipe_id > y->recipe_id;
 }
 
+static int by_address(const void *a, const void *b)
+{
+	return a < b ? -1 : a > b;
+}
+
 static void init_virtual(struct kc_inode *in, enum kc_virtual v, mode_t type)
 {
 	memset(in, 0, sizeof(*in));
@@ -36,6 +42,7 @@ int kc_inode_table_init(struct kc_inode_table *t, int root_fd)
 	struct stat st;
 
 	memset(t, 0, sizeof(*t));
+	t->placeholder_fd = -1;
 	pthread_mutex_init(&t->lock, NULL);
 	init_virtual(&t->ctl_dir, KC_VIRT_CTL_DIR, S_IFDIR);
 	init_virtual(&t->stats, KC_VIRT_STATS, S_IFREG);
@@ -47,6 +54,11 @@ int kc_inode_table_init(struct kc_inode_table *t, int root_fd)
 		return -errno;
 	t->root.dev = st.st_dev;
 	t->root.ino = st.st_ino;
+	/* The store's empty lock file: the daemon's own, named (an unnamed file would keep the
+	 * backing disk from being remounted read-only), and what a request that raced with the
+	 * swap does to it harms nothing (opens check the object: ops.c). */
+	t->placeholder_fd = openat(t->root.fd, KC_STATE_DIR "/lock", O_PATH | O_NOFOLLOW |
+				   O_CLOEXEC);
 	return 0;
 }
 
@@ -65,6 +77,11 @@ void kc_inode_table_destroy(struct kc_inode_table *t)
 {
 	tdestroy(t->tree, free_inode);
 	t->tree = NULL;
+	tdestroy(t->unhashed, free_inode);
+	t->unhashed = NULL;
+	if (t->placeholder_fd >= 0)
+		close(t->placeholder_fd);
+	t->placeholder_fd = -1;
 	if (t->root.fd >= 0)
 		close(t->root.fd);
 	t->root.fd = -1;
@@ -279,9 +296,11 @@ void kc_inode_forget(struct kc_inode_table *t, struct kc_inode *in, uint64_t n)
 	pthread_mutex_lock(&t->lock);
 	in->nlookup = in->nlookup > n ? in->nlookup - n : 0;
 	int gone = in->nlookup == 0 && in != &t->root;
-	if (gone && !tdelete(in, &t->tree, inode_cmp))
+	if (gone && in->unhashed) /* out of the tree already; its key may be another's now */
+		gone = tdelete(in, &t->unhashed, by_address) != NULL;
+	else if (gone && !tdelete(in, &t->tree, inode_cmp))
 		gone = 0; /* not in the tree: never free what the tree might still reach */
-	if (gone)
+	else if (gone)
 		t->count--;
 	pthread_mutex_unlock(&t->lock);
 	if (gone)
@@ -300,4 +319,37 @@ int kc_inode_entry_fd(struct kc_inode_table *t, struct kc_inode *in, enum kc_rol
 uint64_t kc_inode_count(struct kc_inode_table *t)
 {
 	return __atomic_load_n(&t->count, __ATOMIC_RELAXED);
+}
+
+int kc_inode_opened(struct kc_inode_table *t, struct kc_inode *in, int delta)
+{
+	if (in->virt)
+		return 0;
+	pthread_mutex_lock(&t->lock);
+	in->opens += delta;
+	int left = in->opens;
+	pthread_mutex_unlock(&t->lock);
+	return left;
+}
+
+void kc_inode_unlinked(struct kc_inode_table *t, struct kc_inode *in)
+{
+	struct stat st;
+	if (!in || in == &t->root || in->virt || in->pending || in->type == S_IFDIR ||
+	    t->placeholder_fd < 0)
+		return;
+	pthread_mutex_lock(&t->lock);
+	if (!in->unhashed && in->opens == 0 &&
+	    fstatat(in->fd, "", &st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) == 0 &&
+	    st.st_nlink == 0) {
+		struct kc_inode **found = tfind(in, &t->tree, inode_cmp);
+		if (found && *found == in && tsearch(in, &t->unhashed, by_address)) {
+			tdelete(in, &t->tree, inode_cmp);
+			t->count--;
+			in->unhashed = 1;
+			/* The last reference to the object goes; the number stays in->fd's. */
+			dup3(t->placeholder_fd, in->fd, O_CLOEXEC);
+		}
+	}
+	pthread_mutex_unlock(&t->lock);
 }

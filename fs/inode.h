@@ -41,6 +41,11 @@ struct kc_inode {
 	uint64_t last_use;   /* the table's clock at its last lookup, or a lookup inside it */
 	uint64_t dropped_use; /* last_use when the kernel was last asked to forget it */
 	ino_t entry_ino;     /* a file in an entry: the entry directory's inode number */
+	int write_failed;    /* a plain file a write to failed or fell short since it was last
+			      * emptied: a rename onto a staged name does not stage it (EIO) */
+	int opens;           /* client handles open on it (kc_inode_opened); table lock */
+	int unhashed;        /* let go of (kc_inode_unlinked): out of the tree, fd a placeholder,
+			      * every request on it answered ESTALE until the kernel forgets it */
 	int discarded;       /* a client's file consumed by a stage (its bytes were copied, or
 			      * dropped): the kernel may still show it under the staged name it
 			      * was renamed to, so opens get ESTALE (the kernel looks the name up
@@ -54,6 +59,9 @@ struct kc_inode_table {
 	uint64_t max;        /* inodes kept before the kernel is asked to forget the least
 			      * recently used (notify.c); 0: no bound */
 	uint64_t clock;      /* ticks once per lookup (atomic) */
+	void *unhashed;      /* tsearch tree (by address) of the inodes let go of, not forgotten */
+	int placeholder_fd;  /* O_PATH on the store's lock file: what an unhashed inode's fd
+			      * becomes (-1: none could be opened, and no inode is let go of) */
 	struct kc_inode root, ctl_dir, stats, metrics;
 };
 
@@ -120,6 +128,19 @@ void kc_inode_place(struct kc_inode_table *t, struct kc_inode *in, const struct 
 /* For a file with a staged role: a new fd (caller closes) on its entry directory, and the
  * role. Returns -1 (role untouched or KC_ROLE_PLAIN) for any other inode. */
 int kc_inode_entry_fd(struct kc_inode_table *t, struct kc_inode *in, enum kc_role *role);
+
+/* A client handle on in was opened (delta 1) or released (-1). Returns how many are left
+ * open. No effect (0) on virtual inodes. */
+int kc_inode_opened(struct kc_inode_table *t, struct kc_inode *in, int delta);
+
+/* Call after in's object may have lost its last name (unlink, a rename over it, a stage that
+ * consumed it, the release of the last client handle). If it has no name left and no client
+ * handle open, the daemon lets go of it now, so that its space is free when the call
+ * returns: its fd is swapped for a placeholder (the number stays, so no request in flight
+ * reaches another file), it leaves the tree (a name that later holds a new object with the
+ * same inode number gets a new inode), and requests on it are answered ESTALE (ops.c)
+ * until the kernel forgets it. Directories, pending and virtual inodes are kept. */
+void kc_inode_unlinked(struct kc_inode_table *t, struct kc_inode *in);
 
 /* Drop n kernel references; frees the inode at zero. */
 void kc_inode_forget(struct kc_inode_table *t, struct kc_inode *in, uint64_t n);

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/xattr.h>
@@ -41,6 +42,34 @@ static struct kc_inode *inode_of(fuse_req_t req, fuse_ino_t ino)
 static struct kc_fh *fh_of(struct fuse_file_info *fi)
 {
 	return (struct kc_fh *)(uintptr_t)fi->fh;
+}
+
+/* Answer ESTALE and return 1 for an inode the daemon let go of (kc_inode_unlinked): its
+ * object has no name and is gone. Else 0. */
+static int stale(fuse_req_t req, struct kc_inode *in)
+{
+	if (!__atomic_load_n(&in->unhashed, __ATOMIC_SEQ_CST))
+		return 0;
+	fuse_reply_err(req, ESTALE);
+	return 1;
+}
+
+/* Hand fh, open on in, to the kernel: in counts it until its release. */
+static void count_open(fuse_req_t req, struct kc_inode *in, struct kc_fh *fh)
+{
+	fh->in = in;
+	kc_inode_opened(&fs_of(req)->inodes, in, 1);
+}
+
+/* The object that was stat'ed as st before a call took one of its names: let go of it if
+ * that was its last (kc_inode_unlinked). */
+static void name_gone(struct kc_fs *fs, const struct stat *st)
+{
+	struct kc_inode *in = kc_inode_find_held(&fs->inodes, st->st_dev, st->st_ino);
+	if (!in || in == &fs->inodes.root)
+		return;
+	kc_inode_unlinked(&fs->inodes, in);
+	kc_inode_forget(&fs->inodes, in, 1);
 }
 
 static int is_ctl_name(struct kc_fs *fs, struct kc_inode *parent, const char *name)
@@ -233,6 +262,8 @@ static void kc_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 	struct kc_inode *in = inode_of(req, ino);
 	struct stat st;
 
+	if (stale(req, in))
+		return;
 	if (in->virt) {
 		kc_ctl_attr(fs_of(req), in, &st);
 		return (void)fuse_reply_attr(req, &st, KC_TIMEOUT_PLAIN);
@@ -263,6 +294,8 @@ static void kc_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to
 	char path[32];
 	int r = 0;
 
+	if (stale(req, in))
+		return;
 	if (in->virt == KC_VIRT_STATS && (to_set & FUSE_SET_ATTR_SIZE) && attr->st_size == 0 &&
 	    !(to_set & (FUSE_SET_ATTR_MODE | FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID))) {
 		kc_ctl_reset(fs_of(req)); /* truncate -s 0 .kcachefs/stats */
@@ -290,12 +323,17 @@ static void kc_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to
 			r = -1;
 		} else if (fh && fh->kind == FH_STAGE) {
 			r = ftruncate(fh->fd, attr->st_size);
-			kc_stage_note_writer(req, fh);
+			if (r != 0)
+				fh->failed = errno; /* a stage of a length never asked for */
+			else
+				kc_stage_note_writer(req, fh);
 		} else if (kc_role_is_staged(in->role) && !in->staging) {
 			errno = EPERM; /* a staged file or published cubin changes only by staging */
 			r = -1;
 		} else {
 			r = fh ? ftruncate(fh->fd, attr->st_size) : truncate(path, attr->st_size);
+			if (r == 0 && attr->st_size == 0) /* emptied: what failed is gone */
+				__atomic_store_n(&in->write_failed, 0, __ATOMIC_SEQ_CST);
 		}
 	}
 	if (!r && (to_set & (FUSE_SET_ATTR_ATIME | FUSE_SET_ATTR_MTIME))) {
@@ -414,6 +452,8 @@ static void kc_readlink(fuse_req_t req, fuse_ino_t ino)
 		return;
 	struct kc_inode *in = inode_of(req, ino);
 	char buf[PATH_MAX + 1];
+	if (stale(req, in))
+		return;
 	if (in->virt)
 		return (void)fuse_reply_err(req, EINVAL);
 	ssize_t n = readlinkat(in->fd, "", buf, sizeof(buf) - 1);
@@ -432,6 +472,8 @@ static void kc_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent_ino, co
 	struct kc_inode *newparent = inode_of(req, newparent_ino);
 	char path[32];
 
+	if (stale(req, in))
+		return;
 	/* A second name would give one file two roles; staged files enter only by staging. */
 	if (in->virt || reserved(fs, newparent, name))
 		return (void)fuse_reply_err(req, EPERM);
@@ -472,8 +514,12 @@ static void kc_unlink(fuse_req_t req, fuse_ino_t parent_ino, const char *name)
 
 	if (reserved(fs, parent, name))
 		return (void)fuse_reply_err(req, EPERM);
+	struct stat st;
+	int known = fstatat(parent->fd, name, &st, AT_SYMLINK_NOFOLLOW) == 0;
 	if (unlinkat(parent->fd, name, 0) != 0)
 		return (void)fuse_reply_err(req, errno);
+	if (known) /* its space is free when unlink returns */
+		name_gone(fs, &st);
 	recipe_removed(req, parent_ino, parent, name);
 	if (parent->entry)
 		kc_evict_note_fd(&fs->evict, parent->fd);
@@ -572,6 +618,7 @@ static void mark_discarded(struct kc_fs *fs, const struct stat *st)
 	if (in && in != &fs->inodes.root &&
 	    fstatat(in->fd, "", &now, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) == 0 && now.st_nlink == 0)
 		__atomic_store_n(&in->discarded, 1, __ATOMIC_SEQ_CST);
+	name_gone(fs, st); /* the entry holds a copy: the client's file goes now */
 }
 
 static void kc_rename(fuse_req_t req, fuse_ino_t parent_ino, const char *name,
@@ -597,10 +644,15 @@ static void kc_rename(fuse_req_t req, fuse_ino_t parent_ino, const char *name,
 	}
 	if (kc_role_is_staged(role)) {
 		/* Renaming a file onto kernel.cu/.flags/.cubin stages a copy of it. */
+		struct kc_inode *src = kc_inode_find(&fs->inodes, st.st_dev, st.st_ino);
 		if ((flags & RENAME_NOREPLACE) &&
 		    fstatat(newparent->fd, newname, &tst, AT_SYMLINK_NOFOLLOW) == 0)
 			err = -EEXIST;
-		else
+		else if (src && __atomic_load_n(&src->write_failed, __ATOMIC_SEQ_CST)) {
+			kc_log(KC_LOG_WARN, "rename of '%s' to '%s' refused (EIO): a write to it "
+			       "failed, so it is not what its writer meant to stage", name, newname);
+			err = -EIO;
+		} else
 			err = kc_stage_result(fs, kc_cache_stage_copy(&fs->cache, role, parent->fd,
 								      name, newparent->fd),
 					      newparent_ino, newname);
@@ -613,6 +665,10 @@ static void kc_rename(fuse_req_t req, fuse_ino_t parent_ino, const char *name,
 		else
 			err = name_refused(&tst, name);
 	}
+	/* A file the rename replaces is not let go of here (kc_inode_unlinked): a reader that
+	 * looked the name up just before opens it next, and would get ESTALE; the kernel's
+	 * one retry can meet the next rename over the name again (writers renaming over
+	 * final names, readers opening them). Its space comes back at the kernel's FORGET. */
 	if (!err && !kc_role_is_staged(role) &&
 	    renameat2(parent->fd, name, newparent->fd, newname, flags) != 0)
 		err = -errno;
@@ -638,8 +694,8 @@ static void kc_rename(fuse_req_t req, fuse_ino_t parent_ino, const char *name,
 
 /* Open a staged file for writing: a private stage, seeded with the bytes of seed_fd
  * unless O_TRUNC, committed at close. Consumes entry_fd. Replies. */
-static void open_stage(fuse_req_t req, struct fuse_file_info *fi, enum kc_role role,
-		       int entry_fd, int seed_fd)
+static void open_stage(fuse_req_t req, struct fuse_file_info *fi, struct kc_inode *in,
+		       enum kc_role role, int entry_fd, int seed_fd)
 {
 	struct kc_fs *fs = fs_of(req);
 	struct kc_fh *fh = kc_fh_new(FH_STAGE, -1);
@@ -661,8 +717,26 @@ static void open_stage(fuse_req_t req, struct fuse_file_info *fi, enum kc_role r
 			close(entry_fd);
 		return (void)fuse_reply_err(req, -err);
 	}
+	count_open(req, in, fh);
 	fi->fh = (uintptr_t)fh;
-	fuse_reply_open(req, fi);
+	if (fuse_reply_open(req, fi) != 0)
+		kc_fh_release(fs, fh);
+}
+
+/* Open in's object through path (its fd's /proc path) with flags. The object must still
+ * be in's: an inode let go of by a concurrent unlink has a placeholder there (ESTALE).
+ * Returns the fd or -errno. */
+static int open_object(const struct kc_inode *in, const char *path, int flags)
+{
+	struct stat st;
+	int fd = open(path, flags | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	if (fstat(fd, &st) != 0 || st.st_dev != in->dev || st.st_ino != in->ino) {
+		close(fd);
+		return -ESTALE;
+	}
+	return fd;
 }
 
 static void kc_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
@@ -697,6 +771,8 @@ static void kc_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	}
 	/* A file consumed by a stage, still under the staged name in the kernel's dentry: the
 	 * kernel retries the open with a fresh lookup, which finds what the name holds. */
+	if (stale(req, in))
+		return;
 	if (__atomic_load_n(&in->discarded, __ATOMIC_SEQ_CST))
 		return (void)fuse_reply_err(req, ESTALE);
 	/* A published or pending cubin is read-only: a write would reach the kernel's cached
@@ -708,18 +784,20 @@ static void kc_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	kc_fd_path(in->fd, path);
 	int entry_fd = writing ? kc_inode_entry_fd(&fs->inodes, in, &role) : -1;
 	if (entry_fd >= 0) {
-		int seed = open(path, O_RDONLY | O_CLOEXEC);
+		int seed = open_object(in, path, O_RDONLY);
 		if (seed < 0) {
 			close(entry_fd);
-			return (void)fuse_reply_err(req, errno);
+			return (void)fuse_reply_err(req, -seed);
 		}
-		open_stage(req, fi, role, entry_fd, seed);
+		open_stage(req, fi, in, role, entry_fd, seed);
 		close(seed);
 		return;
 	}
-	int fd = open(path, (fi->flags & ~(O_CREAT | O_EXCL | O_NOCTTY | O_NOFOLLOW)) | O_CLOEXEC);
+	int fd = open_object(in, path, fi->flags & ~(O_CREAT | O_EXCL | O_NOCTTY | O_NOFOLLOW));
 	if (fd < 0)
-		return (void)fuse_reply_err(req, errno);
+		return (void)fuse_reply_err(req, -fd);
+	if (fi->flags & O_TRUNC) /* emptied: what failed is gone */
+		__atomic_store_n(&in->write_failed, 0, __ATOMIC_SEQ_CST);
 	if (in->role == KC_ROLE_CUBIN && !in->staging)
 		return kc_cubin_open(req, in, fd, fi);
 	struct kc_fh *fh = kc_fh_new(FH_PLAIN, fd);
@@ -727,8 +805,10 @@ static void kc_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 		close(fd);
 		return (void)fuse_reply_err(req, ENOMEM);
 	}
+	count_open(req, in, fh);
 	fi->fh = (uintptr_t)fh;
-	fuse_reply_open(req, fi);
+	if (fuse_reply_open(req, fi) != 0)
+		kc_fh_release(fs, fh);
 }
 
 static void kc_create(fuse_req_t req, fuse_ino_t parent_ino, const char *name, mode_t mode,
@@ -798,10 +878,11 @@ static void kc_create(fuse_req_t req, fuse_ino_t parent_ino, const char *name, m
 	e.ino = kc_inode_ino(&fs->inodes, in);
 	e.attr = st;
 	e.attr_timeout = e.entry_timeout = timeout_for(in);
+	count_open(req, in, fh);
 	fi->fh = (uintptr_t)fh;
 	if (fuse_reply_create(req, &e, fi) != 0) {
+		kc_fh_release(fs, fh);
 		kc_inode_forget(&fs->inodes, in, 1);
-		kc_fh_free(fs, fh);
 	}
 }
 
@@ -830,6 +911,29 @@ static void kc_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 	fuse_reply_data(req, &buf, FUSE_BUF_SPLICE_MOVE);
 }
 
+/* The error that stopped a copy of in_buf to fd at done bytes of it (offset off): the
+ * write of the rest, tried once more, says it; EIO if it cannot be told. */
+static int rest_errno(int fd, const struct fuse_bufvec *in_buf, size_t done, off_t off)
+{
+	const struct fuse_buf *b = &in_buf->buf[0];
+	if (in_buf->count != 1 || (b->flags & FUSE_BUF_IS_FD) || done >= b->size)
+		return EIO;
+	ssize_t r = pwrite(fd, (const char *)b->mem + done, b->size - done, off + (off_t)done);
+	return r < 0 ? errno : EIO;
+}
+
+/* Nonzero if a write of n bytes at off may have been cut short by the kernel before it got
+ * here: it ends at (or past) the writer's file size limit (RLIMIT_FSIZE), where the kernel
+ * stops a write and fails the next with EFBIG, without telling the daemon. */
+static int cut_by_fsize_limit(fuse_req_t req, off_t off, size_t n)
+{
+	struct rlimit lim;
+	if (prlimit(fuse_req_ctx(req)->pid, RLIMIT_FSIZE, NULL, &lim) != 0 ||
+	    lim.rlim_cur == RLIM_INFINITY)
+		return 0;
+	return (unsigned long long)off + n >= (unsigned long long)lim.rlim_cur;
+}
+
 static void kc_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *in_buf, off_t off,
 			 struct fuse_file_info *fi)
 {
@@ -856,9 +960,26 @@ static void kc_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *in_
 	out.buf[0].flags = FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK;
 	out.buf[0].fd = fh->fd;
 	out.buf[0].pos = off;
+	size_t want = fuse_buf_size(in_buf);
 	ssize_t n = fuse_buf_copy(&out, in_buf, 0);
+	if (fh->kind == FH_STAGE && (n < 0 || (size_t)n < want)) {
+		/* A stage with a hole in it is no stage: it is discarded at close, and this
+		 * write's error is the client's (a short copy stopped at an error: find it). */
+		fh->failed = n < 0 ? (int)-n : rest_errno(fh->fd, in_buf, (size_t)n, off);
+		kc_log(KC_LOG_INFO, "a write to a %s stage failed (%s): nothing of it is staged",
+		       kc_role_name(fh->role), strerror(fh->failed));
+		return (void)fuse_reply_err(req, fh->failed);
+	}
+	if (n < 0 || (size_t)n < want) /* a hole: this file is not staged by a rename */
+		__atomic_store_n(&inode_of(req, ino)->write_failed, 1, __ATOMIC_SEQ_CST);
 	if (n < 0)
 		return (void)fuse_reply_err(req, (int)-n);
+	if (fh->kind == FH_STAGE && cut_by_fsize_limit(req, off, (size_t)n)) {
+		/* Its writer was told EFBIG, or will be: the stage is not what it meant. */
+		fh->failed = EFBIG;
+		kc_log(KC_LOG_INFO, "a write to a %s stage reached its writer's file size limit "
+		       "(RLIMIT_FSIZE): nothing of it is staged", kc_role_name(fh->role));
+	}
 	if (fh->kind == FH_STAGE)
 		kc_stage_note_writer(req, fh);
 	fuse_reply_write(req, (size_t)n);
@@ -900,21 +1021,20 @@ static void kc_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	 * writing. What no writer's close committed is committed at release (the last close). */
 	int killed_creator = fh->kind == FH_STAGE && !fh->done && !fh->dirty &&
 			     fh->creator_tgid == kc_stage_tgid(req) && kc_stage_writer_killed(req);
-	if (killed_creator) {
-		kc_log(KC_LOG_INFO, "stage discarded: its creator was killed before writing");
-		unlinkat(fs_of(req)->store.tmp_fd, fh->tmpname, 0);
-		fh->tmpname[0] = '\0';
-		fh->done = 1;
+	if (fh->kind == FH_STAGE && !fh->done && fh->failed) {
+		/* A write to it failed: whoever closes, it is not committed, and the writer's
+		 * error is close()'s too. */
+		kc_stage_discard(fs_of(req), fh, "a write to it failed");
+		err = -fh->failed;
+	} else if (killed_creator) {
+		kc_stage_discard(fs_of(req), fh, "its creator was killed before writing");
 	} else if (fh->kind == FH_STAGE && !fh->done &&
 		   (fh->dirty ? kc_stage_is_writer(req, fh)
 			      : fh->creator_tgid == kc_stage_tgid(req) &&
 					!kc_stage_held_elsewhere(req, fh))) {
 		if (kc_stage_writer_killed(req)) {
 			/* A killed writer's files are closed for it: its stage is not complete. */
-			kc_log(KC_LOG_INFO, "stage discarded: its writer was killed by a signal");
-			unlinkat(fs_of(req)->store.tmp_fd, fh->tmpname, 0);
-			fh->tmpname[0] = '\0';
-			fh->done = 1;
+			kc_stage_discard(fs_of(req), fh, "its writer was killed by a signal");
 		} else {
 			err = kc_stage_commit(fs_of(req), fh);
 		}
@@ -927,12 +1047,14 @@ static void kc_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 	struct kc_fs *fs = fs_of(req);
 	struct kc_fh *fh = fh_of(fi);
 	(void)ino;
-	if (fh->kind == FH_STAGE && !fh->done) {
+	if (fh->kind == FH_STAGE && !fh->done && fh->failed) {
+		kc_stage_discard(fs, fh, "a write to it failed");
+	} else if (fh->kind == FH_STAGE && !fh->done) {
 		int err = kc_stage_commit(fs, fh);
 		if (err)
 			kc_log(KC_LOG_INFO, "stage committed at release refused: %s", strerror(-err));
 	}
-	kc_fh_free(fs, fh);
+	kc_fh_release(fs, fh);
 	fuse_reply_err(req, 0);
 }
 

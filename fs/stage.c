@@ -85,6 +85,14 @@ void kc_fh_free(struct kc_fs *fs, struct kc_fh *fh)
 	free(fh);
 }
 
+void kc_fh_release(struct kc_fs *fs, struct kc_fh *fh)
+{
+	struct kc_inode *in = fh->in;
+	kc_fh_free(fs, fh);
+	if (in && kc_inode_opened(&fs->inodes, in, -1) == 0)
+		kc_inode_unlinked(&fs->inodes, in);
+}
+
 /* Give fh a fresh stage temporary, seeded with the bytes of the file behind seed_fd (any
  * fd, write-only too) if it is >= 0. */
 int kc_stage_begin(struct kc_fs *fs, struct kc_fh *fh, int seed_fd, mode_t mode)
@@ -117,6 +125,16 @@ int kc_stage_begin(struct kc_fs *fs, struct kc_fh *fh, int seed_fd, mode_t mode)
 	fh->fd = fd;
 	fh->done = 0;
 	return 0;
+}
+
+void kc_stage_discard(struct kc_fs *fs, struct kc_fh *fh, const char *why)
+{
+	kc_log(KC_LOG_INFO, "%s stage discarded: %s", kc_role_name(fh->role), why);
+	if (fh->tmpname[0])
+		unlinkat(fs->store.tmp_fd, fh->tmpname, 0);
+	fh->tmpname[0] = '\0';
+	fh->done = 1;
+	fh->dirty = 0;
 }
 
 /* Commit the stage temporary into the entry. Returns 0 or -errno (EEXIST, EINVAL...). */
@@ -161,6 +179,8 @@ int kc_stage_prepare_write(struct kc_fs *fs, struct kc_inode *in, struct kc_fh *
 		}
 		return 0;
 	}
+	if (fh->kind == FH_STAGE && fh->failed)
+		return -fh->failed; /* a stage with a hole is never resumed */
 	if (fh->kind == FH_STAGE && fh->done) {
 		struct stat st;
 		return fstat(fh->fd, &st) ? -errno : kc_stage_begin(fs, fh, fh->fd, st.st_mode);

@@ -67,6 +67,29 @@ def test_stager_killed_before_its_first_write_stages_nothing(mount_factory):
     assert os.listdir(entry) == ["kernel.flags"]
 
 
+def test_a_write_cut_by_the_file_size_limit_stages_nothing(mount_factory):
+    """The kernel cuts a write at the writer's RLIMIT_FSIZE and fails the next with EFBIG
+    before the daemon sees it: the stage of what got through is not committed, and close()
+    says EFBIG. The same bytes from a writer with no limit stage."""
+    m = mount_factory()
+    src, flags = sample("saxpy")
+    entry = m.mnt / "cache" / entry_name("saxpy", src, flags)
+    entry.mkdir(parents=True)
+    r = subprocess.run([sys.executable, "-c",
+                        "import os, resource, signal, sys\n"
+                        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+                        "resource.setrlimit(resource.RLIMIT_FSIZE, (100, 100))\n"
+                        "fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)\n"
+                        "assert os.write(fd, sys.stdin.buffer.read()) == 100\n"
+                        "try:\n    os.close(fd)\nexcept OSError as e:\n    sys.exit(e.errno)\n",
+                        str(entry / "kernel.cu")], input=src, capture_output=True)
+    assert r.returncode == errno.EFBIG, r.stderr
+    assert os.listdir(entry) == []
+    (entry / "kernel.cu").write_bytes(src)
+    (entry / "kernel.flags").write_bytes(flags)
+    assert "saxpy" in elf_symbols((entry / "kernel.cubin").read_bytes())
+
+
 def test_every_stage_is_committed_when_its_close_returns(mount_factory, tmp_path):
     """Point 4 of issue 13: an empty or never-written kernel.flags or kernel.cu, made by
     open(O_CREAT|O_TRUNC), open(O_CREAT), mknod or a shell's "> file", is staged by the
