@@ -8,6 +8,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +39,42 @@ static pid_t running_here[KC_COMPILE_SLOTS];
 static pid_t *running = running_here; /* memory shared with the watcher once it runs */
 static int shutting_down;
 
+/* What a watcher is started with (kc_compile_watch), to start another like it. */
+static uid_t watch_first;
+static int watch_lock_fd = -1;
+
+static int start_watcher(int *watcher_fd)
+{
+	return kc_sandbox_watch(watch_first, KC_COMPILE_SLOTS, running, KC_COMPILE_SLOTS,
+				watch_lock_fd, watcher_fd);
+}
+
+/* Waits for the watcher (arg: its pidfd) to be gone while the daemon lives: one killed
+ * (by hand, the OOM killer) is replaced at once, so that a daemon that dies later still
+ * takes its compiles with it. The watcher of a daemon's clean exit goes after it. */
+static void *rewatch_main(void *arg)
+{
+	int fd = (int)(intptr_t)arg;
+	for (;;) {
+		struct pollfd p = {.fd = fd, .events = POLLIN};
+		if (poll(&p, 1, -1) <= 0) {
+			if (errno == EINTR)
+				continue;
+			break;
+		}
+		close(fd);
+		int err = start_watcher(&fd);
+		kc_log(err || fd < 0 ? KC_LOG_WARN : KC_LOG_INFO,
+		       "the watcher of the compiles is gone; %s", err || fd < 0 ?
+		       "no other could be started: a compile outlives a daemon that dies, until "
+		       "the next start" : "another one watches now");
+		if (err || fd < 0)
+			return NULL;
+	}
+	close(fd);
+	return NULL;
+}
+
 int kc_compile_watch(unsigned first_uid, int lock_fd)
 {
 	pid_t *shared = mmap(NULL, sizeof(running_here), PROT_READ | PROT_WRITE,
@@ -48,8 +85,19 @@ int kc_compile_watch(unsigned first_uid, int lock_fd)
 	memcpy(shared, running, sizeof(running_here));
 	running = shared;
 	pthread_mutex_unlock(&running_lock);
-	return kc_sandbox_watch(first_uid ? (uid_t)first_uid : KC_SANDBOX_AS_DAEMON,
-				KC_COMPILE_SLOTS, shared, KC_COMPILE_SLOTS, lock_fd);
+	watch_first = first_uid ? (uid_t)first_uid : KC_SANDBOX_AS_DAEMON;
+	watch_lock_fd = lock_fd;
+	int fd = -1, err = start_watcher(&fd);
+	pthread_t th;
+	pthread_attr_t attr;
+	if (err || fd < 0)
+		return err;
+	pthread_attr_init(&attr);
+	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+	if (pthread_create(&th, &attr, rewatch_main, (void *)(intptr_t)fd) != 0)
+		close(fd); /* this watcher still watches; a killed one is not replaced */
+	pthread_attr_destroy(&attr);
+	return 0;
 }
 
 static int reserve_slot(void)

@@ -96,9 +96,10 @@ void kc_compile_shutdown(void);
 /* End this daemon's compiles with it, however it dies: its compilers' process groups move
  * to memory shared with a watcher (kc_sandbox_watch) that kills them, and every process of
  * the compile uids first_uid.. (0: compiles run as the daemon), when the daemon is gone;
- * the watcher holds lock_fd (the claim on those uids, or -1) till then. Call once, after
- * daemonizing and before any compile. Returns 0, or -errno (not started: compiles left by
- * a daemon that dies are then killed only at the next start). */
+ * the watcher holds lock_fd (the claim on those uids, or -1) till then. A watcher that is
+ * killed while the daemon lives is replaced at once (a thread waits on it). Call once,
+ * after daemonizing and before any compile. Returns 0, or -errno (not started: compiles
+ * left by a daemon that dies are then killed only at the next start). */
 int kc_compile_watch(unsigned first_uid, int lock_fd);
 
 #endif

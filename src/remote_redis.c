@@ -42,13 +42,18 @@
 #define RELOG_S 60 /* a fault that persists is logged again after this long */
 
 #define ALIVE_PREFIX "kcachefs:alive:"
+#define STR_(x) #x
+#define STR(x) STR_(x)
+#define RECORD_MAX_STR STR(KC_LEASE_RECORD_MAX)
 
 /* Lease scripts: KEYS[1] the lease key, holding a record of remote_object.h; KEYS[2] the
  * holder's liveness key, holding its token with a TTL of KC_REMOTE_ALIVE_MS that each
- * renewal sets again. A standing record counts (JUDGE's live) only with a TTL within the
- * bound of its kind, and a held one only while its holder's liveness key is there; the
- * signature is checked by the caller, which names a record it refuses in ARGV[7] (judged)
- * and so replaces it atomically.
+ * renewal sets again. A standing record counts (JUDGE's live) only if it is shorter than
+ * KC_LEASE_RECORD_MAX without a NUL (anything else is no record: never sent back whole),
+ * with a TTL within the bound of its kind, and a held one only while its holder's liveness
+ * key is there with a TTL of at most alive_ms (the key is unsigned: one planted without a
+ * TTL, or with a long one, proves nothing); the signature is checked by the caller, which
+ * names a record it refuses in ARGV[7] (judged) and so replaces it atomically.
  * take: ARGV record, ttl, token, alive_ms, held_max, note_max, judged -> "0" taken, or
  *   "1" .. the record standing.  peek: the same ARGV -> "" or the record standing.
  * renew: ARGV prefix ("held <token> "), ttl, token, alive_ms -> 1 renewed, 0 not ours.
@@ -56,13 +61,17 @@
  *   not ours. */
 #define JUDGE                                                                                 \
 	"local function live(v)\n"                                                             \
-	"  if v == ARGV[7] then return false end\n"                                            \
+	"  if v == ARGV[7] or #v >= " RECORD_MAX_STR " or string.find(v, '\\0', 1, true) then\n" \
+	"    return false\n"                                                                   \
+	"  end\n"                                                                              \
 	"  local failed = string.sub(v, 1, 7) == 'failed '\n"                                  \
 	"  local left = redis.call('PTTL', KEYS[1])\n"                                         \
 	"  if left < 0 or left > tonumber(failed and ARGV[6] or ARGV[5]) then return false end\n" \
 	"  if failed then return true end\n"                                                   \
-	"  return string.sub(v, 1, 5) == 'held ' and\n"                                        \
-	"         redis.call('GET', KEYS[2]) == string.sub(v, 6, 37)\n"                        \
+	"  if string.sub(v, 1, 5) ~= 'held ' or\n"                                             \
+	"     redis.call('GET', KEYS[2]) ~= string.sub(v, 6, 37) then return false end\n"     \
+	"  local alive = redis.call('PTTL', KEYS[2])\n"                                        \
+	"  return alive > 0 and alive <= tonumber(ARGV[4])\n"                                 \
 	"end\n"                                                                                \
 	"local v = redis.call('GET', KEYS[1])\n"
 static const char take_script[] =
@@ -1116,10 +1125,12 @@ static int r_lease_peek(struct kc_remote_backend *base, const char *key, enum kc
 {
 	struct redis_backend *b = (struct redis_backend *)base;
 	char nums[2][16];
-	const char *args[LEASE_ARGS] = {"", "", "", ""};
+	char alive[16];
+	const char *args[LEASE_ARGS] = {"", "", "", alive};
 	struct kc_lease_seen seen;
 	redisReply *r;
 
+	snprintf(alive, sizeof(alive), "%u", KC_REMOTE_ALIVE_MS);
 	judge_args(b, args, nums, "");
 	int rc = lease_eval(b, "lease peek", peek_script, key, LEASE_ARGS, args,
 			    T(REDIS_REPLY_STRING), &r);

@@ -374,25 +374,38 @@ static void watcher(pid_t daemon, int pidfd, uid_t first, unsigned count,
 }
 
 int kc_sandbox_watch(uid_t first, unsigned count, const volatile pid_t *groups,
-		     unsigned ngroups, int keep_fd)
+		     unsigned ngroups, int keep_fd, int *watcher_fd)
 {
-	pid_t daemon = getpid();
+	pid_t daemon = getpid(), w = 0;
 	int pidfd = (int)syscall(SYS_pidfd_open, daemon, 0u); /* -1 before Linux 5.3 */
+	int tell[2] = {-1, -1}; /* the middle process tells the watcher's pid through it */
+	if (watcher_fd)
+		*watcher_fd = -1;
+	if (watcher_fd && pipe2(tell, O_CLOEXEC) != 0)
+		tell[0] = tell[1] = -1;
 	/* Twice: the watcher is then nobody's child here, so no wait of the daemon's (nor a
 	 * check for children it left) ever sees it. */
 	pid_t mid = clone_ns(0);
 	if (mid == 0) {
-		pid_t w = clone_ns(0);
+		w = clone_ns(0);
 		if (w == 0)
 			watcher(daemon, pidfd, first, count, groups, ngroups, keep_fd);
+		if (w > 0 && tell[1] >= 0 && write(tell[1], &w, sizeof(w)) != sizeof(w))
+			_exit(1);
 		_exit(w > 0 ? 0 : 1);
 	}
 	int err = mid < 0 ? -errno : 0, status = 0;
+	if (tell[1] >= 0)
+		close(tell[1]);
 	while (mid > 0 && waitpid(mid, &status, 0) < 0 && errno == EINTR)
 		;
 	if (pidfd >= 0)
 		close(pidfd);
 	if (!err && !(WIFEXITED(status) && WEXITSTATUS(status) == 0))
 		err = -EAGAIN;
+	if (!err && tell[0] >= 0 && read(tell[0], &w, sizeof(w)) == sizeof(w) && w > 0)
+		*watcher_fd = (int)syscall(SYS_pidfd_open, w, 0u);
+	if (tell[0] >= 0)
+		close(tell[0]);
 	return err;
 }

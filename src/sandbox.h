@@ -84,7 +84,9 @@ void kc_sandbox_kill_uids(uid_t first, unsigned count);
  * KC_SANDBOX_AS_DAEMON), and exits. groups: memory shared with the watcher (MAP_SHARED),
  * where the daemon keeps its compilers' groups. A daemon's clean exit leaves nothing to
  * kill. Call after any fork that daemonizes, from a process without compiles yet.
- * Returns 0, or -errno (-EAGAIN, -ENOMEM: it could not be started). Each compiler also
+ * Returns 0, or -errno (-EAGAIN, -ENOMEM: it could not be started); watcher_fd (may be
+ * NULL) gets a pidfd of the watcher (the caller closes it; -1 where none could be had),
+ * readable once the watcher is gone (killed: the caller starts another). Each compiler also
  * dies with the thread that started it (PR_SET_PDEATHSIG), as a daemon may die before it
  * records that compiler's group. Why not PR_SET_PDEATHSIG alone: it reaches the
  * compiler (nvcc) only, not the cicc, ptxas or gcc it started, nor a process that left
@@ -92,7 +94,7 @@ void kc_sandbox_kill_uids(uid_t first, unsigned count);
  * outlive it all the same; and why not a pid namespace: the compiler would be its init,
  * which ignores the signals (its own SIGKILL too) that end a failing compiler. */
 int kc_sandbox_watch(uid_t first, unsigned count, const volatile pid_t *groups,
-		     unsigned ngroups, int keep_fd);
+		     unsigned ngroups, int keep_fd, int *watcher_fd);
 
 /* How many processes whose uid is first to first + count - 1 run (not zombies): a scan of
  * /proc. */

@@ -129,12 +129,16 @@ def tagged(tag):
             if tag in l and l.split(None, 2)[1][0] != "Z"]
 
 
-def watcher_of(m):
-    """The pid of the watcher of m's daemon, as ps shows it."""
+def watcher_of(m, at_most_one=False):
+    """The pid of the live watcher of m's daemon, as ps shows it (at_most_one: None when
+    there is none)."""
     title = "kcachefs-watch of pid %d" % m.proc.pid
-    out = subprocess.run(["ps", "ax", "-o", "pid=,args="], capture_output=True,
+    out = subprocess.run(["ps", "ax", "-o", "pid=,stat=,args="], capture_output=True,
                          text=True).stdout
-    pids = [int(l.split()[0]) for l in out.splitlines() if l.split(None, 1)[1] == title]
+    pids = [int(l.split()[0]) for l in out.splitlines()
+            if l.split(None, 2)[2] == title and l.split(None, 2)[1][0] != "Z"]
+    if at_most_one and not pids:
+        return None
     assert len(pids) == 1, out
     return pids[0]
 
@@ -167,6 +171,7 @@ def test_compiler_of_a_killed_daemon_is_killed_at_restart(mount_factory, tmp_pat
     m = mount_factory(["nvcc=%s" % nvcc])
     try:
         reader = hanging_compile(m, tag)
+        m.proc.send_signal(signal.SIGSTOP)  # so that it starts no watcher in place of this one
         os.kill(watcher_of(m), signal.SIGKILL)
         m.kill()
         reader.wait(timeout=30)
@@ -181,6 +186,28 @@ def test_compiler_of_a_killed_daemon_is_killed_at_restart(mount_factory, tmp_pat
     ranges = re.findall(r"compiles run as uids (\d+)\+", m.daemon_log() + m2.daemon_log())
     if len(set(ranges)) == 1:
         assert "left by a previous daemon" in m2.daemon_log()
+
+
+def test_a_killed_watcher_is_replaced(mount_factory, tmp_path):
+    """The watcher SIGKILLed alone (by hand, the OOM killer) while a compile runs as the
+    daemon's uid (which no restart can tell from the daemon's own): the daemon starts
+    another, and the compile's tools still end with a daemon SIGKILLed later."""
+    tag = "sleep 1000.%d%d" % (os.getpid(), time.monotonic_ns() % 1000000)
+    nvcc = write_script(tmp_path / "nvcc-hangs", 'case "$*" in *-cubin*) %s & wait;; esac\n'
+                        'exec /usr/local/cuda/bin/nvcc "$@"\n' % tag)
+    m = mount_factory(["nvcc=%s" % nvcc, "compile_uids=daemon"])
+    try:
+        reader = hanging_compile(m, tag)
+        first = watcher_of(m)
+        os.kill(first, signal.SIGKILL)
+        wait_for(lambda: watcher_of(m, at_most_one=True) not in (None, first), 10,
+                 "no watcher took the killed one's place")
+        m.kill()
+        reader.wait(timeout=30)
+        wait_for(lambda: not tagged(tag), 30, "a tool of a dead daemon's compile runs on")
+    finally:
+        for pid in tagged(tag):
+            os.kill(pid, signal.SIGKILL)
 
 
 @pytest.mark.parametrize("uids", ["own", "daemon"])

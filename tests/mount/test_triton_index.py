@@ -294,6 +294,21 @@ def test_lies_of_the_files_on_disk(cache, warnings):
         os.link(real, cache.index)
 
 
+def test_a_huge_file_is_a_miss_without_reading_it(cache, warnings):
+    """A file of the group replaced by a sparse terabyte (anyone who may write the key
+    directory can): its size is not the recorded one, so get_group misses at once instead of
+    hashing it for hours while the compile waits."""
+    with open(cache.good[NAME + ".cubin"], "r+b") as f:
+        f.truncate(1 << 40)
+    got = []
+    getter = threading.Thread(target=lambda: got.append(cache.get(warnings)), daemon=True)
+    getter.start()
+    getter.join(20)  # instant when the size is compared first; hours when hashed
+    assert not getter.is_alive(), "get_group still reads a terabyte after 20 s"
+    group, said = got[0]
+    assert group is None and any("is not what was published" in m for m in said), said
+
+
 # ---------------------------------------------------------------- the fuzz
 
 BAD_NAMES = ["../add.cubin", "/etc/passwd", "", ".", "..", "a/b", "add.cubin/", "x\0y",

@@ -605,6 +605,41 @@ static void test_leases(struct server *s)
 	b->ops->destroy(b);
 }
 
+/* A SET's reply r (freed here) says it stored the value. */
+static void check_set(redisReply *r, const char *what)
+{
+	CHECK(r && r->type == REDIS_REPLY_STATUS, what);
+	if (r)
+		freeReplyObject(r);
+}
+
+/* What stands on key k (lease key name) is absent: peek sees none, and A takes it at once
+ * (with a TTL) and releases it. */
+static void check_taken_over(struct server *s, struct kc_remote_backend *b, const char *k,
+			     const char *name)
+{
+	enum kc_lease_state st = KC_LEASE_HELD;
+	CHECK(b->ops->lease_peek(b, k, &st) == 0 && st == KC_LEASE_NONE, "peek sees none");
+	CHECK(b->ops->lease_take(b, k, TOKA, 60000, &st) == 0, "taken over at once");
+	long long pttl = cmd_int(s, "PTTL %s", name);
+	CHECK(pttl > 0 && pttl <= 60000, "the new lease has a TTL");
+	CHECK(b->ops->lease_release(b, k, TOKA, 0) == 0, "and is released");
+}
+
+/* A backend on s that signs with key, leases bounded at 60 s and notes at 5 s; NULL (a
+ * failed check) if it cannot be opened. */
+static struct kc_remote_backend *records_backend(struct server *s, struct kc_object_secret *key)
+{
+	struct kc_remote_backend *b = open_server(s, NULL, 5000);
+	CHECK(b != NULL, "open a backend on the server");
+	if (b) {
+		b->secret = key;
+		b->held_max_ms = 60000;
+		b->note_max_ms = 5000;
+	}
+	return b;
+}
+
 /* Lease records that do not check (unsigned or signed with another key with a key set,
  * over their bound, a key without a TTL) are taken over at once; a holder whose liveness
  * key is gone (it stopped renewing) is taken over within KC_REMOTE_ALIVE_MS. */
@@ -613,7 +648,7 @@ static void test_lease_records(struct server *s)
 	static const unsigned char sec[] = "0123456789abcdef0123", other_sec[] =
 		"fedcba9876543210fedc";
 	struct kc_object_secret key = {sec, 20}, other = {other_sec, 20};
-	struct kc_remote_backend *b = open_server(s, NULL, 5000);
+	struct kc_remote_backend *b = records_backend(s, &key);
 	enum kc_lease_state st = KC_LEASE_NONE;
 	char k[65], name[128], rec[KC_LEASE_RECORD_MAX];
 	struct {
@@ -631,13 +666,8 @@ static void test_lease_records(struct server *s)
 		{&key, KC_LEASE_HELD, 60000, 60000, "a signed lease whose holder is not alive"},
 	};
 
-	if (!b) {
-		CHECK(0, "open a backend on the server");
+	if (!b)
 		return;
-	}
-	b->secret = &key;
-	b->held_max_ms = 60000;
-	b->note_max_ms = 5000;
 	key_of("records", 1, k);
 	snprintf(name, sizeof(name), "kcachefs:lease:%s", k);
 	for (size_t i = 0; i < sizeof(planted) / sizeof(*planted); i++) {
@@ -649,14 +679,8 @@ static void test_lease_records(struct server *s)
 			r = cmd(s, "SET %s %s PX %u", name, rec, planted[i].px);
 		else
 			r = cmd(s, "SET %s %s", name, rec);
-		CHECK(r && r->type == REDIS_REPLY_STATUS, "plant it");
-		if (r)
-			freeReplyObject(r);
-		CHECK(b->ops->lease_peek(b, k, &st) == 0 && st == KC_LEASE_NONE, "peek sees none");
-		CHECK(b->ops->lease_take(b, k, TOKA, 60000, &st) == 0, "taken over at once");
-		long long pttl = cmd_int(s, "PTTL %s", name);
-		CHECK(pttl > 0 && pttl <= 60000, "the new lease has a TTL");
-		CHECK(b->ops->lease_release(b, k, TOKA, 0) == 0, "and is released");
+		check_set(r, "plant it");
+		check_taken_over(s, b, k, name);
 	}
 	CHECK(b->ops->lease_take(b, k, TOKA, 60000, &st) == 0 &&
 		      b->ops->lease_take(b, k, TOKB, 60000, &st) == -EBUSY && st == KC_LEASE_HELD,
@@ -684,6 +708,59 @@ static void test_lease_records(struct server *s)
 	      "taken over once not heard from for KC_REMOTE_ALIVE_MS, not its 60 s ttl");
 	CHECK(b->ops->lease_renew(b, k, TOKA, 60000) == -ENOLCK, "the dead one's renew: -ENOLCK");
 	CHECK(b->ops->lease_release(b, k, TOKB, 0) == 0, "released");
+	b->ops->destroy(b);
+}
+
+/* A liveness key proves nothing by itself: anyone who can write the store can plant one
+ * (it is unsigned). A record with a NUL, a megabyte value without a newline, or a replayed
+ * signed lease whose liveness key was planted without a TTL (or with one longer than
+ * KC_REMOTE_ALIVE_MS) is absent: peek sees none and a take replaces it at once. */
+static void test_planted_alive(struct server *s)
+{
+	static const unsigned char sec[] = "0123456789abcdef0123";
+	struct kc_object_secret key = {sec, 20};
+	struct kc_remote_backend *b = records_backend(s, &key);
+	char k[65], name[128], alive[128], rec[KC_LEASE_RECORD_MAX];
+	static char big[1 << 20];
+	struct {
+		const char *what;
+		const char *val; /* NULL: a signed lease of TOKB */
+		size_t len;
+		const char *alive_px; /* "": no TTL on the liveness key */
+	} planted[] = {
+		{"an unsigned lease with a NUL", "held bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb\0 60000 -",
+		 44, "3000"},
+		{"a megabyte lease without a newline", big, sizeof(big), "3000"},
+		{"a signed lease whose liveness key has no TTL", NULL, 0, ""},
+		{"a signed lease whose liveness key lives an hour", NULL, 0, "3600000"},
+	};
+
+	if (!b)
+		return;
+	memset(big, 'x', sizeof(big));
+	memcpy(big, "held " "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb", 37);
+	key_of("alive", 1, k);
+	snprintf(name, sizeof(name), "kcachefs:lease:%s", k);
+	snprintf(alive, sizeof(alive), "kcachefs:alive:%s", k);
+	for (size_t i = 0; i < sizeof(planted) / sizeof(*planted); i++) {
+		const char *v = planted[i].val;
+		size_t len = planted[i].len;
+		redisReply *r;
+		printf("# planted: %s\n", planted[i].what);
+		if (!v) {
+			CHECK(kc_lease_record(&key, k, KC_LEASE_HELD, TOKB, 60000, rec) > 0,
+			      "make the record");
+			v = rec;
+			len = strlen(rec);
+		}
+		check_set(cmd(s, "SET %s %b PX 60000", name, v, len), "plant the lease");
+		if (*planted[i].alive_px)
+			r = cmd(s, "SET %s %s PX %s", alive, TOKB, planted[i].alive_px);
+		else
+			r = cmd(s, "SET %s %s", alive, TOKB);
+		check_set(r, "plant its liveness key");
+		check_taken_over(s, b, k, name);
+	}
 	b->ops->destroy(b);
 }
 
@@ -1254,6 +1331,7 @@ int main(void)
 	test_objects(&main_srv);
 	test_leases(&main_srv);
 	test_lease_records(&main_srv);
+	test_planted_alive(&main_srv);
 	test_threads(&main_srv);
 	stop(&main_srv, SIGKILL);
 	test_shards();

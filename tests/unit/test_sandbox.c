@@ -104,7 +104,7 @@ static pid_t daemon_with_compile(uid_t uid, int ns, uid_t claim)
 	if (d == 0) {
 		char why[256];
 		int bad_dir, fd = kc_sandbox_claim_uids(claim, 1);
-		if (fd < 0 || kc_sandbox_watch(uid, 1, groups, 1, fd) != 0)
+		if (fd < 0 || kc_sandbox_watch(uid, 1, groups, 1, fd, NULL) != 0)
 			_exit(1);
 		close(fd); /* the watcher holds the claim */
 		char *const tools[] = {"/bin/sh", "-c", "sleep 1000.4243 & setsid -f sleep 1000.4243;"
