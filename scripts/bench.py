@@ -22,6 +22,10 @@ Figures (NAME):
   backend   compile seconds of nvcc against the NVRTC backend (build/kcachefs-nvrtc) on the
             sample kernels, the header-heavy CUB one among them; both cubins must expose
             the same kernel symbol
+  store     a compile through a mount with a cluster store (dir:) against the same compile
+            through a mount without one: real nvcc on CUB's block_sum (tests/kernels), open
+            to last byte read on a cold mount, paired runs (order alternating), ratio of
+            medians; each store run waits for its object before the next run
   ref       the same warm read through libfuse's own passthrough_ll example (cache=always),
             built from /usr/share/doc/libfuse3-dev/examples when present: what one FUSE
             round trip per open costs on this machine
@@ -436,10 +440,40 @@ def bench_ref(tmp, reps):
         proc.wait(timeout=20)
 
 
+def bench_store(tmp, reps):
+    print("store: block_sum through a mount with a dir: store / without one, real nvcc",
+          flush=True)
+    src = (REPO / "tests" / "kernels" / "block_sum.cu").read_bytes()
+    flags = (REPO / "tests" / "kernels" / "block_sum.flags").read_bytes()
+    times = {True: [], False: []}
+    for rep in range(reps):
+        for with_store in ((True, False) if rep % 2 == 0 else (False, True)):
+            name = "store-%d-%d" % (rep, with_store)
+            store = Path(tmp) / (name + "-objects")
+            store.mkdir()
+            os.chmod(store, 0o755)
+            m = fresh_mount(tmp, name, ["remote=dir:%s" % store] if with_store else [])
+            try:
+                cubin = m.stage("block_sum", src, flags) / "kernel.cubin"
+                t0 = time.monotonic()
+                data = cubin.read_bytes()
+                times[with_store].append(time.monotonic() - t0)
+                assert data[:4] == b"\x7fELF", data[:100]
+                deadline = time.monotonic() + 300  # the share ends before the next compile
+                while with_store and not [p for p in (store / "objects").glob("*/*")
+                                          if p.read_bytes()[19:25] == b"index "]:
+                    assert time.monotonic() < deadline, m.daemon_log()
+                    time.sleep(0.05)
+            finally:
+                m.stop()
+    row("compile block_sum: with a store (without is baseline)", times[True], times[False],
+        "s", "<= 1.02x")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=7, help="repetitions of each timed loop")
-    ap.add_argument("--only", default="read,ref,meta,cold,starve,scale,backend")
+    ap.add_argument("--only", default="read,ref,meta,cold,starve,scale,backend,store")
     ap.add_argument("--entries", type=int, default=100000, help="N of the scale figure")
     ap.add_argument("--kernels", type=int, default=32, help="K of the cold start")
     ap.add_argument("--stores", default="dir,redis", help="stores of cluster and cluster64")
@@ -469,6 +503,7 @@ def main():
              "scale": lambda: bench_scale(tmp, 3, args.entries),
              "ref": lambda: bench_ref(tmp, args.reps),
              "backend": lambda: bench_backend(tmp, args.reps),
+             "store": lambda: bench_store(tmp, args.reps),
              "cluster": lambda: bench_cluster.bench_cluster(
                  tmp, max(1, args.reps // 4), args.kernels, stores, row),
              "cluster64": lambda: tables.extend(bench_cluster.bench_cluster64(

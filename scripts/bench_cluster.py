@@ -76,9 +76,10 @@ class Store:
 
 
 def counting_nvcc(cluster):
-    """Real nvcc behind a wrapper that logs each compile in the cluster's compile log."""
+    """Real nvcc behind a wrapper that logs each compile (not a dependency pass, -M) in the
+    cluster's compile log."""
     return write_script(cluster.tmp / "nvcc-counting",
-                        'case "$*" in *-cubin*) sha256sum "$1" | cut -c1-64 >> %s;; esac\n'
+                        'case " $* " in *" -M "*) ;; *-cubin*) sha256sum "$1" | cut -c1-64 >> %s;; esac\n'
                         'exec %s "$@"\n' % (cluster.log, NVCC))
 
 

@@ -34,6 +34,13 @@ struct compile_job {
 	int entry_fd;
 	struct kc_recipe recipe;
 	int transient; /* set by run_compile: the failure had a passing cause */
+	/* Set by run_compile when a published compile is to be shared (share_fd >= 0): the
+	 * cluster's part, run by share_published after the single flight is answered. */
+	struct kc_remote_job rj;
+	struct kc_argv args;  /* the compile's arguments (owned) */
+	const char *compiler; /* cfg's */
+	int share_fd;         /* the published cubin (owned), or -1 */
+	char label[512];
 };
 
 struct holdoff {
@@ -591,13 +598,12 @@ static int run_compile(struct compile_job *j)
 		.nvcc = compiler, .args = &args, .source = j->recipe.source,
 		.source_len = j->recipe.source_len, .scratch = scratch, .scratch_fd = scratch_fd,
 		.timeout_s = cfg->compile_timeout, .first_uid = cfg->compile_uids,
-		.ns_flags = cfg->ns_flags, .out_fd = out_fd, .want_deps = rj.active,
+		.ns_flags = cfg->ns_flags, .out_fd = out_fd,
 	};
 	if (kc_compile_run(&spec, &out) != 0) {
 		out.status = KC_COMPILE_TRANSIENT;
 		snprintf(out.why, sizeof(out.why), "out of memory");
 	}
-	kc_argv_free(&args);
 	kc_stats_observe_compile(&c->stats, out.seconds);
 	if (out.timed_out)
 		atomic_fetch_add(&c->stats.compile_timeouts, 1);
@@ -619,8 +625,19 @@ static int run_compile(struct compile_job *j)
 			atomic_fetch_add(&c->stats.published_bytes, bytes);
 		}
 	}
-	kc_remote_tier_finish(c->remote, &rj, result == 0, out.status == KC_COMPILE_REJECTED,
-			      out_fd, out.deps, out.deps_len);
+	if (result == 0 && kc_remote_tier_shares(c->remote, &rj) &&
+	    (j->share_fd = fcntl(out_fd, F_DUPFD_CLOEXEC, 0)) >= 0) {
+		/* shared after the openers have their cubin (share_published), the lease kept */
+		j->rj = rj;
+		j->args = args;
+		args = (struct kc_argv){0};
+		j->compiler = compiler;
+		snprintf(j->label, sizeof(j->label), "%s", label);
+	} else {
+		kc_remote_tier_finish(c->remote, &rj, 0, out.status == KC_COMPILE_REJECTED,
+				      out_fd, NULL, 0);
+	}
+	kc_argv_free(&args);
 	if (job_slots(c))
 		kc_slots_release(job_slots(c));
 	if (result != 0 && result != -EAGAIN)
@@ -650,6 +667,44 @@ done:
 	return result;
 }
 
+/* The cluster's part of a published compile: nvcc's dependency pass (the same source and
+ * flags, sandboxed as a compile) gives the header list, then the object and index are put
+ * and the lease released. Runs after the openers were answered and holds no job slot: the
+ * node's next compile need not wait for it. A pass that fails only means "not shared":
+ * the published cubin stays, the lease is released, so another node compiles. */
+static void share_published(struct compile_job *j)
+{
+	struct kc_cache *c = j->c;
+	const struct kc_config *cfg = c->cfg;
+	struct kc_compile_outcome out = {.status = KC_COMPILE_TRANSIENT};
+	char scratch[4200];
+	int scratch_fd = kc_store_scratch(c->store, scratch, sizeof(scratch));
+	struct kc_compile_spec spec = {
+		.nvcc = j->compiler, .args = &j->args, .source = j->recipe.source,
+		.source_len = j->recipe.source_len, .scratch = scratch, .scratch_fd = scratch_fd,
+		.timeout_s = cfg->compile_timeout, .first_uid = cfg->compile_uids,
+		.ns_flags = cfg->ns_flags, .out_fd = -1, .deps_only = 1,
+	};
+	if (scratch_fd < 0)
+		snprintf(out.why, sizeof(out.why), "no scratch directory: %s", strerror(-scratch_fd));
+	else if (kc_compile_run(&spec, &out) != 0)
+		snprintf(out.why, sizeof(out.why), "out of memory");
+	if (out.status == KC_COMPILE_OK)
+		kc_log(KC_LOG_DEBUG, "compile %s: dependency pass ran %.2f s", j->label, out.seconds);
+	else
+		kc_log(KC_LOG_WARN, "cluster store: %s not shared: its dependency pass %s",
+		       j->label, out.why);
+	kc_remote_tier_finish(c->remote, &j->rj, out.status == KC_COMPILE_OK, 0, j->share_fd,
+			      out.deps, out.deps_len);
+	kc_compile_outcome_free(&out);
+	if (scratch_fd >= 0) {
+		close(scratch_fd);
+		kc_store_remove_tree(scratch);
+	}
+	close(j->share_fd);
+	j->share_fd = -1;
+}
+
 static void compile_job(void *arg)
 {
 	struct compile_job *j = arg;
@@ -657,6 +712,9 @@ static void compile_job(void *arg)
 	if (j->transient)
 		hold_off(j->c, &j->key, j->recipe.hash);
 	kc_flight_finish(&j->c->flights, &j->key, result);
+	if (j->share_fd >= 0)
+		share_published(j);
+	kc_argv_free(&j->args);
 	close(j->entry_fd);
 	kc_recipe_free(&j->recipe);
 	free(j);
@@ -719,6 +777,7 @@ int kc_cache_lookup_cubin(struct kc_cache *c, int entry_fd, struct kc_waiter *w,
 		struct compile_job *j = calloc(1, sizeof(*j));
 		if (!j)
 			return -ENOMEM;
+		j->share_fd = -1;
 		err = kc_recipe_load(entry_fd, c->cfg, &j->recipe);
 		if (err) {
 			free(j);

@@ -486,7 +486,7 @@ static int take_cubin(const struct kc_compile_spec *spec, uid_t uid, char *why, 
 	return err ? -EINVAL : kc_cubin_check(spec->out_fd, why, whylen);
 }
 
-/* The dependency file the compiler wrote (want_deps): into out->deps, or left NULL when
+/* The dependency file the compiler wrote (deps_only): into out->deps, or left NULL when
  * it is not a file of the compiler's own of at most 4 MiB. */
 static void take_deps(const struct kc_compile_spec *spec, uid_t uid,
 		      struct kc_compile_outcome *out)
@@ -535,11 +535,13 @@ int kc_compile_run(const struct kc_compile_spec *spec, struct kc_compile_outcome
 		snprintf(out->why, sizeof(out->why), "cannot write scratch source: %s", strerror(-err));
 		return 0;
 	}
+	/* The dependency pass names no -o: nvcc writes the dependency list there, not to -MF */
 	if (kc_argv_push(&argv, spec->nvcc) || kc_argv_push(&argv, KC_COMPILE_CWD "/kernel.cu") ||
-	    kc_argv_push(&argv, "-cubin") || kc_argv_push(&argv, "-o") ||
-	    kc_argv_push(&argv, KC_COMPILE_CWD "/kernel.cubin") ||
-	    (spec->want_deps && (kc_argv_push(&argv, "-MD") || kc_argv_push(&argv, "-MF") ||
-				 kc_argv_push(&argv, KC_COMPILE_CWD "/kernel.d"))) ||
+	    kc_argv_push(&argv, "-cubin") ||
+	    (spec->deps_only ? kc_argv_push(&argv, "-M") || kc_argv_push(&argv, "-MF") ||
+				       kc_argv_push(&argv, KC_COMPILE_CWD "/kernel.d")
+			     : kc_argv_push(&argv, "-o") ||
+				       kc_argv_push(&argv, KC_COMPILE_CWD "/kernel.cubin")) ||
 	    kc_argv_extend(&argv, spec->args)) {
 		release_slot(slot);
 		kc_argv_free(&argv);
@@ -624,12 +626,17 @@ int kc_compile_run(const struct kc_compile_spec *spec, struct kc_compile_outcome
 							   : KC_COMPILE_REJECTED;
 		return 0;
 	}
-	if (take_cubin(spec, uid, why, sizeof(why)) != 0) {
+	if (spec->deps_only) {
+		take_deps(spec, uid, out);
+		if (!out->deps) {
+			snprintf(out->why, sizeof(out->why), "compiler exited 0 but wrote no "
+				 "dependency file of its own");
+			return 0;
+		}
+	} else if (take_cubin(spec, uid, why, sizeof(why)) != 0) {
 		snprintf(out->why, sizeof(out->why), "compiler exited 0 but %.200s", why);
 		return 0;
 	}
-	if (spec->want_deps)
-		take_deps(spec, uid, out);
 	out->status = KC_COMPILE_OK;
 	snprintf(out->why, sizeof(out->why), "ok");
 	return 0;

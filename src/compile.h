@@ -43,9 +43,12 @@ struct kc_compile_spec {
 	 * /proc/self/cwd/..., which its log shows as the scratch path again. */
 	unsigned first_uid;
 	int ns_flags;              /* CLONE_NEW* it runs in (kc_sandbox_namespaces) */
-	int out_fd;                /* an empty file of the daemon's: the cubin is copied here */
-	int want_deps;             /* nvcc only: add -MD -MF <scratch>/kernel.d and return the
-				    * dependency file in the outcome's deps */
+	int out_fd;                /* an empty file of the daemon's: the cubin is copied here
+				    * (unused with deps_only) */
+	int deps_only;             /* nvcc only: run nvcc's dependency pass alone (-M -MF
+				    * <scratch>/kernel.d, the same flags, no cubin) and return the
+				    * dependency file in the outcome's deps: the header list of a
+				    * compile of the same source and flags, off its critical path */
 };
 
 struct kc_compile_outcome {
@@ -58,9 +61,9 @@ struct kc_compile_outcome {
 	double seconds; /* wall time of the compiler run */
 	int timed_out;  /* killed at timeout_s */
 	char why[256];  /* one line: "exit status 1", "killed by signal 9", ... */
-	char *deps;     /* want_deps and KC_COMPILE_OK: the dependency file (make syntax, paths
+	char *deps;     /* deps_only and KC_COMPILE_OK: the dependency file (make syntax, paths
 			 * of the scratch as KC_COMPILE_CWD), owned, NUL-terminated; NULL when
-			 * the compiler wrote none */
+			 * the compiler wrote none (deps_only: status is then not OK) */
 	size_t deps_len;
 };
 

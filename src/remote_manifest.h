@@ -3,7 +3,7 @@
  * node's cubin only when its own copies of those headers are the same bytes.
  *
  * The list comes from the compiler itself: nvcc's dependency output (-MD -MF, make syntax;
- * compile.h's want_deps). Headers under the toolkit (kc_manifest_toolkit_root) are left out: the compiler identity in the recipe
+ * compile.h's deps_only). Headers under the toolkit (kc_manifest_toolkit_root) are left out: the compiler identity in the recipe
  * covers them. Every other header (-I trees, the host's /usr/include) is listed and hashed.
  * A manifest is "<sha256-hex> <path>\n" lines sorted by path (kc_object_manifest_check).
  *

@@ -555,15 +555,15 @@ int kc_remote_tier_fetch(struct kc_remote_tier *t, const char *recipe_hash, int 
 	return compile_here(slots, &slot);
 }
 
-/* Put kind's object under key; counts and logs. */
-static void put_object(struct kc_remote_tier *t, enum kc_object_kind kind, const char *key,
+/* Put kind's object under key; counts and logs. Returns 0 when it is stored (or was). */
+static int put_object(struct kc_remote_tier *t, enum kc_object_kind kind, const char *key,
 		       const char *manifest, size_t mlen, const void *cubin, size_t clen)
 {
 	char *obj = NULL;
 	size_t len = 0;
 	if (!store_usable(t) ||
 	    kc_object_build(kind, key, manifest, mlen, cubin, clen, &t->secret, &obj, &len) != 0)
-		return;
+		return -EIO;
 	int err = t->b->ops->put(t->b, key, obj, len);
 	outcome(t, FAULT_PUT, err, -EEXIST, kind == KC_OBJECT_INDEX ? "of an index" : "of an object");
 	if (err == 0) {
@@ -571,6 +571,7 @@ static void put_object(struct kc_remote_tier *t, enum kc_object_kind kind, const
 		atomic_fetch_add(&t->stats->remote_bytes_out, len);
 	}
 	free(obj);
+	return err == -EEXIST ? 0 : err;
 }
 
 /* Share the compiled cubin behind fd: the object, then the index that leads to it. */
@@ -594,13 +595,20 @@ static void share(struct kc_remote_tier *t, struct kc_remote_job *rj, int fd, co
 	if (dup >= 0 && lseek(dup, 0, SEEK_SET) == 0 &&
 	    kc_read_all(dup, KC_OBJECT_MAX_CUBIN, &cubin, &clen) == 0 &&
 	    kc_object_cubin_key(rj->mkey, manifest, mlen, okey) == 0) {
-		put_object(t, KC_OBJECT_CUBIN, okey, manifest, mlen, cubin, clen);
-		put_object(t, KC_OBJECT_INDEX, rj->mkey, manifest, mlen, NULL, 0);
+		if (put_object(t, KC_OBJECT_CUBIN, okey, manifest, mlen, cubin, clen) == 0 &&
+		    put_object(t, KC_OBJECT_INDEX, rj->mkey, manifest, mlen, NULL, 0) == 0)
+			kc_log(KC_LOG_INFO, "cluster store: %.16s stored (%zu bytes, %zu bytes of "
+			       "header manifest)", rj->mkey, clen, mlen);
 	}
 	if (dup >= 0)
 		close(dup);
 	free(cubin);
 	free(manifest);
+}
+
+int kc_remote_tier_shares(const struct kc_remote_tier *t, const struct kc_remote_job *rj)
+{
+	return t && rj->active && !t->read_only;
 }
 
 void kc_remote_tier_finish(struct kc_remote_tier *t, struct kc_remote_job *rj, int ok,

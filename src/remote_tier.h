@@ -104,11 +104,16 @@ int kc_remote_tier_fetch(struct kc_remote_tier *t, const char *recipe_hash, int 
 			 struct kc_slots *slots, struct kc_remote_job *rj);
 
 /* After the compile of rj: when it published (ok) the cubin behind cubin_fd, share it
- * (unless read-only, or deps, nvcc's dependency file, is NULL or its manifest cannot be
+ * (unless read-only, or deps, nvcc's dependency file of the same source and flags, is NULL or its manifest cannot be
  * built); release the lease, leaving a failure note when the compile was rejected. Frees
  * what rj holds. */
 void kc_remote_tier_finish(struct kc_remote_tier *t, struct kc_remote_job *rj, int ok,
 			   int rejected, int cubin_fd, const char *deps, size_t deps_len);
+
+/* 1 when a published compile of rj is to be shared (the store takes part and the node
+ * is not read-only): its caller then runs nvcc's dependency pass (compile.h's deps_only)
+ * for kc_remote_tier_finish's deps, after the local publish, while the lease is held. */
+int kc_remote_tier_shares(const struct kc_remote_tier *t, const struct kc_remote_job *rj);
 
 /* Free what rj holds (after a fetch that returned 1). */
 void kc_remote_job_free(struct kc_remote_job *rj);

@@ -52,8 +52,9 @@ def mount_factory(tmp_path):
 
 @pytest.fixture
 def counting_nvcc(tmp_path):
-    """A compiler that records each compile (not --version) in a file, then runs nvcc.
-    Returns (path, calls) where calls() is the number of compiles so far."""
+    """A compiler that records each compile (not --version, nor the dependency pass -M of
+    a compile to be shared) in a file, then runs nvcc. Returns (path, calls) where calls()
+    is the number of compiles so far."""
     log = tmp_path / "compiler-calls"
     log.write_text("")
     os.chmod(log, 0o666)  # appended to by compiles, which run as uids of their own
@@ -61,7 +62,8 @@ def counting_nvcc(tmp_path):
     def make(delay=0):
         script = write_script(
             tmp_path / "nvcc-counting",
-            'case "$*" in *-cubin*) echo "$$ $*" >> %s; sleep %s;; esac\nexec %s "$@"\n'
+            'case " $* " in *" -M "*) ;; *-cubin*) echo "$$ $*" >> %s; sleep %s;; esac\n'
+            'exec %s "$@"\n'
             % (log, delay, NVCC))
         return script
 

@@ -3,8 +3,8 @@ own backing directory and mountpoint (simulated nodes), share one store director
 
 Compiles are a fast fake compiler (a real cubin, marked with the source's SHA-256 and a
 random nonce, so that identical bytes on two nodes prove they were shared, not compiled
-twice), which writes nvcc's dependency file (-MD -MF) listing a header of each -I
-directory. Every compile is logged in one file for the whole cluster.
+twice); its dependency pass (-M -MF, run after the publish of a compile to be shared)
+lists a header of each -I directory. Every compile is logged in one file for the whole cluster.
 """
 import hashlib
 import os
@@ -55,6 +55,10 @@ class Cluster:
         self.header.write_text("#define KC_CLUSTER 1\n")
         os.chmod(self.header, 0o644)
         self.gate = tmp_path / "gate"
+        self.dep_gate = tmp_path / "dep-gate"  # while it exists, dependency passes wait
+        self.dep_log = tmp_path / "dep-passes"
+        self.dep_log.write_text("")
+        os.chmod(self.dep_log, 0o666)
         self.nodes = []
         self.fake = self.compiler(template)
 
@@ -64,22 +68,32 @@ class Cluster:
         # source that says KC_REJECT is rejected (an error, as nvcc's).
         wait = ('[ -e %s ] && mkdir %s.claim 2>/dev/null && '
                 'while [ -e %s ]; do sleep 0.05; done\n' % (self.gate, self.gate, self.gate))
+        # The dependency pass (-M -MF FILE) lists a header of each -I directory, and waits
+        # while dep_gate exists.
         return write_script(
             self.tmp / "nvcc-fake",
             'src="$1"; out="$4"\n'
             'case "$*" in *-cubin*) ;; *) exec %s "$@";; esac\n'
-            'h=$(sha256sum "$src" | cut -c1-64); echo "$h" >> %s\n'
             'deps=""; incs=""; prev=""\n'
             'for a in "$@"; do\n'
             '  case "$prev" in -MF) deps="$a";; esac\n'
             '  case "$a" in -I*) incs="$incs ${a#-I}/%s";; esac\n'
             '  prev="$a"\n'
             'done\n'
+            'writedeps() {\n'
+            '  while [ -e %s ]; do sleep 0.05; done\n'
+            '  if grep -q KC_NODEPS "$src"; then echo "$src: error: no deps" >&2; exit 1; fi\n'
+            '  printf "kernel.o : %%s%%s\\n" "$src" "$incs" > "$deps"\n'
+            '}\n'
+            'case " $* " in *" -M "*)\n'
+            '  sha256sum "$src" | cut -c1-64 >> %s; writedeps; exit 0;;\n'
+            'esac\n'
+            'h=$(sha256sum "$src" | cut -c1-64); echo "$h" >> %s\n'
             '%s'
             'if grep -q KC_REJECT "$src"; then echo "$src: error: rejected" >&2; exit 1; fi\n'
             'cat %s > "$out"; printf "KCFAKE%%s-%%s" "$h" "$$$(od -An -N8 -tx8 /dev/urandom)" >> "$out"\n'
-            '[ -z "$deps" ] || printf "%%s : %%s%%s\\n" "$out" "$src" "$incs" > "$deps"\n'
-            % (NVCC, self.log, INC_HEADER, wait, template))
+            '[ -z "$deps" ] || writedeps\n'
+            % (NVCC, INC_HEADER, self.dep_gate, self.dep_log, self.log, wait, template))
 
     def node(self, name, extra=()):
         opts = ["remote=%s" % self.url, "nvcc=%s" % self.fake,
@@ -90,12 +104,23 @@ class Cluster:
         self.nodes.append(m)
         return m.start()
 
+    def shared(self, node, n, leases=0, timeout=60):
+        """Wait until node has stored n kernels (object and index each: the share runs after
+        the opener is answered) and at most leases leases or notes are
+        left."""
+        deadline = time.monotonic() + timeout
+        while (node.stats()["remote_puts_total"] < 2 * n or
+               len(self.lease_keys()) > leases):
+            assert time.monotonic() < deadline, node.daemon_log()
+            time.sleep(0.05)
+
     def compiles(self):
         return [l for l in self.log.read_text().splitlines() if l.strip()]
 
     def stop(self):
-        if self.gate.exists():
-            self.gate.unlink()
+        for gate in (self.gate, self.dep_gate):
+            if gate.exists():
+                gate.unlink()
         for m in self.nodes:
             if m.proc is not None:
                 m.stop()
@@ -227,6 +252,7 @@ def test_poisoned_objects_are_refused(cluster, tmp_path, how):
     a = cluster.node("a", opts)
     first = {p.parent.name: read_result(p) for p in stage_all(cluster, a, range(2))}
     assert len(cluster.compiles()) == 2
+    cluster.shared(a, 2)
     a.stop()
     if how == "header":  # node B's copy of the -I header differs from node A's
         cluster.header.write_text("#define KC_CLUSTER 2\n")
@@ -350,6 +376,7 @@ def run_parallel_background(path, n):
 def test_read_only_node_never_writes(cluster):
     rw = cluster.node("rw")
     stage_all(cluster, rw, [0])[0].read_bytes()
+    cluster.shared(rw, 1)
     before = sorted(str(p) for p in cluster.store.rglob("*") if not p.name.startswith(".clock"))
     ro = cluster.node("ro", ["remote_mode=ro"])
     paths = stage_all(cluster, ro, range(3))
@@ -436,6 +463,101 @@ def test_real_nvcc_shares_with_its_header_manifest(mount_factory, tmp_path, coun
     assert b"cuda_runtime" not in index[0], "a toolkit header in the manifest"
 
 
+def test_real_nvcc_manifest_has_nested_headers(mount_factory, tmp_path, counting_nvcc):
+    """The dependency pass of real nvcc, after the publish, lists a header included by a
+    header: a node whose copy of that nested header differs compiles instead of fetching."""
+    make, calls = counting_nvcc
+    (tmp_path / "store").mkdir()
+    inc = tmp_path / "inc"
+    (inc / "kc_nest").mkdir(parents=True)
+    (inc / "kc_nest" / "outer.cuh").write_text('#pragma once\n#include "inner.cuh"\n')
+    inner = inc / "kc_nest" / "inner.cuh"
+    inner.write_text("#pragma once\n#define KC_INNER 2\n")
+    for p in (tmp_path, inc, inc / "kc_nest"):
+        os.chmod(p, 0o755)
+    for p in (inner, inc / "kc_nest" / "outer.cuh"):
+        os.chmod(p, 0o644)
+    opts = ["remote=dir:%s" % (tmp_path / "store"), "nvcc=%s" % make()]
+    a, b = mount_factory(opts, name="a"), mount_factory(opts, name="b")
+    src = (b'#include <kc_nest/outer.cuh>\n'
+           b'extern "C" __global__ void k(float *x) { x[0] = KC_INNER; }\n')
+    flags = ("-O3\n-I%s\n" % inc).encode()
+    ra = read_result(a.stage("k", src, flags) / "kernel.cubin")
+    assert ra[0] == "ok", a.daemon_log()
+    deadline = time.monotonic() + 120
+    while " stored (" not in a.daemon_log():
+        assert time.monotonic() < deadline, a.daemon_log()
+        time.sleep(0.05)
+    index = [p.read_bytes() for p in (tmp_path / "store" / "objects").glob("*/*")
+             if p.read_bytes()[19:25] == b"index "]
+    assert len(index) == 1 and b"/kc_nest/inner.cuh\n" in index[0], index
+    inner.write_text("#pragma once\n#define KC_INNER 3\n")  # b's copy of it differs
+    rb = read_result(b.stage("k", src, flags) / "kernel.cubin")
+    assert rb[0] == "ok" and rb != ra
+    assert calls() == 2 and b.stats()["remote_hits_total"] == 0
+
+
+def until(cond, what, timeout=60):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, what()
+        time.sleep(0.05)
+
+
+def test_opener_answered_before_the_cluster_put(cluster):
+    """The compiling node's opener has its cubin when the compiler exits: the header list
+    (the dependency pass, stopped here at dep_gate), the object and the index come after
+    the local publish, with the lease held until the index is stored. A second node then
+    fetches the complete object."""
+    cluster.dep_gate.write_text("")
+    a = cluster.node("a")
+    b = cluster.node("b", ["remote_wait=120"])
+    pa = stage_all(cluster, a, [0])[0]
+    pb = stage_all(cluster, b, [0])[0]
+    try:
+        got = subprocess.run(["cat", str(pa)], capture_output=True, timeout=60).stdout
+    except subprocess.TimeoutExpired:
+        pytest.fail("the opener waited for the cluster put:\n" + a.daemon_log())
+    assert got[:4] == b"\x7fELF", got[:200]
+    until(lambda: cluster.dep_log.read_text(), a.daemon_log)
+    assert cluster.objects(b"cubin") == [] and cluster.objects(b"index") == []
+    assert len(cluster.lease_keys()) == 1, "the lease was not held for the put"
+    waiter = run_parallel_background(pb, 1)[0]
+    until(lambda: b.stats()["remote_lease_waits_total"] >= 1, b.daemon_log)
+    assert waiter.poll() is None, "b did not wait for a's put"
+    cluster.dep_gate.unlink()
+    out = waiter.communicate(timeout=120)[0]
+    assert out.startswith("ok "), out
+    assert read_result(pb) == read_result(pa)  # the bytes a compiled, verified by b
+    s = b.stats()
+    assert s["remote_hits_total"] == 1 and s["compiles_total"] == 0, s
+    assert len(cluster.compiles()) == 1
+    assert len(cluster.objects(b"cubin")) == 1 and len(cluster.objects(b"index")) == 1
+    log = a.daemon_log()
+    assert log.index(": published (ok)") < log.index(" stored ("), log
+
+
+def test_failed_dependency_pass_only_means_not_shared(cluster):
+    """A dependency pass that fails leaves the published cubin as it is, stores nothing,
+    says so in the log and releases the lease: the next node compiles at once."""
+    a = cluster.node("a")
+    b = cluster.node("b", ["remote_wait=120"])
+    src = b'// KC_NODEPS\n' + source(0)
+    flags = ("-O3\n-I%s\n" % cluster.inc).encode()
+    pa = a.stage("k0", src, flags) / "kernel.cubin"
+    ra = read_result(pa)
+    assert ra[0] == "ok", ra
+    until(lambda: "not shared: its dependency pass" in a.daemon_log(), a.daemon_log)
+    until(lambda: cluster.lease_keys() == [], lambda: str(cluster.lease_keys()))
+    assert cluster.objects(b"cubin") == [] and cluster.objects(b"index") == []
+    assert read_result(pa) == ra  # still served from the node's own store
+    t0 = time.monotonic()
+    rb = read_result(b.stage("k0", src, flags) / "kernel.cubin")
+    assert rb[0] == "ok" and rb != ra and time.monotonic() - t0 < 60
+    assert b.stats()["remote_lease_waits_total"] == 0
+    assert len(cluster.compiles()) == 2
+
+
 def test_rejected_compile_note_frees_waiters(cluster):
     """A holder whose compile is rejected leaves a failure note: the node waiting on its
     lease compiles for itself at once (no hedge after remote_wait), both clients get the
@@ -468,6 +590,7 @@ def test_rejected_compile_note_frees_waiters(cluster):
     # poison the rejected kernel's key (named by its lease file) with another kernel's
     # valid index: a node whose compile of it is rejected serves nothing
     assert read_result(stage_all(cluster, a, [0])[0])[0] == "ok"
+    cluster.shared(a, 1, leases=1)  # the rejected kernel's note stays
     leases = [p for p in (cluster.store / "leases").glob("*/*") if not p.name.startswith(".")]
     assert len(leases) == 1, leases
     spot = cluster.store / "objects" / leases[0].parent.name / leases[0].name

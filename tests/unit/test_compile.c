@@ -75,7 +75,7 @@ struct run {
 	double wall;
 };
 
-static int want_deps; /* run_compile asks for the dependency file */
+static int deps_only; /* run_compile runs the dependency pass alone */
 
 /* Run compiler on the sample kernel `kernel` (a file in tests/kernels, or source text when
  * it starts with '#') with args, in a fresh scratch directory under base. */
@@ -113,7 +113,7 @@ static void run_compile(struct run *r, const char *compiler, const char *kernel,
 		.scratch_fd = r->scratch_fd,
 		.timeout_s = timeout_s,
 		.out_fd = r->out_fd,
-		.want_deps = want_deps,
+		.deps_only = deps_only,
 	};
 	double t0 = now_s();
 	r->ret = kc_compile_run(&spec, &r->out);
@@ -253,16 +253,20 @@ static void test_nvcc(const char *cubin_copy)
 	size_t ml = 0;
 	snprintf(path, sizeof(path), "-I%s/include", kernels);
 	kc_argv_push(&inc, path);
-	want_deps = 1;
+	deps_only = 1;
 	run_compile(&r, NVCC, "#include <kc_test/scale.cuh>\n#include <cuda_fp16.h>\n"
 		    "extern \"C\" __global__ void k(float *x) { x[0] = 1; }\n", &inc, 120);
-	want_deps = 0;
+	deps_only = 0;
 	CHECK(r.out.status == KC_COMPILE_OK && r.out.deps &&
 		      strstr(r.out.deps, "/kc_test/scale.cuh") &&
 		      strstr(r.out.deps, KC_COMPILE_CWD "/kernel.cu"),
-	      "nvcc -MD in the sandbox: the dependency file lists the -I header and the source");
+	      "nvcc -M in the sandbox: the dependency file lists the -I header and the source");
 	if (r.out.status != KC_COMPILE_OK)
 		show(&r);
+	struct stat dst;
+	CHECK(fstat(r.out_fd, &dst) == 0 && dst.st_size == 0 &&
+		      faccessat(r.scratch_fd, "kernel.cubin", F_OK, 0) != 0,
+	      "the dependency pass writes no cubin");
 	CHECK(kc_manifest_toolkit_root(NVCC, NULL, root, sizeof(root)) == 0 && r.out.deps &&
 		      kc_manifest_from_deps(r.out.deps, r.out.deps_len, KC_COMPILE_CWD, root, &m,
 					    &ml, why, sizeof(why)) == 0 &&
