@@ -893,9 +893,11 @@ static void shard_ok(struct redis_shard *s)
 		kc_log(KC_LOG_INFO, "remote: %s answers again", s->addr->canon);
 }
 
-/* Run one command on key's shard: 0 and *out, or -errno (logged). */
-static int shard_call(struct redis_backend *b, const char *key, const char *op, int argc,
-		      const char **argv, const size_t *lens, unsigned accept, redisReply **out)
+/* Run one command on key's shard: 0 and *out, or -errno (logged, except -EACCES when
+ * quiet_acl: a command the ACL refuses, which the caller does without). */
+static int shard_call_as(struct redis_backend *b, const char *key, const char *op, int argc,
+			 const char **argv, const size_t *lens, unsigned accept, int quiet_acl,
+			 redisReply **out)
 {
 	struct redis_shard *s = &b->shards[kc_redis_pick(b->addrs, b->nshards, key)];
 	int64_t deadline = now_ms() + b->base.timeout_ms;
@@ -907,6 +909,10 @@ static int shard_call(struct redis_backend *b, const char *key, const char *op, 
 		rc = shard_connect(b, s, deadline, &c, why, sizeof(why));
 	if (!rc)
 		rc = exchange(c, argc, argv, lens, accept, deadline, out, why, sizeof(why));
+	if (rc == -EACCES && quiet_acl && c) { /* an error reply: c is still in step */
+		pool_give(s, c);
+		return rc;
+	}
 	if (rc) {
 		if (c)
 			redisFree(c);
@@ -916,6 +922,12 @@ static int shard_call(struct redis_backend *b, const char *key, const char *op, 
 	pool_give(s, c);
 	shard_ok(s);
 	return 0;
+}
+
+static int shard_call(struct redis_backend *b, const char *key, const char *op, int argc,
+		      const char **argv, const size_t *lens, unsigned accept, redisReply **out)
+{
+	return shard_call_as(b, key, op, argc, argv, lens, accept, 0, out);
 }
 
 /* ---- the operations ---- */
@@ -1242,8 +1254,8 @@ static int r_notify(struct kc_remote_backend *base, const char *key)
 	if (name_of(STORED_PREFIX, key, name))
 		return -EINVAL;
 	lens[1] = strlen(name);
-	int rc = shard_call((struct redis_backend *)base, key, "notify", 3, argv, lens,
-			    T(REDIS_REPLY_INTEGER), &r);
+	int rc = shard_call_as((struct redis_backend *)base, key, "notify", 3, argv, lens,
+			       T(REDIS_REPLY_INTEGER), 1, &r);
 	if (!rc)
 		freeReplyObject(r);
 	return rc;

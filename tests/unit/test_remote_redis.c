@@ -894,14 +894,39 @@ static void test_auth(void)
 		printf("# %s: put %d, get %d\n", cases[i].what, put_rc, get_rc);
 		CHECK(put_rc == cases[i].put_rc && get_rc == cases[i].get_rc, cases[i].what);
 	}
+	/* notices need the channel too (&kcachefs:stored:*): without it, waiters poll and the
+	 * holder's refused PUBLISH is no fault (not logged, the shard not marked down) */
+	CHECK(cmd_ok(&s, "ACL SETUSER carol on >carolpw1 ~kcachefs:* &kcachefs:stored:* +@all",
+		     NULL), "an ACL user with the channel");
+	for (int i = 0; i < 2; i++) {
+		struct kc_remote_watch *w = NULL;
+		int wrc = -999, nrc = -999;
+
+		write_file(path, i ? "carol carolpw1\n" : "alice alicepw1\n", 0600);
+		b = open_server(&s, path, 5000);
+		if (b) {
+			wrc = b->ops->watch_start(b, k, &w);
+			nrc = b->ops->notify(b, k);
+			if (!wrc && !nrc)
+				wrc = b->ops->watch_wait(b, w, SLOW_BOUND_MS);
+			if (w)
+				b->ops->watch_end(b, w);
+			b->ops->destroy(b);
+		}
+		printf("# %s: watch %d, notify %d\n", i ? "carol" : "alice", wrc, nrc);
+		CHECK(i ? wrc == 0 && nrc == 0 : wrc == -EACCES && nrc == -EACCES,
+		      i ? "with the channel: notices work" : "without it: -EACCES, no notices");
+	}
 	fflush(stderr);
 	dup2(saved_err, 2);
 	close(saved_err);
 	log = slurp(logpath);
 	CHECK(log && strstr(log, "EACCES") == NULL && strstr(log, "WRONGPASS") != NULL,
 	      "the log says why (WRONGPASS)");
+	CHECK(log && !strstr(log, "notify failed") && !strstr(log, "subscribe failed"),
+	      "a refused notice is not logged as a fault");
 	CHECK(log && !strstr(log, "alicepw1") && !strstr(log, "wrongpw9") && !strstr(log, "bobpw1") &&
-	      !strstr(log, "adminpw0"), "no password reaches the log");
+	      !strstr(log, "adminpw0") && !strstr(log, "carolpw1"), "no password reaches the log");
 	if (log && strstr(log, "pw"))
 		printf("# log: %s\n", log);
 	free(log);
