@@ -485,11 +485,13 @@ static int compile_here(struct kc_slots *slots, int *held)
 
 /* Wait for a notice on *w until the next look is due: KC_REMOTE_NOTICE_MS at most (the
  * fallback that notices a dead holder, a failure note, or a notice never sent), in slices
- * that end at a stop. A watch that faults is ended: the caller polls from then on.
- * Returns 1 when the tier stops. */
+ * that end at a stop. Looks follow one another by KC_REMOTE_NOTICE_GAP_MS at least, so
+ * that a flood of planted notices costs the store at most that rate of looks. A watch that
+ * faults is ended: the caller polls from then on. Returns 1 when the tier stops. */
 static int wait_notice(struct kc_remote_tier *t, struct kc_remote_watch **w, double start)
 {
-	double until = now_s() + KC_REMOTE_NOTICE_MS / 1000.0, end = start + t->wait_s;
+	double begun = now_s(), end = start + t->wait_s;
+	double until = begun + KC_REMOTE_NOTICE_MS / 1000.0;
 	if (until > end)
 		until = end;
 	for (;;) {
@@ -502,8 +504,9 @@ static int wait_notice(struct kc_remote_tier *t, struct kc_remote_watch **w, dou
 		pthread_mutex_unlock(&t->lock);
 		if (stopping)
 			return 1;
+		double gap = begun + KC_REMOTE_NOTICE_GAP_MS / 1000.0 - now_s();
 		if (err == 0)
-			return 0;
+			return gap > 0 ? pause_ms(t, (unsigned)(gap * 1000) + 1) : 0;
 		if (err != -ETIMEDOUT) {
 			t->b->ops->watch_end(t->b, *w);
 			*w = NULL;

@@ -51,6 +51,7 @@
 #define KC_REMOTE_BREAKER_FIRST_S 1     /* seconds from the opening to the first probe */
 #define KC_REMOTE_BREAKER_S 30          /* the longest wait between two probes, seconds */
 #define KC_REMOTE_NOTICE_MS 1000       /* a watching waiter looks again at least this often */
+#define KC_REMOTE_NOTICE_GAP_MS 20     /* and, woken by notices, at most this often */
 #define KC_REMOTE_WAITERS 32            /* pool workers beyond -o jobs: fetches and waits */
 
 /* -o remote options, as given (borrowed). */
