@@ -32,6 +32,10 @@ Figures (NAME):
   cluster   4 simulated nodes x 8 processes x K real kernels sharing a cluster store
             (--stores dir,redis): compiles, first node against one node alone, a joining
             node against the first and against its warm restart (scripts/bench_cluster.py)
+  lag       2 simulated nodes sharing a store (--stores dir,redis): the waiting node's lag
+            behind the compiling node per kernel (K kernels of a fake compiler), against one
+            fetch of the same kernels by a third node in the same run (not in the default
+            list: --only lag)
   cluster64 64 simulated nodes x 2 processes x --kernels64 kernels of a fake compiler:
             compiles, store operations and bytes per node per kernel, lease waits
             (not in the default list: --only cluster,cluster64)
@@ -506,6 +510,7 @@ def main():
              "store": lambda: bench_store(tmp, args.reps),
              "cluster": lambda: bench_cluster.bench_cluster(
                  tmp, max(1, args.reps // 4), args.kernels, stores, row),
+             "lag": lambda: bench_cluster.bench_lag(tmp, min(args.kernels, 12), stores, row),
              "cluster64": lambda: tables.extend(bench_cluster.bench_cluster64(
                  tmp, args.kernels64, stores))}[name]()
     finally:

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from kcmount import KERNELS, NVCC, Mount, elf_symbols, run_parallel, write_script
-from test_remote import Cluster, read_all_kernels, stage_all
+from test_remote import Cluster, lags_behind, read_all_kernels, stage_all
 from test_remote_redis import RedisServer
 
 UIDS = 0x7F000000  # cluster64's compile uid ranges: UIDS + node x 256
@@ -284,3 +284,40 @@ def bench_cluster64(tmp, kernels, stores, nodes=64, per_node=2):
         table.append("|---|---|---|")
         table += ["| %s |" % " | ".join(l) for l in lines]
     return table
+
+
+def bench_lag(tmp, kernels, stores, row):
+    """lag: 2 nodes; node b waits on node a's compile of each of K kernels (the tests' fake
+    compiler, held for 0.3 to 3 s after b began to wait, so that the holds fall at every
+    phase of a polling grid): b's lag behind a per kernel, against one fetch of the same
+    kernels by a third node, cold, from the same store in the same run."""
+    print("lag: a waiting node behind the compiling node, %d kernels, stores %s; %s" % (
+        kernels, ",".join(stores), load()), flush=True)
+    for kind in stores:
+        root = Path(tmp) / ("lag-%s" % kind)
+        root.mkdir()
+        os.chmod(root, 0o1777)  # as the tests' tmp_path: the fake's gate is claimed by uids
+        template = root / "t.cubin"
+        (root / "t.cu").write_text('extern "C" __global__ void t(float *x) { x[0] = 1; }\n')
+        subprocess.run([str(NVCC), str(root / "t.cu"), "-cubin", "-o", str(template),
+                        "-arch=sm_90a"], check=True, capture_output=True)
+        os.chmod(template, 0o644)
+        store = Store(kind, root)
+        cluster = Cluster(root, template, store.url)
+        try:
+            a, b, c = cluster.node("a"), cluster.node("b"), cluster.node("c")
+            lags = lags_behind(cluster, a, b, range(kernels),
+                               lambda n: 0.3 + (n * 0.618 % 1) * 2.7)
+            fetches = []
+            for p in stage_all(cluster, c, range(kernels)):
+                t0 = time.monotonic()
+                p.read_bytes()
+                fetches.append(time.monotonic() - t0)
+            if c.stats()["remote_hits_total"] != kernels or b.stats()["compiles_total"]:
+                raise RuntimeError("lag: the kernels were not all shared: %s %s"
+                                   % (b.stats(), c.stats()))
+        finally:
+            cluster.stop()
+            store.stop()
+        row("%s: waiter's lag / one fetch" % kind, lags, fetches, "s",
+            "<= 0.1 s + one fetch (%s s)" % ("%.3g" % (0.1 + statistics.median(fetches))))

@@ -51,6 +51,9 @@ enum kc_lease_state {
 
 struct kc_remote_backend;
 struct kc_object_secret;
+struct kc_remote_watch; /* a backend's own: what one waiter listens on */
+
+#define KC_REMOTE_WATCH_POLL_MS 50 /* a dir: watch stats the index this often */
 
 struct kc_remote_backend_ops {
 	/* The object under key: 0 and *data (malloc'd, owned by the caller) / *len; -ENOENT
@@ -73,6 +76,22 @@ struct kc_remote_backend_ops {
 			     unsigned fail_ms);
 	/* What stands on key now: 0 and *state. */
 	int (*lease_peek)(struct kc_remote_backend *b, const char *key, enum kc_lease_state *state);
+	/* Optional (NULL: the caller polls). Listen for the notice that key's object is
+	 * stored or its lease given up: 0 and *w (owned; end it with watch_end), or a fault
+	 * (-ENOTSUP: this store gives no notices). Started before the caller's look, it misses
+	 * no notice that comes after it. */
+	int (*watch_start)(struct kc_remote_backend *b, const char *key,
+			   struct kc_remote_watch **w);
+	/* Wait at most ms for a notice on w: 0 one came (only a hint: a notice can be
+	 * planted by anyone who can write the store, so the caller looks and verifies as
+	 * ever), -ETIMEDOUT none came; a fault otherwise (w is then of no use: end it and
+	 * poll). Never blocks longer than ms (plus the backend's timeout on dir:). */
+	int (*watch_wait)(struct kc_remote_backend *b, struct kc_remote_watch *w, unsigned ms);
+	void (*watch_end)(struct kc_remote_backend *b, struct kc_remote_watch *w);
+	/* Optional: tell the watchers of key that its object is stored or its lease given
+	 * up (Redis: a PUBLISH; dir: nothing to do, the index file is the notice). 0 or a
+	 * fault, which costs the watchers only their fallback poll. */
+	int (*notify)(struct kc_remote_backend *b, const char *key);
 	/* One line for logs and stats: "redis://10.0.0.5:6379 (2 shards)", "dir:/shared/kc". */
 	const char *(*describe)(struct kc_remote_backend *b);
 	void (*destroy)(struct kc_remote_backend *b);

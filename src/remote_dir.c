@@ -43,7 +43,7 @@ struct dir_backend {
 	struct seen_slot seen[SEEN_SLOTS]; /* held leases this node waits on, as last read */
 };
 
-enum dir_op { OP_GET, OP_PUT, OP_TAKE, OP_RENEW, OP_RELEASE, OP_PEEK };
+enum dir_op { OP_GET, OP_PUT, OP_TAKE, OP_RENEW, OP_RELEASE, OP_PEEK, OP_STAT };
 
 /* One operation, shared by the caller and its worker; freed by whichever finishes last. */
 struct dir_call {
@@ -534,6 +534,28 @@ static int dir_peek(struct dir_call *c)
 	return 0;
 }
 
+/* What a watcher compares between two stats of key (into c->len): whether its index is
+ * there and which file it is, and which lease file stands (a holder's renewal rewrites its
+ * file in place, which changes nothing here; a release removes or replaces it). */
+static int dir_stat(struct dir_call *c)
+{
+	char p[PATH_MAX];
+	struct stat st;
+	uint64_t sig = 1469598103934665603ull;
+	for (int i = 0; i < 2; i++) {
+		path_of(c->d, i ? "leases" : "objects", c->key, c->key, p, sizeof(p));
+		int there = lstat(p, &st) == 0;
+		if (!there && errno != ENOENT)
+			return fault(errno);
+		uint64_t v[3] = {(uint64_t)there, there ? (uint64_t)st.st_ino : 0,
+				 there && !i ? (uint64_t)st.st_size : 0};
+		for (int j = 0; j < 3; j++)
+			sig = (sig ^ v[j]) * 1099511628211ull;
+	}
+	c->len = (size_t)sig;
+	return 0;
+}
+
 static void call_free(struct dir_call *c)
 {
 	backend_put(c->d);
@@ -548,6 +570,7 @@ static void *call_worker(void *arg)
 	static int (*const ops[])(struct dir_call *) = {
 		[OP_GET] = dir_get, [OP_PUT] = dir_put, [OP_TAKE] = dir_take,
 		[OP_RENEW] = dir_renew, [OP_RELEASE] = dir_release, [OP_PEEK] = dir_peek,
+		[OP_STAT] = dir_stat,
 	};
 	struct dir_call *c = arg;
 	int result = ops[c->op](c);
@@ -711,6 +734,71 @@ static int op_peek(struct kc_remote_backend *b, const char *key, enum kc_lease_s
 	return lease_op(b, OP_PEEK, key, NULL, 0, state);
 }
 
+/* A watch on dir: a stat of key's index and lease files every KC_REMOTE_WATCH_POLL_MS
+ * (each bounded by the timeout, as every operation); a change is the notice. */
+struct kc_remote_watch {
+	char key[KC_REMOTE_KEYLEN + 1];
+	size_t sig; /* dir_stat's, as last seen */
+};
+
+static int stat_sig(struct kc_remote_backend *b, const char *key, size_t *sig)
+{
+	errno = EINVAL;
+	NEW_CALL(c, b, OP_STAT, key, NULL, 0);
+	int err = call_run(c);
+	if (err == -ETIMEDOUT)
+		return err;
+	*sig = c->len;
+	call_free(c);
+	return err;
+}
+
+static int op_watch_start(struct kc_remote_backend *b, const char *key,
+			  struct kc_remote_watch **w)
+{
+	struct kc_remote_watch *nw = calloc(1, sizeof(*nw));
+	*w = NULL;
+	if (!nw)
+		return -ENOMEM;
+	int err = stat_sig(b, key, &nw->sig);
+	if (err) {
+		free(nw);
+		return err;
+	}
+	snprintf(nw->key, sizeof(nw->key), "%s", key);
+	*w = nw;
+	return 0;
+}
+
+static int op_watch_wait(struct kc_remote_backend *b, struct kc_remote_watch *w, unsigned ms)
+{
+	int64_t until = mono_ms() + ms;
+	for (;;) {
+		int64_t left = until - mono_ms();
+		if (left <= 0)
+			return -ETIMEDOUT;
+		if (left > KC_REMOTE_WATCH_POLL_MS)
+			left = KC_REMOTE_WATCH_POLL_MS;
+		struct timespec ts = {left / 1000, (long)(left % 1000) * 1000000l};
+		while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+			;
+		size_t sig = 0;
+		int err = stat_sig(b, w->key, &sig);
+		if (err)
+			return err;
+		if (sig != w->sig) {
+			w->sig = sig;
+			return 0;
+		}
+	}
+}
+
+static void op_watch_end(struct kc_remote_backend *b, struct kc_remote_watch *w)
+{
+	(void)b;
+	free(w);
+}
+
 static const char *op_describe(struct kc_remote_backend *b)
 {
 	return ((struct dir_backend *)b)->desc;
@@ -723,7 +811,8 @@ static void op_destroy(struct kc_remote_backend *b)
 
 static const struct kc_remote_backend_ops dir_ops = {
 	.get = op_get, .put = op_put, .lease_take = op_take, .lease_renew = op_renew,
-	.lease_release = op_release, .lease_peek = op_peek, .describe = op_describe,
+	.lease_release = op_release, .lease_peek = op_peek, .watch_start = op_watch_start,
+	.watch_wait = op_watch_wait, .watch_end = op_watch_end, .describe = op_describe,
 	.destroy = op_destroy,
 };
 

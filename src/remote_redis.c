@@ -45,6 +45,7 @@
 #define STR_(x) #x
 #define STR(x) STR_(x)
 #define RECORD_MAX_STR STR(KC_LEASE_RECORD_MAX)
+#define STORED_PREFIX "kcachefs:stored:" /* the channel of key's notices (no key: no TTL) */
 
 /* Lease scripts: KEYS[1] the lease key, holding a record of remote_object.h; KEYS[2] the
  * holder's liveness key, holding its token with a TTL of KC_REMOTE_ALIVE_MS that each
@@ -630,13 +631,71 @@ static int declared_too_big(const redisReader *r)
 	return 0;
 }
 
+/* Read one reply on c (what: the command, for why) within deadline: 0 and *out (the
+ * caller's to free; of any type), or -ETIMEDOUT when none came (c stays in step: what came
+ * of a reply stays in its reader), or another fault (c is then out of step). */
+static int recv_reply(redisContext *c, const char *what, int64_t deadline, redisReply **out,
+		      char *why, size_t whylen)
+{
+	char buf[16384];
+	int rc;
+
+	*out = NULL;
+	for (;;) {
+		void *got = NULL;
+		ssize_t n;
+
+		array_refused = 0;
+		if (redisReaderGetReply(c->reader, &got) != REDIS_OK) {
+			rc = c->reader->err == REDIS_ERR_OOM && !array_refused ? -ENOMEM : -EPROTO;
+			say(why, whylen, "%s: %s", what, array_refused ?
+			    "garbage: an array reply of an absurd size" : c->reader->errstr);
+			return rc;
+		}
+		if (got) {
+			*out = got;
+			return 0;
+		}
+		if (c->reader->len - c->reader->pos > MAX_REPLY || declared_too_big(c->reader)) {
+			rc = -EPROTO;
+			say(why, whylen, "%s: a reply larger than %zu MiB", what, MAX_REPLY >> 20);
+			return rc;
+		}
+		rc = wait_fd(c->fd, POLLIN, deadline);
+		if (rc) {
+			say(why, whylen, "%s: no answer within the timeout", what);
+			return rc;
+		}
+		n = recv(c->fd, buf, sizeof(buf), MSG_DONTWAIT);
+		if (n == 0) {
+			rc = -ENOTCONN;
+			say(why, whylen, "%s: the server closed the connection", what);
+			return rc;
+		}
+		if (n < 0) {
+			if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)
+				continue;
+			rc = io_errno(errno);
+			say(why, whylen, "%s: receiving: %s", what, strerror(errno));
+			return rc;
+		}
+		if (redisReaderFeed(c->reader, buf, (size_t)n) != REDIS_OK) {
+			rc = -ENOMEM;
+			say(why, whylen, "%s: out of memory reading the reply", what);
+			return rc;
+		}
+	}
+}
+
 /* One command and its reply on c, within deadline. 0 and *out (a reply of a type in
  * accept; an error reply is mapped, never returned), or -errno with why filled. After an
- * error c is out of step and must be freed. */
-static int exchange(redisContext *c, int argc, const char **argv, const size_t *lens,
-		    unsigned accept, int64_t deadline, redisReply **out, char *why, size_t whylen)
+ * error c is out of step and must be freed. Bytes after the reply are garbage unless
+ * more_ok (a subscribed connection: a message may follow at once). */
+static int command(redisContext *c, int argc, const char **argv, const size_t *lens,
+		   unsigned accept, int64_t deadline, int more_ok, redisReply **out, char *why,
+		   size_t whylen)
 {
-	char *cmd = NULL, buf[16384];
+	char *cmd = NULL;
 	int len = redisFormatCommandArgv(&cmd, argc, argv, lens);
 	size_t off = 0;
 	redisReply *r = NULL;
@@ -668,51 +727,10 @@ static int exchange(redisContext *c, int argc, const char **argv, const size_t *
 		say(why, whylen, "%s: sending: %s", argv[0], strerror(n < 0 ? errno : EPIPE));
 		goto out;
 	}
-	for (;;) {
-		void *got = NULL;
-		ssize_t n;
-
-		array_refused = 0;
-		if (redisReaderGetReply(c->reader, &got) != REDIS_OK) {
-			rc = c->reader->err == REDIS_ERR_OOM && !array_refused ? -ENOMEM : -EPROTO;
-			say(why, whylen, "%s: %s", argv[0], array_refused ?
-			    "garbage: an array reply of an absurd size" : c->reader->errstr);
-			goto out;
-		}
-		if (got) {
-			r = got;
-			break;
-		}
-		if (c->reader->len - c->reader->pos > MAX_REPLY || declared_too_big(c->reader)) {
-			rc = -EPROTO;
-			say(why, whylen, "%s: a reply larger than %zu MiB", argv[0], MAX_REPLY >> 20);
-			goto out;
-		}
-		rc = wait_fd(c->fd, POLLIN, deadline);
-		if (rc) {
-			say(why, whylen, "%s: no answer within the timeout", argv[0]);
-			goto out;
-		}
-		n = recv(c->fd, buf, sizeof(buf), MSG_DONTWAIT);
-		if (n == 0) {
-			rc = -ENOTCONN;
-			say(why, whylen, "%s: the server closed the connection", argv[0]);
-			goto out;
-		}
-		if (n < 0) {
-			if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)
-				continue;
-			rc = io_errno(errno);
-			say(why, whylen, "%s: receiving: %s", argv[0], strerror(errno));
-			goto out;
-		}
-		if (redisReaderFeed(c->reader, buf, (size_t)n) != REDIS_OK) {
-			rc = -ENOMEM;
-			say(why, whylen, "%s: out of memory reading the reply", argv[0]);
-			goto out;
-		}
-	}
-	if (c->reader->pos < c->reader->len) {
+	rc = recv_reply(c, argv[0], deadline, &r, why, whylen);
+	if (rc)
+		goto out;
+	if (c->reader->pos < c->reader->len && !more_ok) {
 		rc = -EPROTO;
 		say(why, whylen, "%s: garbage: more bytes than one reply", argv[0]);
 	} else if (r->type == REDIS_REPLY_ERROR) {
@@ -731,6 +749,12 @@ out:
 		freeReplyObject(r);
 	redisFreeCommand(cmd);
 	return rc;
+}
+
+static int exchange(redisContext *c, int argc, const char **argv, const size_t *lens,
+		    unsigned accept, int64_t deadline, redisReply **out, char *why, size_t whylen)
+{
+	return command(c, argc, argv, lens, accept, deadline, 0, out, why, whylen);
 }
 
 /* A status reply that must be "OK". */
@@ -878,9 +902,11 @@ static void shard_ok(struct redis_shard *s)
 		kc_log(KC_LOG_INFO, "remote: %s answers again", s->addr->canon);
 }
 
-/* Run one command on key's shard: 0 and *out, or -errno (logged). */
-static int shard_call(struct redis_backend *b, const char *key, const char *op, int argc,
-		      const char **argv, const size_t *lens, unsigned accept, redisReply **out)
+/* Run one command on key's shard: 0 and *out, or -errno (logged, except -EACCES when
+ * quiet_acl: a command the ACL refuses, which the caller does without). */
+static int shard_call_as(struct redis_backend *b, const char *key, const char *op, int argc,
+			 const char **argv, const size_t *lens, unsigned accept, int quiet_acl,
+			 redisReply **out)
 {
 	struct redis_shard *s = &b->shards[kc_redis_pick(b->addrs, b->nshards, key)];
 	int64_t deadline = now_ms() + b->base.timeout_ms;
@@ -892,6 +918,10 @@ static int shard_call(struct redis_backend *b, const char *key, const char *op, 
 		rc = shard_connect(b, s, deadline, &c, why, sizeof(why));
 	if (!rc)
 		rc = exchange(c, argc, argv, lens, accept, deadline, out, why, sizeof(why));
+	if (rc == -EACCES && quiet_acl && c) { /* an error reply: c is still in step */
+		pool_give(s, c);
+		return rc;
+	}
 	if (rc) {
 		if (c)
 			redisFree(c);
@@ -901,6 +931,12 @@ static int shard_call(struct redis_backend *b, const char *key, const char *op, 
 	pool_give(s, c);
 	shard_ok(s);
 	return 0;
+}
+
+static int shard_call(struct redis_backend *b, const char *key, const char *op, int argc,
+		      const char **argv, const size_t *lens, unsigned accept, redisReply **out)
+{
+	return shard_call_as(b, key, op, argc, argv, lens, accept, 0, out);
 }
 
 /* ---- the operations ---- */
@@ -1143,6 +1179,99 @@ static int r_lease_peek(struct kc_remote_backend *base, const char *key, enum kc
 	return 0;
 }
 
+/* ---- notices: PUBLISH on the key's shard; each waiter SUBSCRIBEs on its own connection,
+ * which the pool never sees (a subscribed connection takes no other command) ---- */
+
+struct kc_remote_watch {
+	struct redis_shard *s;
+	redisContext *c; /* subscribed to STORED_PREFIX key */
+};
+
+static int r_watch_start(struct kc_remote_backend *base, const char *key,
+			 struct kc_remote_watch **w)
+{
+	struct redis_backend *b = (struct redis_backend *)base;
+	char name[64 + KC_REMOTE_KEYLEN], why[200] = "";
+	const char *argv[2] = {"SUBSCRIBE", name};
+	size_t lens[2] = {9, 0};
+	int64_t deadline = now_ms() + b->base.timeout_ms;
+	redisReply *r = NULL;
+	int rc;
+
+	*w = NULL;
+	if (name_of(STORED_PREFIX, key, name))
+		return -EINVAL;
+	lens[1] = strlen(name);
+	struct kc_remote_watch *nw = calloc(1, sizeof(*nw));
+	if (!nw)
+		return -ENOMEM;
+	nw->s = &b->shards[kc_redis_pick(b->addrs, b->nshards, key)];
+	rc = shard_connect(b, nw->s, deadline, &nw->c, why, sizeof(why));
+	if (!rc)
+		rc = command(nw->c, 2, argv, lens, T(REDIS_REPLY_ARRAY), deadline, 1, &r, why,
+			     sizeof(why));
+	if (r)
+		freeReplyObject(r);
+	if (rc) {
+		/* not shard_fault: a store that refuses SUBSCRIBE (an ACL) still serves */
+		kc_log(KC_LOG_DEBUG, "remote: %s: subscribe failed: %s (%s); polling",
+		       nw->s->addr->canon, strerror(-rc), why);
+		if (nw->c)
+			redisFree(nw->c);
+		free(nw);
+		return rc;
+	}
+	*w = nw;
+	return 0;
+}
+
+static int r_watch_wait(struct kc_remote_backend *base, struct kc_remote_watch *w, unsigned ms)
+{
+	char why[200] = "";
+	redisReply *r;
+	int rc = recv_reply(w->c, "SUBSCRIBE", now_ms() + ms, &r, why, sizeof(why));
+
+	(void)base;
+	if (rc == -ETIMEDOUT)
+		return rc;
+	if (rc) {
+		kc_log(KC_LOG_DEBUG, "remote: %s: notices: %s (%s); polling", w->s->addr->canon,
+		       strerror(-rc), why);
+		return rc;
+	}
+	/* ["message", channel, payload]: the payload means nothing (anyone may publish) */
+	rc = r->type == REDIS_REPLY_ARRAY && r->elements == 3 && r->element[0]->str &&
+	     !strcmp(r->element[0]->str, "message") ? 0 : -EPROTO;
+	freeReplyObject(r);
+	return rc;
+}
+
+static void r_watch_end(struct kc_remote_backend *base, struct kc_remote_watch *w)
+{
+	(void)base;
+	if (!w)
+		return;
+	redisFree(w->c);
+	free(w);
+}
+
+static int r_notify(struct kc_remote_backend *base, const char *key)
+{
+	char name[64 + KC_REMOTE_KEYLEN];
+	const char *argv[3] = {"PUBLISH", name, "1"};
+	size_t lens[3] = {7, 0, 1};
+	redisReply *r;
+
+	if (name_of(STORED_PREFIX, key, name))
+		return -EINVAL;
+	lens[1] = strlen(name);
+	int rc = shard_call_as((struct redis_backend *)base, key, "notify", 3, argv, lens,
+			       T(REDIS_REPLY_INTEGER), 1, &r);
+	if (!rc)
+		freeReplyObject(r);
+	return rc;
+}
+
 static const char *r_describe(struct kc_remote_backend *base)
 {
 	return ((struct redis_backend *)base)->desc;
@@ -1177,6 +1306,10 @@ static const struct kc_remote_backend_ops redis_ops = {
 	.lease_renew = r_lease_renew,
 	.lease_release = r_lease_release,
 	.lease_peek = r_lease_peek,
+	.watch_start = r_watch_start,
+	.watch_wait = r_watch_wait,
+	.watch_end = r_watch_end,
+	.notify = r_notify,
 	.describe = r_describe,
 	.destroy = r_destroy,
 };

@@ -483,6 +483,38 @@ static int compile_here(struct kc_slots *slots, int *held)
 	return 0;
 }
 
+/* Wait for a notice on *w until the next look is due: KC_REMOTE_NOTICE_MS at most (the
+ * fallback that notices a dead holder, a failure note, or a notice never sent), in slices
+ * that end at a stop. Looks follow one another by KC_REMOTE_NOTICE_GAP_MS at least, so
+ * that a flood of planted notices costs the store at most that rate of looks. A watch that
+ * faults is ended: the caller polls from then on. Returns 1 when the tier stops. */
+static int wait_notice(struct kc_remote_tier *t, struct kc_remote_watch **w, double start)
+{
+	double begun = now_s(), end = start + t->wait_s;
+	double until = begun + KC_REMOTE_NOTICE_MS / 1000.0;
+	if (until > end)
+		until = end;
+	for (;;) {
+		double left = until - now_s();
+		if (left <= 0)
+			return 0;
+		int err = t->b->ops->watch_wait(t->b, *w, left > 0.2 ? 200 : (unsigned)(left * 1000) + 1);
+		pthread_mutex_lock(&t->lock);
+		int stopping = t->stopping;
+		pthread_mutex_unlock(&t->lock);
+		if (stopping)
+			return 1;
+		double gap = begun + KC_REMOTE_NOTICE_GAP_MS / 1000.0 - now_s();
+		if (err == 0)
+			return gap > 0 ? pause_ms(t, (unsigned)(gap * 1000) + 1) : 0;
+		if (err != -ETIMEDOUT) {
+			t->b->ops->watch_end(t->b, *w);
+			*w = NULL;
+			return pause_ms(t, 50);
+		}
+	}
+}
+
 int kc_remote_tier_fetch(struct kc_remote_tier *t, const char *recipe_hash, int use_store,
 			 struct kc_slots *slots, struct kc_remote_job *rj)
 {
@@ -499,10 +531,13 @@ int kc_remote_tier_fetch(struct kc_remote_tier *t, const char *recipe_hash, int 
 
 	double start = now_s();
 	unsigned delay = 50;
-	int waited = 0, saw_holder = 0;
+	int waited = 0, saw_holder = 0, watch_tried = 0;
+	struct kc_remote_watch *w = NULL;
 	for (;;) {
 		enum found f = look(t, rj);
 		if (f == FOUND_CUBIN) {
+			if (w)
+				t->b->ops->watch_end(t->b, w);
 			atomic_fetch_add(&t->stats->remote_hits, 1);
 			return 1;
 		}
@@ -522,6 +557,8 @@ int kc_remote_tier_fetch(struct kc_remote_tier *t, const char *recipe_hash, int 
 				rj->holder = 0;
 				if (slots)
 					kc_slots_release(slots);
+				if (w)
+					t->b->ops->watch_end(t->b, w);
 				atomic_fetch_add(&t->stats->remote_hits, 1);
 				return 1;
 			}
@@ -547,10 +584,18 @@ int kc_remote_tier_fetch(struct kc_remote_tier *t, const char *recipe_hash, int 
 			       t->wait_s, rj->mkey);
 			break;
 		}
-		if (pause_ms(t, delay))
+		if (!watch_tried) { /* listen, then look again: no notice is missed */
+			watch_tried = 1;
+			if (t->b->ops->watch_start &&
+			    t->b->ops->watch_start(t->b, rj->mkey, &w) == 0)
+				continue;
+		}
+		if (w ? wait_notice(t, &w, start) : pause_ms(t, delay))
 			break;
 		delay = delay * 2 > 1000 ? 1000 : delay * 2;
 	}
+	if (w)
+		t->b->ops->watch_end(t->b, w);
 	atomic_fetch_add(&t->stats->remote_misses, 1);
 	return compile_here(slots, &slot);
 }
@@ -611,12 +656,25 @@ int kc_remote_tier_shares(const struct kc_remote_tier *t, const struct kc_remote
 	return t && rj->active && !t->read_only;
 }
 
+/* Tell the nodes that wait on rj's key that its object is stored or its lease given up:
+ * they look again at once, not at their next poll. A fault costs them only that poll. */
+static void notify(struct kc_remote_tier *t, struct kc_remote_job *rj)
+{
+	if (!t->b->ops->notify || !kc_remote_tier_up(t))
+		return;
+	int err = t->b->ops->notify(t->b, rj->mkey);
+	if (err)
+		kc_log(KC_LOG_DEBUG, "cluster store: notice of %.16s not sent: %s", rj->mkey,
+		       strerror(-err));
+}
+
 void kc_remote_tier_finish(struct kc_remote_tier *t, struct kc_remote_job *rj, int ok,
 			   int rejected, int cubin_fd, const char *deps, size_t deps_len)
 {
 	if (!t || !rj->active)
 		return;
 	renewer_stop(rj);
+	int told = rj->holder || (ok && !t->read_only);
 	if (ok && !t->read_only)
 		share(t, rj, cubin_fd, deps, deps_len);
 	if (rj->holder) {
@@ -625,6 +683,8 @@ void kc_remote_tier_finish(struct kc_remote_tier *t, struct kc_remote_job *rj, i
 		outcome(t, FAULT_LEASE, err, 0, "release");
 		rj->holder = 0;
 	}
+	if (told)
+		notify(t, rj);
 	kc_remote_job_free(rj);
 }
 

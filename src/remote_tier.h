@@ -12,10 +12,15 @@
  *      SHA-256, signature, CUDA ELF, manifest equal to this node's): a hit is published
  *      to L1 as a compile would be. A node whose headers differ has another object key.
  *   2. no index: take the lease on mkey and look again (the holder may just have
- *      published); holding it, compile, put the object and then the index, release. A
+ *      published); holding it, compile, put the object and then the index, release,
+ *      and notify the key's waiters (remote.h's notify: a Redis PUBLISH). A
  *      timer thread renews the lease every KC_REMOTE_RENEW_MS (or third of its ttl, if
  *      shorter) while the compile runs, which also proves that this holder lives.
- *   3. the lease is another node's: wait for the index, polling at 50 ms growing to 1 s;
+ *   3. the lease is another node's: watch the key (remote.h's watch_start: a Redis
+ *      SUBSCRIBE, a stat of the index and lease files every KC_REMOTE_WATCH_POLL_MS on
+ *      dir:), look again, and look again at each notice and at least every
+ *      KC_REMOTE_NOTICE_MS (a notice is only a hint: what is found is verified as ever);
+ *      a store that gives no notices is polled at 50 ms growing to 1 s;
  *      a lease gone without an object, or whose holder has not proved for KC_REMOTE_ALIVE_MS
  *      that it lives, is taken over (remote.h); after remote_wait seconds compile
  *      locally (a hedge). A failure note (the holder's compile was rejected) means: compile
@@ -45,6 +50,8 @@
 #define KC_REMOTE_BREAKER_FAULTS 5      /* faults in a row that stop asking the store */
 #define KC_REMOTE_BREAKER_FIRST_S 1     /* seconds from the opening to the first probe */
 #define KC_REMOTE_BREAKER_S 30          /* the longest wait between two probes, seconds */
+#define KC_REMOTE_NOTICE_MS 1000       /* a watching waiter looks again at least this often */
+#define KC_REMOTE_NOTICE_GAP_MS 20     /* and, woken by notices, at most this often */
 #define KC_REMOTE_WAITERS 32            /* pool workers beyond -o jobs: fetches and waits */
 
 /* -o remote options, as given (borrowed). */

@@ -722,3 +722,66 @@ def test_dead_holder_taken_over_within_seconds(cluster):
 @pytest.mark.heavy
 def test_live_holder_of_a_long_compile_keeps_its_lease(cluster):
     live_holder_keeps_its_lease(cluster)
+
+
+OPEN_AT = ('import sys, time\nwith open(sys.argv[1], "rb") as f:\n    f.read()\n'
+           'print(time.monotonic())\n')
+
+
+def open_at(path):
+    """A process that reads path and prints the CLOCK_MONOTONIC second its read ended."""
+    return subprocess.Popen(["/usr/bin/python3", "-c", OPEN_AT, str(path)],
+                            stdout=subprocess.PIPE, text=True)
+
+
+def lags_behind(cluster, a, b, kernels, hold_s):
+    """Node b waits on node a's compile of each kernel of kernels, which ends hold_s(k)
+    seconds after b began to wait; returns b's lag behind a per kernel (seconds from a's
+    reader's return, once a has stored the kernel, to b's)."""
+    claim = Path(str(cluster.gate) + ".claim")
+    lags = []
+    for n, k in enumerate(kernels):
+        if claim.exists():
+            claim.rmdir()
+        cluster.gate.write_text("")
+        pa = stage_all(cluster, a, [k])[0]
+        pb = stage_all(cluster, b, [k])[0]
+        compiled, waits = len(cluster.compiles()), b.stats()["remote_lease_waits_total"]
+        holder = open_at(pa)
+        deadline = time.monotonic() + 60
+        while len(cluster.compiles()) <= compiled:
+            assert time.monotonic() < deadline, a.daemon_log()
+            time.sleep(0.02)
+        waiter = open_at(pb)
+        while b.stats()["remote_lease_waits_total"] <= waits:
+            assert time.monotonic() < deadline, b.daemon_log()
+            time.sleep(0.02)
+        time.sleep(hold_s(n))
+        cluster.gate.unlink()
+        stored = float(holder.communicate(timeout=120)[0])
+        served = float(waiter.communicate(timeout=120)[0])
+        assert holder.returncode == 0 and waiter.returncode == 0
+        lags.append(served - stored)
+    return lags
+
+
+def waiter_lag(cluster, kernels=3, after_s=2.6, bound_s=0.5):
+    """Node b waits on node a's compile of each kernel: b's reader gets the kernel within
+    bound_s of a's (a's reader returns once a has stored it), told by the store and not on
+    a polling grid. Each compile ends after_s after b began to wait: a grid of polls 50 ms
+    growing to 1 s would have looked last 0.05 s before and looks next ~0.95 s after.
+    Returns the lags (seconds)."""
+    a = cluster.node("a")
+    b = cluster.node("b")
+    lags = lags_behind(cluster, a, b, range(kernels), lambda n: after_s)
+    print("\nwaiter's lag behind the holder per kernel: %s s"
+          % " ".join("%.3f" % x for x in lags))
+    s = b.stats()
+    assert s["compiles_total"] == 0 and s["remote_hits_total"] == kernels, s
+    assert len(cluster.compiles()) == kernels
+    assert max(lags) < bound_s, "the waiter learned of the object late: %s" % lags
+    return lags
+
+
+def test_waiter_is_told_not_polled(cluster):
+    waiter_lag(cluster)

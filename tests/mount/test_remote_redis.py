@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from conftest import read_result, run_parallel
-from test_remote import (KERNELS, Cluster, dead_holder_is_taken_over_within_seconds,
+from test_remote import (KERNELS, Cluster, dead_holder_is_taken_over_within_seconds, open_at,
                          live_holder_keeps_its_lease, planted_record_is_ignored,
-                         read_all_kernels, stage_all, template,  # noqa: F401
+                         read_all_kernels, stage_all, template, waiter_lag,  # noqa: F401
                          test_cluster_compiles_each_kernel_once as cluster_once, total)
 
 READY_WAIT = 30  # seconds for a redis-server to answer on a busy machine
@@ -540,3 +540,45 @@ def test_redis_lease_records_and_holders(redis_cluster, tmp_path, case):
 @pytest.mark.heavy
 def test_redis_live_holder_of_a_long_compile_keeps_its_lease(redis_cluster):
     live_holder_keeps_its_lease(redis_cluster)
+
+
+def test_redis_waiter_is_told_not_polled(redis_cluster):
+    """test_remote.py's waiter lag, on Redis: the holder's PUBLISH wakes the waiter."""
+    waiter_lag(redis_cluster)
+
+
+def test_redis_planted_notice_serves_nothing(redis_cluster):
+    """Anyone who can reach the store can PUBLISH on a key's channel: the waiter woken by
+    it looks, finds no object and goes on waiting (no compile, no error, nothing served),
+    and still gets the holder's object when it is stored."""
+    redis_cluster.gate.write_text("")
+    a = redis_cluster.node("a")
+    b = redis_cluster.node("b")
+    pa = stage_all(redis_cluster, a, [0])[0]
+    pb = stage_all(redis_cluster, b, [0])[0]
+    holder = open_at(pa)
+    deadline = time.monotonic() + 60
+    while not redis_cluster.compiles():
+        assert time.monotonic() < deadline, a.daemon_log()
+        time.sleep(0.05)
+    waiter = open_at(pb)
+    server = redis_cluster.servers[0]
+    while not server.cli("PUBSUB", "CHANNELS", "kcachefs:stored:*"):
+        assert time.monotonic() < deadline, b.daemon_log()
+        time.sleep(0.05)
+    channel = server.cli("PUBSUB", "CHANNELS", "kcachefs:stored:*").decode()
+    for _ in range(20):
+        assert int(server.cli("PUBLISH", channel, "planted")) >= 1
+        time.sleep(0.05)
+    time.sleep(1)
+    assert waiter.poll() is None, "a planted notice ended the wait"
+    s = b.stats()
+    assert s["compiles_total"] == 0 and s["remote_hits_total"] == 0, s
+    assert s["remote_hedged_total"] == 0 and s["remote_takeovers_total"] == 0, s
+    redis_cluster.gate.unlink()
+    stored = float(holder.communicate(timeout=120)[0])
+    served = float(waiter.communicate(timeout=120)[0])
+    assert waiter.returncode == 0 and served - stored < 0.5, (stored, served)
+    s = b.stats()
+    assert s["compiles_total"] == 0 and s["remote_hits_total"] == 1, s
+    assert len(redis_cluster.compiles()) == 1

@@ -323,6 +323,39 @@ int main(void)
 		b->secret = NULL;
 	}
 
+	/* watches: a stat of the index and lease files every KC_REMOTE_WATCH_POLL_MS */
+	{
+		const char *k = "7777777777777777777777777777777777777777777777777777777777777777";
+		struct kc_remote_watch *w = NULL, *w2 = NULL;
+		struct timespec t0, t1;
+		CHECK(b->ops->watch_start(b, "0123", &w) == -EINVAL && !w, "watch of a bad key");
+		CHECK(b->ops->notify == NULL, "dir: sends no notice: the index file is one");
+		CHECK(b->ops->lease_take(b, k, TOK1, 60000, &st) == 0, "a holder takes a key");
+		CHECK(b->ops->watch_start(b, k, &w) == 0 && w &&
+			      b->ops->watch_start(b, k, &w2) == 0 && w2, "two waiters watch it");
+		clock_gettime(CLOCK_MONOTONIC, &t0);
+		CHECK(b->ops->watch_wait(b, w, 300) == -ETIMEDOUT, "nothing changed: -ETIMEDOUT");
+		clock_gettime(CLOCK_MONOTONIC, &t1);
+		double took = (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9;
+		CHECK(took >= 0.29 && took < 10, "after the wait asked for");
+		CHECK(b->ops->lease_renew(b, k, TOK1, 60000) == 0 &&
+			      b->ops->watch_wait(b, w, 300) == -ETIMEDOUT,
+		      "a renewal is no notice (it rewrites the lease file in place)");
+		CHECK(b->ops->put(b, k, "index", 5) == 0, "the holder stores the index");
+		clock_gettime(CLOCK_MONOTONIC, &t0);
+		CHECK(b->ops->watch_wait(b, w, 10000) == 0 && b->ops->watch_wait(b, w2, 10000) == 0,
+		      "both waiters see it");
+		clock_gettime(CLOCK_MONOTONIC, &t1);
+		took = (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9;
+		printf("# the index seen %.3f s after its put\n", took);
+		CHECK(took < 5, "within a few polls");
+		CHECK(b->ops->watch_wait(b, w, 200) == -ETIMEDOUT, "a change is seen once");
+		CHECK(b->ops->lease_release(b, k, TOK1, 0) == 0 &&
+			      b->ops->watch_wait(b, w, 10000) == 0, "a release is a notice too");
+		b->ops->watch_end(b, w);
+		b->ops->watch_end(b, w2);
+	}
+
 	/* the bound: a put slower than the timeout returns -ETIMEDOUT; its worker finishes on
 	 * its own, after the backend was destroyed */
 	{

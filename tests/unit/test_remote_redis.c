@@ -971,14 +971,39 @@ static void test_auth(void)
 		printf("# %s: put %d, get %d\n", cases[i].what, put_rc, get_rc);
 		CHECK(put_rc == cases[i].put_rc && get_rc == cases[i].get_rc, cases[i].what);
 	}
+	/* notices need the channel too (&kcachefs:stored:*): without it, waiters poll and the
+	 * holder's refused PUBLISH is no fault (not logged, the shard not marked down) */
+	CHECK(cmd_ok(&s, "ACL SETUSER carol on >carolpw1 ~kcachefs:* &kcachefs:stored:* +@all",
+		     NULL), "an ACL user with the channel");
+	for (int i = 0; i < 2; i++) {
+		struct kc_remote_watch *w = NULL;
+		int wrc = -999, nrc = -999;
+
+		write_file(path, i ? "carol carolpw1\n" : "alice alicepw1\n", 0600);
+		b = open_server(&s, path, 5000);
+		if (b) {
+			wrc = b->ops->watch_start(b, k, &w);
+			nrc = b->ops->notify(b, k);
+			if (!wrc && !nrc)
+				wrc = b->ops->watch_wait(b, w, SLOW_BOUND_MS);
+			if (w)
+				b->ops->watch_end(b, w);
+			b->ops->destroy(b);
+		}
+		printf("# %s: watch %d, notify %d\n", i ? "carol" : "alice", wrc, nrc);
+		CHECK(i ? wrc == 0 && nrc == 0 : wrc == -EACCES && nrc == -EACCES,
+		      i ? "with the channel: notices work" : "without it: -EACCES, no notices");
+	}
 	fflush(stderr);
 	dup2(saved_err, 2);
 	close(saved_err);
 	log = slurp(logpath);
 	CHECK(log && strstr(log, "EACCES") == NULL && strstr(log, "WRONGPASS") != NULL,
 	      "the log says why (WRONGPASS)");
+	CHECK(log && !strstr(log, "notify failed") && !strstr(log, "subscribe failed"),
+	      "a refused notice is not logged as a fault");
 	CHECK(log && !strstr(log, "alicepw1") && !strstr(log, "wrongpw9") && !strstr(log, "bobpw1") &&
-	      !strstr(log, "adminpw0"), "no password reaches the log");
+	      !strstr(log, "adminpw0") && !strstr(log, "carolpw1"), "no password reaches the log");
 	if (log && strstr(log, "pw"))
 		printf("# log: %s\n", log);
 	free(log);
@@ -1304,6 +1329,93 @@ static void test_garbage(void)
 	close(j.stop_fd[1]);
 }
 
+/* ---- notices: a waiter's SUBSCRIBE, a holder's PUBLISH ---- */
+
+struct notifier {
+	struct kc_remote_backend *b;
+	const char *key;
+	int after_ms;
+	int64_t sent_ms;
+};
+
+static void *notify_main(void *p)
+{
+	struct notifier *n = p;
+
+	nap_ms(n->after_ms);
+	n->sent_ms = now_ms();
+	n->b->ops->notify(n->b, n->key);
+	return NULL;
+}
+
+/* Called last on s: stops it. */
+static void test_notices(struct server *s)
+{
+	struct kc_remote_backend *b = open_server(s, NULL, 5000);
+	struct kc_remote_watch *w1 = NULL, *w2 = NULL, *w3 = NULL, *wx = NULL;
+	char k[65], k3[65], name[128], *data = NULL;
+	size_t len = 0;
+	int64_t t0;
+	int rc;
+
+	if (!b) {
+		CHECK(0, "open a backend on the server");
+		return;
+	}
+	key_of("notice", 1, k);
+	key_of("notice", 3, k3);
+	CHECK(b->ops->watch_start(b, "ABC", &wx) == -EINVAL && !wx, "watch of a bad key: -EINVAL");
+	CHECK(b->ops->notify(b, "../x") == -EINVAL, "notify of a bad key: -EINVAL");
+	CHECK(b->ops->watch_start(b, k, &w1) == 0 && w1, "a waiter watches a key");
+	CHECK(b->ops->watch_start(b, k, &w2) == 0 && w2, "a second waiter watches the same key");
+	CHECK(b->ops->watch_start(b, k3, &w3) == 0 && w3, "a third watches another key");
+	t0 = now_ms();
+	rc = b->ops->watch_wait(b, w1, 150);
+	CHECK(rc == -ETIMEDOUT && now_ms() - t0 >= 140 && now_ms() - t0 < SLOW_BOUND_MS,
+	      "no notice: -ETIMEDOUT after the wait asked for");
+	CHECK(b->ops->put(b, k, "x", 1) == 0 && b->ops->get(b, k, &data, &len) == 0,
+	      "the watches leave the pooled connections be");
+	free(data);
+	CHECK(b->ops->notify(b, k) == 0, "notify");
+	CHECK(b->ops->watch_wait(b, w1, SLOW_BOUND_MS) == 0 &&
+	      b->ops->watch_wait(b, w2, SLOW_BOUND_MS) == 0,
+	      "one notice, sent while nobody waited, wakes every waiter of the key");
+	CHECK(b->ops->watch_wait(b, w3, 150) == -ETIMEDOUT, "and no waiter of another key");
+	CHECK(b->ops->watch_wait(b, w1, 100) == -ETIMEDOUT, "a notice wakes each waiter once");
+
+	struct notifier n = {b, k, 300, 0};
+	pthread_t th;
+	pthread_create(&th, NULL, notify_main, &n);
+	rc = b->ops->watch_wait(b, w1, SLOW_BOUND_MS);
+	int64_t woke = now_ms();
+	pthread_join(th, NULL);
+	printf("# a blocked waiter woke %lld ms after the notice\n", (long long)(woke - n.sent_ms));
+	CHECK(rc == 0 && woke - n.sent_ms < 1000, "a blocked waiter wakes at the notice");
+	CHECK(b->ops->watch_wait(b, w2, SLOW_BOUND_MS) == 0, "so does the other");
+
+	snprintf(name, sizeof(name), "kcachefs:stored:%s", k);
+	CHECK(cmd_int(s, "EXISTS %s", name) == 0, "a notice leaves no key in the store");
+	redisReply *r = cmd(s, "PUBLISH %s planted", name);
+	CHECK(r && r->type == REDIS_REPLY_INTEGER && r->integer == 2, "anyone may publish");
+	if (r)
+		freeReplyObject(r);
+	CHECK(b->ops->watch_wait(b, w1, SLOW_BOUND_MS) == 0,
+	      "a planted notice wakes the waiter: only a hint, which it checks by looking");
+	CHECK(b->ops->watch_wait(b, w2, SLOW_BOUND_MS) == 0, "(and the other)");
+
+	stop(s, SIGKILL);
+	t0 = now_ms();
+	rc = b->ops->watch_wait(b, w2, SLOW_BOUND_MS);
+	CHECK(rc != 0 && rc != -ETIMEDOUT && now_ms() - t0 < SLOW_BOUND_MS / 2,
+	      "a watch whose server died is a fault at once, not a wait");
+	CHECK(b->ops->watch_start(b, k, &wx) != 0 && !wx, "no watch on a server that is down");
+	CHECK(b->ops->notify(b, k) != 0, "nor a notice");
+	b->ops->watch_end(b, w1);
+	b->ops->watch_end(b, w2);
+	b->ops->watch_end(b, w3);
+	b->ops->destroy(b);
+}
+
 int main(void)
 {
 	static struct server main_srv = {.name = "main"};
@@ -1333,7 +1445,7 @@ int main(void)
 	test_lease_records(&main_srv);
 	test_planted_alive(&main_srv);
 	test_threads(&main_srv);
-	stop(&main_srv, SIGKILL);
+	test_notices(&main_srv); /* stops it */
 	test_shards();
 	test_auth();
 	test_tcp_and_db();
