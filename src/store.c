@@ -64,9 +64,61 @@ int kc_store_remove_tree(const char *path)
 	return 0;
 }
 
+/* Whether process pid (a /proc entry's name) works in dir: its cwd is dir or below. */
+static int cwd_in(const char *pid, const char *dir)
+{
+	char link[64], cwd[4400];
+	snprintf(link, sizeof(link), "/proc/%.20s/cwd", pid);
+	ssize_t n = readlink(link, cwd, sizeof(cwd) - 1);
+	if (n < 0)
+		return 0;
+	cwd[n] = '\0';
+	size_t dl = strlen(dir);
+	return strncmp(cwd, dir, dl) == 0 && (cwd[dl] == '\0' || cwd[dl] == '/');
+}
+
+/* The process group of pid (a /proc entry's name), or 0 when it is gone or unreadable. */
+static int pgrp_of(const char *pid)
+{
+	char path[64], line[512];
+	int pgrp = 0;
+	snprintf(path, sizeof(path), "/proc/%.20s/stat", pid);
+	FILE *f = fopen(path, "re");
+	if (!f)
+		return 0;
+	char *paren = fgets(line, sizeof(line), f) ? strrchr(line, ')') : NULL;
+	fclose(f);
+	/* after the name: " S ppid pgrp ..." */
+	if (!paren || sscanf(paren + 1, " %*c %*d %d", &pgrp) != 1)
+		return 0;
+	return pgrp;
+}
+
+/* Whether a process of group pgid works in dir: then the group is the compile that
+ * recorded it there, not another that took its number since. Its leader, the compiler,
+ * is mostly gone (it dies with the daemon's thread, PR_SET_PDEATHSIG) while the tools it
+ * started keep the group: any member counts. */
+static int group_works_in(int pgid, const char *dir)
+{
+	char leader[16];
+	snprintf(leader, sizeof(leader), "%d", pgid);
+	if (cwd_in(leader, dir))
+		return 1;
+	DIR *d = opendir("/proc");
+	struct dirent *de;
+	int found = 0;
+	if (!d)
+		return 0;
+	while (!found && (de = readdir(d)) != NULL)
+		found = de->d_name[0] >= '1' && de->d_name[0] <= '9' &&
+			pgrp_of(de->d_name) == pgid && cwd_in(de->d_name, dir);
+	closedir(d);
+	return found;
+}
+
 /* A compile of a daemon that died keeps running (its own process group, reparented).
  * Each scratch directory records its compiler's process group in "pgid": kill the group
- * if its leader still works in that directory. */
+ * if a process of it still works in that directory. */
 static void kill_orphan_compiles(const char *scratch_path)
 {
 	DIR *d = opendir(scratch_path);
@@ -75,7 +127,7 @@ static void kill_orphan_compiles(const char *scratch_path)
 	if (!d)
 		return;
 	while ((de = readdir(d)) != NULL) {
-		char path[4400], cwd[4400], link[64], buf[32];
+		char path[4400], buf[32];
 		if (de->d_name[0] == '.')
 			continue;
 		snprintf(path, sizeof(path), "%.4096s/%.255s/pgid", scratch_path, de->d_name);
@@ -88,14 +140,8 @@ static void kill_orphan_compiles(const char *scratch_path)
 		fclose(f);
 		if (pgid <= 1)
 			continue;
-		snprintf(link, sizeof(link), "/proc/%d/cwd", pgid);
-		ssize_t n = readlink(link, cwd, sizeof(cwd) - 1);
-		if (n < 0)
-			continue;
-		cwd[n] = '\0';
 		snprintf(path, sizeof(path), "%.4096s/%.255s", scratch_path, de->d_name);
-		size_t pl = strlen(path);
-		if (strncmp(cwd, path, pl) == 0 && (cwd[pl] == '\0' || cwd[pl] == '/')) {
+		if (group_works_in(pgid, path)) {
 			kc_log(KC_LOG_WARN, "killing compiler process group %d left by a previous daemon",
 			       pgid);
 			kill(-pgid, SIGKILL);

@@ -160,15 +160,19 @@ def hanging_compile(m, tag):
     return reader
 
 
-def test_compiler_of_a_killed_daemon_is_killed_at_restart(mount_factory, tmp_path):
+@pytest.mark.parametrize("uids", ["own", "daemon"])
+def test_compiler_of_a_killed_daemon_is_killed_at_restart(mount_factory, tmp_path, uids):
     """The daemon and its watcher both SIGKILLed (systemd kills the whole unit so): a tool
-    of the compile outlives them, and the restart that claims the range kills it."""
+    of the compile outlives them, and the restart that claims the range kills it. As the
+    daemon's uid, no kill of a uid range can find it: only its group, recorded in scratch,
+    whose leader (the compiler) died with the daemon."""
     # this run's own sleep: another suite on the machine may run the same test
     tag = "sleep 1000.%d%d" % (os.getpid(), time.monotonic_ns() % 1000000)
     # a tool of the compiler's: the compiler itself dies with the thread that started it
     nvcc = write_script(tmp_path / "nvcc-hangs", 'case "$*" in *-cubin*) %s & wait;; esac\n'
                         'exec /usr/local/cuda/bin/nvcc "$@"\n' % tag)
-    m = mount_factory(["nvcc=%s" % nvcc])
+    opts = ["compile_uids=daemon"] if uids == "daemon" else []
+    m = mount_factory(["nvcc=%s" % nvcc] + opts)
     try:
         reader = hanging_compile(m, tag)
         m.proc.send_signal(signal.SIGSTOP)  # so that it starts no watcher in place of this one
@@ -176,11 +180,14 @@ def test_compiler_of_a_killed_daemon_is_killed_at_restart(mount_factory, tmp_pat
         m.kill()
         reader.wait(timeout=30)
         assert tagged(tag)
-        m2 = mount_factory(name="m")
+        m2 = mount_factory(opts, name="m")
         wait_for(lambda: not tagged(tag), 10, "orphaned compiler survived the restart")
     finally:
         for pid in tagged(tag):
             os.kill(pid, signal.SIGKILL)
+    if uids == "daemon":  # the group is the only way: the restart must say it killed it
+        assert "left by a previous daemon" in m2.daemon_log()
+        return
     # The restart that claims the dead daemon's range of compile uids says it killed what
     # ran there (another suite's daemon on this machine may claim that range first).
     ranges = re.findall(r"compiles run as uids (\d+)\+", m.daemon_log() + m2.daemon_log())
