@@ -259,3 +259,14 @@ def test_testing_guide_describes_every_mount_test_file():
         rel(guide), ", ".join(sorted(named - files)))
     assert not files - named, "%s does not describe these mount test files: %s" % (
         rel(guide), ", ".join(sorted(files - named)))
+
+
+def test_the_redis_acl_grants_are_the_ones_the_unit_test_runs_with():
+    """doc/cluster.md's ACL grants are exactly those the Redis backend's unit test gives a
+    user that then takes, peeks, renews and releases a held lease and sends a notice: a
+    command added to the backend or its scripts without a grant in the guide fails here or
+    there."""
+    unit = (REPO / "tests/unit/test_remote_redis.c").read_text()
+    grants = re.search(r'#define DOC_GRANTS "([^"]+)"', unit).group(1)
+    guide = " ".join((REPO / "doc/cluster.md").read_text().split())
+    assert f"`{grants}`" in guide, f"doc/cluster.md does not list the grants {grants!r}"
