@@ -274,11 +274,13 @@ def test_redis_restarted_empty(redis_cluster):
     publishes again; the one after it hits."""
     a = redis_cluster.node("a")
     first = cold_run(redis_cluster, [a], per_node=2)
+    redis_cluster.shared(a, KERNELS)  # the puts follow the publish: all in before the restart
     server = redis_cluster.servers[0]
     server.stop()
     server.start()
     b = redis_cluster.node("b")
     second = cold_run(redis_cluster, [b], per_node=2)
+    redis_cluster.shared(b, KERNELS)
     assert len(redis_cluster.compiles()) == 2 * KERNELS
     assert all(second[e] != first[e] for e in first), "an object survived the restart"
     s = b.stats()
@@ -365,6 +367,7 @@ def test_redis_back_at_once_is_used_again_within_seconds(redis_cluster):
 def test_redis_flushall(redis_cluster):
     a = redis_cluster.node("a")
     cold_run(redis_cluster, [a], per_node=2)
+    redis_cluster.shared(a, KERNELS)  # the puts follow the publish: all in before the flush
     assert redis_cluster.servers[0].cli("FLUSHALL") == b"OK"
     b = redis_cluster.node("b")
     cold_run(redis_cluster, [b], per_node=2)
