@@ -225,3 +225,15 @@ def test_two_compiles_at_once_never_share_a_worker_nor_a_uid(mount_factory, fifo
     assert first != second
     assert proc_uid(first) != second_uid and 0 not in (proc_uid(first), second_uid)
 
+
+
+@pytest.mark.parametrize("uids", [[], ["compile_uids=daemon"]])
+def test_a_daemon_that_dies_takes_its_idle_workers_with_it(mount_factory, uids):
+    m = mount_factory(["compiler=nvrtc"] + uids)
+    e = m.stage("k1", b'extern "C" __global__ void k1(int *o) { *o = 1; }\n',
+                b"--gpu-architecture=sm_90a\n")
+    assert read_result(e / "kernel.cubin")[0] == "ok"
+    pid, _ = worker_of(e)
+    assert alive(pid), "idle, it waits for the next compile"
+    m.kill()  # SIGKILL: nothing of the daemon's runs its clean-up
+    wait_until(lambda: not alive(pid), "the worker outlived its daemon")
