@@ -646,7 +646,7 @@ static int exchange(const struct kc_compile_spec *spec, struct kc_nvrtc_worker *
 	if (err)
 		return err;
 	if (rep->magic != KC_NVRTC_REP_MAGIC || rep->cubin_len > KC_COMPILE_FSIZE ||
-	    rep->log_len > KC_COMPILE_FSIZE || (rep->status == 0) != (rep->cubin_len > 0))
+	    rep->log_len > KC_NVRTC_MAX_LOG || (rep->status == 0) != (rep->cubin_len > 0))
 		return -EPROTO;
 	char buf[1 << 16];
 	for (uint64_t left = rep->log_len; left > 0 && !err;) {

@@ -19,6 +19,7 @@
 #define KC_NVRTC_REP_MAGIC 0x6b637270u /* "kcrp" */
 #define KC_NVRTC_MAX_SOURCE (64u << 20) /* bytes: a larger source is refused */
 #define KC_NVRTC_MAX_ARGS (1u << 20)    /* bytes of the flags of one request */
+#define KC_NVRTC_MAX_LOG (64u << 20)    /* bytes of a reply's log the daemon takes */
 
 struct kc_nvrtc_req {
 	uint32_t magic;      /* KC_NVRTC_REQ_MAGIC */
