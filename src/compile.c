@@ -580,6 +580,8 @@ static int start_worker(const struct kc_compile_spec *spec, struct kc_nvrtc_work
 	}
 	w->pid = pid;
 	w->sock = sv[0];
+	kc_log(KC_LOG_INFO, "NVRTC worker pid %d started (compile uid %d, scratch %s)", (int)pid,
+	       w->uid == KC_SANDBOX_AS_DAEMON ? -1 : (int)w->uid, w->scratch);
 	/* Recorded so that a daemon restarted after a crash kills it (store.c). */
 	int fd = openat(w->scratch_fd, "pgid", O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW |
 			O_CLOEXEC, 0600);
