@@ -8,10 +8,14 @@ kcachefs mount:
 
 - on a miss takes the kernel's lock: an exclusive flock of
   <cache root>/.kcachefs-triton/locks/<key>.<group file>, through the mount, so node-wide, and
-  released by the kernel if the holder dies. It polls LOCK_NB (10 ms, growing to 100 ms) for at
-  most KCACHEFS_TRITON_WAIT seconds (default 120), then compiles without it;
-- once it has the lock it looks again: a group published meanwhile is loaded, otherwise it
-  returns None and Triton compiles, holding the lock until put_group has written the index.
+  released by the kernel if the holder dies. If another process holds it, it waits for a
+  shared flock, blocked in the kernel (woken the moment the holder lets go, not on a polling
+  grid; all waiters at once), at most KCACHEFS_TRITON_WAIT seconds (default 120), then
+  compiles without it; awake, it loads the holder's group, and only if there is none (the
+  holder died or failed) takes the lock exclusively, one waiter at a time;
+- once it has the lock exclusively it looks again: a group published meanwhile is loaded,
+  otherwise it returns None and Triton compiles, holding the lock until put_group has written
+  the index.
   A compile that raises never reaches put_group: the lock is released when Triton drops the
   manager (the compile's frame goes), at the next get_group of another kernel in the same
   thread, at exit, and in any case by the waiters' bounded wait;
@@ -51,7 +55,6 @@ log = logging.getLogger("kcachefs_triton")
 FSTYPE = "fuse.kcachefs"
 WAIT_ENV = "KCACHEFS_TRITON_WAIT"
 DEFAULT_WAIT_S = 120.0  # longer than most compiles; a stuck holder costs at most this
-POLL_FIRST_S, POLL_MAX_S = 0.01, 0.1
 RECORD = "kcachefs"  # the index's extra field: {child: [size, sha256 hex]}
 INDEX_MAX = 1 << 20  # bytes; an index lists a few files, so a larger one is not an index
 HEX = re.compile(r"[0-9a-f]{64}\Z")
@@ -183,6 +186,69 @@ def _forget_after_fork():
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+def _flock_within(fd, how, seconds):
+    """flock(fd, how) (LOCK_SH or LOCK_EX), waiting at most seconds (0: not at all) for the
+    other holders to let go; True once granted, False if not granted in time. The wait is a
+    blocking flock in a thread of its own on a dup of fd (the same open file, so the same
+    lock), so the kernel wakes it the moment the lock is free; a wait given up is left to that
+    thread, which releases the lock if it is granted later and closes its dup. Raises OSError
+    for any error but the lock being taken."""
+    try:
+        fcntl.flock(fd, how | fcntl.LOCK_NB)
+        return True
+    except OSError as e:
+        if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+            raise
+    if seconds <= 0:
+        return False
+    dup = os.dup(fd)
+    waiter = _Waiter()
+    try:
+        threading.Thread(target=waiter.block, args=(dup, how), name="kcachefs-triton-wait",
+                         daemon=True).start()
+    except BaseException:
+        os.close(dup)
+        raise
+    return waiter.outcome(seconds)
+
+
+class _Waiter:
+    """One blocking flock in a thread (_flock_within) and its outcome."""
+
+    def __init__(self):
+        self.mutex = threading.Lock()
+        self.done = threading.Event()
+        self.result = None  # True (granted) or the OSError, once the flock returned
+        self.abandoned = False
+
+    def block(self, dup, how):
+        try:
+            try:
+                fcntl.flock(dup, how)  # retried by Python on EINTR
+                result = True
+            except OSError as e:
+                result = e
+            with self.mutex:
+                if self.abandoned:
+                    if result is True:
+                        fcntl.flock(dup, fcntl.LOCK_UN)  # nobody waits for it any more
+                else:
+                    self.result = result
+        finally:
+            os.close(dup)
+            self.done.set()
+
+    def outcome(self, seconds):
+        self.done.wait(seconds)
+        with self.mutex:
+            if self.result is None:
+                self.abandoned = True
+                return False
+        if self.result is True:
+            return True
+        raise self.result
 
 
 class _Lie(ValueError):
@@ -436,47 +502,55 @@ class KcachefsCacheManager(FileCacheManager):
             return None
         start = time.monotonic()
         deadline = start + wait_seconds()
-        delay = POLL_FIRST_S
-        waited = False
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                locked = True
-            except OSError as e:
-                if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                    os.close(fd)
-                    log.warning("flock %s: %s; compiling %s without it", path, e.strerror, what)
-                    stats.record(state_dir, "nolock", 0.0, what)
-                    return None
-                locked = False
-            seconds = time.monotonic() - start if waited else 0.0
-            group = self._complete_group(filename) if locked or waited else None
-            if group is not None:
-                os.close(fd)  # also unlocks
-                if waited:
-                    stats.record(state_dir, "loaded", seconds, what)
-                return group
-            if locked:
-                hold = _Hold(path, fd, what, state_dir)
-                with _registry:
-                    _held[path] = hold
-                # Triton drops the manager when compile() returns or raises: a lock still
-                # held then belongs to a compile that never reached put_group.
-                hold.own(self)
-                stats.record(state_dir, "compile", seconds, what)
-                return None
-            if not waited:
-                log.debug("waiting for %s: another process compiles it", what)
-                waited = True
-            now = time.monotonic()
-            if now >= deadline:
-                os.close(fd)
-                log.warning("waited %.0f s for another process's compile of %s; compiling it "
-                            "here (%s)", now - start, what, WAIT_ENV)
-                stats.record(state_dir, "timeout", now - start, what)
-                return None
-            time.sleep(min(delay, deadline - now))
-            delay = min(delay * 1.5, POLL_MAX_S)
+        try:
+            if _flock_within(fd, fcntl.LOCK_EX, 0.0):  # nobody compiles it now
+                return self._locked(filename, path, fd, state_dir, None)
+            # Another process compiles it. Wait for its release, woken by the kernel the
+            # moment the holder's put_group lets go (no polling grid), all waiters at once
+            # (a shared lock), and load its group; only if there is none (the holder died or
+            # its compile raised) take the lock exclusively, one waiter at a time, to look
+            # once more and compile.
+            log.debug("waiting for %s: another process compiles it", what)
+            if _flock_within(fd, fcntl.LOCK_SH, deadline - time.monotonic()):
+                group = self._complete_group(filename)
+                if group is not None:
+                    os.close(fd)  # also unlocks
+                    stats.record(state_dir, "loaded", time.monotonic() - start, what)
+                    return group
+                if _flock_within(fd, fcntl.LOCK_EX, deadline - time.monotonic()):
+                    return self._locked(filename, path, fd, state_dir, start)
+        except OSError as e:
+            os.close(fd)
+            log.warning("flock %s: %s; compiling %s without it", path, e.strerror, what)
+            stats.record(state_dir, "nolock", 0.0, what)
+            return None
+        os.close(fd)
+        waited = time.monotonic() - start
+        log.warning("waited %.0f s for another process's compile of %s; compiling it here (%s)",
+                    waited, what, WAIT_ENV)
+        stats.record(state_dir, "timeout", waited, what)
+        return None
+
+    def _locked(self, filename, path, fd, state_dir, start):
+        """fd holds the kernel's lock exclusively (after waiting since start, or at once if
+        start is None): a group published meanwhile is loaded, else the lock is held for this
+        compile (None: Triton compiles)."""
+        what = self._what(filename)
+        group = self._complete_group(filename)
+        if group is not None:
+            os.close(fd)  # also unlocks
+            if start is not None:
+                stats.record(state_dir, "loaded", time.monotonic() - start, what)
+            return group
+        hold = _Hold(path, fd, what, state_dir)
+        with _registry:
+            _held[path] = hold
+        # Triton drops the manager when compile() returns or raises: a lock still held then
+        # belongs to a compile that never reached put_group.
+        hold.own(self)
+        stats.record(state_dir, "compile", 0.0 if start is None else time.monotonic() - start,
+                     what)
+        return None
 
     def _open_lock(self, path):
         """The lock file's descriptor. Created 0600 plus the group/other write bits of the
