@@ -37,6 +37,7 @@ and for Triton's dump and override managers, every method is FileCacheManager's.
 import errno
 import fcntl
 import hashlib
+import io
 import json
 import logging
 import os
@@ -308,6 +309,21 @@ def _measure(path, want_size=None):
     return size, h.hexdigest()
 
 
+def _put_bytes(data):
+    """The bytes FileCacheManager.put writes for data: bytes as they are; anything else as
+    str(data) written through a text file of Python's default encoding, as its open(path,
+    "w") writes it (the same TextIOWrapper defaults: encoding, newline translation)."""
+    if isinstance(data, bytes):
+        return data
+    buf = io.BytesIO()
+    text = io.TextIOWrapper(buf)
+    text.write(str(data))
+    text.flush()
+    raw = buf.getvalue()
+    text.detach()
+    return raw
+
+
 def _no_duplicates(pairs):
     obj = {}
     for k, v in pairs:
@@ -361,6 +377,7 @@ class KcachefsCacheManager(FileCacheManager):
     def __init__(self, key, override=False, dump=False):
         super().__init__(key, override=override, dump=dump)
         self._coordinated = False
+        self._written = {}  # filename -> (path, (size, sha256 hex)) of what put wrote
         if override or dump or not getattr(self, "cache_dir", None):
             return
         try:
@@ -377,6 +394,13 @@ class KcachefsCacheManager(FileCacheManager):
         if group is not None:
             return group
         return self._miss(filename)
+
+    def put(self, data, filename, binary=True):
+        path = super().put(data, filename, binary)
+        if self._coordinated:
+            raw = _put_bytes(data)
+            self._written[filename] = (path, (len(raw), hashlib.sha256(raw).hexdigest()))
+        return path
 
     def put_group(self, filename, group):
         if not self._coordinated:
@@ -422,7 +446,7 @@ class KcachefsCacheManager(FileCacheManager):
                 raise _Lie("the group is %.60r, not a dict" % (group,))
             record = {}
             for child, path in group.items():
-                record[child] = list(_measure(self._own_path(child, path)))
+                record[child] = list(self._size_and_digest(self._own_path(child, path), child))
             return record
         except OSError as e:
             why = "%s: %s" % (e.filename, e.strerror)
@@ -431,6 +455,20 @@ class KcachefsCacheManager(FileCacheManager):
         log.warning("not publishing the group %s (%s): the next process compiles it again",
                     self._what(filename), why)
         return None
+
+    def _size_and_digest(self, path, child):
+        """(size, SHA-256 hex) of the file at path for put_group's record: those of the bytes
+        this manager's put wrote there if it is still a regular file of that size (one lstat,
+        not a read back through the mount), else measured from the file. Raises OSError or
+        _Lie (_measure). A file replaced since by other bytes of the same size gets a record
+        it does not match, so readers refuse the group (a miss), never believe it."""
+        written = self._written.get(child)
+        if written is not None and written[0] == path:
+            size, digest = written[1]
+            st = os.lstat(path)
+            if stat.S_ISREG(st.st_mode) and st.st_size == size:
+                return size, digest
+        return _measure(path)
 
     def _complete_group(self, filename):
         """The group of filename if its index is published and believed; otherwise None (a
