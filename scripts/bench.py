@@ -39,8 +39,9 @@ Figures (NAME):
   triton    8 processes x 4 kernels through the calls of Triton's compile() (the test
             harness's stand-in of triton.runtime.cache): kcachefs_triton's managed cold on a
             mount against plain Triton cold on local disk, with real nvcc compiles and with a
-            fixed-time compile that isolates the manager's own cost (scripts/bench_triton.py;
-            --triton-compile-s)
+            fixed-time compile that uses no core (as with a core per process), the latter
+            also against plain Triton cold on a mount: the manager's own cost
+            (scripts/bench_triton.py; --triton-compile-s)
   cluster64 64 simulated nodes x 2 processes x --kernels64 kernels of a fake compiler:
             compiles, store operations and bytes per node per kernel, lease waits
             (not in the default list: --only cluster,cluster64)
