@@ -189,6 +189,17 @@ def _forget_after_fork():
 os.register_at_fork(after_in_child=_forget_after_fork)
 
 
+def _let_go(fd):
+    """Unlock and close a lock descriptor. The unlock is explicit: a process forked meanwhile
+    holds a copy of the descriptor, and the lock (the open file's) would outlive this close."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def _flock_within(fd, how, seconds):
     """flock(fd, how) (LOCK_SH or LOCK_EX), waiting at most seconds (0: not at all) for the
     other holders to let go; True once granted, False if not granted in time. The wait is a
@@ -552,7 +563,7 @@ class KcachefsCacheManager(FileCacheManager):
             if _flock_within(fd, fcntl.LOCK_SH, deadline - time.monotonic()):
                 group = self._complete_group(filename)
                 if group is not None:
-                    os.close(fd)  # also unlocks
+                    _let_go(fd)
                     stats.record(state_dir, "loaded", time.monotonic() - start, what)
                     return group
                 if _flock_within(fd, fcntl.LOCK_EX, deadline - time.monotonic()):
@@ -562,7 +573,7 @@ class KcachefsCacheManager(FileCacheManager):
             log.warning("flock %s: %s; compiling %s without it", path, e.strerror, what)
             stats.record(state_dir, "nolock", 0.0, what)
             return None
-        os.close(fd)
+        _let_go(fd)
         waited = time.monotonic() - start
         log.warning("waited %.0f s for another process's compile of %s; compiling it here (%s)",
                     waited, what, WAIT_ENV)
@@ -576,7 +587,7 @@ class KcachefsCacheManager(FileCacheManager):
         what = self._what(filename)
         group = self._complete_group(filename)
         if group is not None:
-            os.close(fd)  # also unlocks
+            _let_go(fd)
             if start is not None:
                 stats.record(state_dir, "loaded", time.monotonic() - start, what)
             return group

@@ -400,6 +400,41 @@ def test_a_wait_given_up_leaves_no_lock_behind(mount_factory):
     assert (s["compiles"], s["timeouts"], s["loaded"]) == (1, 1, 0), s
 
 
+def test_a_waiter_lets_go_of_the_lock_even_if_a_fork_holds_its_descriptor(mount_factory):
+    """A process that forks while one of its threads waits (a multiprocessing pool started
+    meanwhile) gives the child copies of the lock's descriptors; the waiter unlocks
+    explicitly when it has loaded the group, so the lock is free with the child alive."""
+    m = mount_factory()
+    root = m.mnt / "triton"
+    use(root)
+    key, meta = "G" * 52, "add.json"
+    holder = KcachefsCacheManager(key)
+    assert holder.get_group(meta) is None
+    lock = root / stats.DIRNAME / "locks" / (key + "." + meta)
+    groups = []
+    t = threading.Thread(target=lambda: groups.append(KcachefsCacheManager(key).get_group(meta)))
+    t.start()
+    wait_until(lambda: blocked_on(lock) == 1, "the waiter blocked on the lock")
+    r, w = os.pipe()
+    child = os.fork()
+    if child == 0:  # holds copies of every descriptor until the test is done with it
+        os.close(w)
+        os.read(r, 1)
+        os._exit(0)
+    os.close(r)
+    try:
+        files = dict(triton_harness.artifacts("add", triton_harness.source_of("add")))
+        files[meta] = json.dumps({"name": "add", "source": "x"})
+        group = {c: holder.put(d, c) for c, d in files.items()}
+        holder.put_group(meta, group)
+        t.join(60)
+        assert groups == [group]
+        assert flock_from_another_process(lock) == "free"
+    finally:
+        os.close(w)
+        os.waitpid(child, 0)
+
+
 def test_off_the_mount_it_is_tritons_own_manager(tmp_path):
     ours, theirs = tmp_path / "ours", tmp_path / "theirs"
     counter = str(tmp_path / "compiles")
