@@ -223,7 +223,11 @@ def _flock_within(fd, how, seconds):
     except BaseException:
         os.close(dup)
         raise
-    return waiter.outcome(seconds)
+    try:
+        return waiter.outcome(seconds)
+    except BaseException:  # interrupted (KeyboardInterrupt), or the flock failed
+        waiter.abandon(fd)
+        raise
 
 
 class _Waiter:
@@ -252,10 +256,19 @@ class _Waiter:
             os.close(dup)
             self.done.set()
 
+    def abandon(self, fd):
+        """Nobody waits any more: a lock granted later is released by the thread, one
+        granted already is released here."""
+        with self.mutex:
+            self.abandoned = True
+            granted = self.result is True
+        if granted:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+
     def outcome(self, seconds):
         self.done.wait(seconds)
         with self.mutex:
-            if self.result is None:
+            if self.result is None:  # not granted in time
                 self.abandoned = True
                 return False
         if self.result is True:

@@ -527,6 +527,38 @@ def test_a_lock_file_that_is_no_lock_is_refused(cache, warnings):
     assert os.listdir(elsewhere) == []
 
 
+@pytest.mark.parametrize("granted", [True, False])
+def test_an_interrupted_wait_lets_go_of_the_lock(tmp_path, monkeypatch, granted):
+    """A wait for the kernel's lock interrupted (KeyboardInterrupt) after or before the lock
+    was granted leaves it free: released at once, or by the waiting thread when granted."""
+    path = str(tmp_path / "lock")
+    holder = os.open(path, os.O_RDWR | os.O_CREAT)
+    mine = os.open(path, os.O_RDWR)
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        threads = []
+
+        def interrupted(self, seconds):
+            threads.extend(t for t in threading.enumerate() if t.name == "kcachefs-triton-wait")
+            if granted:
+                fcntl.flock(holder, fcntl.LOCK_UN)  # the holder lets go, the wait is granted
+                assert self.done.wait(60)
+            raise KeyboardInterrupt  # and Ctrl-C lands before the caller sees it
+
+        monkeypatch.setattr(manager._Waiter, "outcome", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            manager._flock_within(mine, fcntl.LOCK_SH, 60)
+        if not granted:
+            fcntl.flock(holder, fcntl.LOCK_UN)  # granted to the abandoned thread now
+        for t in threads:
+            t.join(60)
+        assert threads and not any(t.is_alive() for t in threads)
+        fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free: nobody holds it shared
+    finally:
+        os.close(holder)
+        os.close(mine)
+
+
 def test_the_counters_believe_only_what_parses(tmp_path):
     line = "1.000 1 0 %s %s k/add.json"
     lines = [line % ("compile", "0.500"), line % ("loaded", "nan"), line % ("loaded", "inf"),
