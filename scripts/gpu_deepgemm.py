@@ -158,6 +158,8 @@ def main():
     ap.add_argument("--expect-b-compiles", type=int, default=0)
     ap.add_argument("--timeout", type=int, default=400, help="seconds per round")
     ap.add_argument("--options", default="", help="more -o options for both daemons")
+    ap.add_argument("--save-sources", help="copy the local round's kernel.cu files here (for "
+                    "compiling DeepGEMM's kernels on a machine without a GPU)")
     args = ap.parse_args()
     if args.rank is not None:
         return rank_main(args)
@@ -187,6 +189,10 @@ def main():
         local_med, good = summary("local", run_round("local", share, env, args.ranks, args.kernels, args.timeout))
         ok &= good
         local_runs = len(counter.read_text().split()) if counter.exists() else 0
+        if args.save_sources:
+            for cu in sorted((share / "local-cache" / "cache").glob("kernel.*/kernel.cu")):
+                Path(args.save_sources).mkdir(parents=True, exist_ok=True)
+                shutil.copy(cu, Path(args.save_sources) / (cu.parent.name[:40] + ".cu"))
         print("local: %d nvcc runs" % local_runs)
 
         store = share / "store"
