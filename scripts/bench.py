@@ -42,6 +42,12 @@ Figures (NAME):
             behind the compiling node per kernel (K kernels of a fake compiler), against one
             fetch of the same kernels by a third node in the same run (not in the default
             list: --only lag)
+  triton    8 processes x 4 kernels through the calls of Triton's compile() (the test
+            harness's stand-in of triton.runtime.cache): kcachefs_triton's managed cold on a
+            mount against plain Triton cold on local disk, with real nvcc compiles and with a
+            fixed-time compile that uses no core (as with a core per process), the latter
+            also against plain Triton cold on a mount: the manager's own cost
+            (scripts/bench_triton.py; --triton-compile-s)
   cluster64 64 simulated nodes x 2 processes x --kernels64 kernels of a fake compiler:
             compiles, store operations and bytes per node per kernel, lease waits
             (not in the default list: --only cluster,cluster64)
@@ -68,6 +74,7 @@ sys.path.insert(0, str(REPO / "tests" / "mount"))
 from kcmount import (NVCC, Mount, elf_symbols, entry_name, open_to_compiles, run_parallel,  # noqa: E402
                      write_script)
 import bench_cluster  # noqa: E402
+import bench_triton  # noqa: E402
 
 BENCH_IO = REPO / "build" / "bench_io"
 PAD_KERNEL = """__device__ char kc_pad[%d] = {1};
@@ -549,11 +556,13 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=7, help="repetitions of each timed loop")
     ap.add_argument("--only",
-                    default="read,ref,meta,cold,starve,scale,backend,store,nvrtcwarm")
+                    default="read,ref,meta,cold,starve,scale,backend,store,triton,nvrtcwarm")
     ap.add_argument("--entries", type=int, default=100000, help="N of the scale figure")
     ap.add_argument("--kernels", type=int, default=32, help="K of the cold start")
     ap.add_argument("--stores", default="dir,redis", help="stores of cluster and cluster64")
     ap.add_argument("--kernels64", type=int, default=16, help="K of cluster64")
+    ap.add_argument("--triton-compile-s", type=float, default=0.5,
+                    help="seconds of the triton figure's fixed-time compile")
     ap.add_argument("--quick", action="store_true", help="3 repetitions, K=8")
     args = ap.parse_args()
     for sig in (signal.SIGTERM, signal.SIGHUP):  # unwind: every mount and server is stopped
@@ -580,6 +589,8 @@ def main():
              "ref": lambda: bench_ref(tmp, args.reps),
              "backend": lambda: bench_backend(tmp, args.reps),
              "store": lambda: bench_store(tmp, args.reps),
+             "triton": lambda: bench_triton.bench_triton(tmp, max(3, args.reps), row,
+                                                         args.triton_compile_s),
              "nvrtcwarm": lambda: bench_nvrtcwarm(tmp, args.kernels),
              "cluster": lambda: bench_cluster.bench_cluster(
                  tmp, max(1, args.reps // 4), args.kernels, stores, row),

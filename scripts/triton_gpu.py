@@ -3,13 +3,18 @@
 Triton and PyTorch. Run through scripts/triton-gpu.sh (its header says how).
 
 Mounts a fresh kcachefs (tests/mount/kcmount.py's Mount: the daemon in the foreground, always
-unmounted), then runs four rounds of P processes (default 8) released together by a barrier
-once each has imported torch and triton and made its CUDA context:
+unmounted), then runs rounds of P processes (default 8) released together by a barrier once
+each has imported torch and triton and made its CUDA context:
 
   managed cold   TRITON_CACHE_DIR=<mnt>/managed, TRITON_CACHE_MANAGER=kcachefs_triton:...
   managed warm   the same again
   plain cold     TRITON_CACHE_DIR=<mnt>/plain, Triton's own manager
   plain warm     the same again
+  local cold     TRITON_CACHE_DIR=<temp dir on the local disk>/local, Triton's own manager:
+                 Triton as it runs without kcachefs, the baseline of issue 21's target
+  local warm     the same again
+  then --pairs - 1 more cold pairs in fresh directories, local first (default: one more),
+  so that the ratio does not rest on one round each
 
 Each process compiles and runs a vector add, a row softmax and a matmul autotuned over two
 configs (each config a kernel of its own), and checks every result against PyTorch. A
@@ -18,8 +23,10 @@ __grp__<name>.json through FileCacheManager.put (the manager inherits it), which
 wraps to append "<round> <pid> <kernel> <key>" to a log outside the mount. The managed rounds
 go first, so that anything warmed by the first round (ptxas and Triton in the page cache)
 favours the plain ones. It prints per-process times and compiles per kernel and key, the
-manager's counters, and PASS only if every result is right, the managed cold round compiled
-each key exactly once and the warm rounds compiled nothing.
+manager's counters, the line "ratio managed cold / local cold (median per process): R"
+(all managed cold processes against all local cold ones; target <= 1.0x), and PASS only if
+every result is right, every managed cold round compiled each key exactly once and the warm
+rounds compiled nothing.
 """
 import argparse
 import json
@@ -197,6 +204,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--procs", type=int, default=8)
     ap.add_argument("--round-timeout", type=int, default=110)
+    ap.add_argument("--pairs", type=int, default=2,
+                    help="managed cold / local cold pairs (the first in the fixed order)")
     ap.add_argument("--options", default=os.environ.get("KCACHEFS_OPTS", ""))
     args = ap.parse_args()
 
@@ -220,48 +229,57 @@ def main():
             [str(REPO / "python")] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
         sys.path.insert(0, str(REPO / "python"))
         os.environ.setdefault("KCACHEFS_TRITON_WAIT", "120")
-        for mode in ("managed", "plain"):
-            os.environ["TRITON_CACHE_DIR"] = str(m.mnt / mode)
+        local = tmp / "local-disk"  # beside the mount, not under it
+        local.mkdir()
+        print("local disk: %s (%s)" % (local, subprocess.run(
+            ["stat", "-f", "-c", "%T", str(local)], capture_output=True, text=True).stdout.strip()))
+        plan = [("managed", m.mnt / "managed", "cold"), ("managed", m.mnt / "managed", "warm"),
+                ("plain", m.mnt / "plain", "cold"), ("plain", m.mnt / "plain", "warm"),
+                ("local", local / "cache", "cold"), ("local", local / "cache", "warm")]
+        for pair in range(2, args.pairs + 1):
+            plan += [("local", local / ("cache%d" % pair), "cold-%d" % pair),
+                     ("managed", m.mnt / ("managed%d" % pair), "cold-%d" % pair)]
+        for mode, cache_dir, temp in plan:
+            os.environ["TRITON_CACHE_DIR"] = str(cache_dir)
             if mode == "managed":
                 os.environ["TRITON_CACHE_MANAGER"] = MANAGER
             else:
                 os.environ.pop("TRITON_CACHE_MANAGER", None)
-            for temp in ("cold", "warm"):
-                name = "%s-%s" % (mode, temp)
-                print("\n== %s: %d processes, TRITON_CACHE_DIR=%s%s" % (
-                    name, args.procs, os.environ["TRITON_CACHE_DIR"],
-                    ", TRITON_CACHE_MANAGER=" + MANAGER if mode == "managed" else ""), flush=True)
-                t0 = time.monotonic()
-                res = run_round(name, args.procs, log, args.round_timeout)
-                wall = time.monotonic() - t0
-                for i, r in enumerate(res):
-                    print("  process %d pid %s: %s s %s" % (
-                        i, r["pid"], "%.2f" % r["seconds"] if r["seconds"] is not None else "-",
-                        "ok (add, softmax, matmul checked against torch)" if not r["failed"]
-                        else "FAILED: " + "; ".join(r["failed"])), flush=True)
-                comp = compiles_of(log, name)
-                for kernel in sorted(comp):
-                    print("  %s: %d compile(s) over %d key(s): %s" % (
-                        kernel, sum(comp[kernel].values()), len(comp[kernel]),
-                        " ".join("%s..=%d" % (k[:8], v) for k, v in sorted(comp[kernel].items()))))
-                good = [r for r in res if not r["failed"]]
-                secs = [r["seconds"] for r in good]
-                rows.append((name, len(good), args.procs, secs, comp, wall))
-                if len(good) != args.procs:
+            name = "%s-%s" % (mode, temp)
+            print("\n== %s: %d processes, TRITON_CACHE_DIR=%s%s" % (
+                name, args.procs, os.environ["TRITON_CACHE_DIR"],
+                ", TRITON_CACHE_MANAGER=" + MANAGER if mode == "managed" else ""), flush=True)
+            t0 = time.monotonic()
+            res = run_round(name, args.procs, log, args.round_timeout)
+            wall = time.monotonic() - t0
+            for i, r in enumerate(res):
+                print("  process %d pid %s: %s s %s" % (
+                    i, r["pid"], "%.2f" % r["seconds"] if r["seconds"] is not None else "-",
+                    "ok (add, softmax, matmul checked against torch)" if not r["failed"]
+                    else "FAILED: " + "; ".join(r["failed"])), flush=True)
+            comp = compiles_of(log, name)
+            for kernel in sorted(comp):
+                print("  %s: %d compile(s) over %d key(s): %s" % (
+                    kernel, sum(comp[kernel].values()), len(comp[kernel]),
+                    " ".join("%s..=%d" % (k[:8], v) for k, v in sorted(comp[kernel].items()))))
+            good = [r for r in res if not r["failed"]]
+            secs = [r["seconds"] for r in good]
+            rows.append((name, len(good), args.procs, secs, comp, wall))
+            if len(good) != args.procs:
+                ok = False
+                print("FAIL  %s: %d of %d processes failed" % (name, args.procs - len(good), args.procs))
+            if temp == "warm" and comp:
+                ok = False
+                print("FAIL  %s: the warm round compiled" % name)
+            if mode == "managed" and temp.startswith("cold"):
+                keys = [v for kernel in comp.values() for v in kernel.values()]
+                want = {"add_kernel": 1, "softmax_kernel": 1, "matmul_kernel": 2}
+                got = {k: len(v) for k, v in comp.items()}
+                if any(v != 1 for v in keys) or got != want:
                     ok = False
-                    print("FAIL  %s: %d of %d processes failed" % (name, args.procs - len(good), args.procs))
-                if temp == "warm" and comp:
-                    ok = False
-                    print("FAIL  %s: the warm round compiled" % name)
-                if name == "managed-cold":
-                    keys = [v for kernel in comp.values() for v in kernel.values()]
-                    want = {"add_kernel": 1, "softmax_kernel": 1, "matmul_kernel": 2}
-                    got = {k: len(v) for k, v in comp.items()}
-                    if any(v != 1 for v in keys) or got != want:
-                        ok = False
-                        print("FAIL  managed-cold: want one compile per key and keys %s, got %s" % (want, comp))
-        print("\n== kcachefs_triton stats %s" % (m.mnt / "managed"), flush=True)
-        subprocess.run([sys.executable, "-m", "kcachefs_triton", "stats", str(m.mnt / "managed")])
+                    print("FAIL  %s: want one compile per key and keys %s, got %s" % (name, want, comp))
+        print("\n== kcachefs_triton stats %s (every managed round)" % m.mnt, flush=True)
+        subprocess.run([sys.executable, "-m", "kcachefs_triton", "stats", str(m.mnt)])
         print("\n== summary (seconds per process from the barrier: compile + run + check)")
         print("%-14s %-6s %-8s %-8s %-8s %-8s %s" % ("round", "ok", "min", "median", "max", "wall",
                                                    "compiles: add / softmax / matmul (keys)"))
@@ -272,6 +290,17 @@ def main():
                 "%.2f" % min(secs) if secs else "-", "%.2f" % statistics.median(secs) if secs else "-",
                 "%.2f" % max(secs) if secs else "-", wall,
                 c("add_kernel"), c("softmax_kernel"), c("matmul_kernel")))
+        cold = {mode: [x for name, _, _, secs, _, _ in rows for x in secs
+                       if name.startswith(mode + "-cold")] for mode in ("managed", "plain", "local")}
+        if cold["managed"] and cold["local"]:
+            print("ratio managed cold / local cold (median per process): %.3f  (%.2f s over %d "
+                  "processes / %.2f s over %d; target <= 1.0x)" % (
+                      statistics.median(cold["managed"]) / statistics.median(cold["local"]),
+                      statistics.median(cold["managed"]), len(cold["managed"]),
+                      statistics.median(cold["local"]), len(cold["local"])))
+        if cold["managed"] and cold["plain"]:
+            print("ratio managed cold / plain cold on the mount (median per process): %.3f" % (
+                statistics.median(cold["managed"]) / statistics.median(cold["plain"])))
         metrics = (m.mnt / ".kcachefs" / "metrics.prom").read_text()
         print("mount: " + ", ".join(l for l in metrics.splitlines()
                                      if l.startswith(("kcachefs_compiles_total", "kcachefs_misses_total"))))

@@ -8,10 +8,14 @@ kcachefs mount:
 
 - on a miss takes the kernel's lock: an exclusive flock of
   <cache root>/.kcachefs-triton/locks/<key>.<group file>, through the mount, so node-wide, and
-  released by the kernel if the holder dies. It polls LOCK_NB (10 ms, growing to 100 ms) for at
-  most KCACHEFS_TRITON_WAIT seconds (default 120), then compiles without it;
-- once it has the lock it looks again: a group published meanwhile is loaded, otherwise it
-  returns None and Triton compiles, holding the lock until put_group has written the index.
+  released by the kernel if the holder dies. If another process holds it, it waits for a
+  shared flock, blocked in the kernel (woken the moment the holder lets go, not on a polling
+  grid; all waiters at once), at most KCACHEFS_TRITON_WAIT seconds (default 120), then
+  compiles without it; awake, it loads the holder's group, and only if there is none (the
+  holder died or failed) takes the lock exclusively, one waiter at a time;
+- once it has the lock exclusively it looks again: a group published meanwhile is loaded,
+  otherwise it returns None and Triton compiles, holding the lock until put_group has written
+  the index.
   A compile that raises never reaches put_group: the lock is released when Triton drops the
   manager (the compile's frame goes), at the next get_group of another kernel in the same
   thread, at exit, and in any case by the waiters' bounded wait;
@@ -33,6 +37,7 @@ and for Triton's dump and override managers, every method is FileCacheManager's.
 import errno
 import fcntl
 import hashlib
+import io
 import json
 import logging
 import os
@@ -51,7 +56,6 @@ log = logging.getLogger("kcachefs_triton")
 FSTYPE = "fuse.kcachefs"
 WAIT_ENV = "KCACHEFS_TRITON_WAIT"
 DEFAULT_WAIT_S = 120.0  # longer than most compiles; a stuck holder costs at most this
-POLL_FIRST_S, POLL_MAX_S = 0.01, 0.1
 RECORD = "kcachefs"  # the index's extra field: {child: [size, sha256 hex]}
 INDEX_MAX = 1 << 20  # bytes; an index lists a few files, so a larger one is not an index
 HEX = re.compile(r"[0-9a-f]{64}\Z")
@@ -185,6 +189,93 @@ def _forget_after_fork():
 os.register_at_fork(after_in_child=_forget_after_fork)
 
 
+def _let_go(fd):
+    """Unlock and close a lock descriptor. The unlock is explicit: a process forked meanwhile
+    holds a copy of the descriptor, and the lock (the open file's) would outlive this close."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _flock_within(fd, how, seconds):
+    """flock(fd, how) (LOCK_SH or LOCK_EX), waiting at most seconds (0: not at all) for the
+    other holders to let go; True once granted, False if not granted in time. The wait is a
+    blocking flock in a thread of its own on a dup of fd (the same open file, so the same
+    lock), so the kernel wakes it the moment the lock is free; a wait given up is left to that
+    thread, which releases the lock if it is granted later and closes its dup. Raises OSError
+    for any error but the lock being taken."""
+    try:
+        fcntl.flock(fd, how | fcntl.LOCK_NB)
+        return True
+    except OSError as e:
+        if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+            raise
+    if seconds <= 0:
+        return False
+    dup = os.dup(fd)
+    waiter = _Waiter()
+    try:
+        threading.Thread(target=waiter.block, args=(dup, how), name="kcachefs-triton-wait",
+                         daemon=True).start()
+    except BaseException:
+        os.close(dup)
+        raise
+    try:
+        return waiter.outcome(seconds)
+    except BaseException:  # interrupted (KeyboardInterrupt), or the flock failed
+        waiter.abandon(fd)
+        raise
+
+
+class _Waiter:
+    """One blocking flock in a thread (_flock_within) and its outcome."""
+
+    def __init__(self):
+        self.mutex = threading.Lock()
+        self.done = threading.Event()
+        self.result = None  # True (granted) or the OSError, once the flock returned
+        self.abandoned = False
+
+    def block(self, dup, how):
+        try:
+            try:
+                fcntl.flock(dup, how)  # retried by Python on EINTR
+                result = True
+            except OSError as e:
+                result = e
+            with self.mutex:
+                if self.abandoned:
+                    if result is True:
+                        fcntl.flock(dup, fcntl.LOCK_UN)  # nobody waits for it any more
+                else:
+                    self.result = result
+        finally:
+            os.close(dup)
+            self.done.set()
+
+    def abandon(self, fd):
+        """Nobody waits any more: a lock granted later is released by the thread, one
+        granted already is released here."""
+        with self.mutex:
+            self.abandoned = True
+            granted = self.result is True
+        if granted:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+
+    def outcome(self, seconds):
+        self.done.wait(seconds)
+        with self.mutex:
+            if self.result is None:  # not granted in time
+                self.abandoned = True
+                return False
+        if self.result is True:
+            return True
+        raise self.result
+
+
 class _Lie(ValueError):
     """Why an index, or a file it names, is not believed (the message says what is wrong)."""
 
@@ -242,6 +333,21 @@ def _measure(path, want_size=None):
     return size, h.hexdigest()
 
 
+def _put_bytes(data):
+    """The bytes FileCacheManager.put writes for data: bytes as they are; anything else as
+    str(data) written through a text file of Python's default encoding, as its open(path,
+    "w") writes it (the same TextIOWrapper defaults: encoding, newline translation)."""
+    if isinstance(data, bytes):
+        return data
+    buf = io.BytesIO()
+    text = io.TextIOWrapper(buf)
+    text.write(str(data))
+    text.flush()
+    raw = buf.getvalue()
+    text.detach()
+    return raw
+
+
 def _no_duplicates(pairs):
     obj = {}
     for k, v in pairs:
@@ -295,6 +401,7 @@ class KcachefsCacheManager(FileCacheManager):
     def __init__(self, key, override=False, dump=False):
         super().__init__(key, override=override, dump=dump)
         self._coordinated = False
+        self._written = {}  # filename -> (path, (size, sha256 hex)) of what put wrote
         if override or dump or not getattr(self, "cache_dir", None):
             return
         try:
@@ -311,6 +418,13 @@ class KcachefsCacheManager(FileCacheManager):
         if group is not None:
             return group
         return self._miss(filename)
+
+    def put(self, data, filename, binary=True):
+        path = super().put(data, filename, binary)
+        if self._coordinated:
+            raw = _put_bytes(data)
+            self._written[filename] = (path, (len(raw), hashlib.sha256(raw).hexdigest()))
+        return path
 
     def put_group(self, filename, group):
         if not self._coordinated:
@@ -356,7 +470,7 @@ class KcachefsCacheManager(FileCacheManager):
                 raise _Lie("the group is %.60r, not a dict" % (group,))
             record = {}
             for child, path in group.items():
-                record[child] = list(_measure(self._own_path(child, path)))
+                record[child] = list(self._size_and_digest(self._own_path(child, path), child))
             return record
         except OSError as e:
             why = "%s: %s" % (e.filename, e.strerror)
@@ -365,6 +479,20 @@ class KcachefsCacheManager(FileCacheManager):
         log.warning("not publishing the group %s (%s): the next process compiles it again",
                     self._what(filename), why)
         return None
+
+    def _size_and_digest(self, path, child):
+        """(size, SHA-256 hex) of the file at path for put_group's record: those of the bytes
+        this manager's put wrote there if it is still a regular file of that size (one lstat,
+        not a read back through the mount), else measured from the file. Raises OSError or
+        _Lie (_measure). A file replaced since by other bytes of the same size gets a record
+        it does not match, so readers refuse the group (a miss), never believe it."""
+        written = self._written.get(child)
+        if written is not None and written[0] == path:
+            size, digest = written[1]
+            st = os.lstat(path)
+            if stat.S_ISREG(st.st_mode) and st.st_size == size:
+                return size, digest
+        return _measure(path)
 
     def _complete_group(self, filename):
         """The group of filename if its index is published and believed; otherwise None (a
@@ -436,47 +564,55 @@ class KcachefsCacheManager(FileCacheManager):
             return None
         start = time.monotonic()
         deadline = start + wait_seconds()
-        delay = POLL_FIRST_S
-        waited = False
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                locked = True
-            except OSError as e:
-                if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                    os.close(fd)
-                    log.warning("flock %s: %s; compiling %s without it", path, e.strerror, what)
-                    stats.record(state_dir, "nolock", 0.0, what)
-                    return None
-                locked = False
-            seconds = time.monotonic() - start if waited else 0.0
-            group = self._complete_group(filename) if locked or waited else None
-            if group is not None:
-                os.close(fd)  # also unlocks
-                if waited:
-                    stats.record(state_dir, "loaded", seconds, what)
-                return group
-            if locked:
-                hold = _Hold(path, fd, what, state_dir)
-                with _registry:
-                    _held[path] = hold
-                # Triton drops the manager when compile() returns or raises: a lock still
-                # held then belongs to a compile that never reached put_group.
-                hold.own(self)
-                stats.record(state_dir, "compile", seconds, what)
-                return None
-            if not waited:
-                log.debug("waiting for %s: another process compiles it", what)
-                waited = True
-            now = time.monotonic()
-            if now >= deadline:
-                os.close(fd)
-                log.warning("waited %.0f s for another process's compile of %s; compiling it "
-                            "here (%s)", now - start, what, WAIT_ENV)
-                stats.record(state_dir, "timeout", now - start, what)
-                return None
-            time.sleep(min(delay, deadline - now))
-            delay = min(delay * 1.5, POLL_MAX_S)
+        try:
+            if _flock_within(fd, fcntl.LOCK_EX, 0.0):  # nobody compiles it now
+                return self._locked(filename, path, fd, state_dir, None)
+            # Another process compiles it. Wait for its release, woken by the kernel the
+            # moment the holder's put_group lets go (no polling grid), all waiters at once
+            # (a shared lock), and load its group; only if there is none (the holder died or
+            # its compile raised) take the lock exclusively, one waiter at a time, to look
+            # once more and compile.
+            log.debug("waiting for %s: another process compiles it", what)
+            if _flock_within(fd, fcntl.LOCK_SH, deadline - time.monotonic()):
+                group = self._complete_group(filename)
+                if group is not None:
+                    _let_go(fd)
+                    stats.record(state_dir, "loaded", time.monotonic() - start, what)
+                    return group
+                if _flock_within(fd, fcntl.LOCK_EX, deadline - time.monotonic()):
+                    return self._locked(filename, path, fd, state_dir, start)
+        except OSError as e:
+            os.close(fd)
+            log.warning("flock %s: %s; compiling %s without it", path, e.strerror, what)
+            stats.record(state_dir, "nolock", 0.0, what)
+            return None
+        _let_go(fd)
+        waited = time.monotonic() - start
+        log.warning("waited %.0f s for another process's compile of %s; compiling it here (%s)",
+                    waited, what, WAIT_ENV)
+        stats.record(state_dir, "timeout", waited, what)
+        return None
+
+    def _locked(self, filename, path, fd, state_dir, start):
+        """fd holds the kernel's lock exclusively (after waiting since start, or at once if
+        start is None): a group published meanwhile is loaded, else the lock is held for this
+        compile (None: Triton compiles)."""
+        what = self._what(filename)
+        group = self._complete_group(filename)
+        if group is not None:
+            _let_go(fd)
+            if start is not None:
+                stats.record(state_dir, "loaded", time.monotonic() - start, what)
+            return group
+        hold = _Hold(path, fd, what, state_dir)
+        with _registry:
+            _held[path] = hold
+        # Triton drops the manager when compile() returns or raises: a lock still held then
+        # belongs to a compile that never reached put_group.
+        hold.own(self)
+        stats.record(state_dir, "compile", 0.0 if start is None else time.monotonic() - start,
+                     what)
+        return None
 
     def _open_lock(self, path):
         """The lock file's descriptor. Created 0600 plus the group/other write bits of the

@@ -5,6 +5,7 @@ released together, waiters that load only whole groups, holders that die, raise 
 the directory off the mount left as Triton's own manager leaves it, the counters, and two
 users."""
 import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -15,6 +16,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -307,6 +309,130 @@ def test_a_failed_compile_retried_dropped_or_left_in_the_same_thread(mount_facto
 
 def tree(root):
     return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+def blocked_on(path):
+    """How many flock requests wait for path's lock, from /proc/locks ("->" lines: a process
+    blocked in the kernel, not one that polls)."""
+    st = os.stat(path)
+    ident = "%02x:%02x:%d" % (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
+    with open("/proc/locks") as f:
+        return sum(1 for line in f if "->" in line.split() and ident in line.split())
+
+
+def wait_until(what, said, timeout=60):
+    """Wait for the event what() (checked every 10 ms); fails, saying said, after timeout."""
+    deadline = time.monotonic() + timeout
+    while not what():
+        assert time.monotonic() < deadline, "not in %d s: %s" % (timeout, said)
+        time.sleep(0.01)
+
+
+def test_a_waiter_is_woken_by_the_release_not_a_polling_grid(mount_factory, tmp_path):
+    """Waiters block in the kernel on the kernel's lock (seen in /proc/locks) and look for the
+    group exactly once more, when the holder's put_group lets go: no look, no flock attempt
+    on a grid while the holder compiles, whatever that takes."""
+    m = mount_factory()
+    root = m.mnt / "triton"
+    use(root)
+    key, meta = "E" * 52, "add.json"
+    holder = KcachefsCacheManager(key)
+    assert holder.get_group(meta) is None  # a miss: this thread holds add's lock
+    lock = root / stats.DIRNAME / "locks" / (key + "." + meta)
+    looks, flocks, groups = [], [], []
+    real_flock = fcntl.flock
+
+    def counted_flock(fd, how):
+        flocks.append(how)
+        return real_flock(fd, how)
+
+    def wait(i):
+        mgr = KcachefsCacheManager(key)
+        inner = mgr._complete_group
+        mgr._complete_group = lambda f: looks.append(i) or inner(f)
+        groups.append(mgr.get_group(meta))
+
+    fcntl.flock = counted_flock
+    threads = [threading.Thread(target=wait, args=(i,)) for i in range(3)]
+    try:
+        for t in threads:
+            t.start()
+        wait_until(lambda: blocked_on(lock) == 3, "3 waiters blocked on the lock")
+        assert sorted(looks) == [0, 1, 2], looks  # each looked once, before it blocked
+        # each tried the lock exclusively (LOCK_NB), then shared (LOCK_NB, then blocking)
+        tries = len(flocks)
+        time.sleep(0.3)  # longer than any polling interval: nobody looks or tries meanwhile
+        assert (sorted(looks), len(flocks), blocked_on(lock)) == ([0, 1, 2], tries, 3)
+        files = dict(triton_harness.artifacts("add", triton_harness.source_of("add")))
+        files[meta] = json.dumps({"name": "add", "source": "x"})
+        group = {c: holder.put(d, c) for c, d in files.items()}
+        holder.put_group(meta, group)  # lets go: every waiter wakes and loads it
+        for t in threads:
+            t.join(60)
+    finally:
+        fcntl.flock = real_flock
+    assert groups == [group] * 3, groups
+    assert sorted(looks) == [0, 0, 1, 1, 2, 2], looks  # one look each after the wake
+    s = summary(root)
+    assert (s["compiles"], s["loaded"], s["timeouts"], s["waits"]) == (1, 3, 0, 3), s
+
+
+def test_a_wait_given_up_leaves_no_lock_behind(mount_factory):
+    """A waiter that gives up (KCACHEFS_TRITON_WAIT) compiles; its blocked flock, granted
+    once the holder lets go, is released at once, so it never holds up the next process."""
+    m = mount_factory()
+    root = m.mnt / "triton"
+    use(root, wait=0.2)
+    key, meta = "F" * 52, "add.json"
+    holder = KcachefsCacheManager(key)
+    assert holder.get_group(meta) is None
+    lock = root / stats.DIRNAME / "locks" / (key + "." + meta)
+    got = []
+    t = threading.Thread(target=lambda: got.append(KcachefsCacheManager(key).get_group(meta)))
+    t.start()  # another thread: this one holds the lock
+    t.join(60)
+    assert got == [None]  # gave up: it compiles without the lock
+    assert blocked_on(lock) == 1, "the abandoned wait is still queued on the lock"
+    holder.put_group(meta, {})  # publishes nothing (no metadata file), releases the lock
+    wait_until(lambda: blocked_on(lock) == 0 and flock_from_another_process(lock) == "free",
+               "the lock free once the holder let go")
+    s = summary(root)
+    assert (s["compiles"], s["timeouts"], s["loaded"]) == (1, 1, 0), s
+
+
+def test_a_waiter_lets_go_of_the_lock_even_if_a_fork_holds_its_descriptor(mount_factory):
+    """A process that forks while one of its threads waits (a multiprocessing pool started
+    meanwhile) gives the child copies of the lock's descriptors; the waiter unlocks
+    explicitly when it has loaded the group, so the lock is free with the child alive."""
+    m = mount_factory()
+    root = m.mnt / "triton"
+    use(root)
+    key, meta = "G" * 52, "add.json"
+    holder = KcachefsCacheManager(key)
+    assert holder.get_group(meta) is None
+    lock = root / stats.DIRNAME / "locks" / (key + "." + meta)
+    groups = []
+    t = threading.Thread(target=lambda: groups.append(KcachefsCacheManager(key).get_group(meta)))
+    t.start()
+    wait_until(lambda: blocked_on(lock) == 1, "the waiter blocked on the lock")
+    r, w = os.pipe()
+    child = os.fork()
+    if child == 0:  # holds copies of every descriptor until the test is done with it
+        os.close(w)
+        os.read(r, 1)
+        os._exit(0)
+    os.close(r)
+    try:
+        files = dict(triton_harness.artifacts("add", triton_harness.source_of("add")))
+        files[meta] = json.dumps({"name": "add", "source": "x"})
+        group = {c: holder.put(d, c) for c, d in files.items()}
+        holder.put_group(meta, group)
+        t.join(60)
+        assert groups == [group]
+        assert flock_from_another_process(lock) == "free"
+    finally:
+        os.close(w)
+        os.waitpid(child, 0)
 
 
 def test_off_the_mount_it_is_tritons_own_manager(tmp_path):

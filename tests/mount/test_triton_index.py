@@ -458,6 +458,49 @@ def test_put_group_publishes_only_files_of_its_key_directory(cache, warnings):
     assert cache.get(warnings)[0] == cache.good
 
 
+def test_put_group_records_what_put_wrote_without_reading_it_back(cache, warnings):
+    """The record of a file this manager put is that of the bytes put wrote (text too, in
+    Python's default encoding, as Triton's put writes it), checked by an lstat but not read
+    back through the mount; a file replaced since by other bytes of the same size gets a
+    record it fails (readers miss it), one of another size is measured from disk, and one
+    that is no regular file is refused, as before."""
+    mgr = cache.manager()
+    os.unlink(cache.index)
+    group = {c: mgr.put(d, c) for c, d in cache.files.items()}
+    group[NAME + ".ptx"] = mgr.put("ptx of add: caf\u00e9 \u4e2d\u6587\n" * 3, NAME + ".ptx")
+    del _opened[:]
+    _watching[0] = True
+    try:
+        assert mgr.put_group(META, group) == cache.index
+    finally:
+        _watching[0] = False
+    assert not set(map(os.path.normpath, _opened)) & set(group.values()), _opened
+    assert cache.get(warnings)[0] == group  # the record is the bytes on disk
+    cubin = group[NAME + ".cubin"]
+    with open(cubin, "rb") as f:
+        size = len(f.read())
+    for replacement, believed in ((bytes(size), False), (bytes(size + 1), True)):
+        mgr = cache.manager()
+        os.unlink(cache.index)
+        group = {c: mgr.put(d, c) for c, d in cache.files.items()}
+        with open(cubin + ".new", "wb") as f:  # another writer, between put and put_group
+            f.write(replacement)
+        os.replace(cubin + ".new", cubin)
+        assert mgr.put_group(META, group) == cache.index
+        got, said = cache.get(warnings)
+        if believed:
+            assert got == group, said
+        else:
+            assert got is None and any("not what was published" in m for m in said), said
+    mgr = cache.manager()
+    os.unlink(cache.index)
+    group = {c: mgr.put(d, c) for c, d in cache.files.items()}
+    os.unlink(cubin)
+    os.symlink(cache.good[META], cubin)
+    assert mgr.put_group(META, group) is None
+    assert "symlink" in warnings.messages[-1] and not os.path.exists(cache.index)
+
+
 # ---------------------------------------------------------------- the lock file, the counters
 
 def test_a_lock_file_that_is_no_lock_is_refused(cache, warnings):
@@ -482,6 +525,38 @@ def test_a_lock_file_that_is_no_lock_is_refused(cache, warnings):
     group, said = cache.get(warnings)
     assert group is None and any("not a directory" in m for m in said), said
     assert os.listdir(elsewhere) == []
+
+
+@pytest.mark.parametrize("granted", [True, False])
+def test_an_interrupted_wait_lets_go_of_the_lock(tmp_path, monkeypatch, granted):
+    """A wait for the kernel's lock interrupted (KeyboardInterrupt) after or before the lock
+    was granted leaves it free: released at once, or by the waiting thread when granted."""
+    path = str(tmp_path / "lock")
+    holder = os.open(path, os.O_RDWR | os.O_CREAT)
+    mine = os.open(path, os.O_RDWR)
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        threads = []
+
+        def interrupted(self, seconds):
+            threads.extend(t for t in threading.enumerate() if t.name == "kcachefs-triton-wait")
+            if granted:
+                fcntl.flock(holder, fcntl.LOCK_UN)  # the holder lets go, the wait is granted
+                assert self.done.wait(60)
+            raise KeyboardInterrupt  # and Ctrl-C lands before the caller sees it
+
+        monkeypatch.setattr(manager._Waiter, "outcome", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            manager._flock_within(mine, fcntl.LOCK_SH, 60)
+        if not granted:
+            fcntl.flock(holder, fcntl.LOCK_UN)  # granted to the abandoned thread now
+        for t in threads:
+            t.join(60)
+        assert threads and not any(t.is_alive() for t in threads)
+        fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free: nobody holds it shared
+    finally:
+        os.close(holder)
+        os.close(mine)
 
 
 def test_the_counters_believe_only_what_parses(tmp_path):
