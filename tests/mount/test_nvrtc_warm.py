@@ -123,23 +123,32 @@ def test_a_changed_header_is_read_again_not_taken_from_the_pch(mount_factory, tm
     inc.mkdir()
     open_to_compiles(inc)
     header = inc / "value.cuh"
-    header.write_text("#include <cub/block/block_reduce.cuh>\n#define VALUE 1\n")
+    text = ("#include <cub/block/block_reduce.cuh>\n#define VALUE %d\n"
+            '#if __has_include("extra.cuh")\n#define EXTRA 7\n#else\n#define EXTRA 0\n#endif\n')
+    header.write_text(text % 1)
     os.chmod(header, 0o644)
-    src = b'#include "value.cuh"\nextern "C" __global__ void k%d(int *o) { *o = VALUE; }\n'
+    src = (b'#include "value.cuh"\n'
+           b'extern "C" __global__ void k%d(int *o) { *o = VALUE + EXTRA; }\n')
     flags = b"-I%s\n" % bytes(inc)
     warm = mount_factory(["compiler=nvrtc"], name="warm")
     fresh = mount_factory(["compiler=nvrtc", "nvrtc_idle=0"], name="fresh")
-    first = warm.stage("k1", src % 1, flags)
-    assert (first / "kernel.cubin").read_bytes() == \
-        (fresh.stage("k1", src % 1, flags) / "kernel.cubin").read_bytes()
-    header.write_text("#include <cub/block/block_reduce.cuh>\n#define VALUE 2\n")  # same size
-    second = warm.stage("k2", src % 2, flags)
-    data = (second / "kernel.cubin").read_bytes()
-    assert data == (fresh.stage("k2", src % 2, flags) / "kernel.cubin").read_bytes()
-    log = (second / "kernel.log").read_text()
+
+    def both(n):
+        w = warm.stage("k%d" % n, src % n, flags)
+        f = fresh.stage("k%d" % n, src % n, flags)
+        assert (w / "kernel.cubin").read_bytes() == (f / "kernel.cubin").read_bytes(), n
+        return w, (w / "kernel.log").read_text()
+    first, _ = both(1)
+    header.write_text(text % 2)  # the same size: only its times and bytes change
+    second, log = both(2)
     assert "value.cuh changed since it was read" in log, log
-    # the same worker (pid), started afresh in place
-    assert worker_of(second)[0] == worker_of(first)[0]
+    # A header that was looked for and not there (__has_include) appears.
+    (inc / "extra.cuh").write_text("// there now\n")
+    os.chmod(inc / "extra.cuh", 0o644)
+    third, log = both(3)
+    assert "extra.cuh changed since it was read" in log, log
+    # the same worker (pid), started afresh in place each time
+    assert worker_of(first)[0] == worker_of(second)[0] == worker_of(third)[0]
 
 
 def test_a_worker_killed_mid_compile_fails_that_compile_and_the_next_gets_a_new_one(
