@@ -712,12 +712,16 @@ static int run_warm(const struct kc_compile_spec *spec, struct kc_compile_outcom
 	int keep = !err;
 	pid_t pid = w->pid;
 	if (err) {
-		/* Ended or broken: wait a moment for an exit of its own (its signal names the
-		 * crash), then kill the group and reap it. */
+		/* Ended or broken. A worker that closed its socket is exiting: wait for its exit
+		 * (its signal names the crash; on a loaded node the last steps of an exit can
+		 * take a while), at most till the compile's deadline; then kill the group and
+		 * reap it. */
 		int status = 0, pfd = pidfd_open(w->pid, 0);
 		struct pollfd pf = {.fd = pfd, .events = POLLIN};
-		if (err == -EPIPE && pfd >= 0)
-			poll(&pf, 1, 1000);
+		double left = t0 + spec->timeout_s - now_s();
+		int ms = left < 1 ? 1000 : left > 1e6 ? 1000000000 : (int)(left * 1000);
+		while (err == -EPIPE && pfd >= 0 && poll(&pf, 1, ms) < 0 && errno == EINTR)
+			;
 		if (pfd >= 0)
 			close(pfd);
 		pid_t gone = waitpid(w->pid, &status, WNOHANG);
