@@ -32,6 +32,7 @@ struct kc_opts {
 	char *backing;
 	char *nvcc, *arch, *flags, *log_level, *compiler;
 	char *jobs, *compile_timeout, *max_source_size, *max_inodes; /* numbers, checked in main */
+	char *nvrtc_idle;
 	char *max_size, *max_entries, *compile_uids;
 	char *remote, *remote_auth, *remote_key, *remote_mode; /* the cluster store */
 	char *remote_lease, *remote_wait, *remote_timeout;
@@ -46,6 +47,7 @@ static const struct fuse_opt kc_opt_spec[] = {
 	OPT("flags=%s", flags),
 	OPT("jobs=%s", jobs),
 	OPT("compile_timeout=%s", compile_timeout),
+	OPT("nvrtc_idle=%s", nvrtc_idle),
 	OPT("max_source_size=%s", max_source_size),
 	OPT("max_inodes=%s", max_inodes),
 	OPT("max_size=%s", max_size),
@@ -121,6 +123,8 @@ static void usage(const char *prog)
 	       "                           escape commas as \\,)\n"
 	       "    -o jobs=N              concurrent compiles, at most 256 (default: online CPUs)\n"
 	       "    -o compile_timeout=S   kill a compile after S seconds (default %d)\n"
+	       "    -o nvrtc_idle=S        stop a warm NVRTC worker idle for S seconds\n"
+	       "                           (default %d); 0: a process per NVRTC compile\n"
 	       "    -o autocompile         compile entries that have kernel.cu but no kernel.flags\n"
 	       "    -o compile_uids=N      run each compile as a uid of its own, N to N+255,\n"
 	       "                           which no user may have (default for a daemon run\n"
@@ -151,7 +155,8 @@ static void usage(const char *prog)
 	       "                           compile here (default %d)\n"
 	       "    -o remote_timeout=MS   bound of each store operation (default %d)\n"
 	       "    -o log_level=LEVEL     error, warning, info (default) or debug\n\n",
-	       prog, KC_DEFAULT_ARCH, KC_DEFAULT_COMPILE_TIMEOUT, KC_DEFAULT_COMPILE_UIDS,
+	       prog, KC_DEFAULT_ARCH, KC_DEFAULT_COMPILE_TIMEOUT, KC_NVRTC_IDLE_DEFAULT,
+	       KC_DEFAULT_COMPILE_UIDS,
 	       KC_DEFAULT_MAX_SOURCE, KC_REMOTE_DEFAULT_LEASE, KC_REMOTE_DEFAULT_WAIT,
 	       KC_REMOTE_DEFAULT_TIMEOUT);
 	fuse_cmdline_help();
@@ -339,10 +344,12 @@ int main(int argc, char *argv[])
 		goto out_args;
 	clock_gettime(CLOCK_REALTIME, &fs->started);
 	unsigned long jobs = 0, timeout = 0, max_source = 0, max_inodes = 0, max_entries = 0;
+	unsigned long nvrtc_idle = KC_NVRTC_IDLE_DEFAULT;
 	unsigned long remote_lease = 0, remote_wait = 0, remote_timeout = 0;
 	uint64_t max_size = 0;
 	if (parse_number("jobs", o.jobs, 1, KC_COMPILE_SLOTS, &jobs) ||
 	    parse_number("compile_timeout", o.compile_timeout, 1, 7 * 86400, &timeout) ||
+	    parse_number("nvrtc_idle", o.nvrtc_idle, 0, 86400, &nvrtc_idle) ||
 	    parse_number("max_source_size", o.max_source_size, 1, 1ul << 30, &max_source) ||
 	    parse_number("max_inodes", o.max_inodes, 16, 1ul << 30, &max_inodes) ||
 	    parse_number("max_entries", o.max_entries, 1, 1ul << 40, &max_entries) ||
@@ -380,6 +387,8 @@ int main(int argc, char *argv[])
 	fs->cfg.flags = o.flags;
 	fs->cfg.jobs = (unsigned)jobs;
 	fs->cfg.compile_timeout = (unsigned)timeout;
+	fs->cfg.nvrtc_idle = (unsigned)nvrtc_idle;
+	fs->cfg.nvrtc_cold = nvrtc_idle == 0;
 	fs->cfg.autocompile = o.autocompile;
 	fs->cfg.verify_keys = o.verify_keys;
 	fs->cfg.compile_uids_opt = o.compile_uids;
@@ -542,6 +551,7 @@ out_args:
 	free(o.jobs);
 	free(o.compiler);
 	free(o.compile_timeout);
+	free(o.nvrtc_idle);
 	free(o.max_source_size);
 	free(o.max_inodes);
 	free(o.max_size);

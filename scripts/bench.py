@@ -22,6 +22,12 @@ Figures (NAME):
   backend   compile seconds of nvcc against the NVRTC backend (build/kcachefs-nvrtc) on the
             sample kernels, the header-heavy CUB one among them; both cubins must expose
             the same kernel symbol
+  nvrtcwarm N different kernels of one include set (block_sum's CUB headers, and the
+            template-heavy tile_sort), compiled in turn through three mounts: NVRTC in a warm
+            worker (the default for NVRTC), NVRTC in a process per compile (nvrtc_idle=0),
+            and nvcc; open to last byte read of each cubin, the median of kernels 2..N
+            (--kernels, at most 8), whose headers the warm worker has precompiled; also
+            their CPU seconds (the worker's own; nvcc's and its tools', reaped by the daemon)
   store     a compile through a mount with a cluster store (dir:) against the same compile
             through a mount without one: real nvcc on CUB's block_sum (tests/kernels), open
             to last byte read on a cold mount, paired runs (order alternating), ratio of
@@ -51,6 +57,7 @@ The mounts are the built daemon on temp directories, always unmounted.
 import argparse
 import hashlib
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -336,6 +343,70 @@ def bench_backend(tmp, reps):
             times["nvcc"], "s", ">= 3x fewer (ratio <= 0.33x)")
 
 
+def cpu_ticks(pid, children):
+    """CPU time of pid (utime + stime), or of its reaped children (cutime + cstime), in
+    seconds."""
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    i = 13 if children else 11  # fields 16-17 or 14-15 of proc(5), counted from field 3
+    return (int(fields[i]) + int(fields[i + 1])) / os.sysconf("SC_CLK_TCK")
+
+
+def bench_nvrtcwarm(tmp, kernels):
+    if not (REPO / "build" / "kcachefs-nvrtc").exists():
+        print("nvrtcwarm: kcachefs-nvrtc was not built (no libnvrtc); skipped", flush=True)
+        return
+    n = max(2, min(kernels, 8))
+    print("nvrtcwarm: %d kernels of one include set each, through mounts: NVRTC warm worker, "
+          "NVRTC process per compile, nvcc" % n, flush=True)
+    setups = (("warm", ["compiler=nvrtc"]), ("fresh", ["compiler=nvrtc", "nvrtc_idle=0"]),
+              ("nvcc", []))
+    worker_re = re.compile(r"warm NVRTC worker pid (\d+), its compile")
+    for name in ("block_sum", "tile_sort"):
+        src = (REPO / "tests" / "kernels" / (name + ".cu")).read_bytes()
+        flags = (REPO / "tests" / "kernels" / (name + ".flags")).read_bytes()
+        flags += b"--gpu-architecture=sm_90a\n"
+        mounts = {label: fresh_mount(tmp, "%s-%s" % (name, label), opts)
+                  for label, opts in setups}
+        times = {label: [] for label, _ in setups}
+        cpu = {label: [] for label, _ in setups}
+        worker = {}  # pid -> its CPU seconds at the last look
+        try:
+            for i in range(n):
+                kernel = name + "_%d" % i
+                body = src.replace(name.encode(), kernel.encode())
+                order = setups if i % 2 == 0 else setups[::-1]  # spread the machine's noise
+                for label, _ in order:
+                    m = mounts[label]
+                    cubin = m.stage(kernel, body, flags) / "kernel.cubin"
+                    before = cpu_ticks(m.proc.pid, True)
+                    t0 = time.monotonic()
+                    data = cubin.read_bytes()
+                    times[label].append(time.monotonic() - t0)
+                    assert kernel in elf_symbols(data), (label, kernel)
+                    log = (cubin.parent / "kernel.log").read_text()
+                    if label == "warm":  # its CPU: the worker's own, it is not reaped
+                        assert i == 0 or "using precompiled header" in log, log
+                        pid = int(worker_re.search(log).group(1))
+                        now = cpu_ticks(pid, False)
+                        cpu[label].append(now - worker.get(pid, 0))
+                        worker[pid] = now
+                    else:  # nvcc's and its tools', or NVRTC's process: reaped children
+                        cpu[label].append(cpu_ticks(m.proc.pid, True) - before)
+            print("  %s: first kernel %s s warm, %s s fresh NVRTC, %s s nvcc" % (
+                name, num(times["warm"][0]), num(times["fresh"][0]), num(times["nvcc"][0])),
+                flush=True)
+        finally:
+            for m in mounts.values():
+                m.stop()
+        row("compile %s, kernels 2..%d: NVRTC warm worker (nvcc is baseline)" % (name, n),
+            times["warm"][1:], times["nvcc"][1:], "s", "<= 0.33x")
+        row("CPU of %s, kernels 2..%d: NVRTC warm worker (nvcc is baseline)" % (name, n),
+            cpu["warm"][1:], cpu["nvcc"][1:], "s", "<= 0.33x")
+        row("compile %s, kernels 2..%d: NVRTC process per compile (nvcc is baseline)" % (
+            name, n), times["fresh"][1:], times["nvcc"][1:], "s", "(what the PCH adds)")
+
+
 def rss_kib(pid):
     with open("/proc/%d/status" % pid) as f:
         for line in f:
@@ -484,7 +555,8 @@ def bench_store(tmp, reps):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=7, help="repetitions of each timed loop")
-    ap.add_argument("--only", default="read,ref,meta,cold,starve,scale,backend,store,triton")
+    ap.add_argument("--only",
+                    default="read,ref,meta,cold,starve,scale,backend,store,triton,nvrtcwarm")
     ap.add_argument("--entries", type=int, default=100000, help="N of the scale figure")
     ap.add_argument("--kernels", type=int, default=32, help="K of the cold start")
     ap.add_argument("--stores", default="dir,redis", help="stores of cluster and cluster64")
@@ -519,6 +591,7 @@ def main():
              "store": lambda: bench_store(tmp, args.reps),
              "triton": lambda: bench_triton.bench_triton(tmp, max(3, args.reps), row,
                                                          args.triton_compile_s),
+             "nvrtcwarm": lambda: bench_nvrtcwarm(tmp, args.kernels),
              "cluster": lambda: bench_cluster.bench_cluster(
                  tmp, max(1, args.reps // 4), args.kernels, stores, row),
              "lag": lambda: bench_cluster.bench_lag(tmp, min(args.kernels, 12), stores, row),

@@ -162,7 +162,15 @@ int kc_cache_init(struct kc_cache *c, const struct kc_config *cfg, struct kc_sto
 	c->remote = remote;
 	kc_slots_init(&c->slots, cfg->jobs);
 	c->pool = kc_pool_create(cfg->jobs + (remote ? KC_REMOTE_WAITERS : 0));
-	return c->pool ? 0 : -errno;
+	if (!c->pool)
+		return -errno;
+	/* at most one warm NVRTC worker per job slot: each serves one compile at a time */
+	if (cfg->nvrtc && !cfg->nvrtc_cold &&
+	    !(c->nvrtc = kc_nvrtc_pool_create(store, cfg->jobs ? cfg->jobs : 1,
+					      cfg->nvrtc_idle ? cfg->nvrtc_idle
+							      : KC_NVRTC_IDLE_DEFAULT)))
+		kc_log(KC_LOG_WARN, "no warm NVRTC workers (out of memory): a process per compile");
+	return 0;
 }
 
 void kc_cache_shutdown(struct kc_cache *c)
@@ -173,6 +181,8 @@ void kc_cache_shutdown(struct kc_cache *c)
 	if (c->pool)
 		kc_pool_destroy(c->pool);
 	c->pool = NULL;
+	kc_nvrtc_pool_destroy(c->nvrtc); /* after the compiles: none is busy now */
+	c->nvrtc = NULL;
 	kc_slots_destroy(&c->slots);
 	tdestroy(c->verified, free);
 	c->verified = NULL;
@@ -598,7 +608,8 @@ static int run_compile(struct compile_job *j)
 		.nvcc = compiler, .args = &args, .source = j->recipe.source,
 		.source_len = j->recipe.source_len, .scratch = scratch, .scratch_fd = scratch_fd,
 		.timeout_s = cfg->compile_timeout, .first_uid = cfg->compile_uids,
-		.ns_flags = cfg->ns_flags, .out_fd = out_fd,
+		.ns_flags = cfg->ns_flags, .out_fd = out_fd, .pool = c->nvrtc, .warm = nvrtc,
+		.compiler_gen = j->recipe.compiler_gen,
 	};
 	if (kc_compile_run(&spec, &out) != 0) {
 		out.status = KC_COMPILE_TRANSIENT;
@@ -683,7 +694,7 @@ static void share_published(struct compile_job *j)
 		.nvcc = j->compiler, .args = &j->args, .source = j->recipe.source,
 		.source_len = j->recipe.source_len, .scratch = scratch, .scratch_fd = scratch_fd,
 		.timeout_s = cfg->compile_timeout, .first_uid = cfg->compile_uids,
-		.ns_flags = cfg->ns_flags, .out_fd = -1, .deps_only = 1,
+		.ns_flags = cfg->ns_flags, .out_fd = -1, .deps_only = 1, .pool = c->nvrtc,
 	};
 	if (scratch_fd < 0)
 		snprintf(out.why, sizeof(out.why), "no scratch directory: %s", strerror(-scratch_fd));

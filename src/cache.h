@@ -14,6 +14,7 @@
 #include "evict.h"
 #include "flight.h"
 #include "name.h"
+#include "nvrtc_pool.h"
 #include "pool.h"
 #include "remote_tier.h"
 #include "stats.h"
@@ -38,6 +39,8 @@ struct kc_cache {
 	struct kc_evict *evict;      /* borrowed, may be NULL: told of every publish */
 	atomic_int compiler_changed; /* the compiler identity changed during this mount */
 	struct kc_remote_tier *remote; /* borrowed, may be NULL: the cluster store */
+	struct kc_nvrtc_pool *nvrtc;  /* warm NVRTC workers, or NULL (no NVRTC backend, or
+				       * -o nvrtc_idle=0) */
 };
 
 /* Seconds after a compile failed for a passing cause (timeout, killed, out of space) during

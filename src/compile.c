@@ -17,12 +17,14 @@
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "io.h"
 #include "log.h"
+#include "nvrtc_wire.h"
 #include "sandbox.h"
 
 #define LOG_MAX (1u << 20)
@@ -299,13 +301,14 @@ static int low_on_space(const char *dir)
  * the node's memory (at least 4 GiB), so that one source (#include "/dev/zero") cannot push
  * the node's GPU jobs into the OOM killer; files it writes at most 4 GiB; CPU time the
  * timeout plus a minute per process (the wall-clock timeout kills the group anyway; this
- * stops a tool that outlives it); KC_COMPILE_NOFILE open files; no core dumps. */
-static void compiler_limits(struct kc_spawn *sp, unsigned timeout_s)
+ * stops a tool that outlives it; a warm NVRTC worker, which serves many compiles, gets
+ * KC_NVRTC_WORKER_CPU instead of the minute); KC_COMPILE_NOFILE open files; no core dumps. */
+static void compiler_limits(struct kc_spawn *sp, unsigned timeout_s, unsigned extra_cpu_s)
 {
 	long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
 	rlim_t half = pages > 0 && page > 0 ? (rlim_t)pages * (rlim_t)page / 2 : 0;
 	rlim_t as = half > KC_COMPILE_AS_MIN ? half : KC_COMPILE_AS_MIN;
-	rlim_t cpu = (rlim_t)timeout_s + 60;
+	rlim_t cpu = (rlim_t)timeout_s + extra_cpu_s;
 	sp->as = (struct rlimit){as, as};
 	sp->fsize = (struct rlimit){KC_COMPILE_FSIZE, KC_COMPILE_FSIZE};
 	sp->cpu = (struct rlimit){cpu, cpu};
@@ -330,10 +333,12 @@ static const char **include_dirs(const struct kc_argv *args)
 static void track_started(pid_t pid, void *arg);
 
 /* Spawn the compiler as uid (KC_SANDBOX_AS_DAEMON: as the daemon) in slot (its pid is
- * tracked there from the clone on; -1: not tracked); returns its pid, or -errno with why
- * filled (bad_dir: an include directory it cannot reach). */
+ * tracked there from the clone on; -1: not tracked), in the directory cwd_fd, with stdin
+ * in_fd (<= 0: /dev/null) and extra_cpu_s CPU seconds beyond the timeout; returns its pid,
+ * or -errno with why filled (bad_dir: an include directory it cannot reach). */
 static pid_t spawn_compiler(const struct kc_compile_spec *spec, char *const argv[], int log_fd,
-			    uid_t uid, int slot, int *bad_dir, char *why, size_t whylen)
+			    uid_t uid, int slot, int cwd_fd, int in_fd, unsigned extra_cpu_s,
+			    int *bad_dir, char *why, size_t whylen)
 {
 	char env_path[4096], env_home[4200], env_cuda[4200];
 	char *envp[8];
@@ -363,12 +368,12 @@ static pid_t spawn_compiler(const struct kc_compile_spec *spec, char *const argv
 		return -ENOMEM;
 	}
 	struct kc_spawn sp = {
-		.path = spec->nvcc, .argv = argv, .envp = envp, .cwd_fd = spec->scratch_fd,
-		.out_fd = log_fd, .uid = uid, .gid = (gid_t)uid, .ns_flags = spec->ns_flags,
+		.path = spec->nvcc, .argv = argv, .envp = envp, .cwd_fd = cwd_fd,
+		.out_fd = log_fd, .in_fd = in_fd, .uid = uid, .gid = (gid_t)uid, .ns_flags = spec->ns_flags,
 		.dirs = dirs, .start_timeout_s = spec->timeout_s,
 		.started = slot >= 0 ? track_started : NULL, .arg = &running[slot >= 0 ? slot : 0],
 	};
-	compiler_limits(&sp, spec->timeout_s);
+	compiler_limits(&sp, spec->timeout_s, extra_cpu_s);
 	pid_t pid = kc_sandbox_spawn(&sp, bad_dir, why, whylen);
 	free(dirs);
 	return pid;
@@ -503,6 +508,282 @@ static void take_deps(const struct kc_compile_spec *spec, uid_t uid,
 	close(fd);
 }
 
+/* The compiler exited with status code != 0: rejected only when it said why, else a
+ * transient failure (out->status, out->why). */
+static void classify_exit(const struct kc_compile_spec *spec, int code,
+			  struct kc_compile_outcome *out)
+{
+	/* Rejected only when the compiler said why: an "error" in its output, with disk
+	 * space to spare. A full disk can also leave no log at all, and nvcc frees its
+	 * temporaries before it exits, so free space alone is not proof. */
+	int space = low_on_space(spec->scratch) || says(out, "No space left on device");
+	/* a tool of nvcc's killed (the OOM killer, a memory limit) is no verdict either:
+	 * gcc says "Killed signal terminated program cc1plus" */
+	int killed = says(out, "signal terminated program") || says(out, "std::bad_alloc") ||
+		     says(out, "out of memory") || says(out, "Out of memory");
+	int reported = says(out, "error");
+	snprintf(out->why, sizeof(out->why), "compiler exited with status %d%s",
+		 code,
+		 space ? " (out of disk space)"
+		 : killed ? " (one of its tools was killed or ran out of memory)"
+		 : reported ? "" : " without reporting an error");
+	out->status = space || killed || !reported ? KC_COMPILE_TRANSIENT
+						   : KC_COMPILE_REJECTED;
+}
+
+/* The key of the worker of this compile (nvrtc_pool.h): uid, the compiler's generation, the
+ * compiler and its flags, a line each (flags hold no newline). malloc'd, or NULL. */
+static char *worker_key(const struct kc_compile_spec *spec, uid_t uid)
+{
+	char *key = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&key, &len);
+	if (!f)
+		return NULL;
+	fprintf(f, "%u\n%lu\n%s\n", (unsigned)uid, spec->compiler_gen, spec->nvcc);
+	for (size_t i = 0; i < spec->args->n; i++)
+		fprintf(f, "%s\n", spec->args->v[i]);
+	if (fclose(f) != 0) {
+		free(key);
+		return NULL;
+	}
+	return key;
+}
+
+/* Start w (kcachefs-nvrtc --serve) as a compile of slot would run: its uid, sandbox and
+ * limits, in its own scratch directory, its stdin a socket whose other end w keeps.
+ * Returns 0 or -errno with why filled. */
+static int start_worker(const struct kc_compile_spec *spec, struct kc_nvrtc_worker *w, int slot,
+			char *why, size_t whylen)
+{
+	int sv[2], bad_dir;
+	char *argv[] = {(char *)spec->nvcc, "--serve", NULL};
+	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+		snprintf(why, whylen, "socketpair: %s", strerror(errno));
+		return -errno;
+	}
+	w->log_fd = openat(w->scratch_fd, "worker.log", O_RDWR | O_CREAT | O_EXCL | O_APPEND |
+			   O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (w->log_fd < 0) {
+		int err = errno;
+		close(sv[0]);
+		close(sv[1]);
+		snprintf(why, whylen, "cannot create its log: %s", strerror(err));
+		return -err;
+	}
+	pid_t pid = spawn_compiler(spec, argv, w->log_fd, w->uid, slot, w->scratch_fd, sv[1],
+				   KC_NVRTC_WORKER_CPU, &bad_dir, why, whylen);
+	close(sv[1]);
+	if (pid < 0) {
+		close(sv[0]);
+		return (int)pid;
+	}
+	w->pid = pid;
+	w->sock = sv[0];
+	kc_log(KC_LOG_INFO, "NVRTC worker pid %d started (compile uid %d, scratch %s)", (int)pid,
+	       w->uid == KC_SANDBOX_AS_DAEMON ? -1 : (int)w->uid, w->scratch);
+	/* Recorded so that a daemon restarted after a crash kills it (store.c). */
+	int fd = openat(w->scratch_fd, "pgid", O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW |
+			O_CLOEXEC, 0600);
+	if (fd >= 0) {
+		dprintf(fd, "%d\n", (int)pid);
+		close(fd);
+	}
+	return 0;
+}
+
+/* Move len bytes between buf and the socket fd (out: send, else receive) by deadline
+ * (monotonic seconds). Returns 0, -ETIMEDOUT, -EPIPE (the other end closed), or -errno. */
+static int xfer(int fd, void *buf, size_t len, double deadline, int out)
+{
+	char *p = buf;
+	while (len > 0) {
+		double left = deadline - now_s();
+		if (left <= 0)
+			return -ETIMEDOUT;
+		struct pollfd pf = {.fd = fd, .events = out ? POLLOUT : POLLIN};
+		int r = poll(&pf, 1, left > 1e6 ? 1000000000 : (int)(left * 1000) + 1);
+		if (r < 0 && errno != EINTR)
+			return -errno;
+		if (r <= 0)
+			continue;
+		ssize_t n = out ? send(fd, p, len, MSG_NOSIGNAL | MSG_DONTWAIT)
+				: recv(fd, p, len, MSG_DONTWAIT);
+		if (n < 0 && (errno == EINTR || errno == EAGAIN))
+			continue;
+		if (n < 0)
+			return errno == ECONNRESET ? -EPIPE : -errno;
+		if (n == 0)
+			return -EPIPE;
+		p += n;
+		len -= (size_t)n;
+	}
+	return 0;
+}
+
+/* One request to w and its reply: the log (NVRTC's) appended to w's log file, the cubin
+ * into *cubin (malloc'd). Returns 0, -ETIMEDOUT, -EPIPE (it closed: crashed), -EPROTO (a
+ * reply it should not give), or -errno. */
+static int exchange(const struct kc_compile_spec *spec, struct kc_nvrtc_worker *w,
+		    double deadline, struct kc_nvrtc_rep *rep, char **cubin)
+{
+	size_t args_len = 0;
+	for (size_t i = 0; i < spec->args->n; i++)
+		args_len += strlen(spec->args->v[i]) + 1;
+	char *args = malloc(args_len + 1), *p = args;
+	if (!args)
+		return -ENOMEM;
+	for (size_t i = 0; i < spec->args->n; i++)
+		p = stpcpy(p, spec->args->v[i]) + 1;
+	struct kc_nvrtc_req req = {.magic = KC_NVRTC_REQ_MAGIC, .nargs = (uint32_t)spec->args->n,
+				   .args_len = args_len, .source_len = spec->source_len};
+	int err = xfer(w->sock, &req, sizeof(req), deadline, 1);
+	if (!err)
+		err = xfer(w->sock, args, args_len, deadline, 1);
+	free(args);
+	if (!err)
+		err = xfer(w->sock, (void *)spec->source, spec->source_len, deadline, 1);
+	if (!err)
+		err = xfer(w->sock, rep, sizeof(*rep), deadline, 0);
+	if (err)
+		return err;
+	if (rep->magic != KC_NVRTC_REP_MAGIC || rep->cubin_len > KC_COMPILE_FSIZE ||
+	    rep->log_len > KC_NVRTC_MAX_LOG || (rep->status == 0) != (rep->cubin_len > 0))
+		return -EPROTO;
+	char buf[1 << 16];
+	for (uint64_t left = rep->log_len; left > 0 && !err;) {
+		size_t n = left < sizeof(buf) ? (size_t)left : sizeof(buf);
+		err = xfer(w->sock, buf, n, deadline, 0);
+		if (!err)
+			err = kc_write_all(w->log_fd, buf, n);
+		left -= n;
+	}
+	if (!err && rep->cubin_len) {
+		*cubin = malloc(rep->cubin_len);
+		err = *cubin ? xfer(w->sock, *cubin, rep->cubin_len, deadline, 0) : -ENOMEM;
+	}
+	return err;
+}
+
+/* Run the compile in a warm worker (spec->warm), holding slot (uid). Returns 1 with out
+ * filled, or 0 when no worker can take it: then a process of its own compiles. */
+static int run_warm(const struct kc_compile_spec *spec, struct kc_compile_outcome *out,
+		    int slot, uid_t uid)
+{
+	char why[200];
+	char *key = worker_key(spec, uid);
+	if (!key)
+		return 0;
+	double t0 = now_s();
+	struct kc_nvrtc_worker *w = kc_nvrtc_pool_take(spec->pool, key);
+	if (!w) {
+		w = kc_nvrtc_pool_new(spec->pool, key, uid, why, sizeof(why));
+		if (w && start_worker(spec, w, slot, why, sizeof(why)) != 0) {
+			kc_log(KC_LOG_WARN, "an NVRTC worker cannot start (%s): this compile runs "
+			       "in a process of its own", why);
+			kc_nvrtc_pool_put(spec->pool, w, 0);
+			w = NULL;
+		} else if (!w) {
+			kc_log(KC_LOG_INFO, "no warm NVRTC worker (%s): this compile runs in a "
+			       "process of its own", why);
+		}
+		if (!w) {
+			pthread_mutex_lock(&running_lock);
+			running[slot] = -1; /* a child that failed to start was reaped */
+			pthread_mutex_unlock(&running_lock);
+			free(key);
+			return 0;
+		}
+	} else {
+		pthread_mutex_lock(&running_lock); /* a stop kills it as it kills a compiler */
+		running[slot] = w->pid;
+		if (shutting_down)
+			kill(-w->pid, SIGKILL);
+		pthread_mutex_unlock(&running_lock);
+	}
+	free(key);
+
+	struct kc_nvrtc_rep rep;
+	char *cubin = NULL;
+	memset(&rep, 0, sizeof(rep));
+	if (ftruncate(w->log_fd, 0) != 0)
+		kc_log(KC_LOG_DEBUG, "NVRTC worker log: %s", strerror(errno));
+	int err = exchange(spec, w, t0 + spec->timeout_s, &rep, &cubin);
+	int keep = !err;
+	pid_t pid = w->pid;
+	if (err) {
+		/* Ended or broken. A worker that closed its socket is exiting: wait for its exit
+		 * (its signal names the crash; on a loaded node the last steps of an exit can
+		 * take a while), at most till the compile's deadline; then kill the group and
+		 * reap it. */
+		int status = 0, pfd = pidfd_open(w->pid, 0);
+		struct pollfd pf = {.fd = pfd, .events = POLLIN};
+		double left = t0 + spec->timeout_s - now_s();
+		int ms = left < 1 ? 1000 : left > 1e6 ? 1000000000 : (int)(left * 1000);
+		while (err == -EPIPE && pfd >= 0 && poll(&pf, 1, ms) < 0 && errno == EINTR)
+			;
+		if (pfd >= 0)
+			close(pfd);
+		pid_t gone = waitpid(w->pid, &status, WNOHANG);
+		kill(-w->pid, SIGKILL);
+		kill(w->pid, SIGKILL);
+		if (gone != w->pid)
+			while (waitpid(w->pid, gone == 0 ? &(int){0} : &status, 0) < 0 &&
+			       errno == EINTR)
+				;
+		if (err == -ETIMEDOUT) {
+			out->timed_out = 1;
+			snprintf(out->why, sizeof(out->why), "timed out after %u s and was killed",
+				 spec->timeout_s);
+		} else if (gone == w->pid && WIFSIGNALED(status)) {
+			snprintf(out->why, sizeof(out->why), "compiler killed by signal %d (%s)",
+				 WTERMSIG(status), strsignal(WTERMSIG(status)));
+		} else if (gone == w->pid) {
+			snprintf(out->why, sizeof(out->why), "the NVRTC worker exited with status %d "
+				 "during the compile", WEXITSTATUS(status));
+		} else {
+			snprintf(out->why, sizeof(out->why), "the NVRTC worker failed its protocol "
+				 "(%s) and was killed", strerror(-err));
+		}
+		kc_log(KC_LOG_WARN, "NVRTC worker pid %d (%lu compiles): %s", (int)w->pid,
+		       w->served, out->why);
+		pid = w->pid;
+		w->pid = 0; /* reaped */
+	}
+	pthread_mutex_lock(&running_lock);
+	running[slot] = -1;
+	pthread_mutex_unlock(&running_lock);
+	if (err) /* as after any compile: nothing of its uid outlives it */
+		kc_sandbox_kill_uids(uid, 1);
+	out->seconds = now_s() - t0;
+	if (!err)
+		w->served++;
+	/* which worker: a second compile of the same flags names the same pid */
+	dprintf(w->log_fd, "kcachefs: warm NVRTC worker pid %d, its compile %lu%s\n",
+		err ? (int)pid : (int)w->pid, w->served + (err ? 1 : 0),
+		err ? ": the worker was stopped" : "");
+	read_log(w->log_fd, out);
+	log_with_scratch(out, w->scratch);
+	if (!err) {
+		keep = rep.cpu_usec < (uint64_t)KC_NVRTC_WORKER_CPU * 1000000u;
+		if (rep.status != 0) {
+			classify_exit(spec, rep.status, out);
+		} else if (kc_cubin_check_buf(cubin, rep.cubin_len, why, sizeof(why)) != 0 ||
+			   (err = kc_write_all(spec->out_fd, cubin, rep.cubin_len)) != 0) {
+			snprintf(out->why, sizeof(out->why), "compiler exited 0 but %.200s",
+				 err ? strerror(-err) : why);
+		} else {
+			out->status = KC_COMPILE_OK;
+			snprintf(out->why, sizeof(out->why), "ok");
+		}
+	}
+	free(cubin);
+	kc_nvrtc_pool_put(spec->pool, w, keep);
+	if (err)
+		kc_nvrtc_pool_forget_uid(spec->pool, uid);
+	return 1;
+}
+
 int kc_compile_run(const struct kc_compile_spec *spec, struct kc_compile_outcome *out)
 {
 	struct kc_argv argv = {0};
@@ -527,6 +808,10 @@ int kc_compile_run(const struct kc_compile_spec *spec, struct kc_compile_outcome
 		       "range (compile_uids=) is free again", (unsigned)uid, who);
 		snprintf(out->why, sizeof(out->why), "compile uid %u belongs to %.100s",
 			 (unsigned)uid, who);
+		return 0;
+	}
+	if (spec->warm && spec->pool && !spec->deps_only && run_warm(spec, out, slot, uid)) {
+		release_slot(slot);
 		return 0;
 	}
 	int err = stage_source(spec, uid);
@@ -559,7 +844,8 @@ int kc_compile_run(const struct kc_compile_spec *spec, struct kc_compile_outcome
 			 strerror(errno));
 		return 0;
 	}
-	pid_t pid = spawn_compiler(spec, argv.v, log_fd, uid, slot, &bad_dir, why, sizeof(why));
+	pid_t pid = spawn_compiler(spec, argv.v, log_fd, uid, slot, spec->scratch_fd, -1, 60,
+				   &bad_dir, why, sizeof(why));
 	kc_argv_free(&argv);
 	if (pid < 0) {
 		release_slot(slot);
@@ -588,6 +874,7 @@ int kc_compile_run(const struct kc_compile_spec *spec, struct kc_compile_outcome
 	running[slot] = -1; /* reaped: its pid may be another process's soon */
 	pthread_mutex_unlock(&running_lock);
 	kc_sandbox_kill_uids(uid, 1); /* a process that left the group (setsid) ends here too */
+	kc_nvrtc_pool_forget_uid(spec->pool, uid); /* its idle workers were among them */
 	release_slot(slot);
 	out->seconds = now_s() - t0;
 	read_log(log_fd, out);
@@ -608,22 +895,7 @@ int kc_compile_run(const struct kc_compile_spec *spec, struct kc_compile_outcome
 		return 0;
 	}
 	if (WEXITSTATUS(status) != 0) {
-		/* Rejected only when the compiler said why: an "error" in its output, with disk
-		 * space to spare. A full disk can also leave no log at all, and nvcc frees its
-		 * temporaries before it exits, so free space alone is not proof. */
-		int space = low_on_space(spec->scratch) || says(out, "No space left on device");
-		/* a tool of nvcc's killed (the OOM killer, a memory limit) is no verdict either:
-		 * gcc says "Killed signal terminated program cc1plus" */
-		int killed = says(out, "signal terminated program") || says(out, "std::bad_alloc") ||
-			     says(out, "out of memory") || says(out, "Out of memory");
-		int reported = says(out, "error");
-		snprintf(out->why, sizeof(out->why), "compiler exited with status %d%s",
-			 WEXITSTATUS(status),
-			 space ? " (out of disk space)"
-			 : killed ? " (one of its tools was killed or ran out of memory)"
-			 : reported ? "" : " without reporting an error");
-		out->status = space || killed || !reported ? KC_COMPILE_TRANSIENT
-							   : KC_COMPILE_REJECTED;
+		classify_exit(spec, WEXITSTATUS(status), out);
 		return 0;
 	}
 	if (spec->deps_only) {
@@ -654,7 +926,8 @@ int kc_compile_probe(const char *compiler, const struct kc_argv *args, unsigned 
 	pid_t pid = -EMFILE;
 	*bad_dir = -1;
 	if (root >= 0 && out >= 0)
-		pid = spawn_compiler(&spec, argv, out, (uid_t)uid, -1, bad_dir, why, whylen);
+		pid = spawn_compiler(&spec, argv, out, (uid_t)uid, -1, root, -1, 60, bad_dir, why,
+				     whylen);
 	else
 		snprintf(why, whylen, "out of descriptors");
 	if (root >= 0)

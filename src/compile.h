@@ -13,6 +13,7 @@
 #include <sys/types.h>
 
 #include "flags.h"
+#include "nvrtc_pool.h"
 
 #define KC_COMPILE_CWD "/proc/self/cwd" /* the scratch directory as the compiler sees it */
 #define KC_COMPILE_NICE 10 /* nice value compilers run at (the daemon's threads stay at 0) */
@@ -49,6 +50,14 @@ struct kc_compile_spec {
 				    * <scratch>/kernel.d, the same flags, no cubin) and return the
 				    * dependency file in the outcome's deps: the header list of a
 				    * compile of the same source and flags, off its critical path */
+	struct kc_nvrtc_pool *pool; /* the mount's warm NVRTC workers (nvrtc_pool.h), or NULL.
+				    * Set for every compile: one that kills its uid's processes at
+				    * its end tells the table that the uid's idle workers are gone */
+	int warm;                  /* with pool, not deps_only: nvcc is kcachefs-nvrtc; run the
+				    * compile in a warm worker of this uid, compiler, generation
+				    * and flags (a process per compile when none can start) */
+	unsigned long compiler_gen; /* the compiler identity's generation (compiler.h): part of
+				    * a worker's key, so a replaced compiler gets new workers */
 };
 
 struct kc_compile_outcome {

@@ -41,6 +41,9 @@ struct kc_config {
 	char *nvrtc;           /* the kcachefs-nvrtc backend (NVRTC in its own process), found
 				* next to the daemon; NULL when this build has none */
 	int backend_nvrtc;     /* -o compiler=nvrtc: entries that do not choose use NVRTC */
+	unsigned nvrtc_idle;   /* seconds a warm NVRTC worker (nvrtc_pool.h) may stay idle;
+				* 0: KC_NVRTC_IDLE_DEFAULT */
+	int nvrtc_cold;        /* -o nvrtc_idle=0: no warm workers, a process per compile */
 	struct kc_compiler *compiler; /* the compilers' identity (compiler.h); owned. Read it
 				* with kc_config_compiler_id, never keep a copy across compiles */
 	int arch_detected;     /* 1 if arch came from the node's GPU */

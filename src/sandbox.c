@@ -63,7 +63,7 @@ static void child(const struct kc_spawn *sp, int pipe_fd, int devnull, pid_t par
 		sigaction(s, &dfl, NULL); /* SIGKILL, SIGSTOP and libc's own refuse: harmless */
 	sigemptyset(&none);
 	sigprocmask(SIG_SETMASK, &none, NULL);
-	if (setpgid(0, 0) != 0 || dup2(devnull, 0) < 0 || dup2(sp->out_fd, 1) < 0 ||
+	if (setpgid(0, 0) != 0 || dup2(sp->in_fd > 0 ? sp->in_fd : devnull, 0) < 0 || dup2(sp->out_fd, 1) < 0 ||
 	    dup2(sp->out_fd, 2) < 0 || fchdir(sp->cwd_fd) != 0)
 		fail_child(pipe_fd, errno, STAGE_SETUP);
 	/* Nothing of the daemon's stays open, not even while a check below waits on a

@@ -25,7 +25,8 @@ struct kc_spawn {
 	char *const *argv;   /* NULL-terminated */
 	char *const *envp;   /* NULL-terminated: the whole environment, nothing inherited */
 	int cwd_fd;          /* the working directory (a directory fd) */
-	int out_fd;          /* stdout and stderr; stdin is /dev/null */
+	int out_fd;          /* stdout and stderr */
+	int in_fd;           /* stdin when > 0 (a warm worker's socket), else /dev/null */
 	uid_t uid;           /* run as uid, gid (KC_SANDBOX_AS_DAEMON: as the daemon); changing
 			      * them needs a daemon run as root */
 	gid_t gid;

@@ -92,11 +92,12 @@ def test_deepgemms_nvrtc_options_compile_through_the_mount(mount_factory):
     assert {"block_sum", "wide_square_high"} <= elf_symbols(data)
     log = (entry / "kernel.log").read_text()
     assert "published (ok)" in log.splitlines()[0], log
-    # Automatic PCH wrote its file in the compile's TMPDIR, the scratch directory (named in
-    # the log), and nowhere in the shared /tmp.
+    # Automatic PCH wrote its file in the warm worker's private scratch directory (named
+    # in the log), and nowhere in the shared /tmp; it lives as long as the worker.
     pch = [l for l in log.splitlines() if "creating precompiled header file" in l]
     assert pch and "/tmp/__nvrtc_auto_pch" not in pch[0], log
-    assert not list(m.backing.rglob("*.pch")), "no PCH file is left behind"
+    files = list(m.backing.rglob("*.pch"))
+    assert files and all((f.parent.parent / "worker.log").exists() for f in files), files
     # A PCH file or directory of the client's choosing is refused when staged.
     bad = m.mnt / "cache" / "kernel.block_sum.0123456789abcdef01"
     bad.mkdir()
@@ -106,6 +107,8 @@ def test_deepgemms_nvrtc_options_compile_through_the_mount(mount_factory):
             (bad / "kernel.flags").write_bytes(deepgemm_nvrtc_flags(opt + b"\n"))
         assert e.value.errno == errno.EINVAL
         assert "'%s' refused" % opt.decode() in (bad / "kernel.log").read_text()
+    m.stop()
+    assert not list(m.backing.rglob("*.pch")), "no PCH file is left behind"
 
 
 def test_nvrtcs_own_options_fail_an_nvcc_compile_with_nvccs_message(mount_factory):
