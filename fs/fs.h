@@ -33,6 +33,9 @@ struct kc_fs {
 	pthread_cond_t sweep_cond;
 	int sweep_stop, sweep_started;
 	unsigned parked; /* requests parked in waiter.c and not yet answered (atomic) */
+	unsigned request_budget; /* seconds a parked request may wait before it is answered
+				  * ETIMEDOUT, under the kernel's request timeout (reqtimeout.h);
+				  * 0: no bound */
 };
 
 /* The low-level operations (ops.c). */
@@ -44,7 +47,9 @@ extern const struct fuse_lowlevel_ops kc_fs_ops;
  * the entry's compile ends; answered with kc_reply_published_* or the compile's error. */
 void kc_park(fuse_req_t req, struct kc_inode *pending, struct fuse_file_info *fi);
 /* Start/stop the thread that lets go of parked waiters whose process is killed after an
- * interrupt it survived. Start returns 0 or -errno. */
+ * interrupt it survived (EINTR), and answers ETIMEDOUT, with a log line naming the sysctls,
+ * those parked for fs->request_budget seconds, before the kernel's request timeout would
+ * abort the mount. Start returns 0 or -errno. */
 int kc_sweeper_start(struct kc_fs *fs);
 void kc_sweeper_stop(struct kc_fs *fs);
 

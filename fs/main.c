@@ -27,6 +27,7 @@
 #include "kc_build.h"
 #include "log.h"
 #include "remote_tier.h"
+#include "reqtimeout.h"
 
 struct kc_opts {
 	char *backing;
@@ -293,6 +294,45 @@ static unsigned long raise_fd_limit(void)
 	return rl.rlim_cur == RLIM_INFINITY ? nr_open : (unsigned long)rl.rlim_cur;
 }
 
+/* Keep every wait of the mount under the kernel's request timeout rt (reqtimeout.h), which
+ * aborts the whole mount when one request waits that long: parked requests are answered
+ * ETIMEDOUT within its budget (waiter.c), compile_timeout and, with a cluster store
+ * (remote nonzero), remote_wait are capped below the budget. *remote_wait is the
+ * -o remote_wait= value (0: the default), lowered when capped. Describes the timeout in
+ * desc (len bytes) for the start-up line. libfuse 3.14 has no request_timeout option
+ * (3.18 adds one, sent to the kernel in the INIT reply): the sysctls alone decide. */
+static void fit_request_timeout(struct kc_fs *fs, const struct kc_reqtimeout *rt,
+				unsigned long *remote_wait, int remote, char *desc, size_t len)
+{
+	unsigned budget = kc_reqtimeout_budget(rt->effective_s);
+	fs->request_budget = budget;
+	fs->cfg.request_timeout = rt->effective_s;
+	if (!budget) {
+		snprintf(desc, len, "none%s", rt->present ? " (fs.fuse.default_request_timeout and "
+			 "max_request_timeout are 0)" : " (the kernel has none)");
+		return;
+	}
+	snprintf(desc, len, "%u s (fs.fuse.default_request_timeout=%u, max_request_timeout=%u): "
+		 "requests answered within %u s", rt->effective_s, rt->default_s, rt->max_s, budget);
+	unsigned cap = budget > 1 ? budget - 1 : 1;
+	if (fs->cfg.compile_timeout > cap) {
+		fs->cfg.compile_timeout_asked = fs->cfg.compile_timeout;
+		fs->cfg.compile_timeout = cap;
+		kc_log(KC_LOG_WARN, "compile_timeout %u s is capped at %u s: the kernel aborts this "
+		       "mount when a request waits %u s (sysctls fs.fuse.default_request_timeout=%u, "
+		       "fs.fuse.max_request_timeout=%u); set them to 0 (off) or to at least %u and "
+		       "remount, for compiles that long", fs->cfg.compile_timeout_asked, cap,
+		       rt->effective_s, rt->default_s, rt->max_s,
+		       kc_reqtimeout_needed(fs->cfg.compile_timeout_asked + 1));
+	}
+	unsigned long wait = *remote_wait ? *remote_wait : KC_REMOTE_DEFAULT_WAIT;
+	if (remote && wait > cap) {
+		kc_log(KC_LOG_WARN, "remote_wait %lu s is capped at %u s, under the kernel's request "
+		       "timeout of %u s", wait, cap, rt->effective_s);
+		*remote_wait = cap;
+	}
+}
+
 int main(int argc, char *argv[])
 {
 	struct fuse_args args = FUSE_ARGS_INIT(argc, argv);
@@ -418,6 +458,15 @@ int main(int argc, char *argv[])
 		goto out_cfg;
 	}
 	warn_if_reachable(fs->store.root_path);
+	/* Read before mounting: the kernel fixes a connection's timeout when FUSE_INIT is
+	 * answered, from the sysctls of that moment. */
+	struct kc_reqtimeout rt;
+	char rt_desc[256];
+	int rterr = kc_reqtimeout_read(KC_REQTIMEOUT_SYSCTL_DIR, &rt);
+	if (rterr)
+		kc_log(KC_LOG_WARN, "cannot read the kernel's FUSE request timeout from %s: %s; "
+		       "assuming none", KC_REQTIMEOUT_SYSCTL_DIR, strerror(-rterr));
+	fit_request_timeout(fs, &rt, &remote_wait, o.remote != NULL, rt_desc, sizeof(rt_desc));
 	if (o.remote) {
 		struct kc_remote_opts ro = {
 			.url = o.remote, .auth_file = o.remote_auth, .key_file = o.remote_key,
@@ -461,14 +510,15 @@ int main(int argc, char *argv[])
 	char compiler[KC_COMPILER_ID_MAX];
 	kc_config_compiler_id(&fs->cfg, compiler);
 	kc_log(KC_LOG_INFO, "serving %s on %s: compiler %s (%s), arch %s%s, jobs %u, timeout %u s, "
-	       "max_size %llu, max_entries %llu (0: no bound), compiles run as %s%u%s%s",
+	       "max_size %llu, max_entries %llu (0: no bound), compiles run as %s%u%s%s; kernel "
+	       "request timeout %s",
 	       fs->store.root_path, cmd.mountpoint, fs->cfg.nvcc, compiler, fs->cfg.arch,
 	       fs->cfg.arch_detected ? " (detected)" : "", fs->cfg.jobs, fs->cfg.compile_timeout,
 	       (unsigned long long)max_size, (unsigned long long)max_entries,
 	       fs->cfg.compile_uids ? "uids " : "the daemon, uid ",
 	       fs->cfg.compile_uids ? fs->cfg.compile_uids : (unsigned)geteuid(),
 	       fs->cfg.compile_uids ? "+" : "",
-	       fs->cfg.ns_flags ? " in namespaces of their own" : "");
+	       fs->cfg.ns_flags ? " in namespaces of their own" : "", rt_desc);
 	if (fuse_daemonize(cmd.foreground) != 0)
 		goto out_unmount;
 	if (!cmd.foreground)
