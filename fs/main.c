@@ -378,6 +378,7 @@ int main(int argc, char *argv[])
 	if (!fs)
 		goto out_args;
 	clock_gettime(CLOCK_REALTIME, &fs->started);
+	kc_idtable_init(&fs->handles);
 	unsigned long jobs = 0, timeout = 0, max_source = 0, max_inodes = 0, max_entries = 0;
 	unsigned long remote_lease = 0, remote_wait = 0, remote_timeout = 0;
 	uint64_t max_size = 0;
@@ -581,6 +582,7 @@ out_cfg:
 	if (fs->se)
 		fuse_session_destroy(fs->se);
 	kc_config_free(&fs->cfg);
+	kc_idtable_destroy(&fs->handles);
 	free(fs);
 out_args:
 	free(cmd.mountpoint);

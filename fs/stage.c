@@ -71,6 +71,7 @@ void kc_fh_free(struct kc_fs *fs, struct kc_fh *fh)
 	if (fh->next)
 		fh->next->prev = fh->prev;
 	pthread_mutex_unlock(&live_lock);
+	kc_idtable_remove(&fs->handles, fh->id);
 	if (fh->pinned)
 		kc_evict_unpin(&fs->evict, fh->pin_dev, fh->pin_ino);
 	if (fh->kind == FH_STAGE) {
@@ -233,9 +234,13 @@ int kc_stage_held_elsewhere(fuse_req_t req, const struct kc_fh *fh)
 	return held;
 }
 
-struct kc_fh *kc_fh_new(enum fh_kind kind, int fd)
+struct kc_fh *kc_fh_new(struct kc_fs *fs, enum fh_kind kind, int fd)
 {
 	struct kc_fh *fh = calloc(1, sizeof(*fh));
+	if (fh && !(fh->id = kc_idtable_add(&fs->handles, fh, KC_HANDLE_FILE))) {
+		free(fh);
+		fh = NULL;
+	}
 	if (fh) {
 		fh->kind = kind;
 		fh->fd = fd;
@@ -288,4 +293,19 @@ int kc_stage_writer_killed(fuse_req_t req)
 int kc_stage_is_writer(fuse_req_t req, const struct kc_fh *fh)
 {
 	return tgid_of(fuse_req_ctx(req)->pid) == fh->writer_tgid;
+}
+
+struct kc_fh *kc_fh_get(struct kc_fs *fs, uint64_t id)
+{
+	return kc_idtable_get(&fs->handles, id, KC_HANDLE_FILE);
+}
+
+int kc_fh_foreach(int (*fn)(struct kc_fh *fh, void *arg), void *arg)
+{
+	int r = 0;
+	pthread_mutex_lock(&live_lock);
+	for (struct kc_fh *fh = live; fh && !r; fh = fh->next)
+		r = fn(fh, arg);
+	pthread_mutex_unlock(&live_lock);
+	return r;
 }
