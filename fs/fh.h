@@ -41,6 +41,9 @@ struct kc_fh {
 /* A new handle of kind for fd (owned), with an id in fs->handles (fh->id, what fi->fh
  * gets). Returns NULL on ENOMEM. */
 struct kc_fh *kc_fh_new(struct kc_fs *fs, enum fh_kind kind, int fd);
+/* kc_fh_new under exactly id (a handle carried over by a live upgrade). Returns NULL when
+ * the id is taken or on ENOMEM; fd is then not taken. */
+struct kc_fh *kc_fh_adopt(struct kc_fs *fs, uint64_t id, enum fh_kind kind, int fd);
 /* The handle behind a kernel file handle id, or NULL. */
 struct kc_fh *kc_fh_get(struct kc_fs *fs, uint64_t id);
 /* Call fn(fh, arg) for every live handle, under the list's lock; stops at the first

@@ -450,3 +450,104 @@ void kc_inode_unlinked(struct kc_inode_table *t, struct kc_inode *in)
 	}
 	pthread_mutex_unlock(&t->lock);
 }
+
+uint32_t kc_inode_slots_used(struct kc_inode_table *t)
+{
+	pthread_mutex_lock(&t->lock);
+	uint32_t n = t->next_slot;
+	pthread_mutex_unlock(&t->lock);
+	return n;
+}
+
+uint32_t kc_inode_slot_gen(struct kc_inode_table *t, uint32_t slot)
+{
+	struct kc_inode_slot *cell = slot_cell(t, slot, 0);
+	return cell ? __atomic_load_n(&cell->gen, __ATOMIC_ACQUIRE) : 0;
+}
+
+int kc_inode_foreach(struct kc_inode_table *t, int (*fn)(struct kc_inode *in, void *arg),
+		     void *arg)
+{
+	int r = 0;
+	pthread_mutex_lock(&t->lock);
+	for (uint32_t slot = KC_INODE_FIRST_SLOT; slot < t->next_slot && !r; slot++) {
+		struct kc_inode_slot *cell = slot_cell(t, slot, 0);
+		if (cell && cell->in)
+			r = fn(cell->in, arg);
+	}
+	pthread_mutex_unlock(&t->lock);
+	return r;
+}
+
+int kc_inode_restore_slots(struct kc_inode_table *t, uint32_t used, const uint32_t *gens)
+{
+	pthread_mutex_lock(&t->lock);
+	int err = 0;
+	for (uint32_t slot = KC_INODE_FIRST_SLOT; slot < used && !err; slot++) {
+		struct kc_inode_slot *cell = slot_cell(t, slot, 1);
+		if (!cell)
+			err = -ENOMEM;
+		else
+			cell->gen = gens[slot];
+	}
+	if (!err && used > t->next_slot)
+		t->next_slot = used;
+	pthread_mutex_unlock(&t->lock);
+	return err;
+}
+
+struct kc_inode *kc_inode_restore(struct kc_inode_table *t, const struct kc_inode *rec, int *err)
+{
+	if (rec->slot < KC_INODE_FIRST_SLOT || rec->gen == 0) {
+		*err = -EINVAL;
+		return NULL;
+	}
+	struct kc_inode *in = malloc(sizeof(*in));
+	if (!in) {
+		*err = -ENOMEM;
+		return NULL;
+	}
+	*in = *rec;
+	pthread_mutex_lock(&t->lock);
+	struct kc_inode_slot *cell = rec->slot < t->next_slot ? slot_cell(t, rec->slot, 1) : NULL;
+	*err = !cell ? -EINVAL : cell->in ? -EEXIST : 0;
+	if (!*err && !tsearch(in, in->unhashed ? &t->unhashed : &t->tree,
+			      in->unhashed ? by_address : inode_cmp))
+		*err = -ENOMEM;
+	if (!*err) {
+		cell->gen = in->gen;
+		__atomic_store_n(&cell->in, in, __ATOMIC_RELEASE);
+		if (!in->unhashed)
+			t->count++;
+		if (in->last_use > t->clock)
+			t->clock = in->last_use;
+	}
+	pthread_mutex_unlock(&t->lock);
+	if (*err) {
+		free(in);
+		return NULL;
+	}
+	return in;
+}
+
+int kc_inode_restore_done(struct kc_inode_table *t)
+{
+	pthread_mutex_lock(&t->lock);
+	for (uint32_t slot = t->next_slot; slot-- > KC_INODE_FIRST_SLOT;) {
+		struct kc_inode_slot *cell = slot_cell(t, slot, 0);
+		if (cell && !cell->in && t->n_free == t->cap_free) {
+			size_t cap = t->cap_free ? t->cap_free * 2 : 1024;
+			uint32_t *v = realloc(t->free_slots, cap * sizeof(*v));
+			if (!v) {
+				pthread_mutex_unlock(&t->lock);
+				return -ENOMEM;
+			}
+			t->free_slots = v;
+			t->cap_free = cap;
+		}
+		if (cell && !cell->in)
+			t->free_slots[t->n_free++] = slot;
+	}
+	pthread_mutex_unlock(&t->lock);
+	return 0;
+}

@@ -170,4 +170,24 @@ void kc_inode_unlinked(struct kc_inode_table *t, struct kc_inode *in);
 /* Drop n kernel references; frees the inode at zero. */
 void kc_inode_forget(struct kc_inode_table *t, struct kc_inode *in, uint64_t n);
 
+/* A live upgrade (handover.c). The slots handed out so far (slots below it were used) and
+ * each one's generation (0 for a slot never used); the fixed slots below
+ * KC_INODE_FIRST_SLOT are not counted as handed out. */
+uint32_t kc_inode_slots_used(struct kc_inode_table *t);
+uint32_t kc_inode_slot_gen(struct kc_inode_table *t, uint32_t slot);
+/* Call fn(in, arg) for every inode of a slot of its own (not the root, not the virtual
+ * ones), under the table lock; stops at and returns the first nonzero return. */
+int kc_inode_foreach(struct kc_inode_table *t, int (*fn)(struct kc_inode *in, void *arg),
+		     void *arg);
+/* In a fresh table: slots below used were handed out, with generations gens[slot]
+ * (gens has used entries). Returns 0 or -ENOMEM. */
+int kc_inode_restore_slots(struct kc_inode_table *t, uint32_t used, const uint32_t *gens);
+/* Put a copy of rec (its fds owned by the table from here; slot, gen, nlookup and every
+ * field as given) at its id. Returns the new inode, or NULL with -EEXIST (the slot is
+ * taken), -EINVAL (a fixed slot, or one past kc_inode_restore_slots's) or -ENOMEM in *err;
+ * then rec's fds are not taken. */
+struct kc_inode *kc_inode_restore(struct kc_inode_table *t, const struct kc_inode *rec, int *err);
+/* After the last kc_inode_restore: the slots left empty become free for new inodes. */
+int kc_inode_restore_done(struct kc_inode_table *t);
+
 #endif

@@ -234,12 +234,18 @@ int kc_stage_held_elsewhere(fuse_req_t req, const struct kc_fh *fh)
 	return held;
 }
 
-struct kc_fh *kc_fh_new(struct kc_fs *fs, enum fh_kind kind, int fd)
+/* A new handle under id (0: a new id). */
+static struct kc_fh *fh_make(struct kc_fs *fs, uint64_t id, enum fh_kind kind, int fd)
 {
 	struct kc_fh *fh = calloc(1, sizeof(*fh));
-	if (fh && !(fh->id = kc_idtable_add(&fs->handles, fh, KC_HANDLE_FILE))) {
+	if (fh && !id && !(fh->id = kc_idtable_add(&fs->handles, fh, KC_HANDLE_FILE))) {
 		free(fh);
 		fh = NULL;
+	} else if (fh && id && kc_idtable_put(&fs->handles, id, fh, KC_HANDLE_FILE) != 0) {
+		free(fh);
+		fh = NULL;
+	} else if (fh && id) {
+		fh->id = id;
 	}
 	if (fh) {
 		fh->kind = kind;
@@ -253,6 +259,16 @@ struct kc_fh *kc_fh_new(struct kc_fs *fs, enum fh_kind kind, int fd)
 		pthread_mutex_unlock(&live_lock);
 	}
 	return fh;
+}
+
+struct kc_fh *kc_fh_new(struct kc_fs *fs, enum fh_kind kind, int fd)
+{
+	return fh_make(fs, 0, kind, fd);
+}
+
+struct kc_fh *kc_fh_adopt(struct kc_fs *fs, uint64_t id, enum fh_kind kind, int fd)
+{
+	return id ? fh_make(fs, id, kind, fd) : NULL;
 }
 
 void kc_fh_free_all(struct kc_fs *fs)
