@@ -447,13 +447,20 @@ static void serve(int c)
 	long held = __atomic_load_n(&io.outstanding, __ATOMIC_SEQ_CST);
 	kc_log(KC_LOG_INFO, "upgrade: handing the mount to pid %d: no new request is read; "
 	       "answering the %ld in hand", (int)cred.pid, held);
-	long left = drain(begun + fs->cfg.compile_timeout + 30);
+	/* Under a kernel request timeout, the requests queued in the kernel meanwhile age too:
+	 * the handover must end within the budget of one request (reqtimeout.h), less the new
+	 * daemon's start. */
+	unsigned bound = fs->cfg.compile_timeout + 30;
+	if (fs->request_budget)
+		bound = fs->request_budget > 4 ? fs->request_budget - 3 : 1;
+	long left = drain(begun + bound);
 	struct kc_hbuf b = {0};
 	struct kc_hfds fds = {0};
 	int err = left ? -ETIMEDOUT : 0;
 	if (err)
 		snprintf(why, sizeof(why), "%ld requests still unanswered after %u s (compiles "
-			 "running)", left, fs->cfg.compile_timeout + 30);
+			 "running%s)", left, bound, fs->request_budget ? ", under the kernel's request "
+			 "timeout" : "");
 	if (!err)
 		err = kc_handover_state_put(fs, fuse_session_fd(fs->se), &b, &fds, why, sizeof(why));
 	if (!err) {

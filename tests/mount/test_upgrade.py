@@ -209,5 +209,27 @@ def test_upgrade_to_another_format_is_refused(tmp_path, counting_nvcc):
         r = subprocess.run([str(KCACHEFS), "-f", "--upgrade", str(tmp_path)], capture_output=True,
                            text=True, timeout=60)
         assert r.returncode == 1 and "no kcachefs daemon serves" in r.stderr, r
+        # A file being staged (its stage temporary is the store's): refused until closed.
+        src, flags = variant(2)
+        entry = m.mnt / "cache" / ("kernel.vadd3." + "0" * 32)
+        entry.mkdir()
+        with open(entry / "kernel.cu", "wb") as staging:
+            staging.write(src)
+            r = subprocess.run([str(KCACHEFS), "-f", "--upgrade", str(m.mnt)],
+                               capture_output=True, text=True, timeout=60)
+            assert r.returncode == 1 and "is being staged" in r.stderr, r
+            assert m.proc.poll() is None
+        (entry / "kernel.flags").write_bytes(flags)
+        # Closed: the same upgrade goes through, and the new daemon compiles what was staged.
+        log = open(m.log_path, "ab")
+        try:
+            new = subprocess.Popen([str(KCACHEFS), "-f", "--upgrade", str(m.mnt)], stdout=log,
+                                   stderr=subprocess.STDOUT)
+            assert m.proc.wait(timeout=60) == 0
+            m.proc = new
+        finally:
+            log.close()
+        assert elf_machine((entry / "kernel.cubin").read_bytes()) == EM_CUDA
+        assert (e / "kernel.cubin").read_bytes() == first
     finally:
         m.stop()
