@@ -11,6 +11,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdint.h>
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -74,18 +76,67 @@ static void reader_gone(void *arg)
 	pthread_mutex_unlock(&io.lock);
 }
 
+/* Each reader thread waits in an epoll set of its own: the session's descriptor with
+ * EPOLLEXCLUSIVE (a request wakes one idle reader, as a blocking read of /dev/fuse does,
+ * not all of them, as poll() would), and the gate's eventfd (closing wakes them all). */
+static pthread_key_t ep_key;
+static pthread_once_t ep_once = PTHREAD_ONCE_INIT;
+
+static void ep_close(void *p)
+{
+	close((int)(intptr_t)p - 1);
+}
+
+static void ep_key_make(void)
+{
+	pthread_key_create(&ep_key, ep_close);
+}
+
+/* This thread's epoll set for fd, or -1 (then poll() is used). */
+static int thread_epoll(int fd)
+{
+	pthread_once(&ep_once, ep_key_make);
+	intptr_t v = (intptr_t)pthread_getspecific(ep_key);
+	if (v)
+		return (int)v - 1;
+	int ep = epoll_create1(EPOLL_CLOEXEC);
+	struct epoll_event in = {.events = EPOLLIN | EPOLLEXCLUSIVE, .data.fd = fd};
+	struct epoll_event wake = {.events = EPOLLIN, .data.fd = io.wake_fd};
+	if (ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, fd, &in) != 0 ||
+	    epoll_ctl(ep, EPOLL_CTL_ADD, io.wake_fd, &wake) != 0) {
+		if (ep >= 0)
+			close(ep);
+		return -1;
+	}
+	pthread_setspecific(ep_key, (void *)(intptr_t)(ep + 1));
+	return ep;
+}
+
 /* One wait for a request: the request's length, or -1 with *err (EAGAIN: none now, or the
  * gate is closing). */
 static ssize_t poll_read(int fd, void *buf, size_t len, int *err)
 {
-	struct pollfd p[2] = {{fd, POLLIN, 0}, {io.wake_fd, POLLIN, 0}};
-	int r = poll(p, io.wake_fd >= 0 ? 2 : 1, -1);
+	int ep = thread_epoll(fd), ready = 0;
 	*err = EAGAIN;
-	if (r < 0) {
-		*err = errno;
-		return -1;
+	if (ep >= 0) {
+		struct epoll_event ev[2];
+		int r = epoll_wait(ep, ev, 2, -1);
+		if (r < 0) {
+			*err = errno;
+			return -1;
+		}
+		for (int i = 0; i < r; i++)
+			ready |= ev[i].data.fd == fd;
+	} else {
+		struct pollfd p[2] = {{fd, POLLIN, 0}, {io.wake_fd, POLLIN, 0}};
+		int r = poll(p, 2, -1);
+		if (r < 0) {
+			*err = errno;
+			return -1;
+		}
+		ready = p[0].revents != 0;
 	}
-	if (!p[0].revents)
+	if (!ready)
 		return -1;
 	ssize_t n = read(fd, buf, len);
 	*err = errno;
