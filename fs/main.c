@@ -356,8 +356,8 @@ static void unmount_adopted(const char *mnt)
 }
 
 /* kcachefs [-f] [-d] --upgrade MOUNTPOINT: connect to the daemon of MOUNTPOINT and take its
- * command line. On success *argc and *argv are the old daemon's command line with this
- * one's other arguments (-f, -d) added, the working directory is the old daemon's, *offer
+ * command line. On success *argc and *argv are the old daemon's command line (less -f)
+ * with this one's other arguments (-f, -d) added, the working directory is the old daemon's, *offer
  * holds its offer; returns the connected socket. Returns -1 when there is no --upgrade,
  * -2 after saying why the upgrade cannot start (usage), -3 (refused or no daemon). */
 static int upgrade_args(int *argc, char ***argv, struct kc_handover_offer *offer)
@@ -389,7 +389,8 @@ static int upgrade_args(int *argc, char ***argv, struct kc_handover_offer *offer
 	int k = 0;
 	v[k++] = (*argv)[0];
 	for (uint32_t i = 0; i < offer->args_len; i += (uint32_t)strlen(offer->args + i) + 1)
-		v[k++] = offer->args + i;
+		if (strcmp(offer->args + i, "-f") != 0) /* this command's own -f decides */
+			v[k++] = offer->args + i;
 	for (int i = 1; i < *argc; i++)
 		if (i != at && i != at + 1)
 			v[k++] = (*argv)[i];

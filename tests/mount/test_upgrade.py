@@ -61,6 +61,19 @@ def open_all(index, entries):
     return out
 
 
+def daemons_of(m):
+    """Pids of the kcachefs daemons (not watchers) whose command line names m's mountpoint."""
+    pids = []
+    for d in os.listdir("/proc"):
+        try:
+            argv = open("/proc/%s/cmdline" % d, "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if d.isdigit() and argv[0].endswith(b"kcachefs") and str(m.mnt).encode() in argv:
+            pids.append(int(d))
+    return pids
+
+
 def ns_read(helper, rel):
     helper.stdin.write(rel + "\n")
     helper.stdin.flush()
@@ -191,6 +204,7 @@ def test_upgrade_to_another_format_is_refused(tmp_path, counting_nvcc):
     assert other.exists(), "built by tests/meson.build"
     (tmp_path / "m").mkdir()
     m = Mount(tmp_path / "m", ["nvcc=%s" % make()]).start()
+    new_pid = None
     try:
         pid = m.proc.pid
         e = m.stage("vadd", *variant(0))
@@ -220,16 +234,23 @@ def test_upgrade_to_another_format_is_refused(tmp_path, counting_nvcc):
             assert r.returncode == 1 and "is being staged" in r.stderr, r
             assert m.proc.poll() is None
         (entry / "kernel.flags").write_bytes(flags)
-        # Closed: the same upgrade goes through, and the new daemon compiles what was staged.
-        log = open(m.log_path, "ab")
-        try:
-            new = subprocess.Popen([str(KCACHEFS), "-f", "--upgrade", str(m.mnt)], stdout=log,
-                                   stderr=subprocess.STDOUT)
-            assert m.proc.wait(timeout=60) == 0
-            m.proc = new
-        finally:
-            log.close()
+        # Closed: the same upgrade goes through (without -f: the new daemon detaches, the
+        # command returns once it serves), and the new daemon compiles what was staged.
+        r = subprocess.run([str(KCACHEFS), "--upgrade", str(m.mnt)], capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode == 0, r
+        assert m.proc.wait(timeout=60) == 0
+        serving = daemons_of(m)
+        assert len(serving) == 1 and pid not in serving, serving
+        new_pid = serving[0]
         assert elf_machine((entry / "kernel.cubin").read_bytes()) == EM_CUDA
         assert (e / "kernel.cubin").read_bytes() == first
     finally:
         m.stop()
+        if new_pid:  # detached: gone once unmounted
+            deadline = time.monotonic() + 20
+            while os.path.exists("/proc/%d" % new_pid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if os.path.exists("/proc/%d" % new_pid):
+                os.kill(new_pid, 9)
+                pytest.fail("the detached daemon outlived its unmount")
