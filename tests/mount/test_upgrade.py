@@ -62,15 +62,19 @@ def open_all(index, entries):
 
 
 def daemons_of(m):
-    """Pids of the kcachefs daemons (not watchers) whose command line names m's mountpoint."""
+    """Pids of the kcachefs processes whose command line names m's mountpoint and that hold
+    /dev/fuse: its daemons (a watcher, forked from a daemon, closes it at once)."""
     pids = []
-    for d in os.listdir("/proc"):
+    for d in filter(str.isdigit, os.listdir("/proc")):
         try:
             argv = open("/proc/%s/cmdline" % d, "rb").read().split(b"\0")
+            if not (argv[0].endswith(b"kcachefs") and str(m.mnt).encode() in argv):
+                continue
+            fds = os.listdir("/proc/%s/fd" % d)
+            if any(os.readlink("/proc/%s/fd/%s" % (d, f)) == "/dev/fuse" for f in fds):
+                pids.append(int(d))
         except OSError:
             continue
-        if d.isdigit() and argv[0].endswith(b"kcachefs") and str(m.mnt).encode() in argv:
-            pids.append(int(d))
     return pids
 
 
@@ -240,7 +244,9 @@ def test_upgrade_to_another_format_is_refused(tmp_path, counting_nvcc):
                            text=True, timeout=120)
         assert r.returncode == 0, r
         assert m.proc.wait(timeout=60) == 0
-        serving = daemons_of(m)
+        deadline = time.monotonic() + 10
+        while len(serving := daemons_of(m)) != 1 and time.monotonic() < deadline:
+            time.sleep(0.1)  # a watcher just forked still has the daemon's descriptors
         assert len(serving) == 1 and pid not in serving, serving
         new_pid = serving[0]
         assert elf_machine((entry / "kernel.cubin").read_bytes()) == EM_CUDA
