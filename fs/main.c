@@ -604,7 +604,7 @@ int main(int argc, char *argv[])
 	if (fuse_set_signal_handlers(fs->se) != 0)
 		goto out_session;
 	if (up_fuse_fd >= 0) {
-		if (kc_upgrade_io(fs->se, up_fuse_fd) != 0) {
+		if (kc_upgrade_adopt(up_fuse_fd) != 0) {
 			kc_log(KC_LOG_ERR, "upgrade: cannot serve the descriptor handed over");
 			goto out_signals;
 		}

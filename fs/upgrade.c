@@ -37,13 +37,14 @@ static struct {
 	long outstanding;  /* requests read and not answered */
 	int wake_fd;       /* an eventfd: wakes the readers' polls when closing */
 	int swallow;       /* replies are kept in swallowed, not written (the replayed INIT) */
+	int placeholder;   /* the new side: the session's descriptor until the real one */
 	unsigned char swallowed[KC_HANDOVER_INIT_MAX];
 	size_t swallowed_len;
 	unsigned char init_in[KC_HANDOVER_INIT_MAX], init_out[KC_HANDOVER_INIT_MAX];
 	size_t init_in_len, init_out_len;
 	uint64_t init_unique;
-} io = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0, -1, 0, {0}, 0, {0}, {0},
-	0, 0, 0};
+} io = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0, -1, 0, -1, {0}, 0, {0},
+	{0}, 0, 0, 0};
 
 static void note_request(const void *buf, size_t n)
 {
@@ -673,6 +674,7 @@ int kc_upgrade_replay_init(int sock, struct fuse_session *se, const struct kc_ha
 {
 	int placeholder = open("/dev/null", O_RDWR | O_CLOEXEC);
 	int err = placeholder < 0 ? -errno : kc_upgrade_io(se, placeholder);
+	io.placeholder = placeholder;
 	if (!err && (o->init_in_len < sizeof(struct fuse_in_header) ||
 		     ((const struct fuse_in_header *)o->init_in)->opcode != FUSE_INIT)) {
 		snprintf(why, whylen, "the offer holds no FUSE_INIT");
@@ -709,8 +711,18 @@ int kc_upgrade_replay_init(int sock, struct fuse_session *se, const struct kc_ha
 	} else {
 		send_msg(sock, MSG_ABORT, why, strlen(why) + 1);
 	}
-	/* The placeholder stays the session's until the real descriptor replaces it. */
+	/* The placeholder stays the session's until kc_upgrade_adopt puts the real one there. */
 	return err;
+}
+
+int kc_upgrade_adopt(int fd)
+{
+	int fl = fcntl(fd, F_GETFL);
+	if (io.placeholder < 0 || fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) != 0 ||
+	    dup3(fd, io.placeholder, O_CLOEXEC) < 0)
+		return io.placeholder < 0 ? -EBADF : -errno;
+	close(fd);
+	return 0;
 }
 
 int kc_upgrade_receive(int sock, pid_t old, unsigned char **state, size_t *len, int **fds,

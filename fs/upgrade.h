@@ -49,6 +49,10 @@ int kc_upgrade_connect(const char *mnt, struct kc_handover_offer *offer, char *w
  * serving (-EPROTO, why filled). */
 int kc_upgrade_replay_init(int sock, struct fuse_session *se, const struct kc_handover_offer *o,
 			   char *why, size_t whylen);
+/* Make the session set up by kc_upgrade_replay_init serve fd (the /dev/fuse descriptor
+ * handed over; consumed on success): it takes the placeholder's number, so libfuse's session
+ * needs no second setup. Returns 0 or -errno. */
+int kc_upgrade_adopt(int fd);
 /* Receive the state (*state, *len: malloc'ed bytes) and its descriptors (*fds, *nfds),
  * acknowledge them, and wait (at most 60 s) until the old daemon's pid is gone. Returns 0,
  * or -errno with why filled (the old daemon kept the mount when it failed before sending). */
