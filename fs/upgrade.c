@@ -63,11 +63,6 @@ static void note_request(const void *buf, size_t n)
 	__atomic_add_fetch(&io.outstanding, 1, __ATOMIC_SEQ_CST);
 }
 
-static void unlock_cleanup(void *arg)
-{
-	pthread_mutex_unlock(arg);
-}
-
 static void reader_gone(void *arg)
 {
 	(void)arg;
@@ -149,19 +144,23 @@ static ssize_t poll_read(int fd, void *buf, size_t len, int *err)
 static ssize_t io_read(int fd, void *buf, size_t len, void *userdata)
 {
 	(void)userdata;
+	/* libfuse cancels its workers when the loop ends, in this read: no lock is held across
+	 * a cancellation point, and no cleanup handler is pushed (their longjmp trips
+	 * AddressSanitizer); a reader cancelled while counted is only one at the very end. */
 	for (;;) {
+		while (__atomic_load_n(&io.closed, __ATOMIC_SEQ_CST))
+			usleep(10000);
 		pthread_mutex_lock(&io.lock);
-		pthread_cleanup_push(unlock_cleanup, &io.lock);
-		while (io.closed)
-			pthread_cond_wait(&io.cond, &io.lock);
-		io.readers++;
-		pthread_cleanup_pop(1);
+		int closed = io.closed;
+		if (!closed)
+			io.readers++;
+		pthread_mutex_unlock(&io.lock);
+		if (closed)
+			continue;
 
 		int err;
-		ssize_t n;
-		pthread_cleanup_push(reader_gone, NULL);
-		n = poll_read(fd, buf, len, &err);
-		pthread_cleanup_pop(1);
+		ssize_t n = poll_read(fd, buf, len, &err);
+		reader_gone(NULL);
 		if (n >= 0)
 			return n;
 		if (err != EAGAIN) {
@@ -513,6 +512,10 @@ static void serve(int c)
 		snprintf(why, sizeof(why), "%ld requests still unanswered after %u s (compiles "
 			 "running%s)", left, bound, fs->request_budget ? ", under the kernel's request "
 			 "timeout" : "");
+	if (!err && fuse_session_exited(fs->se)) {
+		snprintf(why, sizeof(why), "the daemon is stopping");
+		err = -ESHUTDOWN;
+	}
 	if (!err)
 		err = kc_handover_state_put(fs, fuse_session_fd(fs->se), &b, &fds, why, sizeof(why));
 	if (!err) {
@@ -558,8 +561,11 @@ static void *listener(void *arg)
 				continue;
 			return NULL; /* closed at the stop */
 		}
+		/* Not cancelled inside (kc_upgrade_stop waits): the gate's lock must not stay held. */
+		pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, NULL);
 		serve(c);
 		close(c);
+		pthread_setcancelstate(PTHREAD_CANCEL_ENABLE, NULL);
 	}
 }
 
