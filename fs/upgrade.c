@@ -413,10 +413,19 @@ void kc_upgrade_socket_path(const char *real_mnt, char *path, size_t len)
 {
 	char hex[KC_SHA256_HEXLEN + 1];
 	kc_sha256_buf(real_mnt, strlen(real_mnt), hex);
-	if (geteuid() == 0)
-		snprintf(path, len, "/run/kcachefs/upgrade-%.16s.sock", hex);
-	else
-		snprintf(path, len, "/tmp/kcachefs-%u/upgrade-%.16s.sock", (unsigned)geteuid(), hex);
+	snprintf(path, len, "kcachefs-upgrade-%u-%.32s", (unsigned)geteuid(), hex);
+}
+
+/* The abstract address (no file: it goes with the process, even a killed one) of name. */
+static socklen_t abstract_addr(const char *name, struct sockaddr_un *a)
+{
+	size_t n = strlen(name);
+	memset(a, 0, sizeof(*a));
+	a->sun_family = AF_UNIX;
+	if (n > sizeof(a->sun_path) - 1)
+		n = sizeof(a->sun_path) - 1;
+	memcpy(a->sun_path + 1, name, n);
+	return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n);
 }
 
 /* The old side. */
@@ -425,7 +434,6 @@ static struct {
 	struct kc_fs *fs;
 	int sock;
 	char path[108];
-	ino_t sock_ino;
 	struct kc_hbuf args;  /* the command line offered: argv[1..], NUL-terminated each */
 	char *cwd;
 	pthread_t thread;
@@ -580,29 +588,17 @@ int kc_upgrade_listen(struct kc_fs *fs, const char *real_mnt, int argc, char **a
 		return -ENOMEM;
 	srv.fs = fs;
 	kc_upgrade_socket_path(real_mnt, srv.path, sizeof(srv.path));
-	char dir[108];
-	snprintf(dir, sizeof(dir), "%s", srv.path);
-	*strrchr(dir, '/') = '\0';
-	if (mkdir(dir, 0700) != 0 && errno != EEXIST)
-		return -errno;
-	struct stat st;
-	if (lstat(dir, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid() ||
-	    (st.st_mode & 077))
-		return -EPERM; /* someone else's, or open to others */
-	struct sockaddr_un a = {.sun_family = AF_UNIX};
-	snprintf(a.sun_path, sizeof(a.sun_path), "%s", srv.path);
+	struct sockaddr_un a;
+	socklen_t al = abstract_addr(srv.path, &a);
 	srv.sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (srv.sock < 0)
 		return -errno;
-	unlink(srv.path); /* a predecessor's, dead or handed over */
-	if (bind(srv.sock, (struct sockaddr *)&a, sizeof(a)) != 0 || listen(srv.sock, 4) != 0 ||
-	    stat(srv.path, &st) != 0) {
-		int err = -errno;
+	if (bind(srv.sock, (struct sockaddr *)&a, al) != 0 || listen(srv.sock, 4) != 0) {
+		int err = -errno; /* EADDRINUSE: another process holds the name */
 		close(srv.sock);
 		srv.sock = -1;
 		return err;
 	}
-	srv.sock_ino = st.st_ino;
 	int err = pthread_create(&srv.thread, NULL, listener, NULL);
 	if (err) {
 		close(srv.sock);
@@ -617,9 +613,6 @@ void kc_upgrade_stop(void)
 {
 	if (!srv.started)
 		return;
-	struct stat st;
-	if (stat(srv.path, &st) == 0 && st.st_ino == srv.sock_ino)
-		unlink(srv.path);
 	shutdown(srv.sock, SHUT_RDWR);
 	pthread_cancel(srv.thread);
 	pthread_join(srv.thread, NULL);
@@ -641,15 +634,25 @@ int kc_upgrade_connect(const char *mnt, struct kc_handover_offer *offer, char *w
 		return -ENOENT;
 	}
 	kc_upgrade_socket_path(real, path, sizeof(path));
-	struct sockaddr_un a = {.sun_family = AF_UNIX};
-	snprintf(a.sun_path, sizeof(a.sun_path), "%s", path);
+	struct sockaddr_un a;
+	socklen_t al = abstract_addr(path, &a);
 	int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (s < 0 || connect(s, (struct sockaddr *)&a, sizeof(a)) != 0) {
-		snprintf(why, whylen, "no kcachefs daemon serves %s that takes upgrades (%s: %s)",
-			 real, path, strerror(errno));
+	if (s < 0 || connect(s, (struct sockaddr *)&a, al) != 0) {
+		snprintf(why, whylen, "no kcachefs daemon of uid %u serves %s that takes upgrades "
+			 "(socket @%s: %s)", (unsigned)geteuid(), real, path, strerror(errno));
 		if (s >= 0)
 			close(s);
 		return -ENOENT;
+	}
+	/* Anyone may bind an abstract name: the one listening must be root or this user. */
+	struct ucred cred;
+	socklen_t cl = sizeof(cred);
+	if (getsockopt(s, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0 ||
+	    (cred.uid != 0 && cred.uid != geteuid())) {
+		snprintf(why, whylen, "the socket @%s is held by uid %u, not a daemon of this user",
+			 path, (unsigned)cred.uid);
+		close(s);
+		return -EPERM;
 	}
 	uint32_t hello[2] = {KC_HANDOVER_FORMAT, (uint32_t)getpid()};
 	unsigned char *p = NULL;

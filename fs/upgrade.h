@@ -1,8 +1,9 @@
 /* upgrade.h - live upgrade: a running daemon hands its mount to a new one without
  * unmounting (kcachefs --upgrade MOUNTPOINT).
  *
- * The daemon listens on a Unix socket named after its mountpoint (kc_upgrade_socket_path;
- * only its own user and root may connect). A new daemon connects and says its handover
+ * The daemon listens on an abstract Unix socket named after its user and mountpoint
+ * (kc_upgrade_socket_path; no file, so nothing stays behind a killed daemon); each side
+ * checks the other's credentials (root, or the same user). A new daemon connects and says its handover
  * format (handover.h); another format is refused with a message and the old daemon keeps
  * serving. Else the old one offers its command line and the mount's FUSE_INIT; the new
  * one replays that FUSE_INIT on its own session (libfuse 3.14's fuse_session expects
@@ -26,7 +27,8 @@
 #include "fs.h"
 #include "handover.h"
 
-/* The socket of the daemon serving real_mnt (a resolved path) into path (len bytes). */
+/* The abstract socket name (without its leading NUL) of this user's daemon serving
+ * real_mnt (a resolved path), into path (len bytes). */
 void kc_upgrade_socket_path(const char *real_mnt, char *path, size_t len);
 
 /* Put the session's I/O on fd (its /dev/fuse descriptor, made non-blocking). Returns 0 or

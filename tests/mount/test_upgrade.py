@@ -226,7 +226,7 @@ def test_upgrade_to_another_format_is_refused(tmp_path, counting_nvcc):
         # No daemon there: a clear message.
         r = subprocess.run([str(KCACHEFS), "-f", "--upgrade", str(tmp_path)], capture_output=True,
                            text=True, timeout=60)
-        assert r.returncode == 1 and "no kcachefs daemon serves" in r.stderr, r
+        assert r.returncode == 1 and "no kcachefs daemon of uid 0 serves" in r.stderr, r
         # A file being staged (its stage temporary is the store's): refused until closed.
         src, flags = variant(2)
         entry = m.mnt / "cache" / ("kernel.vadd3." + "0" * 32)
