@@ -40,7 +40,7 @@ void kc_cubin_open(fuse_req_t req, struct kc_inode *in, int fd, struct fuse_file
 			return (void)fuse_reply_err(req, -v);
 		}
 	}
-	struct kc_fh *fh = err ? NULL : kc_fh_new(FH_PLAIN, fd);
+	struct kc_fh *fh = err ? NULL : kc_fh_new(fs, FH_PLAIN, fd);
 
 	if (err && entry_fd >= 0) { /* make the next open look it up (and compile) again */
 		struct stat est;
@@ -59,7 +59,7 @@ void kc_cubin_open(fuse_req_t req, struct kc_inode *in, int fd, struct fuse_file
 	}
 	fh->in = in; /* counted: an unlinked cubin stays readable while open */
 	kc_inode_opened(&fs->inodes, in, 1);
-	fi->fh = (uintptr_t)fh;
+	fi->fh = fh->id;
 	/* Immutable: the kernel's pages of this inode (a pending inode's were stored from this
 	 * recipe's cubin by open_published) stay valid. */
 	fi->keep_cache = 1;

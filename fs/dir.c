@@ -10,17 +10,6 @@
 
 #include "fs.h"
 
-struct dir_item {
-	ino_t ino;
-	unsigned char type;
-	char *name;
-};
-
-struct kc_dh {
-	int fd;              /* O_RDONLY on the directory (fsyncdir), -1 for virtual */
-	struct dir_item *items;
-	size_t n;
-};
 
 
 static struct kc_fs *fs_of(fuse_req_t req)
@@ -124,14 +113,20 @@ void kc_dir_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 			return (void)fuse_reply_err(req, err);
 		}
 	}
-	fi->fh = (uintptr_t)dh;
+	fi->fh = kc_idtable_add(&fs_of(req)->handles, dh, KC_HANDLE_DIR);
+	if (!fi->fh) {
+		if (dh->fd >= 0)
+			close(dh->fd);
+		free(dh);
+		return (void)fuse_reply_err(req, ENOMEM);
+	}
 	fuse_reply_open(req, fi);
 }
 
 void kc_dir_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 		       struct fuse_file_info *fi)
 {
-	struct kc_dh *dh = (struct kc_dh *)(uintptr_t)fi->fh;
+	struct kc_dh *dh = kc_idtable_get(&fs_of(req)->handles, fi->fh, KC_HANDLE_DIR);
 	char *buf;
 	size_t used = 0;
 
@@ -158,8 +153,9 @@ void kc_dir_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 
 void kc_dir_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
-	struct kc_dh *dh = (struct kc_dh *)(uintptr_t)fi->fh;
+	struct kc_dh *dh = kc_idtable_get(&fs_of(req)->handles, fi->fh, KC_HANDLE_DIR);
 	(void)ino;
+	kc_idtable_remove(&fs_of(req)->handles, fi->fh);
 	dh_clear(dh);
 	if (dh->fd >= 0)
 		close(dh->fd);
@@ -169,7 +165,7 @@ void kc_dir_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 
 void kc_dir_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi)
 {
-	struct kc_dh *dh = (struct kc_dh *)(uintptr_t)fi->fh;
+	struct kc_dh *dh = kc_idtable_get(&fs_of(req)->handles, fi->fh, KC_HANDLE_DIR);
 	(void)ino;
 	if (dh->fd < 0)
 		return (void)fuse_reply_err(req, 0);

@@ -13,6 +13,7 @@ enum fh_kind { FH_PLAIN, FH_STAGE, FH_STATS };
 
 struct kc_fh {
 	enum fh_kind kind;
+	uint64_t id;         /* its fi->fh, in fs->handles */
 	int fd;              /* reads and writes go here */
 	struct kc_inode *in; /* the inode opened, counted in its opens until release (NULL:
 			      * none, e.g. a stats handle) */
@@ -37,8 +38,17 @@ struct kc_fh {
 	struct kc_fh *prev, *next; /* every live handle, for kc_fh_free_all */
 };
 
-/* A new handle of kind for fd (owned). Returns NULL on ENOMEM. */
-struct kc_fh *kc_fh_new(enum fh_kind kind, int fd);
+/* A new handle of kind for fd (owned), with an id in fs->handles (fh->id, what fi->fh
+ * gets). Returns NULL on ENOMEM. */
+struct kc_fh *kc_fh_new(struct kc_fs *fs, enum fh_kind kind, int fd);
+/* kc_fh_new under exactly id (a handle carried over by a live upgrade). Returns NULL when
+ * the id is taken or on ENOMEM; fd is then not taken. */
+struct kc_fh *kc_fh_adopt(struct kc_fs *fs, uint64_t id, enum fh_kind kind, int fd);
+/* The handle behind a kernel file handle id, or NULL. */
+struct kc_fh *kc_fh_get(struct kc_fs *fs, uint64_t id);
+/* Call fn(fh, arg) for every live handle, under the list's lock; stops at the first
+ * nonzero return and returns it. */
+int kc_fh_foreach(int (*fn)(struct kc_fh *fh, void *arg), void *arg);
 /* Close its fds, remove an uncommitted stage temporary, free it. */
 void kc_fh_free(struct kc_fs *fs, struct kc_fh *fh);
 /* kc_fh_free, and then, for a handle counted in its inode's opens, drop that count: the

@@ -11,9 +11,12 @@
 
 #include "cache.h"
 #include "config.h"
+#include "idtable.h"
 #include "inode.h"
 #include "notify.h"
 #include "store.h"
+
+enum { KC_HANDLE_FILE = 1, KC_HANDLE_DIR = 2 };
 
 #define KC_TIMEOUT_PLAIN 1.0     /* seconds: ordinary files and directories */
 #define KC_TIMEOUT_PUBLISHED 3600.0 /* published cubins are immutable */
@@ -26,6 +29,8 @@ struct kc_fs {
 	struct kc_notifier notifier;
 	struct kc_evict evict;     /* the bounded cache (-o max_size, -o max_entries) */
 	struct fuse_session *se;
+	struct kc_idtable handles; /* the kernel's file and directory handles (fi->fh): ids of
+				    * struct kc_fh (KC_HANDLE_FILE) and dir.c's (KC_HANDLE_DIR) */
 	struct timespec started; /* mount time, shown as .kcachefs times */
 	/* waiter.c: the sweeper of waiters interrupted by a signal their process survived */
 	pthread_t sweep_thread;
@@ -33,6 +38,9 @@ struct kc_fs {
 	pthread_cond_t sweep_cond;
 	int sweep_stop, sweep_started;
 	unsigned parked; /* requests parked in waiter.c and not yet answered (atomic) */
+	unsigned request_budget; /* seconds a parked request may wait before it is answered
+				  * ETIMEDOUT, under the kernel's request timeout (reqtimeout.h);
+				  * 0: no bound */
 };
 
 /* The low-level operations (ops.c). */
@@ -44,7 +52,9 @@ extern const struct fuse_lowlevel_ops kc_fs_ops;
  * the entry's compile ends; answered with kc_reply_published_* or the compile's error. */
 void kc_park(fuse_req_t req, struct kc_inode *pending, struct fuse_file_info *fi);
 /* Start/stop the thread that lets go of parked waiters whose process is killed after an
- * interrupt it survived. Start returns 0 or -errno. */
+ * interrupt it survived (EINTR), and answers ETIMEDOUT, with a log line naming the sysctls,
+ * those parked for fs->request_budget seconds, before the kernel's request timeout would
+ * abort the mount. Start returns 0 or -errno. */
 int kc_sweeper_start(struct kc_fs *fs);
 void kc_sweeper_stop(struct kc_fs *fs);
 
@@ -59,6 +69,19 @@ void kc_cubin_open(fuse_req_t req, struct kc_inode *in, int fd, struct fuse_file
  * or -ENOENT without answering when no cubin is published (wait again). */
 int kc_reply_published_attr(fuse_req_t req, struct kc_inode *pending);
 int kc_reply_published_open(fuse_req_t req, struct kc_inode *pending, struct fuse_file_info *fi);
+
+/* A directory handle (dir.c): the snapshot of names its readdir answers from. */
+struct dir_item {
+	ino_t ino;
+	unsigned char type;
+	char *name;          /* owned */
+};
+
+struct kc_dh {
+	int fd;              /* O_RDONLY on the directory (fsyncdir), -1 for virtual */
+	struct dir_item *items; /* owned */
+	size_t n;
+};
 
 /* Directory handles (dir.c): opendir (after ops.c refused compiles), readdir, releasedir,
  * fsyncdir. */

@@ -27,9 +27,74 @@ static int by_address(const void *a, const void *b)
 	return a < b ? -1 : a > b;
 }
 
-static void init_virtual(struct kc_inode *in, enum kc_virtual v, mode_t type)
+/* The slot's cell, or NULL when its chunk was never made (alloc 0) or cannot be. Call with
+ * the lock held when alloc is set. */
+static struct kc_inode_slot *slot_cell(struct kc_inode_table *t, uint32_t slot, int alloc)
+{
+	uint32_t c = slot / KC_INODE_CHUNK;
+	if (c >= KC_INODE_CHUNKS)
+		return NULL;
+	struct kc_inode_slot *chunk = __atomic_load_n(&t->chunks[c], __ATOMIC_ACQUIRE);
+	if (!chunk && alloc) {
+		chunk = calloc(KC_INODE_CHUNK, sizeof(*chunk));
+		if (chunk)
+			__atomic_store_n(&t->chunks[c], chunk, __ATOMIC_RELEASE);
+	}
+	return chunk ? &chunk[slot % KC_INODE_CHUNK] : NULL;
+}
+
+/* Give in a slot and a new generation of it (lock held). Returns 0 or -ENOMEM. */
+static int slot_take(struct kc_inode_table *t, struct kc_inode *in)
+{
+	uint32_t slot;
+	if (t->n_free)
+		slot = t->free_slots[--t->n_free];
+	else if (t->next_slot < KC_INODE_CHUNK * KC_INODE_CHUNKS)
+		slot = t->next_slot++;
+	else
+		return -ENOMEM;
+	struct kc_inode_slot *cell = slot_cell(t, slot, 1);
+	if (!cell) {
+		if (slot == t->next_slot - 1)
+			t->next_slot--;
+		else
+			t->free_slots[t->n_free++] = slot;
+		return -ENOMEM;
+	}
+	in->slot = slot;
+	in->gen = cell->gen + 1 ? cell->gen + 1 : 1; /* never 0: that is the fixed ids' */
+	__atomic_store_n(&cell->gen, in->gen, __ATOMIC_RELAXED);
+	__atomic_store_n(&cell->in, in, __ATOMIC_RELEASE);
+	return 0;
+}
+
+/* Free in's slot (lock held); its generation stays, so its old id reads as stale. */
+static void slot_put(struct kc_inode_table *t, struct kc_inode *in)
+{
+	struct kc_inode_slot *cell = slot_cell(t, in->slot, 0);
+	if (!cell || cell->in != in)
+		return;
+	__atomic_store_n(&cell->in, NULL, __ATOMIC_RELEASE);
+	if (t->n_free == t->cap_free) {
+		size_t cap = t->cap_free ? t->cap_free * 2 : 1024;
+		uint32_t *v = realloc(t->free_slots, cap * sizeof(*v));
+		if (!v)
+			return; /* the slot is lost, not reused: harmless */
+		t->free_slots = v;
+		t->cap_free = cap;
+	}
+	t->free_slots[t->n_free++] = in->slot;
+}
+
+static void init_virtual(struct kc_inode_table *t, struct kc_inode *in, enum kc_virtual v,
+			 mode_t type, uint32_t slot)
 {
 	memset(in, 0, sizeof(*in));
+	in->slot = slot;
+	in->gen = 0;
+	struct kc_inode_slot *cell = slot_cell(t, slot, 1);
+	if (cell)
+		cell->in = in;
 	in->fd = -1;
 	in->parent_fd = -1;
 	in->virt = v;
@@ -43,11 +108,18 @@ int kc_inode_table_init(struct kc_inode_table *t, int root_fd)
 
 	memset(t, 0, sizeof(*t));
 	t->placeholder_fd = -1;
+	t->root.fd = -1;
 	pthread_mutex_init(&t->lock, NULL);
-	init_virtual(&t->ctl_dir, KC_VIRT_CTL_DIR, S_IFDIR);
-	init_virtual(&t->stats, KC_VIRT_STATS, S_IFREG);
-	init_virtual(&t->metrics, KC_VIRT_METRICS, S_IFREG);
-	init_virtual(&t->root, KC_VIRT_NONE, S_IFDIR);
+	t->chunks = calloc(KC_INODE_CHUNKS, sizeof(*t->chunks));
+	if (!t->chunks)
+		return -ENOMEM;
+	t->next_slot = KC_INODE_FIRST_SLOT;
+	init_virtual(t, &t->ctl_dir, KC_VIRT_CTL_DIR, S_IFDIR, 2);
+	init_virtual(t, &t->stats, KC_VIRT_STATS, S_IFREG, 3);
+	init_virtual(t, &t->metrics, KC_VIRT_METRICS, S_IFREG, 4);
+	init_virtual(t, &t->root, KC_VIRT_NONE, S_IFDIR, FUSE_ROOT_ID);
+	if (!slot_cell(t, FUSE_ROOT_ID, 0))
+		return -ENOMEM;
 	t->root.nlookup = 2;
 	t->root.fd = fcntl(root_fd, F_DUPFD_CLOEXEC, 0);
 	if (t->root.fd < 0 || fstat(t->root.fd, &st) != 0)
@@ -85,17 +157,32 @@ void kc_inode_table_destroy(struct kc_inode_table *t)
 	if (t->root.fd >= 0)
 		close(t->root.fd);
 	t->root.fd = -1;
+	if (t->chunks)
+		for (uint32_t c = 0; c < KC_INODE_CHUNKS; c++)
+			free(t->chunks[c]);
+	free(t->chunks);
+	t->chunks = NULL;
+	free(t->free_slots);
+	t->free_slots = NULL;
+	t->n_free = t->cap_free = 0;
 	pthread_mutex_destroy(&t->lock);
 }
 
 struct kc_inode *kc_inode_get(struct kc_inode_table *t, fuse_ino_t ino)
 {
-	return ino == FUSE_ROOT_ID ? &t->root : (struct kc_inode *)(uintptr_t)ino;
+	uint32_t slot = (uint32_t)ino, gen = (uint32_t)((uint64_t)ino >> 32);
+	if (slot == 0 || (gen == 0) != (slot < KC_INODE_FIRST_SLOT))
+		return NULL; /* generation 0 is the fixed ids' only */
+	struct kc_inode_slot *cell = slot_cell(t, slot, 0);
+	if (!cell || __atomic_load_n(&cell->gen, __ATOMIC_ACQUIRE) != gen)
+		return NULL;
+	return __atomic_load_n(&cell->in, __ATOMIC_ACQUIRE);
 }
 
 fuse_ino_t kc_inode_ino(struct kc_inode_table *t, const struct kc_inode *in)
 {
-	return in == &t->root ? FUSE_ROOT_ID : (fuse_ino_t)(uintptr_t)in;
+	(void)t;
+	return (fuse_ino_t)((uint64_t)in->gen << 32 | in->slot);
 }
 
 /* Find or create the inode for key (fd is consumed), counting one kernel reference. */
@@ -124,7 +211,15 @@ static struct kc_inode *ref_key(struct kc_inode_table *t, const struct kc_inode 
 		in->parent_fd = -1;
 		in->cubin_fd = -1;
 	}
-	if (!in || !tsearch(in, &t->tree, inode_cmp)) {
+	if (!in || slot_take(t, in) != 0) {
+		pthread_mutex_unlock(&t->lock);
+		free(in);
+		close(fd);
+		*err = -ENOMEM;
+		return NULL;
+	}
+	if (!tsearch(in, &t->tree, inode_cmp)) {
+		slot_put(t, in);
 		pthread_mutex_unlock(&t->lock);
 		free(in);
 		close(fd);
@@ -302,6 +397,8 @@ void kc_inode_forget(struct kc_inode_table *t, struct kc_inode *in, uint64_t n)
 		gone = 0; /* not in the tree: never free what the tree might still reach */
 	else if (gone)
 		t->count--;
+	if (gone)
+		slot_put(t, in);
 	pthread_mutex_unlock(&t->lock);
 	if (gone)
 		free_inode(in);
@@ -352,4 +449,105 @@ void kc_inode_unlinked(struct kc_inode_table *t, struct kc_inode *in)
 		}
 	}
 	pthread_mutex_unlock(&t->lock);
+}
+
+uint32_t kc_inode_slots_used(struct kc_inode_table *t)
+{
+	pthread_mutex_lock(&t->lock);
+	uint32_t n = t->next_slot;
+	pthread_mutex_unlock(&t->lock);
+	return n;
+}
+
+uint32_t kc_inode_slot_gen(struct kc_inode_table *t, uint32_t slot)
+{
+	struct kc_inode_slot *cell = slot_cell(t, slot, 0);
+	return cell ? __atomic_load_n(&cell->gen, __ATOMIC_ACQUIRE) : 0;
+}
+
+int kc_inode_foreach(struct kc_inode_table *t, int (*fn)(struct kc_inode *in, void *arg),
+		     void *arg)
+{
+	int r = 0;
+	pthread_mutex_lock(&t->lock);
+	for (uint32_t slot = KC_INODE_FIRST_SLOT; slot < t->next_slot && !r; slot++) {
+		struct kc_inode_slot *cell = slot_cell(t, slot, 0);
+		if (cell && cell->in)
+			r = fn(cell->in, arg);
+	}
+	pthread_mutex_unlock(&t->lock);
+	return r;
+}
+
+int kc_inode_restore_slots(struct kc_inode_table *t, uint32_t used, const uint32_t *gens)
+{
+	pthread_mutex_lock(&t->lock);
+	int err = 0;
+	for (uint32_t slot = KC_INODE_FIRST_SLOT; slot < used && !err; slot++) {
+		struct kc_inode_slot *cell = slot_cell(t, slot, 1);
+		if (!cell)
+			err = -ENOMEM;
+		else
+			cell->gen = gens[slot];
+	}
+	if (!err && used > t->next_slot)
+		t->next_slot = used;
+	pthread_mutex_unlock(&t->lock);
+	return err;
+}
+
+struct kc_inode *kc_inode_restore(struct kc_inode_table *t, const struct kc_inode *rec, int *err)
+{
+	if (rec->slot < KC_INODE_FIRST_SLOT || rec->gen == 0) {
+		*err = -EINVAL;
+		return NULL;
+	}
+	struct kc_inode *in = malloc(sizeof(*in));
+	if (!in) {
+		*err = -ENOMEM;
+		return NULL;
+	}
+	*in = *rec;
+	pthread_mutex_lock(&t->lock);
+	struct kc_inode_slot *cell = rec->slot < t->next_slot ? slot_cell(t, rec->slot, 1) : NULL;
+	*err = !cell ? -EINVAL : cell->in ? -EEXIST : 0;
+	if (!*err && !tsearch(in, in->unhashed ? &t->unhashed : &t->tree,
+			      in->unhashed ? by_address : inode_cmp))
+		*err = -ENOMEM;
+	if (!*err) {
+		cell->gen = in->gen;
+		__atomic_store_n(&cell->in, in, __ATOMIC_RELEASE);
+		if (!in->unhashed)
+			t->count++;
+		if (in->last_use > t->clock)
+			t->clock = in->last_use;
+	}
+	pthread_mutex_unlock(&t->lock);
+	if (*err) {
+		free(in);
+		return NULL;
+	}
+	return in;
+}
+
+int kc_inode_restore_done(struct kc_inode_table *t)
+{
+	pthread_mutex_lock(&t->lock);
+	for (uint32_t slot = t->next_slot; slot-- > KC_INODE_FIRST_SLOT;) {
+		struct kc_inode_slot *cell = slot_cell(t, slot, 0);
+		if (cell && !cell->in && t->n_free == t->cap_free) {
+			size_t cap = t->cap_free ? t->cap_free * 2 : 1024;
+			uint32_t *v = realloc(t->free_slots, cap * sizeof(*v));
+			if (!v) {
+				pthread_mutex_unlock(&t->lock);
+				return -ENOMEM;
+			}
+			t->free_slots = v;
+			t->cap_free = cap;
+		}
+		if (cell && !cell->in)
+			t->free_slots[t->n_free++] = slot;
+	}
+	pthread_mutex_unlock(&t->lock);
+	return 0;
 }

@@ -3,9 +3,16 @@
  * Shape after libfuse's example/passthrough_ll.c: each inode holds an O_PATH fd on its
  * backing object (so it follows renames and keeps the backing inode number from being
  * reused), is keyed by (st_dev, st_ino), and lives while the kernel's lookup count is
- * above zero. The fuse_ino_t the kernel sees is the struct's address; FUSE_ROOT_ID is the
- * root. Three virtual inodes (.kcachefs, .kcachefs/stats and .kcachefs/metrics.prom) have
- * fd -1 and are never freed.
+ * above zero. Three virtual inodes (.kcachefs, .kcachefs/stats and .kcachefs/metrics.prom)
+ * have fd -1 and are never freed.
+ *
+ * The fuse_ino_t the kernel sees (the node id) is not the struct's address, as in
+ * passthrough_ll, but a slot of the table tagged with that slot's generation:
+ * generation << 32 | slot. So the ids depend only on the table's contents, and a new
+ * process given the slots, generations and lookup counts (a live upgrade) answers the ids
+ * the kernel holds; an id whose slot is empty or holds a later generation is known to be
+ * stale. Fixed ids, generation 0: the root FUSE_ROOT_ID (1), .kcachefs 2, its stats 3 and
+ * metrics.prom 4; every other inode has a generation of at least 1.
  */
 #ifndef KC_INODE_H
 #define KC_INODE_H
@@ -26,6 +33,7 @@ struct kc_inode {
 	ino_t ino;
 	mode_t type;         /* S_IFMT bits */
 	uint64_t nlookup;    /* kernel references; guarded by the table lock */
+	uint32_t slot, gen;  /* its node id: gen << 32 | slot (see above); fixed while it lives */
 	enum kc_virtual virt;
 	/* Role in the cache, refreshed at lookup, create and rename (table lock): */
 	int entry;           /* a directory that is a kernel entry */
@@ -52,8 +60,22 @@ struct kc_inode {
 			      * again) and writes EBADF (atomic) */
 };
 
+#define KC_INODE_CHUNK 4096u   /* slots per chunk of the node-id table */
+#define KC_INODE_CHUNKS 65536u /* chunks: at most 2^28 slots */
+#define KC_INODE_FIRST_SLOT 5u /* slots 1-4: the root and the virtual inodes */
+
+struct kc_inode_slot {
+	struct kc_inode *in; /* NULL: free (written under the lock, read atomically) */
+	uint32_t gen;        /* generation of the inode in it, or of the last one */
+};
+
 struct kc_inode_table {
 	pthread_mutex_t lock;
+	struct kc_inode_slot **chunks; /* KC_INODE_CHUNKS pointers; a chunk is never moved or
+					* freed before the table, so lookups need no lock */
+	uint32_t next_slot;  /* slots below it have been used */
+	uint32_t *free_slots; /* a stack of free slots (n_free of cap_free) */
+	size_t n_free, cap_free;
 	void *tree;          /* tsearch tree of struct kc_inode *, keyed by (dev, ino) */
 	uint64_t count;
 	uint64_t max;        /* inodes kept before the kernel is asked to forget the least
@@ -75,13 +97,16 @@ int kc_inode_table_init(struct kc_inode_table *t, int root_fd);
 /* Free every inode (after the session ended). */
 void kc_inode_table_destroy(struct kc_inode_table *t);
 
-/* The inode behind a kernel ino (FUSE_ROOT_ID or an address this table handed out). */
+/* The inode behind a kernel node id (FUSE_ROOT_ID or an id this table handed out), or NULL
+ * for an id whose slot is empty or holds another generation (stale). No lock taken: the
+ * kernel's reference keeps the inode alive. */
 struct kc_inode *kc_inode_get(struct kc_inode_table *t, fuse_ino_t ino);
 
 /* Take a reference of the daemon's own on in, dropped with kc_inode_forget(t, in, 1): in,
  * and so its node id, stays valid while the holder needs it, even after the kernel forgot
  * it. No effect on virtual inodes. */
 void kc_inode_hold(struct kc_inode_table *t, struct kc_inode *in);
+/* The node id of in, for the kernel. */
 fuse_ino_t kc_inode_ino(struct kc_inode_table *t, const struct kc_inode *in);
 
 /* Find or create the inode of the object behind fd (O_PATH, consumed: kept or closed) with
@@ -144,5 +169,25 @@ void kc_inode_unlinked(struct kc_inode_table *t, struct kc_inode *in);
 
 /* Drop n kernel references; frees the inode at zero. */
 void kc_inode_forget(struct kc_inode_table *t, struct kc_inode *in, uint64_t n);
+
+/* A live upgrade (handover.c). The slots handed out so far (slots below it were used) and
+ * each one's generation (0 for a slot never used); the fixed slots below
+ * KC_INODE_FIRST_SLOT are not counted as handed out. */
+uint32_t kc_inode_slots_used(struct kc_inode_table *t);
+uint32_t kc_inode_slot_gen(struct kc_inode_table *t, uint32_t slot);
+/* Call fn(in, arg) for every inode of a slot of its own (not the root, not the virtual
+ * ones), under the table lock; stops at and returns the first nonzero return. */
+int kc_inode_foreach(struct kc_inode_table *t, int (*fn)(struct kc_inode *in, void *arg),
+		     void *arg);
+/* In a fresh table: slots below used were handed out, with generations gens[slot]
+ * (gens has used entries). Returns 0 or -ENOMEM. */
+int kc_inode_restore_slots(struct kc_inode_table *t, uint32_t used, const uint32_t *gens);
+/* Put a copy of rec (its fds owned by the table from here; slot, gen, nlookup and every
+ * field as given) at its id. Returns the new inode, or NULL with -EEXIST (the slot is
+ * taken), -EINVAL (a fixed slot, or one past kc_inode_restore_slots's) or -ENOMEM in *err;
+ * then rec's fds are not taken. */
+struct kc_inode *kc_inode_restore(struct kc_inode_table *t, const struct kc_inode *rec, int *err);
+/* After the last kc_inode_restore: the slots left empty become free for new inodes. */
+int kc_inode_restore_done(struct kc_inode_table *t);
 
 #endif

@@ -16,7 +16,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -27,6 +29,8 @@
 #include "kc_build.h"
 #include "log.h"
 #include "remote_tier.h"
+#include "reqtimeout.h"
+#include "upgrade.h"
 
 struct kc_opts {
 	char *backing;
@@ -109,7 +113,8 @@ static void on_evicted(void *arg, const char *rel_path)
 
 static void usage(const char *prog)
 {
-	printf("usage: %s [options] BACKING_DIR MOUNTPOINT\n\n"
+	printf("usage: %s [options] BACKING_DIR MOUNTPOINT\n"
+	       "       %s [-f] --upgrade MOUNTPOINT   take over a running daemon's mount\n\n"
 	       "A self-populating cache of compiled CUDA kernels: the first open of\n"
 	       "kernel.<name>.<hash>/kernel.cubin compiles the staged kernel.cu with the staged\n"
 	       "kernel.flags, once, while concurrent openers wait.\n\n"
@@ -155,7 +160,7 @@ static void usage(const char *prog)
 	       "                           compile here (default %d)\n"
 	       "    -o remote_timeout=MS   bound of each store operation (default %d)\n"
 	       "    -o log_level=LEVEL     error, warning, info (default) or debug\n\n",
-	       prog, KC_DEFAULT_ARCH, KC_DEFAULT_COMPILE_TIMEOUT, KC_NVRTC_IDLE_DEFAULT,
+	       prog, prog, KC_DEFAULT_ARCH, KC_DEFAULT_COMPILE_TIMEOUT, KC_NVRTC_IDLE_DEFAULT,
 	       KC_DEFAULT_COMPILE_UIDS,
 	       KC_DEFAULT_MAX_SOURCE, KC_REMOTE_DEFAULT_LEASE, KC_REMOTE_DEFAULT_WAIT,
 	       KC_REMOTE_DEFAULT_TIMEOUT);
@@ -298,8 +303,128 @@ static unsigned long raise_fd_limit(void)
 	return rl.rlim_cur == RLIM_INFINITY ? nr_open : (unsigned long)rl.rlim_cur;
 }
 
+/* Keep every wait of the mount under the kernel's request timeout rt (reqtimeout.h), which
+ * aborts the whole mount when one request waits that long: parked requests are answered
+ * ETIMEDOUT within its budget (waiter.c), compile_timeout and, with a cluster store
+ * (remote nonzero), remote_wait are capped below the budget. *remote_wait is the
+ * -o remote_wait= value (0: the default), lowered when capped. Describes the timeout in
+ * desc (len bytes) for the start-up line. libfuse 3.14 has no request_timeout option
+ * (3.18 adds one, sent to the kernel in the INIT reply): the sysctls alone decide. */
+static void fit_request_timeout(struct kc_fs *fs, const struct kc_reqtimeout *rt,
+				unsigned long *remote_wait, int remote, char *desc, size_t len)
+{
+	unsigned budget = kc_reqtimeout_budget(rt->effective_s);
+	fs->request_budget = budget;
+	fs->cfg.request_timeout = rt->effective_s;
+	if (!budget) {
+		snprintf(desc, len, "none%s", rt->present ? " (fs.fuse.default_request_timeout and "
+			 "max_request_timeout are 0)" : " (the kernel has none)");
+		return;
+	}
+	snprintf(desc, len, "%u s (fs.fuse.default_request_timeout=%u, max_request_timeout=%u): "
+		 "requests answered within %u s", rt->effective_s, rt->default_s, rt->max_s, budget);
+	unsigned cap = budget > 1 ? budget - 1 : 1;
+	if (fs->cfg.compile_timeout > cap) {
+		fs->cfg.compile_timeout_asked = fs->cfg.compile_timeout;
+		fs->cfg.compile_timeout = cap;
+		kc_log(KC_LOG_WARN, "compile_timeout %u s is capped at %u s: the kernel aborts this "
+		       "mount when a request waits %u s (sysctls fs.fuse.default_request_timeout=%u, "
+		       "fs.fuse.max_request_timeout=%u); set them to 0 (off) or to at least %u and "
+		       "remount, for compiles that long", fs->cfg.compile_timeout_asked, cap,
+		       rt->effective_s, rt->default_s, rt->max_s,
+		       kc_reqtimeout_needed(fs->cfg.compile_timeout_asked + 1));
+	}
+	unsigned long wait = *remote_wait ? *remote_wait : KC_REMOTE_DEFAULT_WAIT;
+	if (remote && wait > cap) {
+		kc_log(KC_LOG_WARN, "remote_wait %lu s is capped at %u s, under the kernel's request "
+		       "timeout of %u s", wait, cap, rt->effective_s);
+		*remote_wait = cap;
+	}
+}
+
+/* Unmount a mount this daemon took over (libfuse did not mount it, so it would not
+ * unmount it): lazily, as libfuse does. */
+static void unmount_adopted(const char *mnt)
+{
+	if (geteuid() == 0) {
+		if (umount2(mnt, MNT_DETACH) != 0 && errno != EINVAL && errno != ENOENT)
+			kc_log(KC_LOG_WARN, "cannot unmount %s: %s", mnt, strerror(errno));
+		return;
+	}
+	pid_t pid = fork();
+	if (pid == 0) {
+		execlp("fusermount3", "fusermount3", "-u", "-z", "--", mnt, (char *)NULL);
+		_exit(127);
+	}
+	if (pid > 0)
+		waitpid(pid, NULL, 0);
+}
+
+/* kcachefs [-f] [-d] --upgrade MOUNTPOINT: connect to the daemon of MOUNTPOINT and take its
+ * command line. On success *argc and *argv are the old daemon's command line (less -f)
+ * with this one's other arguments (-f, -d) added, the working directory is the old daemon's, *offer
+ * holds its offer; returns the connected socket. Returns -1 when there is no --upgrade,
+ * -2 after saying why the upgrade cannot start (usage), -3 (refused or no daemon). */
+static int upgrade_args(int *argc, char ***argv, struct kc_handover_offer *offer)
+{
+	int at = -1;
+	for (int i = 1; i < *argc; i++)
+		if (strcmp((*argv)[i], "--upgrade") == 0)
+			at = i;
+	if (at < 0)
+		return -1;
+	if (at + 1 >= *argc) {
+		fprintf(stderr, "usage: %s [-f] [-d] --upgrade MOUNTPOINT\n", (*argv)[0]);
+		return -2;
+	}
+	char why[1024];
+	int s = kc_upgrade_connect((*argv)[at + 1], offer, why, sizeof(why));
+	if (s < 0) {
+		fprintf(stderr, "kcachefs: upgrade of %s: %s\n", (*argv)[at + 1], why);
+		return -3;
+	}
+	size_t n = 1;
+	for (uint32_t i = 0; i < offer->args_len; i++)
+		n += offer->args[i] == '\0';
+	char **v = calloc(n + (size_t)*argc + 1, sizeof(*v));
+	if (!v) {
+		close(s);
+		return -3;
+	}
+	int k = 0;
+	v[k++] = (*argv)[0];
+	for (uint32_t i = 0; i < offer->args_len; i += (uint32_t)strlen(offer->args + i) + 1)
+		if (strcmp(offer->args + i, "-f") != 0) /* this command's own -f decides */
+			v[k++] = offer->args + i;
+	for (int i = 1; i < *argc; i++)
+		if (i != at && i != at + 1)
+			v[k++] = (*argv)[i];
+	if (chdir(offer->cwd) != 0)
+		fprintf(stderr, "kcachefs: the running daemon's directory %s: %s\n", offer->cwd,
+			strerror(errno));
+	*argc = k;
+	*argv = v;
+	return s;
+}
+
 int main(int argc, char *argv[])
 {
+	char start_cwd[PATH_MAX];
+	if (!getcwd(start_cwd, sizeof(start_cwd)))
+		snprintf(start_cwd, sizeof(start_cwd), "/");
+	struct kc_handover_offer offer = {0};
+	char **up_argv = NULL;
+	int up_sock = upgrade_args(&argc, &argv, &offer);
+	if (up_sock == -2 || up_sock == -3)
+		return up_sock == -2 ? 2 : 1;
+	if (up_sock >= 0) {
+		up_argv = argv;
+		if (!getcwd(start_cwd, sizeof(start_cwd)))
+			snprintf(start_cwd, sizeof(start_cwd), "%s", offer.cwd);
+	}
+	unsigned char *up_state = NULL;
+	size_t up_len = 0, up_nfds = 0;
+	int *up_fds = NULL, up_fuse_fd = -1;
 	struct fuse_args args = FUSE_ARGS_INIT(argc, argv);
 	struct fuse_cmdline_opts cmd = {0};
 	struct kc_opts o = {0};
@@ -343,6 +468,7 @@ int main(int argc, char *argv[])
 	if (!fs)
 		goto out_args;
 	clock_gettime(CLOCK_REALTIME, &fs->started);
+	kc_idtable_init(&fs->handles);
 	unsigned long jobs = 0, timeout = 0, max_source = 0, max_inodes = 0, max_entries = 0;
 	unsigned long nvrtc_idle = KC_NVRTC_IDLE_DEFAULT;
 	unsigned long remote_lease = 0, remote_wait = 0, remote_timeout = 0;
@@ -410,7 +536,15 @@ int main(int argc, char *argv[])
 	char real_mnt[PATH_MAX];
 	if (!realpath(cmd.mountpoint, real_mnt))
 		snprintf(real_mnt, sizeof(real_mnt), "%s", cmd.mountpoint);
-	if (kcachefs_mounted_on(real_mnt)) {
+	if (up_sock >= 0) {
+		/* Taken over: nothing below may touch the mount until the loop serves it. */
+		if (kc_upgrade_replay_init(up_sock, fs->se, &offer, why, sizeof(why)) != 0 ||
+		    kc_upgrade_receive(up_sock, offer.pid, &up_state, &up_len, &up_fds, &up_nfds, why,
+				       sizeof(why)) != 0) {
+			fprintf(stderr, "kcachefs: upgrade of %s: %s\n", real_mnt, why);
+			goto out_cfg;
+		}
+	} else if (kcachefs_mounted_on(real_mnt)) {
 		fprintf(stderr, "kcachefs: %s already has a kcachefs mount, which this one would "
 			"hide: unmount it first (umount %s, or fusermount3 -u %s), or choose another "
 			"mountpoint\n", real_mnt, real_mnt, real_mnt);
@@ -427,6 +561,15 @@ int main(int argc, char *argv[])
 		goto out_cfg;
 	}
 	warn_if_reachable(fs->store.root_path);
+	/* Read before mounting: the kernel fixes a connection's timeout when FUSE_INIT is
+	 * answered, from the sysctls of that moment. */
+	struct kc_reqtimeout rt;
+	char rt_desc[256];
+	int rterr = kc_reqtimeout_read(KC_REQTIMEOUT_SYSCTL_DIR, &rt);
+	if (rterr)
+		kc_log(KC_LOG_WARN, "cannot read the kernel's FUSE request timeout from %s: %s; "
+		       "assuming none", KC_REQTIMEOUT_SYSCTL_DIR, strerror(-rterr));
+	fit_request_timeout(fs, &rt, &remote_wait, o.remote != NULL, rt_desc, sizeof(rt_desc));
 	if (o.remote) {
 		struct kc_remote_opts ro = {
 			.url = o.remote, .auth_file = o.remote_auth, .key_file = o.remote_key,
@@ -456,28 +599,53 @@ int main(int argc, char *argv[])
 	if (max_inodes && max_inodes > fd_limit / 2)
 		kc_log(KC_LOG_WARN, "max_inodes=%lu is over half the open file limit %lu: lookups "
 		       "may fail with EMFILE", max_inodes, fd_limit);
+	if (up_state) {
+		why[0] = '\0';
+		int err = kc_handover_state_restore(fs, up_state, up_len, up_fds, up_nfds,
+						    &up_fuse_fd, why, sizeof(why));
+		if (err) {
+			kc_log(KC_LOG_ERR, "upgrade: the state of pid %d cannot be taken: %s", offer.pid,
+			       why);
+			goto out_session;
+		}
+	}
 
 	if (fuse_set_signal_handlers(fs->se) != 0)
 		goto out_session;
-	if (fuse_session_mount(fs->se, cmd.mountpoint) != 0) {
+	if (up_fuse_fd >= 0) {
+		if (kc_upgrade_adopt(up_fuse_fd) != 0) {
+			kc_log(KC_LOG_ERR, "upgrade: cannot serve the descriptor handed over");
+			goto out_signals;
+		}
+		up_fuse_fd = -1; /* the session's */
+	} else if (fuse_session_mount(fs->se, cmd.mountpoint) != 0) {
 		if (geteuid() != 0)
 			fprintf(stderr, "kcachefs: a mount by uid %u goes through fusermount3 (package "
 				"fuse3, installed setuid root); or run kcachefs as root\n",
 				(unsigned)geteuid());
 		goto out_signals;
+	} else if (kc_upgrade_io(fs->se, fuse_session_fd(fs->se)) != 0) {
+		kc_log(KC_LOG_ERR, "cannot set up the session's I/O");
+		goto out_unmount;
 	}
 	kc_notifier_note_connection(&fs->notifier, real_mnt);
 	char compiler[KC_COMPILER_ID_MAX];
 	kc_config_compiler_id(&fs->cfg, compiler);
 	kc_log(KC_LOG_INFO, "serving %s on %s: compiler %s (%s), arch %s%s, jobs %u, timeout %u s, "
-	       "max_size %llu, max_entries %llu (0: no bound), compiles run as %s%u%s%s",
+	       "max_size %llu, max_entries %llu (0: no bound), compiles run as %s%u%s%s; kernel "
+	       "request timeout %s%s",
 	       fs->store.root_path, cmd.mountpoint, fs->cfg.nvcc, compiler, fs->cfg.arch,
 	       fs->cfg.arch_detected ? " (detected)" : "", fs->cfg.jobs, fs->cfg.compile_timeout,
 	       (unsigned long long)max_size, (unsigned long long)max_entries,
 	       fs->cfg.compile_uids ? "uids " : "the daemon, uid ",
 	       fs->cfg.compile_uids ? fs->cfg.compile_uids : (unsigned)geteuid(),
 	       fs->cfg.compile_uids ? "+" : "",
-	       fs->cfg.ns_flags ? " in namespaces of their own" : "");
+	       fs->cfg.ns_flags ? " in namespaces of their own" : "", rt_desc,
+	       up_state ? "; taken over from the running daemon" : "");
+	if (up_state)
+		kc_log(KC_LOG_INFO, "upgrade: serving %s after pid %d, %llu inodes and every open "
+		       "handle taken over", real_mnt, offer.pid,
+		       (unsigned long long)kc_inode_count(&fs->inodes));
 	if (fuse_daemonize(cmd.foreground) != 0)
 		goto out_unmount;
 	if (!cmd.foreground)
@@ -498,6 +666,10 @@ int main(int argc, char *argv[])
 		kc_log(KC_LOG_ERR, "cannot start worker threads");
 		goto out_cache;
 	}
+	int lerr = kc_upgrade_listen(fs, real_mnt, argc, argv, start_cwd);
+	if (lerr)
+		kc_log(KC_LOG_WARN, "no live upgrade for this mount (kcachefs --upgrade): %s",
+		       strerror(-lerr));
 
 	if (cmd.singlethread) {
 		ret = fuse_session_loop(fs->se);
@@ -519,15 +691,20 @@ out_cache:
 	/* In-flight compilers are killed; their waiters are answered EIO. Then the unmount
 	 * aborts what the kernel still queues, which also frees a notification that waits on
 	 * a directory lock held by such a request; only then is the notifier joined. */
+	kc_upgrade_stop();
 	kc_sweeper_stop(fs);
 	kc_evict_stop(&fs->evict);
 	kc_cache_shutdown(&fs->cache);
 	fuse_session_unmount(fs->se);
+	if (up_state)
+		unmount_adopted(real_mnt);
 	kc_notifier_stop(&fs->notifier);
 	kc_fh_free_all(fs); /* files still open at the stop: the kernel releases none now */
 	goto out_signals;
 out_unmount:
 	fuse_session_unmount(fs->se);
+	if (up_state)
+		unmount_adopted(real_mnt);
 out_signals:
 	fuse_remove_signal_handlers(fs->se);
 out_session:
@@ -540,6 +717,7 @@ out_cfg:
 	if (fs->se)
 		fuse_session_destroy(fs->se);
 	kc_config_free(&fs->cfg);
+	kc_idtable_destroy(&fs->handles);
 	free(fs);
 out_args:
 	free(cmd.mountpoint);
@@ -565,5 +743,13 @@ out_args:
 	free(o.remote_wait);
 	free(o.remote_timeout);
 	fuse_opt_free_args(&args);
+	if (up_sock >= 0)
+		close(up_sock);
+	if (up_fuse_fd >= 0)
+		close(up_fuse_fd);
+	free(up_state);
+	free(up_fds);
+	free(up_argv);
+	kc_handover_offer_free(&offer);
 	return ret;
 }

@@ -39,9 +39,9 @@ static struct kc_inode *inode_of(fuse_req_t req, fuse_ino_t ino)
 	return kc_inode_get(&fs_of(req)->inodes, ino);
 }
 
-static struct kc_fh *fh_of(struct fuse_file_info *fi)
+static struct kc_fh *fh_of(fuse_req_t req, struct fuse_file_info *fi)
 {
-	return (struct kc_fh *)(uintptr_t)fi->fh;
+	return kc_fh_get(fs_of(req), fi->fh);
 }
 
 /* Answer ESTALE and return 1 for an inode the daemon let go of (kc_inode_unlinked): its
@@ -276,8 +276,8 @@ static void kc_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 			return (void)fuse_reply_err(req, errno);
 		return (void)fuse_reply_attr(req, &st, 0);
 	}
-	int r = fi && (fh_of(fi)->kind == FH_STAGE || in->pending)
-			? fstat(fh_of(fi)->fd, &st)
+	int r = fi && (fh_of(req, fi)->kind == FH_STAGE || in->pending)
+			? fstat(fh_of(req, fi)->fd, &st)
 			: fstatat(in->fd, "", &st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW);
 	if (r != 0)
 		return (void)fuse_reply_err(req, errno);
@@ -290,7 +290,7 @@ static void kc_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to
 	if (kc_refuse_compile(req))
 		return;
 	struct kc_inode *in = inode_of(req, ino);
-	struct kc_fh *fh = fi ? fh_of(fi) : NULL;
+	struct kc_fh *fh = fi ? fh_of(req, fi) : NULL;
 	char path[32];
 	int r = 0;
 
@@ -420,7 +420,7 @@ static void kc_mknod(fuse_req_t req, fuse_ino_t parent_ino, const char *name, mo
 		}
 		if (faccessat(parent->fd, name, F_OK, AT_SYMLINK_NOFOLLOW) == 0)
 			return (void)fuse_reply_err(req, EEXIST);
-		struct kc_fh *fh = kc_fh_new(FH_STAGE, -1);
+		struct kc_fh *fh = kc_fh_new(fs, FH_STAGE, -1);
 		if (!fh)
 			return (void)fuse_reply_err(req, ENOMEM);
 		fh->role = kc_name_role(name);
@@ -698,7 +698,7 @@ static void open_stage(fuse_req_t req, struct fuse_file_info *fi, struct kc_inod
 		       enum kc_role role, int entry_fd, int seed_fd)
 {
 	struct kc_fs *fs = fs_of(req);
-	struct kc_fh *fh = kc_fh_new(FH_STAGE, -1);
+	struct kc_fh *fh = kc_fh_new(fs, FH_STAGE, -1);
 	struct stat st;
 	int err = !fh ? -ENOMEM : fstat(seed_fd, &st) ? -errno : 0;
 
@@ -718,7 +718,7 @@ static void open_stage(fuse_req_t req, struct fuse_file_info *fi, struct kc_inod
 		return (void)fuse_reply_err(req, -err);
 	}
 	count_open(req, in, fh);
-	fi->fh = (uintptr_t)fh;
+	fi->fh = fh->id;
 	if (fuse_reply_open(req, fi) != 0)
 		kc_fh_release(fs, fh);
 }
@@ -759,13 +759,13 @@ static void kc_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 			return (void)fuse_reply_err(req, EACCES);
 		if (fi->flags & O_TRUNC)
 			kc_ctl_reset(fs);
-		struct kc_fh *fh = kc_fh_new(FH_STATS, -1);
+		struct kc_fh *fh = kc_fh_new(fs, FH_STATS, -1);
 		if (!fh || !(fh->buf = kc_ctl_stats_text(fs, in, &fh->len))) {
 			if (fh)
 				kc_fh_free(fs, fh);
 			return (void)fuse_reply_err(req, ENOMEM);
 		}
-		fi->fh = (uintptr_t)fh;
+		fi->fh = fh->id;
 		fi->direct_io = 1;
 		return (void)fuse_reply_open(req, fi);
 	}
@@ -800,13 +800,13 @@ static void kc_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 		__atomic_store_n(&in->write_failed, 0, __ATOMIC_SEQ_CST);
 	if (in->role == KC_ROLE_CUBIN && !in->staging)
 		return kc_cubin_open(req, in, fd, fi);
-	struct kc_fh *fh = kc_fh_new(FH_PLAIN, fd);
+	struct kc_fh *fh = kc_fh_new(fs, FH_PLAIN, fd);
 	if (!fh) {
 		close(fd);
 		return (void)fuse_reply_err(req, ENOMEM);
 	}
 	count_open(req, in, fh);
-	fi->fh = (uintptr_t)fh;
+	fi->fh = fh->id;
 	if (fuse_reply_open(req, fi) != 0)
 		kc_fh_release(fs, fh);
 }
@@ -829,7 +829,7 @@ static void kc_create(fuse_req_t req, fuse_ino_t parent_ino, const char *name, m
 		return (void)fuse_reply_err(req, is_ctl_name(fs, parent, name) ? EEXIST : EPERM);
 	if (kc_role_is_staged(role)) {
 		/* New kernel.cu/.flags/.cubin: the inode is the stage temporary until commit. */
-		fh = kc_fh_new(FH_STAGE, -1);
+		fh = kc_fh_new(fs, FH_STAGE, -1);
 		if (!fh)
 			return (void)fuse_reply_err(req, ENOMEM);
 		fh->role = role;
@@ -851,7 +851,7 @@ static void kc_create(fuse_req_t req, fuse_ino_t parent_ino, const char *name, m
 		if (fd < 0)
 			return (void)fuse_reply_err(req, errno);
 		own_by_caller(req, parent->fd, name, AT_SYMLINK_NOFOLLOW);
-		fh = kc_fh_new(FH_PLAIN, fd);
+		fh = kc_fh_new(fs, FH_PLAIN, fd);
 		if (!fh) {
 			close(fd);
 			return (void)fuse_reply_err(req, ENOMEM);
@@ -879,7 +879,7 @@ static void kc_create(fuse_req_t req, fuse_ino_t parent_ino, const char *name, m
 	e.attr = st;
 	e.attr_timeout = e.entry_timeout = timeout_for(in);
 	count_open(req, in, fh);
-	fi->fh = (uintptr_t)fh;
+	fi->fh = fh->id;
 	if (fuse_reply_create(req, &e, fi) != 0) {
 		kc_fh_release(fs, fh);
 		kc_inode_forget(&fs->inodes, in, 1);
@@ -889,7 +889,7 @@ static void kc_create(fuse_req_t req, fuse_ino_t parent_ino, const char *name, m
 static void kc_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 		    struct fuse_file_info *fi)
 {
-	struct kc_fh *fh = fh_of(fi);
+	struct kc_fh *fh = fh_of(req, fi);
 	(void)ino;
 	if (fh->kind == FH_STATS) {
 		size_t start = (size_t)off < fh->len ? (size_t)off : fh->len;
@@ -938,7 +938,7 @@ static void kc_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *in_
 			 struct fuse_file_info *fi)
 {
 	struct kc_fs *fs = fs_of(req);
-	struct kc_fh *fh = fh_of(fi);
+	struct kc_fh *fh = fh_of(req, fi);
 
 	if (fh->kind == FH_STATS) { /* truncation resets; so does writing "0" (echo 0 >) */
 		char head[4] = {0};
@@ -993,7 +993,7 @@ static void kc_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void *arg
 		     size_t out_bufsz)
 {
 	struct kc_inode *in = inode_of(req, ino);
-	struct kc_fh *fh = fi ? fh_of(fi) : NULL;
+	struct kc_fh *fh = fi ? fh_of(req, fi) : NULL;
 	char val[KC_SHA256_HEXLEN + 1];
 	(void)arg, (void)flags, (void)in_buf, (void)in_bufsz;
 
@@ -1011,7 +1011,7 @@ static void kc_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void *arg
 
 static void kc_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
-	struct kc_fh *fh = fh_of(fi);
+	struct kc_fh *fh = fh_of(req, fi);
 	int err = 0;
 	(void)ino;
 	/* close() by the process that wrote the stage commits it, and the commit's error
@@ -1045,7 +1045,7 @@ static void kc_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 static void kc_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
 	struct kc_fs *fs = fs_of(req);
-	struct kc_fh *fh = fh_of(fi);
+	struct kc_fh *fh = fh_of(req, fi);
 	(void)ino;
 	if (fh->kind == FH_STAGE && !fh->done && fh->failed) {
 		kc_stage_discard(fs, fh, "a write to it failed");
@@ -1060,7 +1060,7 @@ static void kc_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 
 static void kc_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi)
 {
-	struct kc_fh *fh = fh_of(fi);
+	struct kc_fh *fh = fh_of(req, fi);
 	(void)ino;
 	if (fh->kind == FH_STATS)
 		return (void)fuse_reply_err(req, 0);

@@ -71,6 +71,7 @@ void kc_fh_free(struct kc_fs *fs, struct kc_fh *fh)
 	if (fh->next)
 		fh->next->prev = fh->prev;
 	pthread_mutex_unlock(&live_lock);
+	kc_idtable_remove(&fs->handles, fh->id);
 	if (fh->pinned)
 		kc_evict_unpin(&fs->evict, fh->pin_dev, fh->pin_ino);
 	if (fh->kind == FH_STAGE) {
@@ -233,9 +234,19 @@ int kc_stage_held_elsewhere(fuse_req_t req, const struct kc_fh *fh)
 	return held;
 }
 
-struct kc_fh *kc_fh_new(enum fh_kind kind, int fd)
+/* A new handle under id (0: a new id). */
+static struct kc_fh *fh_make(struct kc_fs *fs, uint64_t id, enum fh_kind kind, int fd)
 {
 	struct kc_fh *fh = calloc(1, sizeof(*fh));
+	if (fh && !id && !(fh->id = kc_idtable_add(&fs->handles, fh, KC_HANDLE_FILE))) {
+		free(fh);
+		fh = NULL;
+	} else if (fh && id && kc_idtable_put(&fs->handles, id, fh, KC_HANDLE_FILE) != 0) {
+		free(fh);
+		fh = NULL;
+	} else if (fh && id) {
+		fh->id = id;
+	}
 	if (fh) {
 		fh->kind = kind;
 		fh->fd = fd;
@@ -248,6 +259,16 @@ struct kc_fh *kc_fh_new(enum fh_kind kind, int fd)
 		pthread_mutex_unlock(&live_lock);
 	}
 	return fh;
+}
+
+struct kc_fh *kc_fh_new(struct kc_fs *fs, enum fh_kind kind, int fd)
+{
+	return fh_make(fs, 0, kind, fd);
+}
+
+struct kc_fh *kc_fh_adopt(struct kc_fs *fs, uint64_t id, enum fh_kind kind, int fd)
+{
+	return id ? fh_make(fs, id, kind, fd) : NULL;
 }
 
 void kc_fh_free_all(struct kc_fs *fs)
@@ -288,4 +309,19 @@ int kc_stage_writer_killed(fuse_req_t req)
 int kc_stage_is_writer(fuse_req_t req, const struct kc_fh *fh)
 {
 	return tgid_of(fuse_req_ctx(req)->pid) == fh->writer_tgid;
+}
+
+struct kc_fh *kc_fh_get(struct kc_fs *fs, uint64_t id)
+{
+	return kc_idtable_get(&fs->handles, id, KC_HANDLE_FILE);
+}
+
+int kc_fh_foreach(int (*fn)(struct kc_fh *fh, void *arg), void *arg)
+{
+	int r = 0;
+	pthread_mutex_lock(&live_lock);
+	for (struct kc_fh *fh = live; fh && !r; fh = fh->next)
+		r = fn(fh, arg);
+	pthread_mutex_unlock(&live_lock);
+	return r;
 }

@@ -7,6 +7,12 @@
  * worker thread waits; every waiting process has its own request (the kernel merges
  * concurrent lookups of one name, not opens or getattrs), and a waiter whose process is
  * killed is answered EINTR within a sweep interval, while the others keep waiting.
+ *
+ * Under a kernel request timeout (fs.fuse.*_request_timeout, src/reqtimeout.h) a request
+ * kept past it aborts the whole mount; so a waiter parked for fs->request_budget seconds
+ * is answered ETIMEDOUT by the sweeper, whatever it waits for (a compile queued behind
+ * others, a compile waiting on another node's lease), and the compile goes on for the
+ * next opener.
  */
 #include <errno.h>
 #include <signal.h>
@@ -17,6 +23,7 @@
 
 #include "fs.h"
 #include "log.h"
+#include "reqtimeout.h"
 
 #define SWEEP_INTERVAL_NS 100000000L
 
@@ -29,6 +36,8 @@ struct req_waiter {
 	struct fuse_file_info fi;
 	pid_t tid;           /* the waiting thread */
 	int retries;         /* published cubins that were gone when opened */
+	struct timespec parked_at; /* CLOCK_MONOTONIC */
+	int expired;         /* set by the sweep: parked for fs->request_budget */
 };
 
 /* Nonzero if thread tid is gone, or a signal is pending for it that will kill its process:
@@ -129,19 +138,46 @@ void kc_park(fuse_req_t req, struct kc_inode *pending, struct fuse_file_info *fi
 	if (fi)
 		w->fi = *fi;
 	w->tid = fuse_req_ctx(req)->pid;
+	clock_gettime(CLOCK_MONOTONIC, &w->parked_at);
 	__atomic_fetch_add(&w->fs->parked, 1, __ATOMIC_RELAXED);
 	wait_or_answer(w);
 }
 
 /* The kernel interrupts a request once, on the first signal. A waiter that survives the
  * signal keeps waiting (stat() on a local filesystem does not fail with EINTR); one whose
- * process is being killed, then or later, is let go. Checked under the flight table's
- * lock, so the request cannot be answered meanwhile. */
-static int killed_waiter(struct kc_waiter *base, void *arg)
+ * process is being killed, then or later, is let go. A waiter parked for the request
+ * budget is let go too (expired set). Checked under the flight table's lock, so the
+ * request cannot be answered meanwhile; arg is the monotonic time now. */
+static int waiter_to_go(struct kc_waiter *base, void *arg)
 {
 	struct req_waiter *w = (struct req_waiter *)base;
-	(void)arg;
+	const struct timespec *now = arg;
+	unsigned budget = w->fs->request_budget;
+	if (budget && (now->tv_sec - w->parked_at.tv_sec) * 1000000000L +
+				      (now->tv_nsec - w->parked_at.tv_nsec) >=
+			      (long)budget * 1000000000L) {
+		w->expired = 1;
+		return 1;
+	}
 	return fuse_req_interrupted(w->req) && being_killed(w->tid);
+}
+
+/* Answer w, parked too long for the kernel's request timeout, before that aborts the
+ * mount. */
+static void answer_expired(struct req_waiter *w)
+{
+	char label[512];
+	kc_cache_entry_label(&w->fs->cache, w->in->fd, label, sizeof(label));
+	kc_log(KC_LOG_WARN, "%s of %s/kernel.cubin (pid %d) answered ETIMEDOUT after %u s "
+	       "waiting for its compile: the kernel aborts this mount when a request waits %u s "
+	       "(sysctls fs.fuse.default_request_timeout and fs.fuse.max_request_timeout); set "
+	       "them to 0 (off) or to at least %u and remount, for compiles that long",
+	       w->open ? "open" : "stat", label, (int)w->tid, w->fs->request_budget,
+	       w->fs->cfg.request_timeout,
+	       kc_reqtimeout_needed((w->fs->cfg.compile_timeout_asked
+					     ? w->fs->cfg.compile_timeout_asked
+					     : w->fs->cfg.compile_timeout) + 1));
+	fuse_reply_err(w->req, ETIMEDOUT);
 }
 
 static void *sweeper(void *arg)
@@ -159,11 +195,16 @@ static void *sweeper(void *arg)
 		}
 		pthread_cond_timedwait(&fs->sweep_cond, &fs->sweep_lock, &ts);
 		pthread_mutex_unlock(&fs->sweep_lock);
-		struct kc_waiter *gone = kc_flight_sweep(&fs->cache.flights, killed_waiter, NULL);
+		struct timespec now;
+		clock_gettime(CLOCK_MONOTONIC, &now);
+		struct kc_waiter *gone = kc_flight_sweep(&fs->cache.flights, waiter_to_go, &now);
 		while (gone) {
 			struct req_waiter *w = (struct req_waiter *)gone;
 			gone = gone->next;
-			fuse_reply_err(w->req, EINTR);
+			if (w->expired)
+				answer_expired(w);
+			else
+				fuse_reply_err(w->req, EINTR);
 			waiter_free(w);
 		}
 		pthread_mutex_lock(&fs->sweep_lock);

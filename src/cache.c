@@ -20,6 +20,7 @@
 #include "log.h"
 #include "recipe.h"
 #include "remote_tier.h"
+#include "reqtimeout.h"
 
 struct verified {
 	dev_t dev;
@@ -127,8 +128,7 @@ static int entry_name_of(struct kc_cache *c, int entry_fd, char name[256])
 	return 0;
 }
 
-/* The entry's path relative to the backing root, for log lines. */
-static void entry_label(struct kc_cache *c, int entry_fd, char *buf, size_t len)
+void kc_cache_entry_label(struct kc_cache *c, int entry_fd, char *buf, size_t len)
 {
 	char link[32], path[4096];
 	kc_fd_path(entry_fd, link);
@@ -240,7 +240,7 @@ static int cubin_bad(struct kc_cache *c, int entry_fd, const struct stat *st, co
 {
 	char label[512];
 
-	entry_label(c, entry_fd, label, sizeof(label));
+	kc_cache_entry_label(c, entry_fd, label, sizeof(label));
 	atomic_fetch_add(&c->stats.corrupt, 1);
 	if (kc_recipe_present(entry_fd, c->cfg)) {
 		kc_log(KC_LOG_ERR, "%s: published cubin is corrupt (%s); removed, compiling again",
@@ -276,7 +276,7 @@ static int compiled_stale(struct kc_cache *c, int entry_fd, const struct kc_reco
 	kc_recipe_free(&r);
 	if (stale) {
 		char label[512];
-		entry_label(c, entry_fd, label, sizeof(label));
+		kc_cache_entry_label(c, entry_fd, label, sizeof(label));
 		kc_log(KC_LOG_INFO, "%s: cubin was compiled from another recipe, compiler or arch "
 		       "(%.16s, now %.16s); compiling again", label, rec->recipe, r.hash);
 		unlink_if_same(entry_fd, st);
@@ -310,7 +310,7 @@ static int check_published(struct kc_cache *c, int entry_fd)
 		/* Not the mount's compile of this recipe (placed in the backing directory, or left
 		 * by an older kcachefs): never served as if it were. */
 		char label[512];
-		entry_label(c, entry_fd, label, sizeof(label));
+		kc_cache_entry_label(c, entry_fd, label, sizeof(label));
 		kc_log(KC_LOG_WARN, "%s: kernel.cubin was not compiled by the mount but the entry "
 		       "has a recipe; removed, compiling the recipe", label);
 		unlink_if_same(entry_fd, &st);
@@ -364,7 +364,7 @@ int kc_cache_verify_name(struct kc_cache *c, int fd, int entry_fd, uid_t reader)
 		key[n] = '\0';
 		if (kc_key_hash_matches(name, key))
 			return 0;
-		entry_label(c, entry_fd, label, sizeof(label));
+		kc_cache_entry_label(c, entry_fd, label, sizeof(label));
 		kc_log(KC_LOG_WARN, "%s: kernel.cubin refused: compiled from a recipe of key %.64s, "
 		       "which the entry's name does not give (-o verify_keys; was the entry renamed?)",
 		       label, key);
@@ -373,7 +373,7 @@ int kc_cache_verify_name(struct kc_cache *c, int fd, int entry_fd, uid_t reader)
 	/* A client's cubin: no recipe says what it is. Its owner trusts it; nobody else. */
 	if (reader == 0 ? st.st_uid == 0 : reader == st.st_uid)
 		return 0;
-	entry_label(c, entry_fd, label, sizeof(label));
+	kc_cache_entry_label(c, entry_fd, label, sizeof(label));
 	kc_log(KC_LOG_INFO, "%s: a client's kernel.cubin is served to its owner only "
 	       "(-o verify_keys): uid %u asked", label, (unsigned)reader);
 	return -EACCES;
@@ -524,11 +524,11 @@ static int run_compile(struct compile_job *j)
 	const struct kc_config *cfg = c->cfg;
 	struct kc_argv args = {0}, eflags = {0};
 	struct kc_compile_outcome out;
-	char label[512], why[512], head[1024], scratch[4200];
+	char label[512], why[512], head[1536], scratch[4200];
 	uint64_t bytes = 0;
 	int result;
 
-	entry_label(c, j->entry_fd, label, sizeof(label));
+	kc_cache_entry_label(c, j->entry_fd, label, sizeof(label));
 	if (kc_flags_parse(j->recipe.flags, j->recipe.flags_len, &eflags, why, sizeof(why))) {
 		snprintf(head, sizeof(head), "kcachefs: kernel.flags %s\n", why);
 		write_log(c, j->entry_fd, head, NULL, 0);
@@ -658,6 +658,16 @@ static int run_compile(struct compile_job *j)
 				   : out.status == KC_COMPILE_REJECTED ? "rejected" : "failed";
 	snprintf(head, sizeof(head), "kcachefs: compile %s: %s (%s) in %.2f s with %s, arch %s\n",
 		 label, kind, out.why, out.seconds, compiler, arch);
+	if (out.timed_out && cfg->compile_timeout_asked) {
+		size_t hl = strlen(head);
+		snprintf(head + hl, sizeof(head) - hl, "kcachefs: the compile timeout is %u s, not "
+			 "compile_timeout=%u, because the kernel aborts this mount when a request "
+			 "waits %u s (sysctls fs.fuse.default_request_timeout and "
+			 "fs.fuse.max_request_timeout): set them to 0 (off) or to at least %u and "
+			 "remount, for compiles that long\n", cfg->compile_timeout,
+			 cfg->compile_timeout_asked, cfg->request_timeout,
+			 kc_reqtimeout_needed(cfg->compile_timeout_asked + 1));
+	}
 	if (result != -EAGAIN)
 		write_log(c, j->entry_fd, head, out.log, out.log_len);
 	if (out.status == KC_COMPILE_REJECTED && result != -EAGAIN)
@@ -776,7 +786,7 @@ int kc_cache_lookup_cubin(struct kc_cache *c, int entry_fd, struct kc_waiter *w,
 			return 0;
 		}
 		if (kc_log_enabled(KC_LOG_DEBUG)) {
-			entry_label(c, entry_fd, label, sizeof(label));
+			kc_cache_entry_label(c, entry_fd, label, sizeof(label));
 			kc_log(KC_LOG_DEBUG, "%s: kernel.cubin not published", label);
 		}
 		if (err != -ENOENT)
@@ -794,13 +804,13 @@ int kc_cache_lookup_cubin(struct kc_cache *c, int entry_fd, struct kc_waiter *w,
 			free(j);
 			if (err == -ENOENT) /* a refusal since the last stage: kernel.log says why */
 				return kc_store_is_refused(entry_fd) ? -EIO : -ENOENT;
-			entry_label(c, entry_fd, label, sizeof(label));
+			kc_cache_entry_label(c, entry_fd, label, sizeof(label));
 			kc_log(KC_LOG_WARN, "%s: cannot read recipe: %s", label, strerror(-err));
 			return -EIO;
 		}
 		if (c->cfg->verify_keys) { /* also what came in by a directory rename */
 			char why[400], name[256];
-			entry_label(c, entry_fd, label, sizeof(label));
+			kc_cache_entry_label(c, entry_fd, label, sizeof(label));
 			int named = entry_name_of(c, entry_fd, name) == 0;
 			if (!named)
 				snprintf(why, sizeof(why), "its path is too long to check its key");
@@ -841,7 +851,7 @@ int kc_cache_lookup_cubin(struct kc_cache *c, int entry_fd, struct kc_waiter *w,
 			continue; /* published meanwhile: verify it */
 		atomic_fetch_add(&c->stats.misses, 1);
 		if (kc_log_enabled(KC_LOG_DEBUG)) {
-			entry_label(c, entry_fd, label, sizeof(label));
+			kc_cache_entry_label(c, entry_fd, label, sizeof(label));
 			kc_log(KC_LOG_DEBUG, "%s: compile queued (recipe %.16s)", label, j->recipe.hash);
 		}
 		j->c = c;
@@ -1009,7 +1019,7 @@ static int open_stage_src(struct kc_cache *c, enum kc_role role, int src_dir,
 	}
 	if (st->st_nlink > 1) {
 		close(fd);
-		entry_label(c, entry_fd, label, sizeof(label));
+		kc_cache_entry_label(c, entry_fd, label, sizeof(label));
 		note_refusal(c, entry_fd, role, kc_role_name(role), label,
 			     "the file has other hard links");
 		return -EPERM;
@@ -1026,7 +1036,7 @@ int kc_cache_stage(struct kc_cache *c, enum kc_role role, int src_dir, const cha
 
 	if (!kc_role_is_staged(role))
 		return -EINVAL;
-	entry_label(c, entry_fd, label, sizeof(label));
+	kc_cache_entry_label(c, entry_fd, label, sizeof(label));
 	int fd = open_stage_src(c, role, src_dir, src_name, entry_fd, &st);
 	if (fd < 0)
 		return fd;

@@ -70,6 +70,10 @@ void kc_cache_shutdown(struct kc_cache *c);
 int kc_cache_lookup_cubin(struct kc_cache *c, int entry_fd, struct kc_waiter *w,
 			  uint64_t *recipe_id);
 
+/* The entry directory behind entry_fd as a path relative to the backing root, for log
+ * lines, into buf (len bytes; "(unknown entry)" when it cannot be read). */
+void kc_cache_entry_label(struct kc_cache *c, int entry_fd, char *buf, size_t len);
+
 /* The first 64 bits of a recipe hash: names one recipe of an entry (the pending cubin's
  * identity). kc_cache_lookup_cubin stores it in *recipe_id (if not NULL) with KC_PENDING. */
 uint64_t kc_recipe_id(const char *recipe_hex);

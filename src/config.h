@@ -29,6 +29,10 @@ struct kc_config {
 	struct kc_argv mount_flags; /* flags, split and allow-list checked */
 	unsigned jobs;         /* concurrent compiles; 0: number of online CPUs */
 	unsigned compile_timeout; /* seconds; 0: KC_DEFAULT_COMPILE_TIMEOUT */
+	unsigned request_timeout; /* the kernel's FUSE request timeout of the mount (seconds,
+				   * reqtimeout.h; 0: none), set by main.c */
+	unsigned compile_timeout_asked; /* nonzero: the compile_timeout asked for, which main.c
+				   * capped to stay under request_timeout */
 	int autocompile;       /* compile entries that have kernel.cu but no kernel.flags */
 	int verify_keys;       /* an entry's <hash> must be its recipe's key (key.h) */
 	char *compile_uids_opt; /* -o compile_uids= as given; NULL: the default */

@@ -1,0 +1,262 @@
+"""Live upgrade (kcachefs --upgrade MOUNTPOINT, fs/upgrade.h): a new daemon takes the mount
+from the running one without unmounting, while clients open kernels whose compiles are in
+flight; and an upgrade to a build whose handover state has another format is refused while
+the running daemon serves on.
+"""
+import hashlib
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from conftest import BUILD, KCACHEFS, Mount, elf_machine, elf_symbols, run_parallel, sample
+from kcmount import EM_CUDA
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="bind mounts in a namespace need root")
+
+KERNELS = 8
+PROCS = 8
+
+# Runs in a mount namespace of its own (unshare -m, as a container's): bind-mounts the
+# mountpoint, then reads the files named on stdin through the bind mount.
+NS_HELPER = r"""
+import hashlib, os, subprocess, sys
+mnt, bind = sys.argv[1], sys.argv[2]
+subprocess.run(["mount", "--bind", mnt, bind], check=True)
+print("ready", flush=True)
+for line in sys.stdin:
+    path = os.path.join(bind, line.strip())
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+        print("ok", hashlib.sha256(data).hexdigest(), os.stat(path).st_dev, flush=True)
+    except OSError as e:
+        print("err", e.errno, flush=True)
+"""
+
+
+def variant(i):
+    src, flags = sample("vector_add")
+    return src + b"\n// variant %d\n" % i, flags
+
+
+def open_all(index, entries):
+    """One client: opens every kernel.cubin in its own order; (name, sha256, size, seconds)
+    or (name, 'err', errno, seconds) for each."""
+    order = list(entries)
+    random.Random(index).shuffle(order)
+    out = []
+    for e in order:
+        t = time.monotonic()
+        try:
+            with open(os.path.join(e, "kernel.cubin"), "rb") as f:
+                data = f.read()
+            out.append((e, hashlib.sha256(data).hexdigest(), len(data), time.monotonic() - t))
+        except OSError as err:
+            out.append((e, "err", err.errno, time.monotonic() - t))
+    return out
+
+
+def daemons_of(m):
+    """Pids of the kcachefs processes whose command line names m's mountpoint and that hold
+    /dev/fuse: its daemons (a watcher, forked from a daemon, closes it at once)."""
+    pids = []
+    for d in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = open("/proc/%s/cmdline" % d, "rb").read().split(b"\0")
+            if not (argv[0].endswith(b"kcachefs") and str(m.mnt).encode() in argv):
+                continue
+            fds = os.listdir("/proc/%s/fd" % d)
+            if any(os.readlink("/proc/%s/fd/%s" % (d, f)) == "/dev/fuse" for f in fds):
+                pids.append(int(d))
+        except OSError:
+            continue
+    return pids
+
+
+def ns_read(helper, rel):
+    helper.stdin.write(rel + "\n")
+    helper.stdin.flush()
+    return helper.stdout.readline().split()
+
+
+def test_upgrade_with_compiles_in_flight(tmp_path, counting_nvcc):
+    make, calls = counting_nvcc
+    nvcc = make(delay=1)
+    (tmp_path / "m").mkdir()
+    m = Mount(tmp_path / "m", ["nvcc=%s" % nvcc, "jobs=2"]).start()
+    bind = tmp_path / "bind"
+    bind.mkdir()
+    helper = new = None
+    held = []
+    upgrade = {}
+    try:
+        old_pid = m.proc.pid
+        entries = [str(m.stage("vadd%d" % i, *variant(i))) for i in range(KERNELS)]
+        # Held across the upgrade: a published cubin, a plain file, a directory.
+        first = open(os.path.join(entries[0], "kernel.cubin"), "rb")
+        held.append(first)
+        first_bytes = first.read()
+        assert elf_machine(first_bytes) == EM_CUDA
+        (m.mnt / "notes.txt").write_bytes(b"kept across the upgrade\n")
+        plain = open(m.mnt / "notes.txt", "rb")
+        held.append(plain)
+        dir_fd = os.open(m.mnt / "cache", os.O_RDONLY | os.O_DIRECTORY)
+        before = {f.name: os.fstat(f.fileno()) for f in held}
+        mnt_dev = os.stat(m.mnt).st_dev
+
+        helper = subprocess.Popen(["unshare", "-m", sys.executable, "-c", NS_HELPER,
+                                   str(m.mnt), str(bind)],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert helper.stdout.readline().strip() == "ready"
+        rel0 = os.path.relpath(os.path.join(entries[0], "kernel.cubin"), m.mnt)
+        r = ns_read(helper, rel0)
+        assert r[:2] == ["ok", hashlib.sha256(first_bytes).hexdigest()], r
+        assert int(r[2]) == mnt_dev
+
+        # 8 clients open the other 7 kernels (compiles of 1 s each, 2 at a time) while the
+        # daemon is replaced: the upgrade starts once 3 compilers have run.
+
+        def run_upgrade():
+            deadline = time.monotonic() + 120
+            while calls() < 3:
+                assert time.monotonic() < deadline, "compiles did not start"
+                time.sleep(0.05)
+            log = open(m.log_path, "ab")
+            t = time.monotonic()
+            upgrade["proc"] = subprocess.Popen([str(KCACHEFS), "-f", "--upgrade", str(m.mnt)],
+                                               stdout=log, stderr=subprocess.STDOUT)
+            upgrade["log"] = log
+            upgrade["old_rc"] = m.proc.wait(timeout=300)
+            upgrade["seconds"] = time.monotonic() - t
+
+        th = threading.Thread(target=run_upgrade)
+        th.start()
+        results = run_parallel(PROCS, open_all, entries[1:], timeout=600)
+        th.join(timeout=600)
+        new = upgrade.get("proc")
+        assert new is not None and upgrade.get("old_rc") == 0, (upgrade, m.daemon_log())
+        m.proc = new  # stopped (unmounted) by m.stop()
+
+        # 0 client errors, every cubin right: the same bytes in every process, a CUDA ELF
+        # with the kernel's symbol.
+        errors = [r for res in results for r in (res if isinstance(res, list) else [res])
+                  if r[1] == "err" or r[0] == "exception"]
+        assert not errors, errors
+        by_entry = {}
+        for res in results:
+            for e, sha, size, _ in res:
+                by_entry.setdefault(e, set()).add((sha, size))
+        assert len(by_entry) == KERNELS - 1 and all(len(v) == 1 for v in by_entry.values())
+        for e in entries[1:]:
+            data = open(os.path.join(e, "kernel.cubin"), "rb").read()
+            assert (hashlib.sha256(data).hexdigest(), len(data)) in by_entry[e]
+            assert elf_machine(data) == EM_CUDA and any("vector_add" in s for s in elf_symbols(data))
+        longest = max(r[3] for res in results for r in res)
+
+        # The new daemon serves the same mount: st_dev, inode numbers, open descriptors.
+        assert new.poll() is None and new.pid != old_pid
+        assert os.stat(m.mnt).st_dev == mnt_dev
+        for f in held:
+            st = os.fstat(f.fileno())
+            assert (st.st_dev, st.st_ino) == (before[f.name].st_dev, before[f.name].st_ino)
+        assert os.pread(first.fileno(), len(first_bytes) + 1, 0) == first_bytes
+        assert os.pread(plain.fileno(), 100, 0) == b"kept across the upgrade\n"
+        assert sorted(os.listdir(dir_fd)) == sorted(os.path.basename(e) for e in entries)
+        os.close(dir_fd)
+        for e in entries:
+            st = os.stat(os.path.join(e, "kernel.cubin"))
+            assert st.st_dev == mnt_dev
+        # The container's bind mount works after the upgrade as before.
+        r = ns_read(helper, rel0)
+        assert r[:2] == ["ok", hashlib.sha256(first_bytes).hexdigest()] and int(r[2]) == mnt_dev, r
+        rel7 = os.path.relpath(os.path.join(entries[-1], "kernel.cubin"), m.mnt)
+        r = ns_read(helper, rel7)
+        assert r[0] == "ok" and (r[1], ) == (list(by_entry[entries[-1]])[0][0], ), r
+        # And a new kernel compiles through the new daemon.
+        e = m.stage("vadd_after", *variant(100))
+        assert elf_machine((e / "kernel.cubin").read_bytes()) == EM_CUDA
+
+        log = m.daemon_log()
+        assert "upgrade: the mount is pid %d's now" % new.pid in log, log
+        assert "taken over from the running daemon" in log, log
+        answered = log.split("requests answered during the handover")[0].rsplit("(", 1)[1]
+        print("\nupgrade: %s requests answered during the handover, the handover took %.2f s "
+              "end to end, longest open seen by a client %.2f s"
+              % (answered, upgrade["seconds"], longest))
+    finally:
+        for f in held:
+            f.close()
+        if helper:
+            helper.stdin.close()
+            helper.wait(timeout=30)
+        if new and m.proc is not new and new.poll() is None:
+            m.proc = new
+        m.stop()
+        if upgrade.get("log"):
+            upgrade["log"].close()
+        assert not os.path.ismount(m.mnt)
+
+
+def test_upgrade_to_another_format_is_refused(tmp_path, counting_nvcc):
+    make, _ = counting_nvcc
+    other = BUILD / "tests" / "kcachefs-format-test"
+    assert other.exists(), "built by tests/meson.build"
+    (tmp_path / "m").mkdir()
+    m = Mount(tmp_path / "m", ["nvcc=%s" % make()]).start()
+    new_pid = None
+    try:
+        pid = m.proc.pid
+        e = m.stage("vadd", *variant(0))
+        first = (e / "kernel.cubin").read_bytes()
+        r = subprocess.run([str(other), "-f", "--upgrade", str(m.mnt)], capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 1, r
+        assert "refused" in r.stderr and "state of format 99, this daemon's is 1" in r.stderr, r
+        # The running daemon serves on, as before.
+        assert m.proc.poll() is None and m.proc.pid == pid
+        assert (e / "kernel.cubin").read_bytes() == first
+        e2 = m.stage("vadd2", *variant(1))
+        assert elf_machine((e2 / "kernel.cubin").read_bytes()) == EM_CUDA
+        assert "upgrade refused" in m.daemon_log()
+        # No daemon there: a clear message.
+        r = subprocess.run([str(KCACHEFS), "-f", "--upgrade", str(tmp_path)], capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 1 and "no kcachefs daemon of uid 0 serves" in r.stderr, r
+        # A file being staged (its stage temporary is the store's): refused until closed.
+        src, flags = variant(2)
+        entry = m.mnt / "cache" / ("kernel.vadd3." + "0" * 32)
+        entry.mkdir()
+        with open(entry / "kernel.cu", "wb") as staging:
+            staging.write(src)
+            r = subprocess.run([str(KCACHEFS), "-f", "--upgrade", str(m.mnt)],
+                               capture_output=True, text=True, timeout=60)
+            assert r.returncode == 1 and "is being staged" in r.stderr, r
+            assert m.proc.poll() is None
+        (entry / "kernel.flags").write_bytes(flags)
+        # Closed: the same upgrade goes through (without -f: the new daemon detaches, the
+        # command returns once it serves), and the new daemon compiles what was staged.
+        r = subprocess.run([str(KCACHEFS), "--upgrade", str(m.mnt)], capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode == 0, r
+        assert m.proc.wait(timeout=60) == 0
+        deadline = time.monotonic() + 10
+        while len(serving := daemons_of(m)) != 1 and time.monotonic() < deadline:
+            time.sleep(0.1)  # a watcher just forked still has the daemon's descriptors
+        assert len(serving) == 1 and pid not in serving, serving
+        new_pid = serving[0]
+        assert elf_machine((entry / "kernel.cubin").read_bytes()) == EM_CUDA
+        assert (e / "kernel.cubin").read_bytes() == first
+    finally:
+        m.stop()
+        if new_pid:  # detached: gone once unmounted
+            deadline = time.monotonic() + 20
+            while os.path.exists("/proc/%d" % new_pid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if os.path.exists("/proc/%d" % new_pid):
+                os.kill(new_pid, 9)
+                pytest.fail("the detached daemon outlived its unmount")
