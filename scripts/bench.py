@@ -522,11 +522,19 @@ def bench_ref(tmp, reps):
         proc.wait(timeout=20)
 
 
-def bench_store(tmp, reps):
-    print("store: block_sum through a mount with a dir: store / without one, real nvcc",
+def bench_store(tmp, reps, kernel=None):
+    """kernel: a directory with kernel.cu and kernel.flags to compile instead of block_sum
+    (say, a DeepGEMM kernel with -I to its headers, which the compile uids must read)."""
+    if kernel:
+        kname = Path(kernel).name.replace(".", "_")
+        src = (Path(kernel) / "kernel.cu").read_bytes()
+        flags = (Path(kernel) / "kernel.flags").read_bytes()
+    else:
+        kname = "block_sum"
+        src = (REPO / "tests" / "kernels" / "block_sum.cu").read_bytes()
+        flags = (REPO / "tests" / "kernels" / "block_sum.flags").read_bytes()
+    print("store: %s through a mount with a dir: store / without one, real nvcc" % kname,
           flush=True)
-    src = (REPO / "tests" / "kernels" / "block_sum.cu").read_bytes()
-    flags = (REPO / "tests" / "kernels" / "block_sum.flags").read_bytes()
     times = {True: [], False: []}
     for rep in range(reps):
         for with_store in ((True, False) if rep % 2 == 0 else (False, True)):
@@ -536,7 +544,7 @@ def bench_store(tmp, reps):
             os.chmod(store, 0o755)
             m = fresh_mount(tmp, name, ["remote=dir:%s" % store] if with_store else [])
             try:
-                cubin = m.stage("block_sum", src, flags) / "kernel.cubin"
+                cubin = m.stage(kname, src, flags) / "kernel.cubin"
                 t0 = time.monotonic()
                 data = cubin.read_bytes()
                 times[with_store].append(time.monotonic() - t0)
@@ -548,7 +556,7 @@ def bench_store(tmp, reps):
                     time.sleep(0.05)
             finally:
                 m.stop()
-    row("compile block_sum: with a store (without is baseline)", times[True], times[False],
+    row("compile %s: with a store (without is baseline)" % kname, times[True], times[False],
         "s", "<= 1.02x")
 
 
@@ -564,6 +572,8 @@ def main():
     ap.add_argument("--triton-compile-s", type=float, default=0.5,
                     help="seconds of the triton figure's fixed-time compile")
     ap.add_argument("--quick", action="store_true", help="3 repetitions, K=8")
+    ap.add_argument("--store-kernel", metavar="DIR", help="the store figure compiles DIR's "
+                    "kernel.cu with its kernel.flags instead of block_sum")
     args = ap.parse_args()
     for sig in (signal.SIGTERM, signal.SIGHUP):  # unwind: every mount and server is stopped
         signal.signal(sig, lambda n, f: sys.exit(128 + n))
@@ -588,7 +598,7 @@ def main():
              "scale": lambda: bench_scale(tmp, 3, args.entries),
              "ref": lambda: bench_ref(tmp, args.reps),
              "backend": lambda: bench_backend(tmp, args.reps),
-             "store": lambda: bench_store(tmp, args.reps),
+             "store": lambda: bench_store(tmp, args.reps, args.store_kernel),
              "triton": lambda: bench_triton.bench_triton(tmp, max(3, args.reps), row,
                                                          args.triton_compile_s),
              "nvrtcwarm": lambda: bench_nvrtcwarm(tmp, args.kernels),
