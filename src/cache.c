@@ -580,6 +580,8 @@ static int run_compile(struct compile_job *j)
 		kc_remote_job_free(&rj);
 		goto done;
 	}
+	rj.flags = j->recipe.flags; /* its include roots stay out of the header list */
+	rj.flags_len = j->recipe.flags_len;
 	/* Holding a job slot from here on. The scratch directory only for a compile: a fetch
 	 * needs none. */
 	scratch_fd = kc_store_scratch(c->store, scratch, sizeof(scratch));

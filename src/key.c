@@ -32,21 +32,6 @@ static int has_path_flag(const char *text, size_t len)
 	return 0;
 }
 
-/* The include root line at line (ll bytes, no newline): 1 with its digest and dir
- * (pointers into line; dir dl bytes), else 0. */
-static int root_line(const char *line, size_t ll, const char **digest, const char **dir,
-		     size_t *dl)
-{
-	const size_t tl = strlen(KC_TREE_ROOT_TAG);
-	if (ll < tl + KC_SHA256_HEXLEN + 2 || memcmp(line, KC_TREE_ROOT_TAG, tl) != 0 ||
-	    line[tl + KC_SHA256_HEXLEN] != ' ' || line[tl + KC_SHA256_HEXLEN + 1] != '/')
-		return 0;
-	*digest = line + tl;
-	*dir = line + tl + KC_SHA256_HEXLEN + 1;
-	*dl = ll - tl - KC_SHA256_HEXLEN - 1;
-	return 1;
-}
-
 /* The line's length without its newline (and a '\r' before it). */
 static size_t line_len(const char *line, size_t left)
 {
@@ -63,7 +48,7 @@ static const char *root_digest(const char *flags, size_t len, const char *dir, s
 		const char *nl = memchr(line, '\n', len - off);
 		size_t rdl, ll = line_len(line, len - off);
 		off = nl ? (size_t)(nl - flags) + 1 : len;
-		if (root_line(line, ll, &d, &rd, &rdl) && rdl == dl && memcmp(rd, dir, dl) == 0)
+		if (kc_tree_root_line(line, ll, &d, &rd, &rdl) && rdl == dl && memcmp(rd, dir, dl) == 0)
 			return d;
 	}
 	return NULL;
@@ -79,7 +64,7 @@ int kc_key_canonical(const char *flags, size_t len, const char *extra, char **ou
 
 	for (size_t off = 0; off < len && !roots;) {
 		const char *nl = memchr(flags + off, '\n', len - off);
-		roots = root_line(flags + off, line_len(flags + off, len - off), &d, &dir, &dl);
+		roots = kc_tree_root_line(flags + off, line_len(flags + off, len - off), &d, &dir, &dl);
 		off = nl ? (size_t)(nl - flags) + 1 : len;
 	}
 	if (!roots)
@@ -98,7 +83,7 @@ int kc_key_canonical(const char *flags, size_t len, const char *extra, char **ou
 		const char *inc = ll < 4100 ? kc_flags_include_dir(copy) : NULL;
 		const char *digest = inc && !keep_paths ? root_digest(flags, len, inc, strlen(inc))
 							: NULL;
-		if (!keep_paths && root_line(line, ll, &d, &dir, &dl))
+		if (!keep_paths && kc_tree_root_line(line, ll, &d, &dir, &dl))
 			fprintf(f, "%s%.*s\n", KC_TREE_ROOT_TAG, KC_SHA256_HEXLEN, d);
 		else if (digest)
 			fprintf(f, "%.*s%.*s\n", (int)(inc - copy), copy, KC_SHA256_HEXLEN, digest);

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "compile.h"
+#include "remote_manifest.h"
 
 static const char *const kind_names[] = {[KC_OBJECT_INDEX] = "index", [KC_OBJECT_CUBIN] = "cubin"};
 
@@ -42,7 +43,12 @@ static int derive(const char *tag, const char *a, const char *b, size_t blen,
 
 int kc_object_manifest_key(const char *recipe_hash, char key[KC_SHA256_HEXLEN + 1])
 {
-	return derive("kcachefs-manifest-key-v1\n", recipe_hash, NULL, 0, key);
+	return derive("kcachefs-manifest-key-v2\n", recipe_hash, NULL, 0, key);
+}
+
+int kc_object_list_key(const char *list_hash, char key[KC_SHA256_HEXLEN + 1])
+{
+	return derive("kcachefs-header-list-key-v1\n", list_hash, NULL, 0, key);
 }
 
 int kc_object_cubin_key(const char *manifest_key, const char *manifest, size_t manifest_len,
@@ -70,8 +76,11 @@ int kc_object_manifest_check(const char *m, size_t len, char *why, size_t whylen
 		size_t ll = (size_t)(nl - (m + off));
 		const char *path = m + off + KC_SHA256_HEXLEN + 1;
 		size_t path_len = ll > KC_SHA256_HEXLEN + 1 ? ll - KC_SHA256_HEXLEN - 1 : 0;
+		/* "<sha256> @headers": the compact form (remote_manifest.h), the only line */
+		int compact = off == 0 && ll + 1 == len && path_len == strlen(KC_MANIFEST_LIST_NAME) &&
+			      memcmp(path, KC_MANIFEST_LIST_NAME, path_len) == 0;
 		if (ll < KC_SHA256_HEXLEN + 2 || !is_hex64(m + off, KC_SHA256_HEXLEN) ||
-		    m[off + KC_SHA256_HEXLEN] != ' ' || path[0] != '/' ||
+		    m[off + KC_SHA256_HEXLEN] != ' ' || (path[0] != '/' && !compact) ||
 		    memchr(path, '\0', path_len)) {
 			snprintf(why, whylen, "manifest line %zu is not \"<sha256> /<path>\"", line + 1);
 			return -EBADMSG;

@@ -39,6 +39,14 @@ struct kc_remote_tier {
 	int probing;            /* 1 while a thread asks the store whether it is back */
 	double last_log[FAULT_KINDS];
 	unsigned long suppressed[FAULT_KINDS];
+	/* header lists (remote_manifest.h) this node fetched or stored, by their digest: a
+	 * joining node fetches each once, and stores each once; replaced round-robin */
+	struct {
+		char hash[KC_SHA256_HEXLEN + 1];
+		char *list; /* malloc'd; NULL: empty slot */
+		size_t len;
+	} lists[KC_REMOTE_LISTS];
+	unsigned next_list;
 };
 
 static double now_s(void)
@@ -278,6 +286,8 @@ void kc_remote_tier_close(struct kc_remote_tier *t)
 	t->b->ops->destroy(t->b);
 	pthread_mutex_destroy(&t->lock);
 	pthread_cond_destroy(&t->stop_cv);
+	for (int i = 0; i < KC_REMOTE_LISTS; i++)
+		free(t->lists[i].list);
 	free(t->secret_buf);
 	free(t);
 }
@@ -392,12 +402,93 @@ static void renewer_stop(struct kc_remote_job *rj)
 
 enum found { FOUND_NONE, FOUND_CUBIN, FOUND_OTHER_HEADERS, FOUND_FAULT };
 
-/* Look for the recipe's object: the index under rj->mkey, this node's manifest of its
- * headers, the object under the key of that manifest, verified. */
+/* A copy of the header list with digest hash from this node's table into *list / *len
+ * (malloc'd). Returns 1 found, 0 not, -ENOMEM. */
+static int list_cached(struct kc_remote_tier *t, const char *hash, char **list, size_t *len)
+{
+	int found = 0;
+	pthread_mutex_lock(&t->lock);
+	for (int i = 0; i < KC_REMOTE_LISTS && !found; i++) {
+		if (!t->lists[i].list || strcmp(t->lists[i].hash, hash) != 0)
+			continue;
+		found = (*list = malloc(t->lists[i].len + 1)) ? 1 : -ENOMEM;
+		if (found == 1) {
+			memcpy(*list, t->lists[i].list, t->lists[i].len);
+			*len = t->lists[i].len;
+		}
+	}
+	pthread_mutex_unlock(&t->lock);
+	return found;
+}
+
+/* Remember a copy of the header list list/len under its digest hash. */
+static void list_remember(struct kc_remote_tier *t, const char *hash, const char *list,
+			  size_t len)
+{
+	char *copy = malloc(len + 1);
+	if (!copy)
+		return;
+	memcpy(copy, list, len);
+	pthread_mutex_lock(&t->lock);
+	unsigned i = t->next_list++ % KC_REMOTE_LISTS;
+	free(t->lists[i].list);
+	t->lists[i].list = copy;
+	t->lists[i].len = len;
+	memcpy(t->lists[i].hash, hash, KC_SHA256_HEXLEN + 1);
+	pthread_mutex_unlock(&t->lock);
+}
+
+/* The header list whose digest is hash: from the table, else fetched and verified (an
+ * index-kind object under its list key whose bytes have that digest). Returns 0 with
+ * *list / *len (malloc'd); -ENOENT (not in the store, or refused: why says so), or a
+ * store fault. */
+static int list_get(struct kc_remote_tier *t, const char *hash, char **list, size_t *len,
+		    char *why, size_t whylen)
+{
+	char lkey[KC_SHA256_HEXLEN + 1], got[KC_SHA256_HEXLEN + 1], *data = NULL;
+	size_t dlen = 0;
+	struct kc_object obj;
+	int err = list_cached(t, hash, list, len);
+	if (err)
+		return err < 0 ? err : 0;
+	if (kc_object_list_key(hash, lkey) != 0 || !store_usable(t))
+		return -EIO;
+	err = t->b->ops->get(t->b, lkey, &data, &dlen);
+	outcome(t, FAULT_GET, err, -ENOENT, "of a header list");
+	if (err) {
+		snprintf(why, whylen, "header list %.16s: %s", hash, strerror(-err));
+		return err;
+	}
+	atomic_fetch_add(&t->stats->remote_bytes_in, dlen);
+	err = kc_object_parse(data, dlen, KC_OBJECT_INDEX, lkey, &t->secret, &obj, why, whylen);
+	if (!err && (kc_sha256_buf(obj.manifest, obj.manifest_len, got) != 0 ||
+		     strcmp(got, hash) != 0)) {
+		snprintf(why, whylen, "header list %.16s does not have its digest", hash);
+		err = -EBADMSG;
+	}
+	if (!err && !(*list = malloc(obj.manifest_len + 1)))
+		err = -ENOMEM;
+	if (err) {
+		atomic_fetch_add(&t->stats->remote_rejected, 1);
+		kc_log(KC_LOG_WARN, "cluster store: header list %.16s refused: %s", hash, why);
+		free(data);
+		return -ENOENT;
+	}
+	memcpy(*list, obj.manifest, obj.manifest_len);
+	*len = obj.manifest_len;
+	list_remember(t, hash, *list, *len);
+	free(data);
+	return 0;
+}
+
+/* Look for the recipe's object: the index under rj->mkey, the header list it names, this
+ * node's compact manifest of those headers, the object under the key of that manifest,
+ * verified. */
 static enum found look(struct kc_remote_tier *t, struct kc_remote_job *rj)
 {
-	char *data = NULL, *mine = NULL, why[400] = "", okey[KC_SHA256_HEXLEN + 1];
-	size_t len = 0, mlen = 0;
+	char *data = NULL, *list = NULL, *full = NULL, why[400] = "", okey[KC_SHA256_HEXLEN + 1];
+	char lhash[KC_SHA256_HEXLEN + 1], mine[KC_MANIFEST_COMPACT_MAX];
+	size_t len = 0, mlen = 0, list_len = 0, full_len = 0;
 	struct kc_object idx;
 	double t0 = now_s();
 
@@ -410,30 +501,42 @@ static enum found look(struct kc_remote_tier *t, struct kc_remote_job *rj)
 	atomic_fetch_add(&t->stats->remote_bytes_in, len);
 	err = kc_object_parse(data, len, KC_OBJECT_INDEX, rj->mkey, &t->secret, &idx, why,
 			      sizeof(why));
-	if (err == 0)
-		err = kc_manifest_rehash(idx.manifest, idx.manifest_len, &mine, &mlen, why,
-					 sizeof(why)) == 0 ? 0 : -ENOENT;
-	else
+	int named = err ? 0 : kc_manifest_compact_list(idx.manifest, idx.manifest_len, lhash);
+	if (named < 0) {
+		snprintf(why, sizeof(why), "its manifest is not a compact one");
+		err = -EBADMSG;
+	}
+	if (err)
 		atomic_fetch_add(&t->stats->remote_rejected, 1);
 	free(data);
-	if (err == -EBADMSG) {
+	if (err) {
 		kc_log(KC_LOG_WARN, "cluster store: index %.16s refused: %s", rj->mkey, why);
 		return FOUND_NONE;
 	}
-	if (err) { /* a header of the index is not here as it was there */
-		kc_log(KC_LOG_DEBUG, "cluster store: index %.16s: %s", rj->mkey, why);
-		return FOUND_OTHER_HEADERS;
+	mlen = 0;
+	mine[0] = '\0';
+	if (named) {
+		err = list_get(t, lhash, &list, &list_len, why, sizeof(why));
+		if (err && err != -ENOENT)
+			return FOUND_FAULT;
+		if (!err)
+			err = kc_manifest_rehash(list, list_len, &full, &full_len, why, sizeof(why))
+				      ? -ENOENT : kc_manifest_compact(full, full_len, mine, &mlen);
+		free(list);
+		free(full);
+		if (err == -ENOMEM)
+			return FOUND_FAULT;
+		if (err) { /* a header of the list is not here as it was there */
+			kc_log(KC_LOG_DEBUG, "cluster store: index %.16s: %s", rj->mkey, why);
+			return FOUND_OTHER_HEADERS;
+		}
 	}
-	if (kc_object_cubin_key(rj->mkey, mine, mlen, okey) != 0 || !store_usable(t)) {
-		free(mine);
+	if (kc_object_cubin_key(rj->mkey, mine, mlen, okey) != 0 || !store_usable(t))
 		return FOUND_FAULT;
-	}
 	err = t->b->ops->get(t->b, okey, &data, &len);
 	outcome(t, FAULT_GET, err, -ENOENT, "of an object");
-	if (err) {
-		free(mine);
+	if (err)
 		return err == -ENOENT ? FOUND_OTHER_HEADERS : FOUND_FAULT;
-	}
 	atomic_fetch_add(&t->stats->remote_bytes_in, len);
 	err = kc_object_parse(data, len, KC_OBJECT_CUBIN, okey, &t->secret, &rj->obj, why,
 			      sizeof(why));
@@ -442,7 +545,6 @@ static enum found look(struct kc_remote_tier *t, struct kc_remote_job *rj)
 		snprintf(why, sizeof(why), "its manifest is not this node's");
 		err = -EBADMSG;
 	}
-	free(mine);
 	if (err) {
 		atomic_fetch_add(&t->stats->remote_rejected, 1);
 		kc_log(KC_LOG_WARN, "cluster store: object %.16s refused: %s", okey, why);
@@ -619,6 +721,14 @@ static int put_object(struct kc_remote_tier *t, enum kc_object_kind kind, const 
 	return err == -EEXIST ? 0 : err;
 }
 
+static size_t count_lines(const char *s, size_t len)
+{
+	size_t n = 0;
+	for (size_t i = 0; i < len; i++)
+		n += s[i] == '\n';
+	return n;
+}
+
 /* Share the compiled cubin behind fd: the object, then the index that leads to it. */
 static void share(struct kc_remote_tier *t, struct kc_remote_job *rj, int fd, const char *deps,
 		  size_t deps_len)
@@ -631,19 +741,33 @@ static void share(struct kc_remote_tier *t, struct kc_remote_job *rj, int fd, co
 		return;
 	}
 	if (kc_manifest_from_deps(deps, deps_len, KC_COMPILE_CWD,
-				  t->toolkit[0] ? t->toolkit : NULL, &manifest, &mlen, why,
-				  sizeof(why)) != 0) {
+				  t->toolkit[0] ? t->toolkit : NULL, rj->flags, rj->flags_len,
+				  &manifest, &mlen, why, sizeof(why)) != 0) {
 		kc_log(KC_LOG_INFO, "cluster store: %.16s not shared: %s", rj->mkey, why);
 		return;
 	}
-	int dup = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+	/* the full header list once under its own key; index and object name it */
+	char compact[KC_MANIFEST_COMPACT_MAX], lhash[KC_SHA256_HEXLEN + 1];
+	char lkey[KC_SHA256_HEXLEN + 1], *known = NULL;
+	size_t cml = 0, known_len = 0;
+	int err = kc_manifest_compact(manifest, mlen, compact, &cml);
+	if (!err && cml && kc_manifest_compact_list(compact, cml, lhash) == 1 &&
+	    list_cached(t, lhash, &known, &known_len) == 0) {
+		err = kc_object_list_key(lhash, lkey) ? -ENOMEM
+		      : put_object(t, KC_OBJECT_INDEX, lkey, manifest, mlen, NULL, 0);
+		if (!err)
+			list_remember(t, lhash, manifest, mlen);
+	}
+	free(known);
+	int dup = err ? -1 : fcntl(fd, F_DUPFD_CLOEXEC, 0);
 	if (dup >= 0 && lseek(dup, 0, SEEK_SET) == 0 &&
 	    kc_read_all(dup, KC_OBJECT_MAX_CUBIN, &cubin, &clen) == 0 &&
-	    kc_object_cubin_key(rj->mkey, manifest, mlen, okey) == 0) {
-		if (put_object(t, KC_OBJECT_CUBIN, okey, manifest, mlen, cubin, clen) == 0 &&
-		    put_object(t, KC_OBJECT_INDEX, rj->mkey, manifest, mlen, NULL, 0) == 0)
-			kc_log(KC_LOG_INFO, "cluster store: %.16s stored (%zu bytes, %zu bytes of "
-			       "header manifest)", rj->mkey, clen, mlen);
+	    kc_object_cubin_key(rj->mkey, compact, cml, okey) == 0) {
+		if (put_object(t, KC_OBJECT_CUBIN, okey, compact, cml, cubin, clen) == 0 &&
+		    put_object(t, KC_OBJECT_INDEX, rj->mkey, compact, cml, NULL, 0) == 0)
+			kc_log(KC_LOG_INFO, "cluster store: %.16s stored (%zu bytes; %zu headers "
+			       "listed in %zu bytes, %zu bytes of manifest)", rj->mkey, clen,
+			       count_lines(manifest, mlen), mlen, cml);
 	}
 	if (dup >= 0)
 		close(dup);

@@ -137,6 +137,19 @@ int kc_tree_digest(const char *dir, dev_t avoid, char hex[KC_SHA256_HEXLEN + 1])
 	return err;
 }
 
+int kc_tree_root_line(const char *line, size_t ll, const char **digest, const char **dir,
+		      size_t *dl)
+{
+	const size_t tl = strlen(KC_TREE_ROOT_TAG);
+	if (ll < tl + KC_SHA256_HEXLEN + 2 || memcmp(line, KC_TREE_ROOT_TAG, tl) != 0 ||
+	    line[tl + KC_SHA256_HEXLEN] != ' ' || line[tl + KC_SHA256_HEXLEN + 1] != '/')
+		return 0;
+	*digest = line + tl;
+	*dir = line + tl + KC_SHA256_HEXLEN + 1;
+	*dl = ll - tl - KC_SHA256_HEXLEN - 1;
+	return 1;
+}
+
 int kc_tree_check_roots(const char *flags, size_t len, char *why, size_t whylen)
 {
 	const size_t tl = strlen(KC_TREE_ROOT_TAG);
@@ -149,18 +162,17 @@ int kc_tree_check_roots(const char *flags, size_t len, char *why, size_t whylen)
 		if (ll < tl || memcmp(line, KC_TREE_ROOT_TAG, tl) != 0)
 			continue;
 		char want[KC_SHA256_HEXLEN + 1], got[KC_SHA256_HEXLEN + 1], dir[PATH_MAX];
-		const char *p = line + tl;
-		size_t rest = ll - tl;
-		if (rest < KC_SHA256_HEXLEN + 2 || p[KC_SHA256_HEXLEN] != ' ' ||
-		    p[KC_SHA256_HEXLEN + 1] != '/' || rest - KC_SHA256_HEXLEN - 1 >= sizeof(dir)) {
+		const char *d, *rd;
+		size_t rdl;
+		if (!kc_tree_root_line(line, ll, &d, &rd, &rdl) || rdl >= sizeof(dir)) {
 			snprintf(why, whylen, "malformed '%s' line (want a digest and an absolute "
 				 "directory)", KC_TREE_ROOT_TAG "...");
 			return -EINVAL;
 		}
-		memcpy(want, p, KC_SHA256_HEXLEN);
+		memcpy(want, d, KC_SHA256_HEXLEN);
 		want[KC_SHA256_HEXLEN] = '\0';
-		memcpy(dir, p + KC_SHA256_HEXLEN + 1, rest - KC_SHA256_HEXLEN - 1);
-		dir[rest - KC_SHA256_HEXLEN - 1] = '\0';
+		memcpy(dir, rd, rdl);
+		dir[rdl] = '\0';
 		int err = kc_tree_digest(dir, (dev_t)-1, got);
 		if (!err && strcmp(want, got) != 0)
 			err = -ESTALE;

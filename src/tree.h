@@ -26,6 +26,12 @@
  * "# include-root <digest> <dir>" (comment lines are not compiler arguments). */
 #define KC_TREE_ROOT_TAG "# include-root "
 
+/* Whether line (ll bytes, no newline) is a well-formed KC_TREE_ROOT_TAG line: 1 with
+ * pointers into it to its digest (KC_SHA256_HEXLEN bytes) and its dir (*dl bytes,
+ * absolute), else 0. */
+int kc_tree_root_line(const char *line, size_t ll, const char **digest, const char **dir,
+		      size_t *dl);
+
 /* Digest of the tree under dir as above into hex. Returns 0; -EXDEV when the walk reaches a
  * file or directory on device avoid ((dev_t)-1: none) or the root of a kcachefs mount (a
  * walk there would open, and so compile, its entries); -EACCES for a directory or file

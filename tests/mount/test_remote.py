@@ -197,12 +197,13 @@ def test_cluster_compiles_each_kernel_once(cluster):
     assert total(nodes, "compiles_total") == KERNELS
     assert total(nodes, "remote_hits_total") == 3 * KERNELS
     assert total(nodes, "remote_misses_total") == KERNELS
-    assert total(nodes, "remote_puts_total") == 2 * KERNELS  # a cubin and an index each
+    # a cubin and an index each, and the one header list every kernel's compile read
+    assert total(nodes, "remote_puts_total") == 2 * KERNELS + 1
     assert total(nodes, "remote_rejected_total") == 0
     assert total(nodes, "remote_get_errors_total") == 0
     assert all(m.stats()["remote_up"] == 1 for m in nodes)
     assert len(cluster.objects(b"cubin")) == KERNELS
-    assert len(cluster.objects(b"index")) == KERNELS
+    assert len(cluster.objects(b"index")) == KERNELS + 1
     # a hit's kernel.log says where it came from
     logs = [(p.parent / "kernel.log").read_text() for m in nodes for p in stage_all(cluster, m)]
     assert sum("from the cluster store" in l for l in logs) == 3 * KERNELS
@@ -459,7 +460,10 @@ def test_real_nvcc_shares_with_its_header_manifest(mount_factory, tmp_path, coun
     assert b.stats()["remote_hits_total"] == 1
     index = [p.read_bytes() for p in (tmp_path / "store" / "objects").glob("*/*")
              if p.read_bytes()[19:25] == b"index "]
-    assert len(index) == 1 and b"/kc_test/scale.cuh\n" in index[0]
+    # the index (its compact manifest names the header list) and the header list
+    assert len(index) == 2 and sum(b" @headers\n" in i for i in index) == 1
+    index = [i for i in index if b" @headers\n" not in i]
+    assert b"/kc_test/scale.cuh\n" in index[0]
     assert b"cuda_runtime" not in index[0], "a toolkit header in the manifest"
 
 
@@ -489,8 +493,8 @@ def test_real_nvcc_manifest_has_nested_headers(mount_factory, tmp_path, counting
         assert time.monotonic() < deadline, a.daemon_log()
         time.sleep(0.05)
     index = [p.read_bytes() for p in (tmp_path / "store" / "objects").glob("*/*")
-             if p.read_bytes()[19:25] == b"index "]
-    assert len(index) == 1 and b"/kc_nest/inner.cuh\n" in index[0], index
+             if p.read_bytes()[19:25] == b"index " and b" @headers\n" not in p.read_bytes()]
+    assert len(index) == 1 and b"/kc_nest/inner.cuh\n" in index[0], index  # the header list
     inner.write_text("#pragma once\n#define KC_INNER 3\n")  # b's copy of it differs
     rb = read_result(b.stage("k", src, flags) / "kernel.cubin")
     assert rb[0] == "ok" and rb != ra
@@ -532,7 +536,8 @@ def test_opener_answered_before_the_cluster_put(cluster):
     s = b.stats()
     assert s["remote_hits_total"] == 1 and s["compiles_total"] == 0, s
     assert len(cluster.compiles()) == 1
-    assert len(cluster.objects(b"cubin")) == 1 and len(cluster.objects(b"index")) == 1
+    # the index and the header list it names
+    assert len(cluster.objects(b"cubin")) == 1 and len(cluster.objects(b"index")) == 2
     log = a.daemon_log()
     assert log.index(": published (ok)") < log.index(" stored ("), log
 
