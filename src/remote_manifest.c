@@ -377,12 +377,7 @@ int kc_manifest_compact(const char *full, size_t len, char out[KC_MANIFEST_COMPA
 			size_t *outlen)
 {
 	char hex[KC_SHA256_HEXLEN + 1];
-	if (!len) {
-		out[0] = '\0';
-		*outlen = 0;
-		return 0;
-	}
-	if (kc_sha256_buf(full, len, hex) != 0)
+	if (kc_sha256_buf(full ? full : "", len, hex) != 0)
 		return -ENOMEM;
 	*outlen = (size_t)snprintf(out, KC_MANIFEST_COMPACT_MAX, "%s %s\n", hex,
 				   KC_MANIFEST_LIST_NAME);

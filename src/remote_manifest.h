@@ -48,19 +48,23 @@ int kc_manifest_from_deps(const char *deps, size_t len, const char *skip_dir,
 			  const char *toolkit_root, const char *flags, size_t flags_len,
 			  char **manifest, size_t *mlen, char *why, size_t whylen);
 
-/* The compact manifest that the index and the cubin object carry (remote_object.h): ""
- * for an empty header list, else one line "<SHA-256 of the full list> @headers\n"; the
- * full list (the manifest above) is stored once in the store under its own key, shared by
- * every kernel that reads the same headers. */
+/* The compact manifest that the cubin object carries (remote_object.h): one line
+ * "<SHA-256 of the full list> @headers\n" (the SHA-256 of "" for a compile that read no
+ * header outside the toolkit and its include roots); the full list (the manifest above) is
+ * stored once in the store under its own key, shared by every kernel that reads the same
+ * headers. An index carries up to KC_MANIFEST_PER_KEY such lines, newest first: one per
+ * image whose nodes compiled the kernel. */
 #define KC_MANIFEST_LIST_NAME "@headers"
 #define KC_MANIFEST_COMPACT_MAX (KC_SHA256_HEXLEN + 16)
+#define KC_MANIFEST_LINE_LEN (KC_SHA256_HEXLEN + 10) /* bytes of one compact line */
+#define KC_MANIFEST_PER_KEY 4 /* manifests an index lists; the oldest goes first */
 
 /* The compact manifest of the full list full/len into out / *outlen. Returns 0 or
  * -ENOMEM. */
 int kc_manifest_compact(const char *full, size_t len, char out[KC_MANIFEST_COMPACT_MAX],
 			size_t *outlen);
 
-/* The list digest a compact manifest names: 1 with hex filled, 0 for the empty one,
+/* The list digest a one-line compact manifest names: 1 with hex filled, 0 for "",
  * -EBADMSG for anything else. */
 int kc_manifest_compact_list(const char *compact, size_t len, char hex[KC_SHA256_HEXLEN + 1]);
 

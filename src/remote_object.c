@@ -58,6 +58,35 @@ int kc_object_cubin_key(const char *manifest_key, const char *manifest, size_t m
 		      manifest_len, key);
 }
 
+/* The compact form (remote_manifest.h): 1 to KC_MANIFEST_PER_KEY lines
+ * "<sha256> @headers", no digest twice. Returns 0 or -EBADMSG with why. */
+static int compact_check(const char *m, size_t len, char *why, size_t whylen)
+{
+	const size_t ll = KC_SHA256_HEXLEN + 1 + strlen(KC_MANIFEST_LIST_NAME) + 1;
+	size_t n = len / ll;
+	if (len % ll || n < 1 || n > KC_MANIFEST_PER_KEY) {
+		snprintf(why, whylen, "compact manifest of %zu bytes is not 1 to %d lines", len,
+			 KC_MANIFEST_PER_KEY);
+		return -EBADMSG;
+	}
+	for (size_t i = 0; i < n; i++) {
+		const char *l = m + i * ll;
+		if (!is_hex64(l, KC_SHA256_HEXLEN) || l[KC_SHA256_HEXLEN] != ' ' ||
+		    memcmp(l + KC_SHA256_HEXLEN + 1, KC_MANIFEST_LIST_NAME,
+			   strlen(KC_MANIFEST_LIST_NAME)) != 0 || l[ll - 1] != '\n') {
+			snprintf(why, whylen, "compact manifest line %zu is not \"<sha256> %s\"",
+				 i + 1, KC_MANIFEST_LIST_NAME);
+			return -EBADMSG;
+		}
+		for (size_t j = 0; j < i; j++)
+			if (memcmp(l, m + j * ll, KC_SHA256_HEXLEN) == 0) {
+				snprintf(why, whylen, "compact manifest line %zu is repeated", i + 1);
+				return -EBADMSG;
+			}
+	}
+	return 0;
+}
+
 int kc_object_manifest_check(const char *m, size_t len, char *why, size_t whylen)
 {
 	const char *prev = NULL;
@@ -67,6 +96,8 @@ int kc_object_manifest_check(const char *m, size_t len, char *why, size_t whylen
 		snprintf(why, whylen, "manifest of %zu bytes is over the limit", len);
 		return -EBADMSG;
 	}
+	if (len > KC_SHA256_HEXLEN + 1 && m[KC_SHA256_HEXLEN + 1] == KC_MANIFEST_LIST_NAME[0])
+		return compact_check(m, len, why, whylen);
 	for (size_t off = 0; off < len; line++) {
 		const char *nl = memchr(m + off, '\n', len - off);
 		if (!nl) {
@@ -76,11 +107,8 @@ int kc_object_manifest_check(const char *m, size_t len, char *why, size_t whylen
 		size_t ll = (size_t)(nl - (m + off));
 		const char *path = m + off + KC_SHA256_HEXLEN + 1;
 		size_t path_len = ll > KC_SHA256_HEXLEN + 1 ? ll - KC_SHA256_HEXLEN - 1 : 0;
-		/* "<sha256> @headers": the compact form (remote_manifest.h), the only line */
-		int compact = off == 0 && ll + 1 == len && path_len == strlen(KC_MANIFEST_LIST_NAME) &&
-			      memcmp(path, KC_MANIFEST_LIST_NAME, path_len) == 0;
 		if (ll < KC_SHA256_HEXLEN + 2 || !is_hex64(m + off, KC_SHA256_HEXLEN) ||
-		    m[off + KC_SHA256_HEXLEN] != ' ' || (path[0] != '/' && !compact) ||
+		    m[off + KC_SHA256_HEXLEN] != ' ' || path[0] != '/' ||
 		    memchr(path, '\0', path_len)) {
 			snprintf(why, whylen, "manifest line %zu is not \"<sha256> /<path>\"", line + 1);
 			return -EBADMSG;

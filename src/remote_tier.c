@@ -22,6 +22,9 @@
 
 enum fault_kind { FAULT_GET, FAULT_PUT, FAULT_LEASE, FAULT_KINDS };
 
+/* The digest of an empty header list: no fetch needed to check it. */
+#define EMPTY_LIST "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+
 struct kc_remote_tier {
 	struct kc_remote_backend *b;
 	struct kc_stats *stats;
@@ -487,7 +490,7 @@ static int list_get(struct kc_remote_tier *t, const char *hash, char **list, siz
 static enum found look(struct kc_remote_tier *t, struct kc_remote_job *rj)
 {
 	char *data = NULL, *list = NULL, *full = NULL, why[400] = "", okey[KC_SHA256_HEXLEN + 1];
-	char lhash[KC_SHA256_HEXLEN + 1], mine[KC_MANIFEST_COMPACT_MAX];
+	char lhash[KC_SHA256_HEXLEN + 1], mine[KC_MANIFEST_COMPACT_MAX] = "";
 	size_t len = 0, mlen = 0, list_len = 0, full_len = 0;
 	struct kc_object idx;
 	double t0 = now_s();
@@ -501,35 +504,55 @@ static enum found look(struct kc_remote_tier *t, struct kc_remote_job *rj)
 	atomic_fetch_add(&t->stats->remote_bytes_in, len);
 	err = kc_object_parse(data, len, KC_OBJECT_INDEX, rj->mkey, &t->secret, &idx, why,
 			      sizeof(why));
-	int named = err ? 0 : kc_manifest_compact_list(idx.manifest, idx.manifest_len, lhash);
-	if (named < 0) {
+	/* the index lists up to KC_MANIFEST_PER_KEY compact manifests, newest first */
+	char *lines = NULL;
+	size_t nlines = 0;
+	if (!err && (idx.manifest_len % KC_MANIFEST_LINE_LEN || !idx.manifest_len ||
+		     idx.manifest[KC_SHA256_HEXLEN + 1] != KC_MANIFEST_LIST_NAME[0])) {
 		snprintf(why, sizeof(why), "its manifest is not a compact one");
 		err = -EBADMSG;
 	}
-	if (err)
+	if (!err && !(lines = malloc(idx.manifest_len)))
+		err = -ENOMEM;
+	if (!err) {
+		memcpy(lines, idx.manifest, idx.manifest_len);
+		nlines = idx.manifest_len / KC_MANIFEST_LINE_LEN;
+	}
+	if (err && err != -ENOMEM)
 		atomic_fetch_add(&t->stats->remote_rejected, 1);
 	free(data);
+	if (err == -ENOMEM)
+		return FOUND_FAULT;
 	if (err) {
 		kc_log(KC_LOG_WARN, "cluster store: index %.16s refused: %s", rj->mkey, why);
 		return FOUND_NONE;
 	}
-	mlen = 0;
-	mine[0] = '\0';
-	if (named) {
+	int matched = 0;
+	for (size_t i = 0; i < nlines && !matched; i++) {
+		const char *line = lines + i * KC_MANIFEST_LINE_LEN;
+		memcpy(lhash, line, KC_SHA256_HEXLEN);
+		lhash[KC_SHA256_HEXLEN] = '\0';
+		if (strcmp(lhash, EMPTY_LIST) == 0) { /* no header outside toolkit and roots */
+			matched = kc_manifest_compact("", 0, mine, &mlen) == 0;
+			continue;
+		}
 		err = list_get(t, lhash, &list, &list_len, why, sizeof(why));
-		if (err && err != -ENOENT)
+		if (err && err != -ENOENT) {
+			free(lines);
 			return FOUND_FAULT;
-		if (!err)
-			err = kc_manifest_rehash(list, list_len, &full, &full_len, why, sizeof(why))
-				      ? -ENOENT : kc_manifest_compact(full, full_len, mine, &mlen);
+		}
+		if (!err && kc_manifest_rehash(list, list_len, &full, &full_len, why, sizeof(why)) == 0 &&
+		    kc_manifest_compact(full, full_len, mine, &mlen) == 0)
+			matched = mlen == KC_MANIFEST_LINE_LEN && memcmp(mine, line, mlen) == 0;
 		free(list);
 		free(full);
-		if (err == -ENOMEM)
-			return FOUND_FAULT;
-		if (err) { /* a header of the list is not here as it was there */
-			kc_log(KC_LOG_DEBUG, "cluster store: index %.16s: %s", rj->mkey, why);
-			return FOUND_OTHER_HEADERS;
-		}
+		list = full = NULL;
+	}
+	free(lines);
+	if (!matched) { /* no image's headers in the index are this node's */
+		kc_log(KC_LOG_DEBUG, "cluster store: index %.16s: none of its %zu manifests is this "
+		       "node's%s%s", rj->mkey, nlines, why[0] ? ": " : "", why);
+		return FOUND_OTHER_HEADERS;
 	}
 	if (kc_object_cubin_key(rj->mkey, mine, mlen, okey) != 0 || !store_usable(t))
 		return FOUND_FAULT;
@@ -703,15 +726,17 @@ int kc_remote_tier_fetch(struct kc_remote_tier *t, const char *recipe_hash, int 
 }
 
 /* Put kind's object under key; counts and logs. Returns 0 when it is stored (or was). */
-static int put_object(struct kc_remote_tier *t, enum kc_object_kind kind, const char *key,
-		       const char *manifest, size_t mlen, const void *cubin, size_t clen)
+static int store_object(struct kc_remote_tier *t, enum kc_object_kind kind, const char *key,
+			const char *manifest, size_t mlen, const void *cubin, size_t clen,
+			int replace)
 {
 	char *obj = NULL;
 	size_t len = 0;
 	if (!store_usable(t) ||
 	    kc_object_build(kind, key, manifest, mlen, cubin, clen, &t->secret, &obj, &len) != 0)
 		return -EIO;
-	int err = t->b->ops->put(t->b, key, obj, len);
+	int err = replace ? t->b->ops->replace(t->b, key, obj, len)
+			  : t->b->ops->put(t->b, key, obj, len);
 	outcome(t, FAULT_PUT, err, -EEXIST, kind == KC_OBJECT_INDEX ? "of an index" : "of an object");
 	if (err == 0) {
 		atomic_fetch_add(&t->stats->remote_puts, 1);
@@ -727,6 +752,57 @@ static size_t count_lines(const char *s, size_t len)
 	for (size_t i = 0; i < len; i++)
 		n += s[i] == '\n';
 	return n;
+}
+
+static int put_object(struct kc_remote_tier *t, enum kc_object_kind kind, const char *key,
+		      const char *manifest, size_t mlen, const void *cubin, size_t clen)
+{
+	return store_object(t, kind, key, manifest, mlen, cubin, clen, 0);
+}
+
+/* Add the compact manifest line (KC_MANIFEST_LINE_LEN bytes) to the index under rj->mkey:
+ * a new index, or the line first and the index's others after it, the oldest dropped past
+ * KC_MANIFEST_PER_KEY (a store without replace keeps its first index). Returns 0 when the
+ * index lists it (or cannot be made to), or a fault. */
+static int index_add(struct kc_remote_tier *t, struct kc_remote_job *rj, const char *line)
+{
+	for (int tries = 0; tries < 3; tries++) {
+		char *data = NULL, why[200], next[KC_MANIFEST_PER_KEY * KC_MANIFEST_LINE_LEN];
+		size_t len = 0, n = KC_MANIFEST_LINE_LEN;
+		struct kc_object idx;
+		if (!store_usable(t))
+			return -EIO;
+		int err = t->b->ops->get(t->b, rj->mkey, &data, &len);
+		outcome(t, FAULT_GET, err, -ENOENT, "of an index");
+		if (err == -ENOENT) {
+			err = store_object(t, KC_OBJECT_INDEX, rj->mkey, line, n, NULL, 0, 0);
+			if (err == 0 && t->b->ops->replace)
+				continue; /* look again: another node's may have come first (EEXIST) */
+			return err;
+		}
+		if (err)
+			return err;
+		memcpy(next, line, n);
+		if (kc_object_parse(data, len, KC_OBJECT_INDEX, rj->mkey, &t->secret, &idx, why,
+				    sizeof(why)) == 0 &&
+		    idx.manifest_len % KC_MANIFEST_LINE_LEN == 0) {
+			for (size_t off = 0; off < idx.manifest_len; off += KC_MANIFEST_LINE_LEN) {
+				if (memcmp(idx.manifest + off, line, KC_SHA256_HEXLEN) == 0) {
+					free(data);
+					return 0; /* listed already */
+				}
+				if (n < sizeof(next)) {
+					memcpy(next + n, idx.manifest + off, KC_MANIFEST_LINE_LEN);
+					n += KC_MANIFEST_LINE_LEN;
+				}
+			}
+		}
+		free(data);
+		if (!t->b->ops->replace)
+			return 0; /* first-come */
+		return store_object(t, KC_OBJECT_INDEX, rj->mkey, next, n, NULL, 0, 1);
+	}
+	return 0;
 }
 
 /* Share the compiled cubin behind fd: the object, then the index that leads to it. */
@@ -751,8 +827,8 @@ static void share(struct kc_remote_tier *t, struct kc_remote_job *rj, int fd, co
 	char lkey[KC_SHA256_HEXLEN + 1], *known = NULL;
 	size_t cml = 0, known_len = 0;
 	int err = kc_manifest_compact(manifest, mlen, compact, &cml);
-	if (!err && cml && kc_manifest_compact_list(compact, cml, lhash) == 1 &&
-	    list_cached(t, lhash, &known, &known_len) == 0) {
+	if (!err && kc_manifest_compact_list(compact, cml, lhash) == 1 &&
+	    strcmp(lhash, EMPTY_LIST) != 0 && list_cached(t, lhash, &known, &known_len) == 0) {
 		err = kc_object_list_key(lhash, lkey) ? -ENOMEM
 		      : put_object(t, KC_OBJECT_INDEX, lkey, manifest, mlen, NULL, 0);
 		if (!err)
@@ -764,7 +840,7 @@ static void share(struct kc_remote_tier *t, struct kc_remote_job *rj, int fd, co
 	    kc_read_all(dup, KC_OBJECT_MAX_CUBIN, &cubin, &clen) == 0 &&
 	    kc_object_cubin_key(rj->mkey, compact, cml, okey) == 0) {
 		if (put_object(t, KC_OBJECT_CUBIN, okey, compact, cml, cubin, clen) == 0 &&
-		    put_object(t, KC_OBJECT_INDEX, rj->mkey, compact, cml, NULL, 0) == 0)
+		    index_add(t, rj, compact) == 0)
 			kc_log(KC_LOG_INFO, "cluster store: %.16s stored (%zu bytes; %zu headers "
 			       "listed in %zu bytes, %zu bytes of manifest)", rj->mkey, clen,
 			       count_lines(manifest, mlen), mlen, cml);

@@ -790,3 +790,41 @@ def waiter_lag(cluster, kernels=3, after_s=2.6, bound_s=0.5):
 
 def test_waiter_is_told_not_polled(cluster):
     waiter_lag(cluster)
+
+
+def test_nodes_of_two_images_alternating_each_compile_once(cluster):
+    """Issue 22: an index lists several manifests (one per image whose nodes compiled the
+    kernel), so nodes of two images that take turns each fetch their own image's cubins:
+    each image compiles each kernel once. Past KC_MANIFEST_PER_KEY (4) images the oldest
+    is dropped first."""
+    def image(n):  # the header of image n, as its nodes have it
+        cluster.header.write_text("#define KC_CLUSTER %d\n" % n)
+
+    def settled(node):  # every compile of node's is stored (a node whose headers are not
+        # the index's compiles without a lease: shared() cannot see its put)
+        until(lambda: node.daemon_log().count(" stored (") >= node.stats()["compiles_total"],
+              node.daemon_log)
+
+    kernels = range(3)
+    got = {}
+    for turn, n in enumerate([1, 2, 1, 2, 1]):
+        image(n)
+        node = cluster.node("img%d-%d" % (n, turn))
+        res = {p.parent.name: read_result(p) for p in stage_all(cluster, node, kernels)}
+        assert got.setdefault(n, res) == res, "image %d got another image's cubins" % n
+        settled(node)
+        if turn >= 2:
+            assert node.stats()["remote_hits_total"] == len(kernels), node.daemon_log()
+    assert len(cluster.compiles()) == 2 * len(kernels)
+    assert got[1] != got[2]
+    for n in (3, 4, 5):  # three more images: image 1's manifest is now the oldest of five
+        image(n)
+        node = cluster.node("img%d" % n)
+        assert all(read_result(p)[0] == "ok" for p in stage_all(cluster, node, kernels))
+        settled(node)
+    assert len(cluster.compiles()) == 5 * len(kernels)
+    for n, hits in ((2, len(kernels)), (1, 0)):
+        image(n)
+        node = cluster.node("again%d" % n)
+        assert all(read_result(p)[0] == "ok" for p in stage_all(cluster, node, kernels))
+        assert node.stats()["remote_hits_total"] == hits, node.daemon_log()

@@ -111,14 +111,27 @@ int main(void)
 		      kc_sha256_buf(m, ml, hm) == 0 && strcmp(hx, hm) == 0 && cl < 80 &&
 		      kc_object_manifest_check(compact, cl, why, sizeof(why)) == 0,
 	      "compact manifest: one line naming the full list by its digest");
-	CHECK(kc_manifest_compact("", 0, compact, &cl) == 0 && cl == 0 &&
-		      kc_manifest_compact_list(compact, cl, hx) == 0,
-	      "compact manifest: no headers, an empty manifest");
+	CHECK(kc_manifest_compact("", 0, compact, &cl) == 0 && cl == KC_MANIFEST_LINE_LEN &&
+		      kc_manifest_compact_list(compact, cl, hx) == 1 &&
+		      strcmp(hx, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855") == 0,
+	      "compact manifest: no headers, the digest of the empty list");
+	CHECK(kc_manifest_compact_list("", 0, hx) == 0, "compact manifest: \"\" names no list");
 	CHECK(kc_manifest_compact_list(m, ml, hx) == -EBADMSG,
 	      "compact manifest: a full list is not a compact one");
 	snprintf(want, sizeof(want), "%s @headers\n%s @headers\n", ha, hb);
+	CHECK(kc_object_manifest_check(want, strlen(want), why, sizeof(why)) == 0,
+	      "manifest check: an index lists several compact manifests");
+	snprintf(want, sizeof(want), "%s @headers\n%s @headers\n", ha, ha);
 	CHECK(kc_object_manifest_check(want, strlen(want), why, sizeof(why)) == -EBADMSG,
-	      "manifest check: '@headers' only as the one line");
+	      "manifest check: one compact manifest twice is refused");
+	snprintf(want, sizeof(want), "%s @headers\n%s /x.h\n", ha, hb);
+	CHECK(kc_object_manifest_check(want, strlen(want), why, sizeof(why)) == -EBADMSG,
+	      "manifest check: compact and full lines do not mix");
+	want[0] = '\0';
+	for (int i = 0; i <= KC_MANIFEST_PER_KEY; i++)
+		snprintf(want + strlen(want), sizeof(want) - strlen(want), "%063x%d @headers\n", 0, i);
+	CHECK(kc_object_manifest_check(want, strlen(want), why, sizeof(why)) == -EBADMSG,
+	      "manifest check: at most KC_MANIFEST_PER_KEY manifests per index");
 
 	/* the memo: once the headers' change time is behind the clock, a rehash reads none */
 	uint64_t hits0, misses0, hits1, misses1;
