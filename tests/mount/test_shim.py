@@ -675,3 +675,57 @@ def test_more_calls_only_nvcc_can_reproduce(mount_factory, tmp_path):
     r = shim([src, "-cubin", "-o", e / "kernel.cubin", "-arch=sm_90a"])
     assert r.returncode == nvcc([src, "-cubin", "-o", e / "kernel.cubin", "-arch=sm_90a"]).returncode
     assert shim_entries(m) == [] and m.stats()["compiles_total"] <= 1
+
+
+def old_shim_flags(compiler, inc):
+    """kernel.flags as the shim before issue 22 staged it: the include tree fingerprinted by
+    path, size and mtime, the key v1 over these exact bytes."""
+    lines = []
+    for f in sorted(p for p in inc.rglob("*") if p.is_file()):
+        st = f.stat()
+        lines.append("%s %d %d%09d\n" % (str(f)[len(str(inc)):], st.st_size,
+                                          st.st_mtime_ns // 10**9, st.st_mtime_ns % 10**9))
+    fp = hashlib.sha256("".join(sorted(lines)).encode()).hexdigest()
+    return ("# kcachefs-nvcc: %s\n# include-tree %s %s\n--kcachefs-compiler=nvcc\n-I%s\n"
+            "-arch=sm_90a\n" % (compiler, inc, fp, inc)).encode()
+
+
+def key_v1(source, flags):
+    h = hashlib.sha256(b"kcachefs-key-v1\n")
+    for part in (source, flags):
+        h.update(b"%d\n" % len(part) + part + b"\n")
+    return h.hexdigest()
+
+
+def test_upgrade_from_path_keys_no_client_sees_an_error(mount_factory, counting_nvcc,
+                                                        tmp_path):
+    """Issue 22's upgrade: an entry the old shim staged (key v1 over path and mtime
+    fingerprints) stays valid under its old name across a restart, compiles nothing, and is
+    never served under a new key: the new shim's call compiles under its own name (not
+    migrated), and every call and open succeeds."""
+    make_nvcc, calls = counting_nvcc
+    opts = ["nvcc=%s" % make_nvcc(), "verify_keys"]
+    m = mount_factory(opts)
+    info = [l for l in (m.mnt / ".kcachefs" / "metrics.prom").read_text().splitlines()
+            if l.startswith("kcachefs_info{")][0]
+    compiler = info.split('compiler="')[1].split('"')[0]
+    inc = header_tree(tmp_path / "pkg")
+    src = kernel_source(tmp_path)
+    flags = old_shim_flags(compiler, inc)
+    old = m.mnt / "kcachefs-nvcc" / ("kernel.nvcc." + key_v1(src.read_bytes(), flags))
+    old.mkdir(parents=True)
+    (old / "kernel.flags").write_bytes(flags)
+    (old / "kernel.cu").write_bytes(src.read_bytes())
+    before = (old / "kernel.cubin").read_bytes()
+    assert calls() == 1 and "scale_0" in elf_symbols(before)
+    m.stop()
+    m = mount_factory(opts)  # the upgraded daemon on the same backing directory
+    assert (old / "kernel.cubin").read_bytes() == before and calls() == 1
+    out = m.mnt / "new.cubin"
+    r = shim([src, "-cubin", "-o", out, "-arch=sm_90a", "-I", inc])
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert calls() == 2, "the new key is compiled once, not served from the old entry"
+    new, = [e for e in shim_entries(m) if e != old.name]
+    assert new != old.name and out.read_bytes() == before  # same bytes, compiled again
+    assert (old / "kernel.cubin").read_bytes() == before
+    assert m.stats()["compile_failures_total"] == 0
