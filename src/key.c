@@ -80,7 +80,8 @@ int kc_key_canonical(const char *flags, size_t len, const char *extra, char **ou
 		off = nl ? (size_t)(nl - flags) + 1 : len;
 		char copy[4200];
 		snprintf(copy, sizeof(copy), "%.*s", (int)(ll < 4100 ? ll : 4100), line);
-		const char *inc = ll < 4100 ? kc_flags_include_dir(copy) : NULL;
+		/* a line with a NUL or longer than copy is kept as it is (no flag of the mount's) */
+		const char *inc = ll < 4100 && strlen(copy) == ll ? kc_flags_include_dir(copy) : NULL;
 		const char *digest = inc && !keep_paths ? root_digest(flags, len, inc, strlen(inc))
 							: NULL;
 		if (!keep_paths && kc_tree_root_line(line, ll, &d, &dir, &dl))

@@ -50,6 +50,8 @@ struct kc_remote_tier {
 		size_t len;
 	} lists[KC_REMOTE_LISTS];
 	unsigned next_list;
+	pthread_mutex_t list_fetch; /* one fetch of a header list at a time: the jobs of a
+				     * joining node that need one list at once fetch it once */
 };
 
 static double now_s(void)
@@ -242,6 +244,7 @@ int kc_remote_tier_open(const struct kc_remote_opts *o, const char *nvcc,
 	if (kc_manifest_toolkit_root(nvcc, KC_CUDA_HOME, t->toolkit, sizeof(t->toolkit)) != 0)
 		t->toolkit[0] = '\0'; /* every header is then hashed */
 	pthread_mutex_init(&t->lock, NULL);
+	pthread_mutex_init(&t->list_fetch, NULL);
 	pthread_condattr_init(&ca);
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
 	pthread_cond_init(&t->stop_cv, &ca);
@@ -288,6 +291,7 @@ void kc_remote_tier_close(struct kc_remote_tier *t)
 		return;
 	t->b->ops->destroy(t->b);
 	pthread_mutex_destroy(&t->lock);
+	pthread_mutex_destroy(&t->list_fetch);
 	pthread_cond_destroy(&t->stop_cv);
 	for (int i = 0; i < KC_REMOTE_LISTS; i++)
 		free(t->lists[i].list);
@@ -445,15 +449,34 @@ static void list_remember(struct kc_remote_tier *t, const char *hash, const char
  * index-kind object under its list key whose bytes have that digest). Returns 0 with
  * *list / *len (malloc'd); -ENOENT (not in the store, or refused: why says so), or a
  * store fault. */
+static int list_fetch(struct kc_remote_tier *t, const char *hash, char **list, size_t *len,
+		      char *why, size_t whylen);
+
 static int list_get(struct kc_remote_tier *t, const char *hash, char **list, size_t *len,
 		    char *why, size_t whylen)
+{
+	int err = list_cached(t, hash, list, len);
+	if (err)
+		return err < 0 ? err : 0;
+	pthread_mutex_lock(&t->list_fetch);
+	err = list_cached(t, hash, list, len); /* fetched by another job meanwhile */
+	if (err) {
+		pthread_mutex_unlock(&t->list_fetch);
+		return err < 0 ? err : 0;
+	}
+	err = list_fetch(t, hash, list, len, why, whylen);
+	pthread_mutex_unlock(&t->list_fetch);
+	return err;
+}
+
+/* list_get's fetch from the store, verified, remembered. */
+static int list_fetch(struct kc_remote_tier *t, const char *hash, char **list, size_t *len,
+		      char *why, size_t whylen)
 {
 	char lkey[KC_SHA256_HEXLEN + 1], got[KC_SHA256_HEXLEN + 1], *data = NULL;
 	size_t dlen = 0;
 	struct kc_object obj;
-	int err = list_cached(t, hash, list, len);
-	if (err)
-		return err < 0 ? err : 0;
+	int err;
 	if (kc_object_list_key(hash, lkey) != 0 || !store_usable(t))
 		return -EIO;
 	err = t->b->ops->get(t->b, lkey, &data, &dlen);

@@ -164,7 +164,8 @@ int kc_tree_check_roots(const char *flags, size_t len, char *why, size_t whylen)
 		char want[KC_SHA256_HEXLEN + 1], got[KC_SHA256_HEXLEN + 1], dir[PATH_MAX];
 		const char *d, *rd;
 		size_t rdl;
-		if (!kc_tree_root_line(line, ll, &d, &rd, &rdl) || rdl >= sizeof(dir)) {
+		if (!kc_tree_root_line(line, ll, &d, &rd, &rdl) || rdl >= sizeof(dir) ||
+		    memchr(rd, '\0', rdl)) {
 			snprintf(why, whylen, "malformed '%s' line (want a digest and an absolute "
 				 "directory)", KC_TREE_ROOT_TAG "...");
 			return -EINVAL;
