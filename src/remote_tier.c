@@ -845,19 +845,17 @@ static void share(struct kc_remote_tier *t, struct kc_remote_job *rj, int fd, co
 		kc_log(KC_LOG_INFO, "cluster store: %.16s not shared: %s", rj->mkey, why);
 		return;
 	}
-	/* the full header list once under its own key; index and object name it */
+	/* the full header list under its own key (put with each compile shared, so a store
+	 * that lost it has it again; one copy is kept), then the object and the index that
+	 * name it */
 	char compact[KC_MANIFEST_COMPACT_MAX], lhash[KC_SHA256_HEXLEN + 1];
-	char lkey[KC_SHA256_HEXLEN + 1], *known = NULL;
-	size_t cml = 0, known_len = 0;
+	char lkey[KC_SHA256_HEXLEN + 1];
+	size_t cml = 0;
 	int err = kc_manifest_compact(manifest, mlen, compact, &cml);
 	if (!err && kc_manifest_compact_list(compact, cml, lhash) == 1 &&
-	    strcmp(lhash, EMPTY_LIST) != 0 && list_cached(t, lhash, &known, &known_len) == 0) {
+	    strcmp(lhash, EMPTY_LIST) != 0)
 		err = kc_object_list_key(lhash, lkey) ? -ENOMEM
 		      : put_object(t, KC_OBJECT_INDEX, lkey, manifest, mlen, NULL, 0);
-		if (!err)
-			list_remember(t, lhash, manifest, mlen);
-	}
-	free(known);
 	int dup = err ? -1 : fcntl(fd, F_DUPFD_CLOEXEC, 0);
 	if (dup >= 0 && lseek(dup, 0, SEEK_SET) == 0 &&
 	    kc_read_all(dup, KC_OBJECT_MAX_CUBIN, &cubin, &clen) == 0 &&
