@@ -729,3 +729,37 @@ def test_upgrade_from_path_keys_no_client_sees_an_error(mount_factory, counting_
     assert new != old.name and out.read_bytes() == before  # same bytes, compiled again
     assert (old / "kernel.cubin").read_bytes() == before
     assert m.stats()["compile_failures_total"] == 0
+
+
+def test_an_entry_claiming_another_trees_bytes_is_never_compiled(mount_factory, counting_nvcc,
+                                                                 tmp_path):
+    """The digest of an include root replaces its path in the key: an entry that names the
+    right digest but points -I at other bytes has the honest key. The daemon takes the
+    digest again before compiling and refuses it (EIO, the reason in kernel.log); the honest
+    caller gets nvcc's cubin of its own headers, never one of the other tree."""
+    make_nvcc, calls = counting_nvcc
+    good = header_tree(tmp_path / "good")
+    evil = header_tree(tmp_path / "evil", scale="x / static_cast<float>(N)")
+    src = kernel_source(tmp_path)
+    opts = ["nvcc=%s" % make_nvcc()]  # one compiler: one key on both mounts
+    m1 = mount_factory(opts, name="learn")
+    entry, flags = key_entry(m1, [src, "-cubin", "-o", m1.mnt / "k.cubin", "-arch=sm_90a",
+                                  "-I", good])
+    assert calls() == 1
+    m2 = mount_factory(opts, name="claimed")
+    bad = m2.mnt / "kcachefs-nvcc" / entry
+    bad.mkdir(parents=True)
+    (bad / "kernel.flags").write_bytes(flags.replace(str(good).encode(), str(evil).encode()))
+    (bad / "kernel.cu").write_bytes(src.read_bytes())
+    with pytest.raises(OSError) as e:
+        (bad / "kernel.cubin").read_bytes()
+    assert e.value.errno == errno.EIO
+    assert "no longer the bytes kernel.flags names" in (bad / "kernel.log").read_text()
+    assert calls() == 1, "the claimed recipe was compiled"
+    out = m2.mnt / "k.cubin"
+    r = shim([src, "-cubin", "-o", out, "-arch=sm_90a", "-I", good])
+    assert r.returncode == 0 and "compiling with" in r.stderr, r.stderr
+    want = tmp_path / "want.cubin"
+    assert nvcc([src, "-cubin", "-o", want, "-arch=sm_90a", "-I", good]).returncode == 0
+    assert out.read_bytes() == want.read_bytes() and calls() == 1
+    assert shim_entries(m2) == [entry], "the honest call uses the entry of its key"
