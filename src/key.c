@@ -15,14 +15,17 @@ static const char *const path_flags[] = {
 	"-lineinfo", "--generate-line-info", "-G", "--device-debug", "-g", "--debug", NULL,
 };
 
-/* Whether text (len bytes) has, as a blank-separated word, a flag of path_flags. */
+/* Whether text (len bytes) has, as a word between blanks, '=' and ',' (so also inside
+ * -Xptxas=-g,-v), a flag of path_flags. Erring on the side of keeping paths costs only
+ * sharing. */
 static int has_path_flag(const char *text, size_t len)
 {
+	static const char sep[] = " \t\r\n=,";
 	for (size_t i = 0; i < len;) {
-		while (i < len && strchr(" \t\r\n", text[i]))
+		while (i < len && text[i] && strchr(sep, text[i]))
 			i++;
 		size_t start = i;
-		while (i < len && !strchr(" \t\r\n", text[i]))
+		while (i < len && (!text[i] || !strchr(sep, text[i])))
 			i++;
 		for (int k = 0; i > start && path_flags[k]; k++)
 			if (strlen(path_flags[k]) == i - start &&

@@ -279,6 +279,11 @@ static void test_fingerprint_and_flags_file(void)
 	CHECK(kc_key_compute("src", 3, fl, strlen(fl), k1) == 0 &&
 		      kc_key_compute("src", 3, fm, strlen(fm), k2) == 0 && strcmp(k1, k2) != 0,
 	      "key: with -lineinfo (paths in the cubin) the paths stay in the key");
+	snprintf(fm, sizeof(fm), "# c\n# include-root %s /b/inc\n-Xptxas=-v,-lineinfo\n-I/b/inc\n", a);
+	CHECK(kc_key_canonical(fm, strlen(fm), NULL, &canon, &canon_len) == 1 &&
+		      memmem(canon, canon_len, "/b/inc", 6) != NULL,
+	      "key: -lineinfo handed to ptxas keeps the paths too");
+	free(canon);
 	CHECK(kc_key_canonical(fa, strlen(fa), "-O3 -G", &canon, &canon_len) == 1 &&
 		      memmem(canon, canon_len, "/a/inc", 6) != NULL,
 	      "key: -G among the mount's flags keeps the paths in the recipe");
