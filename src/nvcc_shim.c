@@ -371,6 +371,26 @@ static int source_alone(const char *input, const char *dir)
 	return alone;
 }
 
+/* The file digests of the caller's include trees remembered between calls (tree.h):
+ * $KCACHEFS_NVCC_MEMO, else $XDG_CACHE_HOME (or ~/.cache)/kcachefs-nvcc/tree-memo; NULL
+ * (no memo) when there is no home or out of memory. */
+static struct kc_tree_memo *open_memo(void)
+{
+	char path[PATH_MAX];
+	const char *env = getenv("KCACHEFS_NVCC_MEMO"), *xdg = getenv("XDG_CACHE_HOME");
+	const char *home = getenv("HOME");
+	int n;
+	if (env && *env)
+		n = snprintf(path, sizeof(path), "%s", env);
+	else if (xdg && *xdg == '/')
+		n = snprintf(path, sizeof(path), "%s/kcachefs-nvcc/tree-memo", xdg);
+	else if (home && *home == '/')
+		n = snprintf(path, sizeof(path), "%s/.cache/kcachefs-nvcc/tree-memo", home);
+	else
+		return NULL;
+	return n < (int)sizeof(path) ? kc_tree_memo_load(path) : NULL;
+}
+
 /* Serve one compile call through the mount at root. Returns the exit status, or TO_NVCC
  * when the mount cannot serve it (a warning says why, except for calls that are simply not
  * the mount's: a missing source, an output that is not a plain file, local includes). */
@@ -415,7 +435,11 @@ static int serve(struct kc_shim_call *call, const char *root)
 		status = to_nvcc("cannot read the compiler of the mount %s: %s", root, strerror(-err));
 		goto out;
 	}
-	err = kc_shim_flags_file(call, compiler, root_st.st_dev, &flags, &flags_len);
+	struct kc_tree_memo *memo = open_memo();
+	err = kc_shim_flags_file(call, compiler, root_st.st_dev, memo, &flags, &flags_len);
+	if (!err)
+		kc_tree_memo_save(memo); /* only an optimisation: a failure costs reading again */
+	kc_tree_memo_free(memo);
 	if (!err)
 		err = kc_key_compute(source, source_len, flags, flags_len, key);
 	if (err) {

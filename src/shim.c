@@ -216,7 +216,7 @@ int kc_shim_targets(struct kc_shim_call *call, char *why, size_t whylen)
 }
 
 int kc_shim_flags_file(const struct kc_shim_call *call, const char *compiler, dev_t avoid,
-		       char **out, size_t *out_len)
+		       struct kc_tree_memo *memo, char **out, size_t *out_len)
 {
 	char *buf = NULL;
 	size_t len = 0;
@@ -229,7 +229,7 @@ int kc_shim_flags_file(const struct kc_shim_call *call, const char *compiler, de
 	for (size_t i = 0; i < call->flags.n && !err; i++) {
 		const char *dir = kc_flags_include_dir(call->flags.v[i]);
 		char digest[KC_SHA256_HEXLEN + 1];
-		if (dir && !(err = kc_tree_digest(dir, avoid, digest)))
+		if (dir && !(err = kc_tree_digest(dir, avoid, memo, digest)))
 			fprintf(f, "%s%s %s\n", KC_TREE_ROOT_TAG, digest, dir);
 	}
 	/* the shim stands for nvcc, whatever the mount's default backend (a caller's own

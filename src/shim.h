@@ -12,6 +12,7 @@
 
 #include "flags.h"
 #include "hash.h"
+#include "tree.h"
 
 #define KC_SHIM_DIR "kcachefs-nvcc" /* the directory at the mount root that holds its entries */
 
@@ -53,11 +54,11 @@ int kc_shim_check(const struct kc_shim_call *call, char *why, size_t whylen);
  * compiler identity, no path), then "# include-root <digest> <dir>\n" for every include
  * directory (tree.h: the digest of its bytes, which replaces its path in the key, key.h),
  * then "--kcachefs-compiler=nvcc" (the shim stands for nvcc), then one argument per line
- * (the -I paths stay: the compile needs them); avoid is the mount's device (see
- * kc_tree_digest). *out is malloc'd (the caller frees it). Returns 0, -ENOMEM, or
+ * (the -I paths stay: the compile needs them); avoid is the mount's device and memo (may
+ * be NULL) the file digests remembered (see kc_tree_digest). *out is malloc'd (the caller frees it). Returns 0, -ENOMEM, or
  * kc_tree_digest's -errno for an include directory. */
 int kc_shim_flags_file(const struct kc_shim_call *call, const char *compiler, dev_t avoid,
-		       char **out, size_t *out_len);
+		       struct kc_tree_memo *memo, char **out, size_t *out_len);
 
 /* The entry the shim stages into: KC_SHIM_DIR/KC_SHIM_ENTRY_PREFIX<key>. The name does not
  * depend on the caller's file name, so one source compiles once whatever it is called. */

@@ -32,13 +32,42 @@
 int kc_tree_root_line(const char *line, size_t ll, const char **digest, const char **dir,
 		      size_t *dl);
 
-/* Digest of the tree under dir as above into hex. Returns 0; -EXDEV when the walk reaches a
+/* A memo of file digests for kc_tree_digest, kept in a file between the shim's calls, so
+ * that a tree whose files did not change is stat'ed, not read. A file's digest is taken from
+ * it only when its device, inode, size, mtime and ctime are those it had when it was hashed:
+ * any write changes its ctime (also one that restores size and mtime, as rsync -t or touch
+ * -r do), and so does a rename or chmod; a file whose ctime was not yet behind the clock when
+ * it was hashed is not memoized (a second write in the same tick could keep every field).
+ * Mtimes only gate the memo; they never enter a digest. The file is trusted only when it is
+ * a regular file owned by the caller and writable by no one else (the daemon, which takes
+ * each digest again before compiling, keeps none). */
+struct kc_tree_memo;
+
+#define KC_TREE_MEMO_MAX 200000 /* files a memo file remembers */
+
+/* Load the memo file at path (missing, untrusted or malformed: an empty memo that will be
+ * saved there). Returns the memo (free with kc_tree_memo_free) or NULL when out of memory. */
+struct kc_tree_memo *kc_tree_memo_load(const char *path);
+
+/* Write the memo back when it learned something: a temporary in its directory (created
+ * mode 700) and a rename, so concurrent callers each leave a whole file (the last one's).
+ * Returns 0 or -errno (the memo is only an optimisation: callers may ignore it). */
+int kc_tree_memo_save(struct kc_tree_memo *m);
+
+/* How many file digests m gave (*hits) and how many files were read (*misses). */
+void kc_tree_memo_counts(const struct kc_tree_memo *m, size_t *hits, size_t *misses);
+
+void kc_tree_memo_free(struct kc_tree_memo *m);
+
+/* Digest of the tree under dir as above into hex, with memo (may be NULL) for the files'
+ * digests. Returns 0; -EXDEV when the walk reaches a
  * file or directory on device avoid ((dev_t)-1: none) or the root of a kcachefs mount (a
  * walk there would open, and so compile, its entries); -EACCES for a directory or file
  * that cannot be read; -E2BIG past KC_TREE_MAX_FILES files or KC_TREE_MAX_BYTES bytes;
  * other -errno from the walk (ELOOP for a link to itself, ENOENT for a missing dir);
  * -ENOMEM. */
-int kc_tree_digest(const char *dir, dev_t avoid, char hex[KC_SHA256_HEXLEN + 1]);
+int kc_tree_digest(const char *dir, dev_t avoid, struct kc_tree_memo *memo,
+		   char hex[KC_SHA256_HEXLEN + 1]);
 
 /* Nonzero if dir is the root of a kcachefs mount: a FUSE filesystem with a regular file
  * ".kcachefs/stats". */

@@ -10,6 +10,7 @@ import shutil
 import struct
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -763,3 +764,37 @@ def test_an_entry_claiming_another_trees_bytes_is_never_compiled(mount_factory, 
     assert nvcc([src, "-cubin", "-o", want, "-arch=sm_90a", "-I", good]).returncode == 0
     assert out.read_bytes() == want.read_bytes() and calls() == 1
     assert shim_entries(m2) == [entry], "the honest call uses the entry of its key"
+
+
+def test_the_shim_remembers_file_digests_and_a_lying_memo_serves_nothing(mount_factory,
+                                                                         tmp_path):
+    """The shim keeps each header's digest under its inode, size, mtime and ctime
+    ($XDG_CACHE_HOME/kcachefs-nvcc/tree-memo), so a later call stats the tree instead of
+    reading it. A memo that lies (a wrong digest under the right stamps) only names bytes
+    the tree does not hold: the daemon's own check refuses the compile, and the caller gets
+    nvcc's cubin of its own headers."""
+    m = mount_factory()
+    memo = Path(os.environ["XDG_CACHE_HOME"]) / "kcachefs-nvcc" / "tree-memo"
+    if memo.exists():
+        memo.unlink()
+    inc = header_tree(tmp_path / "pkg")
+    time.sleep(0.05)  # the headers' ctimes behind the clock: memoizable
+    src = kernel_source(tmp_path)
+    args = [src, "-cubin", "-o", m.mnt / "k.cubin", "-arch=sm_90a", "-I", inc]
+    r = shim(args)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    header = inc / "kc_test" / "scale.cuh"
+    st = header.stat()
+    lines = memo.read_text().splitlines()
+    mine = [l for l in lines if l.split()[:2] == [str(st.st_dev), str(st.st_ino)]]
+    assert len(mine) == 1 and mine[0].split()[-1] == hashlib.sha256(header.read_bytes()).hexdigest()
+    assert oct(memo.stat().st_mode & 0o777) == "0o600"
+    memo.write_text("\n".join(l if l not in mine else l[:-64] + "0" * 64 for l in lines) + "\n")
+    os.chmod(memo, 0o600)
+    src2 = kernel_source(tmp_path, 1)
+    out = m.mnt / "k1.cubin"
+    r = shim([src2, "-cubin", "-o", out, "-arch=sm_90a", "-I", inc])
+    assert r.returncode == 0 and "compiling with" in r.stderr, r.stderr
+    want = tmp_path / "want.cubin"
+    assert nvcc([src2, "-cubin", "-o", want, "-arch=sm_90a", "-I", inc]).returncode == 0
+    assert out.read_bytes() == want.read_bytes()

@@ -164,18 +164,18 @@ static void test_fingerprint_and_flags_file(void)
 	put("inc/a.h", "int a;\n");
 	put("inc/sub/b.h", "int b;\n");
 	snprintf(path, sizeof(path), "%s/inc", tmpdir);
-	CHECK(kc_tree_digest(path, (dev_t)-1, a) == 0 && strlen(a) == 64, "tree digest: computed");
-	CHECK(kc_tree_digest(path, (dev_t)-1, b) == 0 && strcmp(a, b) == 0,
+	CHECK(kc_tree_digest(path, (dev_t)-1, NULL, a) == 0 && strlen(a) == 64, "tree digest: computed");
+	CHECK(kc_tree_digest(path, (dev_t)-1, NULL, b) == 0 && strcmp(a, b) == 0,
 	      "tree digest: the same tree gives the same value");
 	struct timeval tv[2] = {{1000, 0}, {1000, 0}};
 	char file[600];
 	snprintf(file, sizeof(file), "%s/inc/sub/b.h", tmpdir);
 	utimes(file, tv);
-	CHECK(kc_tree_digest(path, (dev_t)-1, b) == 0 && strcmp(a, b) == 0,
+	CHECK(kc_tree_digest(path, (dev_t)-1, NULL, b) == 0 && strcmp(a, b) == 0,
 	      "tree digest: a header with another mtime (same bytes) keeps it");
 	put("inc/sub/b.h", "int c;\n");
 	utimes(file, tv);
-	CHECK(kc_tree_digest(path, (dev_t)-1, b) == 0 && strcmp(a, b) != 0,
+	CHECK(kc_tree_digest(path, (dev_t)-1, NULL, b) == 0 && strcmp(a, b) != 0,
 	      "tree digest: a header edited with its size and mtime kept changes it");
 	memcpy(a, b, sizeof(a));
 	/* the same bytes at another prefix, written at another time */
@@ -188,17 +188,17 @@ static void test_fingerprint_and_flags_file(void)
 	mkdir(otherf, 0755);
 	put("copy/inc/a.h", "int a;\n");
 	put("copy/inc/sub/b.h", "int c;\n");
-	CHECK(kc_tree_digest(other, (dev_t)-1, b) == 0 && strcmp(a, b) == 0,
+	CHECK(kc_tree_digest(other, (dev_t)-1, NULL, b) == 0 && strcmp(a, b) == 0,
 	      "tree digest: the same bytes at another path give the same value");
 	put("copy/inc/sub/b.h", "int d;\n");
-	CHECK(kc_tree_digest(other, (dev_t)-1, b) == 0 && strcmp(a, b) != 0,
+	CHECK(kc_tree_digest(other, (dev_t)-1, NULL, b) == 0 && strcmp(a, b) != 0,
 	      "tree digest: one byte differs, another value");
 	put("copy/inc/sub/b.h", "int c;\n");
 	snprintf(otherf, sizeof(otherf), "%s/sub/b.h", other);
 	char moved[700];
 	snprintf(moved, sizeof(moved), "%s/b.h", other);
 	rename(otherf, moved);
-	CHECK(kc_tree_digest(other, (dev_t)-1, b) == 0 && strcmp(a, b) != 0,
+	CHECK(kc_tree_digest(other, (dev_t)-1, NULL, b) == 0 && strcmp(a, b) != 0,
 	      "tree digest: the same bytes under another relative name, another value");
 	unlink(moved);
 	snprintf(otherf, sizeof(otherf), "%s/sub", other);
@@ -209,24 +209,62 @@ static void test_fingerprint_and_flags_file(void)
 	snprintf(other, sizeof(other), "%s/copy", tmpdir);
 	rmdir(other);
 	put("inc/c.h", "");
-	CHECK(kc_tree_digest(path, (dev_t)-1, b) == 0 && strcmp(a, b) != 0,
+	CHECK(kc_tree_digest(path, (dev_t)-1, NULL, b) == 0 && strcmp(a, b) != 0,
 	      "tree digest: a new header changes it");
-	CHECK(kc_tree_digest(path, (dev_t)-1, a) == 0, "tree digest: taken again");
-	CHECK(kc_tree_digest("/no/such/dir", (dev_t)-1, b) == -ENOENT,
+	CHECK(kc_tree_digest(path, (dev_t)-1, NULL, a) == 0, "tree digest: taken again");
+	CHECK(kc_tree_digest("/no/such/dir", (dev_t)-1, NULL, b) == -ENOENT,
 	      "tree digest: a missing directory is -ENOENT");
 	struct stat dst;
 	stat(path, &dst);
-	CHECK(kc_tree_digest(path, dst.st_dev, b) == -EXDEV,
+	CHECK(kc_tree_digest(path, dst.st_dev, NULL, b) == -EXDEV,
 	      "tree digest: a tree on the avoided device (the mount) is -EXDEV");
 	char link[600];
 	snprintf(link, sizeof(link), "%s/inc/dangling", tmpdir);
-	CHECK(symlink("/no/such/target", link) == 0 && kc_tree_digest(path, (dev_t)-1, b) == 0 &&
+	CHECK(symlink("/no/such/target", link) == 0 && kc_tree_digest(path, (dev_t)-1, NULL, b) == 0 &&
 		      strcmp(a, b) == 0,
 	      "tree digest: a dangling link is skipped");
 	snprintf(link, sizeof(link), "%s/inc/self", tmpdir);
-	CHECK(symlink("self", link) == 0 && kc_tree_digest(path, (dev_t)-1, b) == -ELOOP,
+	CHECK(symlink("self", link) == 0 && kc_tree_digest(path, (dev_t)-1, NULL, b) == -ELOOP,
 	      "tree digest: a link to itself is -ELOOP (the call goes to nvcc)");
 	unlink(link);
+
+	/* the memo of file digests between calls: stat'ed, not read; an edit that keeps size
+	 * and mtime changes ctime and is read again */
+	char memo_path[600], ma[KC_SHA256_HEXLEN + 1], mb[KC_SHA256_HEXLEN + 1];
+	size_t hits = 0, misses = 0;
+	snprintf(memo_path, sizeof(memo_path), "%s/cache/tree-memo", tmpdir);
+	usleep(50000); /* the tree's ctimes behind the clock: memoizable */
+	struct kc_tree_memo *memo = kc_tree_memo_load(memo_path);
+	CHECK(memo && kc_tree_digest(path, (dev_t)-1, memo, ma) == 0 && strcmp(ma, a) == 0 &&
+		      kc_tree_memo_save(memo) == 0,
+	      "memo: the digest through an empty memo is the tree's; saved (its directory made)");
+	kc_tree_memo_counts(memo, &hits, &misses);
+	CHECK(hits == 0 && misses == 3, "memo: every file read the first time");
+	kc_tree_memo_free(memo);
+	memo = kc_tree_memo_load(memo_path);
+	CHECK(memo && kc_tree_digest(path, (dev_t)-1, memo, mb) == 0 && strcmp(mb, a) == 0,
+	      "memo: loaded again, the same digest");
+	kc_tree_memo_counts(memo, &hits, &misses);
+	CHECK(hits == 3 && misses == 0, "memo: no file read the second time");
+	kc_tree_memo_free(memo);
+	struct stat est;
+	stat(file, &est);
+	put("inc/sub/b.h", "int x;\n"); /* same size as "int c;\n" */
+	struct timespec keep[2] = {est.st_atim, est.st_mtim};
+	utimensat(AT_FDCWD, file, keep, 0);
+	memo = kc_tree_memo_load(memo_path);
+	CHECK(memo && kc_tree_digest(path, (dev_t)-1, memo, mb) == 0 && strcmp(mb, a) != 0,
+	      "memo: an edit with size and mtime kept is read again (its ctime moved)");
+	kc_tree_memo_counts(memo, &hits, &misses);
+	CHECK(hits == 2 && misses == 1, "memo: only the edited file read");
+	kc_tree_memo_free(memo);
+	put("inc/sub/b.h", "int c;\n");
+	chmod(memo_path, 0666);
+	memo = kc_tree_memo_load(memo_path);
+	CHECK(memo && kc_tree_digest(path, (dev_t)-1, memo, mb) == 0, "memo: writable by others");
+	kc_tree_memo_counts(memo, &hits, &misses);
+	CHECK(hits == 0 && misses == 3, "memo: a memo file others can write is not trusted");
+	kc_tree_memo_free(memo);
 
 	struct kc_shim_call c;
 	char line[700];
@@ -234,9 +272,9 @@ static void test_fingerprint_and_flags_file(void)
 	char *flags = NULL;
 	size_t len = 0;
 	CHECK(parse(line, &c) == 1 &&
-		      kc_shim_flags_file(&c, "release 13.0, V13.0.88", (dev_t)-1, &flags, &len) == 0,
+		      kc_shim_flags_file(&c, "release 13.0, V13.0.88", (dev_t)-1, NULL, &flags, &len) == 0,
 	      "flags file: rendered");
-	kc_tree_digest(path, (dev_t)-1, a);
+	kc_tree_digest(path, (dev_t)-1, NULL, a);
 	char want[1024];
 	snprintf(want, sizeof(want),
 		 "# kcachefs-nvcc: release 13.0, V13.0.88\n# include-root %s %s/inc\n"
