@@ -63,7 +63,9 @@ static int same_ts(const struct timespec *a, const struct timespec *b)
 static int memo_find(struct kc_tree_memo *m, const struct stat *st, char *hex)
 {
 	struct memo_rec key = {.dev = st->st_dev, .ino = st->st_ino};
-	const struct memo_rec *r = m ? bsearch(&key, m->old, m->n_old, sizeof(key), rec_cmp) : NULL;
+	const struct memo_rec *r = m && m->n_old ? bsearch(&key, m->old, m->n_old, sizeof(key),
+							   rec_cmp)
+					       : NULL;
 	if (!r || r->size != st->st_size || !same_ts(&r->mtim, &st->st_mtim) ||
 	    !same_ts(&r->ctim, &st->st_ctim))
 		return 0;
@@ -133,7 +135,8 @@ struct kc_tree_memo *kc_tree_memo_load(const char *path)
 		memcpy(r->hex, hex, KC_SHA256_HEXLEN + 1);
 	}
 	fclose(f);
-	qsort(m->old, m->n_old, sizeof(*m->old), rec_cmp);
+	if (m->n_old)
+		qsort(m->old, m->n_old, sizeof(*m->old), rec_cmp);
 	return m;
 }
 
@@ -306,7 +309,8 @@ int kc_tree_digest(const char *dir, dev_t avoid, struct kc_tree_memo *memo,
 	walk = NULL;
 	err = w.err;
 	if (!err) {
-		qsort(w.files, w.n, sizeof(*w.files), cmp_files);
+		if (w.n)
+			qsort(w.files, w.n, sizeof(*w.files), cmp_files);
 		err = kc_sha256_init(&h);
 	}
 	if (!err) {
