@@ -2,7 +2,7 @@
 # bench.sh - set up and build (scripts/setup.sh), then run every benchmark of
 # scripts/bench.py side by side with its baseline and print the table. Arguments go to
 # bench.py (--quick, --reps N, --only read,meta,cold,starve,store,triton,nvrtcwarm,cluster,cluster64,lag,
-# --kernels K, --stores dir,redis, --kernels64 K).
+# keys, --kernels K, --stores dir,redis, --kernels64 K).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh >/dev/null

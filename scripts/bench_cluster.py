@@ -9,13 +9,20 @@ cluster    4 nodes x 8 processes x 32 real nvcc kernels (the sample kernels, one
            each), cold together: compiles in the cluster, the first node's cold time against
            one node alone with no store, then a node joining: its cold start against the
            first node's and against its own warm restart.
+keys       issue 22: K real nvcc kernels (32 and 128) staged as the nvcc shim stages them,
+           each including an include tree of 500 headers: one node compiles them; a
+           joining node with the same tree at another prefix (other mtimes) starts cold
+           with 8 processes: its time against its own warm restart, and the bytes it
+           fetched per kernel against the cubin's bytes.
 cluster64  64 nodes x 2 processes x K kernels of the tests' fast fake compiler, cold
            together: compiles, store operations and bytes per node per kernel from the
            daemons' counters (and, on Redis, the server's own command counts), lease waits;
            redis-benchmark GET/SET of cubin-sized values on the same server.
 """
+import hashlib
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import time
@@ -321,3 +328,106 @@ def bench_lag(tmp, kernels, stores, row):
             store.stop()
         row("%s: waiter's lag / one fetch" % kind, lags, fetches, "s",
             "<= 0.1 s + one fetch (%s s)" % ("%.3g" % (0.1 + statistics.median(fetches))))
+
+
+KEYS_HEADERS = 500  # the include tree of the keys figure, about DeepGEMM's 587
+
+
+def header_tree(inc):
+    """An include tree of KEYS_HEADERS headers under inc, all read by kc_tree/all.cuh,
+    readable by all (compiles run as uids of their own)."""
+    (inc / "kc_tree").mkdir(parents=True)
+    for i in range(KEYS_HEADERS - 1):
+        (inc / "kc_tree" / ("h%03d.cuh" % i)).write_text(
+            "#pragma once\n// header %d of a DeepGEMM-sized tree\n"
+            "__device__ __forceinline__ float kc_h%d(float x) { return x + %d.0f; }\n" % (i, i, i))
+    (inc / "kc_tree" / "all.cuh").write_text("#pragma once\n" + "".join(
+        "#include <kc_tree/h%03d.cuh>\n" % i for i in range(KEYS_HEADERS - 1)))
+    for p in [inc.parent] + list(inc.parent.rglob("*")):
+        os.chmod(p, 0o755 if p.is_dir() else 0o644)
+
+
+def tree_digest(inc):
+    """src/tree.h's digest of the tree under inc (the shim's # include-root line)."""
+    def field(b):
+        return b"%d\n" % len(b) + b + b"\n"
+    h = hashlib.sha256(b"kcachefs-tree-v1\n")
+    for f in sorted((str(p)[len(str(inc)):] for p in inc.rglob("*") if p.is_file())):
+        h.update(field(f.encode()))
+        h.update(field(hashlib.sha256((inc / f.lstrip("/")).read_bytes()).hexdigest().encode()))
+    return h.hexdigest()
+
+
+def keys_kernels(n, inc):
+    """n kernels that read the whole tree, staged with the shim's kernel.flags for inc."""
+    flags = ("# include-root %s %s\n--kcachefs-compiler=nvcc\n-O3\n-I%s\n-arch=sm_90a\n" % (
+        tree_digest(inc), inc, inc)).encode()
+    return [("keys_%d" % k, ("#include <kc_tree/all.cuh>\n"
+                             "extern \"C\" __global__ void keys_%d(float *x) "
+                             "{ x[threadIdx.x] = kc_h%d(x[threadIdx.x]) * %d.0f; }\n" % (
+                                 k, k % (KEYS_HEADERS - 1), k)).encode(), flags)
+            for k in range(n)]
+
+
+def keys_once(tmp, kind, n, jobs, per_node=8):
+    """One compiling node, then a joining node whose tree lies at another prefix; returns
+    (join s, warm s, bytes fetched per kernel, cubin bytes per kernel, index bytes)."""
+    root = Path(tmp) / ("keys-%s-%d" % (kind, n))
+    root.mkdir()
+    store = Store(kind, root)
+    cluster = None
+    try:
+        cluster = Cluster(root, Path("/dev/null"), store.url)
+        cluster.fake = counting_nvcc(cluster)
+        ia, ib = root / "opt-a" / "include", root / "home-b" / "venv" / "include"
+        header_tree(ia)
+        shutil.copytree(ia.parent, ib.parent)  # the same bytes, other mtimes
+        for p in [ib.parent.parent] + list(ib.parent.rglob("*")):
+            os.chmod(p, 0o755 if p.is_dir() else 0o644)
+        first = cluster.node("first", ["jobs=%d" % jobs])
+        ka, kb = keys_kernels(n, ia), keys_kernels(n, ib)
+        cold_together([stage_real(first, ka)], per_node)
+        deadline = time.monotonic() + 600
+        while first.daemon_log().count(" stored (") < n:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the first node did not store its kernels")
+            time.sleep(0.1)
+        late = cluster.node("join", ["jobs=%d" % jobs])
+        paths = stage_real(late, kb)
+        join = cold_together([paths], per_node)[0]
+        check_cubins(paths, kb)
+        s = late.stats()
+        if s["compiles_total"] or s["remote_hits_total"] != n or len(cluster.compiles()) != n:
+            raise RuntimeError("the joining node compiled %d, hit %d" % (
+                s["compiles_total"], s["remote_hits_total"]))
+        cubin = sum(p.stat().st_size for p in paths) / n
+        fetched = s["remote_bytes_in_total"] / n
+        index = max(p.stat().st_size for p in (root / "store" / "objects").glob("*/*")
+                    if p.read_bytes()[19:25] == b"index " and b" @headers\n" in p.read_bytes()) \
+            if cluster.store else 0
+        late.stop()
+        late.start()
+        warm = cold_together([stage_real(late, kb)], per_node)[0]
+        if late.stats()["remote_hits_total"] or len(cluster.compiles()) != n:
+            raise RuntimeError("the warm restart went to the store or compiled")
+        print("  keys %s %d: joining node cold %.2f s, warm restart %.2f s, %.0f B fetched per "
+              "kernel for %.0f B of cubin, largest index %d B; %s" % (
+                  kind, n, join, warm, fetched, cubin, index, load()), flush=True)
+        return join, warm, fetched, cubin
+    finally:
+        if cluster is not None:
+            cluster.stop()
+        store.stop()
+
+
+def bench_keys(tmp, reps, counts, stores, row):
+    jobs = os.cpu_count() or 1
+    print("keys: %d-header include tree at another prefix on the joining node, kernels %s, "
+          "stores %s; %s" % (KEYS_HEADERS, counts, ",".join(stores), load()), flush=True)
+    for kind in stores:
+        for n in counts:
+            runs = [keys_once(tmp, kind, n, jobs) for _ in range(reps)]
+            row("%s: %d kernels, tree elsewhere: joining node cold / its warm restart" % (
+                kind, n), [r[0] for r in runs], [r[1] for r in runs], "s", "<= 1.5x")
+            row("%s: %d kernels: bytes fetched per kernel / cubin bytes" % (kind, n),
+                [r[2] for r in runs], [r[3] for r in runs], "B", "<= 1.2x")

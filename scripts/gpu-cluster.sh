@@ -24,8 +24,9 @@
 # DeepGEMM flags carry -I<client>/../kernels/include, which that uid must read. So the client
 # (tests/mount/deepgemm.py) and tests/kernels/include are copied into the shared temp dir,
 # mode 755, and run from there: wherever the tree is (/work/main, /root/...), the sandbox
-# reaches the headers, and both nodes see the same path (the path is in DeepGEMM's flags,
-# so in the key).
+# reaches the headers. Node B runs its own copy at another path, installed later (other
+# mtimes, as a second machine's pip install): keys are made of bytes (issue 22), so B still
+# compiles nothing.
 #
 # Environment (the rest, ARCH, JOBS, NVCC, KCACHEFS, SHIM, GPU_SMOKE, SMOKE_PROCS, is passed to
 # gpu-smoke.sh as it is):
@@ -110,8 +111,8 @@ node() {
 	shift
 	mkdir "$share/$name" || die "mkdir $share/$name failed"
 	: >"$out"
-	say "$* SMOKE_CLIENT=deepgemm-shim DEEPGEMM=$client SMOKE_SAVE=$share/$name KCACHEFS_OPTS=$opts scripts/gpu-smoke.sh"
-	env "$@" SMOKE_CLIENT=deepgemm-shim DEEPGEMM="$client" SMOKE_SAVE="$share/$name" \
+	say "$* SMOKE_CLIENT=deepgemm-shim DEEPGEMM=${NODE_CLIENT:-$client} SMOKE_SAVE=$share/$name KCACHEFS_OPTS=$opts scripts/gpu-smoke.sh"
+	env "$@" SMOKE_CLIENT=deepgemm-shim DEEPGEMM="${NODE_CLIENT:-$client}" SMOKE_SAVE="$share/$name" \
 		KCACHEFS_OPTS="$opts" scripts/gpu-smoke.sh >"$out" 2>&1 &
 	smoke_pid=$!
 	tail -n +1 -s 0.2 --pid="$smoke_pid" -f "$out" | sed -u "s/^/$name| /" &
@@ -138,14 +139,20 @@ mkdir -p "$share/client/mount" "$share/client/kernels" &&
 	cp -r tests/kernels/include "$share/client/kernels/" &&
 	chmod -R a+rX "$share/client" || die "copying the DeepGEMM client to $share/client failed"
 client=$share/client/mount/deepgemm.py
+# node B's copy: the same bytes at another path, every file dated an hour later
+mkdir -p "$share/other-venv/lib" &&
+	cp -r "$share/client" "$share/other-venv/lib/client" &&
+	find "$share/other-venv" -exec touch -d '+1 hour' {} + &&
+	chmod -R a+rX "$share/other-venv" || die "copying the client to $share/other-venv failed"
+client_b=$share/other-venv/lib/client/mount/deepgemm.py
 opts="remote=dir:$store,remote_key=$key${KCACHEFS_OPTS:+,$KCACHEFS_OPTS}"
 say "store: dir:$store (fresh), cluster key $key (32 random bytes, mode 600)"
-say "client: $client (a copy the compile sandbox can read)"
+say "client: $client (a copy the compile sandbox can read); node B's: $client_b"
 
 section "node A: cold, compiles and stores every kernel"
 node A SMOKE_EXPECT_COMPILES=3
 section "node B: a fresh backing dir, the same store; must compile nothing"
-node B SMOKE_EXPECT_COMPILES=0 SMOKE_BROKEN=0
+NODE_CLIENT=$client_b node B SMOKE_EXPECT_COMPILES=0 SMOKE_BROKEN=0
 
 section "the store"
 nobj=$(find "$store/objects" -type f ! -name '.*' 2>/dev/null | wc -l)

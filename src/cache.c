@@ -21,6 +21,7 @@
 #include "recipe.h"
 #include "remote_tier.h"
 #include "reqtimeout.h"
+#include "tree.h"
 
 struct verified {
 	dev_t dev;
@@ -589,6 +590,8 @@ static int run_compile(struct compile_job *j)
 		kc_remote_job_free(&rj);
 		goto done;
 	}
+	rj.flags = j->recipe.flags; /* its include roots stay out of the header list */
+	rj.flags_len = j->recipe.flags_len;
 	/* Holding a job slot from here on. The scratch directory only for a compile: a fetch
 	 * needs none. */
 	scratch_fd = kc_store_scratch(c->store, scratch, sizeof(scratch));
@@ -611,11 +614,20 @@ static int run_compile(struct compile_job *j)
 		.ns_flags = cfg->ns_flags, .out_fd = out_fd, .pool = c->nvrtc, .warm = nvrtc,
 		.compiler_gen = j->recipe.compiler_gen,
 	};
-	if (kc_compile_run(&spec, &out) != 0) {
+	/* The include roots the recipe names by content must hold those bytes now: the key
+	 * (key.h) is theirs, whatever the path (a tree changed since it was staged fails
+	 * this compile as a transient one; a new stage names its new bytes). */
+	int roots = kc_tree_check_roots(j->recipe.flags, j->recipe.flags_len, why, sizeof(why));
+	if (roots) {
+		memset(&out, 0, sizeof(out));
+		out.status = KC_COMPILE_TRANSIENT;
+		snprintf(out.why, sizeof(out.why), "%.255s", why);
+	} else if (kc_compile_run(&spec, &out) != 0) {
 		out.status = KC_COMPILE_TRANSIENT;
 		snprintf(out.why, sizeof(out.why), "out of memory");
 	}
-	kc_stats_observe_compile(&c->stats, out.seconds);
+	if (!roots)
+		kc_stats_observe_compile(&c->stats, out.seconds);
 	if (out.timed_out)
 		atomic_fetch_add(&c->stats.compile_timeouts, 1);
 	kc_log(KC_LOG_DEBUG, "compile %s: compiler ran %.2f s: %s", label, out.seconds, out.why);

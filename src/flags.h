@@ -39,7 +39,7 @@ int kc_flag_check(const char *arg, char *why, size_t whylen);
 
 /* Read a kernel.flags buffer: one argument per line, surrounding blanks and empty lines
  * ignored, lines whose first non-blank character is '#' are comments (the kcachefs-nvcc shim
- * records the compiler version and include-tree fingerprints there), '\r' before '\n' tolerated. Every argument is checked with kc_flag_check; the
+ * records the compiler identity and include-root digests there), '\r' before '\n' tolerated. Every argument is checked with kc_flag_check; the
  * first refusal makes it return -EINVAL with the reason in why (out is then freed). A NUL
  * byte or a line longer than 4096 bytes is refused too. Returns 0, -EINVAL (for every
  * refusal) or -ENOMEM. */

@@ -5,7 +5,16 @@
  * key = lowercase hex SHA-256 (OpenSSL EVP) over "kcachefs-key-v1\n", then kernel.cu and
  * then kernel.flags, each as a field: its decimal byte length, '\n', the bytes, '\n'. The
  * exact staged bytes count, comment lines of kernel.flags included, so whatever a client
- * wants in the identity (the compiler version, include-tree fingerprints) goes there.
+ * wants in the identity (the compiler identity, include roots) goes there.
+ *
+ * A kernel.flags with "# include-root <digest> <dir>" lines (tree.h: the digest is that of
+ * the bytes under dir) is keyed by its canonical form instead (kc_key_canonical), under
+ * "kcachefs-key-v2\n": each such line loses its dir, and each -I<dir> / --include-path=<dir>
+ * argument whose dir has a line becomes -I<digest>, so the key is a function of bytes, not
+ * of where they are installed. Unless the flags put paths into the output (-lineinfo,
+ * --generate-line-info, -G, --device-debug, -g, --debug: nvcc writes the header paths into
+ * the cubin's line table): then the paths stay. The daemon takes each digest again before
+ * it compiles (kc_tree_check_roots), so an entry cannot claim bytes it does not hold.
  */
 #ifndef KC_KEY_H
 #define KC_KEY_H
@@ -21,7 +30,15 @@
  * Clients that name entries by key compare it with their own before trusting the bytes. */
 #define KC_IOC_GET_KEY _IOR('k', 1, char[KC_SHA256_HEXLEN])
 
-/* Compute the key of (source, flags). Returns 0 or -ENOMEM. */
+/* The canonical form of a kernel.flags text (flags, len bytes) as above, with extra (the
+ * mount's -o flags=, may be NULL) also searched for flags that put paths into the output.
+ * Returns 1 with *out (malloc'd, the caller frees it) / *outlen when the text names include
+ * roots (a v2 key); 0 when it names none (keyed as it is, *out untouched); -ENOMEM. */
+int kc_key_canonical(const char *flags, size_t len, const char *extra, char **out,
+		     size_t *outlen);
+
+/* Compute the key of (source, flags), canonical when flags names include roots.
+ * Returns 0 or -ENOMEM. */
 int kc_key_compute(const void *source, size_t source_len, const void *flags, size_t flags_len,
 		   char hex[KC_SHA256_HEXLEN + 1]);
 

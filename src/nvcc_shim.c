@@ -289,6 +289,26 @@ static int holds(int entry_fd, const char *name, const char *buf, size_t len)
 	return same;
 }
 
+/* 1 if the entry's staged recipe has key: another user's copy of the same bytes (its
+ * include roots at other paths) is the same recipe, and its cubin is this call's. */
+static int keyed(int entry_fd, const char *key, size_t max)
+{
+	char *src = NULL, *fl = NULL, have[KC_SHA256_HEXLEN + 1];
+	size_t sl = 0, fll = 0;
+	int same = 0, fd = openat(entry_fd, KC_SOURCE_NAME, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+	if (fd >= 0 && kc_read_all(fd, max, &src, &sl) == 0) {
+		close(fd);
+		fd = openat(entry_fd, KC_FLAGS_NAME, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+		same = fd >= 0 && kc_read_all(fd, max, &fl, &fll) == 0 &&
+		       kc_key_compute(src, sl, fl, fll, have) == 0 && strcmp(have, key) == 0;
+	}
+	if (fd >= 0)
+		close(fd);
+	free(src);
+	free(fl);
+	return same;
+}
+
 /* Open (creating) KC_SHIM_DIR/name under root_fd, on the mount's own device dev.
  * KC_SHIM_DIR is created sticky and writable by everyone, like /tmp, so that every user of a
  * shared mount can add entries and no one can remove another's (an operator creates it as
@@ -351,10 +371,30 @@ static int source_alone(const char *input, const char *dir)
 	return alone;
 }
 
+/* The file digests of the caller's include trees remembered between calls (tree.h):
+ * $KCACHEFS_NVCC_MEMO, else $XDG_CACHE_HOME (or ~/.cache)/kcachefs-nvcc/tree-memo; NULL
+ * (no memo) when there is no home or out of memory. */
+static struct kc_tree_memo *open_memo(void)
+{
+	char path[PATH_MAX];
+	const char *env = getenv("KCACHEFS_NVCC_MEMO"), *xdg = getenv("XDG_CACHE_HOME");
+	const char *home = getenv("HOME");
+	int n;
+	if (env && *env)
+		n = snprintf(path, sizeof(path), "%s", env);
+	else if (xdg && *xdg == '/')
+		n = snprintf(path, sizeof(path), "%s/kcachefs-nvcc/tree-memo", xdg);
+	else if (home && *home == '/')
+		n = snprintf(path, sizeof(path), "%s/.cache/kcachefs-nvcc/tree-memo", home);
+	else
+		return NULL;
+	return n < (int)sizeof(path) ? kc_tree_memo_load(path) : NULL;
+}
+
 /* Serve one compile call through the mount at root. Returns the exit status, or TO_NVCC
  * when the mount cannot serve it (a warning says why, except for calls that are simply not
  * the mount's: a missing source, an output that is not a plain file, local includes). */
-static int serve(const struct kc_shim_call *call, const char *root)
+static int serve(struct kc_shim_call *call, const char *root)
 {
 	char why[512], key[KC_SHA256_HEXLEN + 1], got[KC_SHA256_HEXLEN];
 	char name[NAME_MAX + 1], compiler[KC_COMPILER_ID_MAX + 4200], dir[PATH_MAX];
@@ -364,6 +404,11 @@ static int serve(const struct kc_shim_call *call, const char *root)
 	struct stat st, root_st;
 	uid_t owner = 0;
 
+	err = kc_shim_targets(call, why, sizeof(why));
+	if (err == -ENOMEM)
+		return fail("out of memory");
+	if (err)
+		return to_nvcc("%s", why);
 	err = kc_shim_check(call, why, sizeof(why));
 	if (err == -EPERM)
 		return fail("%s", why);
@@ -390,7 +435,11 @@ static int serve(const struct kc_shim_call *call, const char *root)
 		status = to_nvcc("cannot read the compiler of the mount %s: %s", root, strerror(-err));
 		goto out;
 	}
-	err = kc_shim_flags_file(call, compiler, root_st.st_dev, &flags, &flags_len);
+	struct kc_tree_memo *memo = open_memo();
+	err = kc_shim_flags_file(call, compiler, root_st.st_dev, memo, &flags, &flags_len);
+	if (!err)
+		kc_tree_memo_save(memo); /* only an optimisation: a failure costs reading again */
+	kc_tree_memo_free(memo);
 	if (!err)
 		err = kc_key_compute(source, source_len, flags, flags_len, key);
 	if (err) {
@@ -408,10 +457,12 @@ static int serve(const struct kc_shim_call *call, const char *root)
 						    : strerror(-entry_fd));
 		goto out;
 	}
-	/* Stage the recipe unless it is there already (another user may own the entry). */
+	/* Stage the recipe unless it is there already, or one with the same key (another user
+	 * may own the entry, and name the same headers at another path). */
 	err = 0;
-	if (!holds(entry_fd, KC_FLAGS_NAME, flags, flags_len) ||
-	    !holds(entry_fd, KC_SOURCE_NAME, source, source_len)) {
+	if ((!holds(entry_fd, KC_FLAGS_NAME, flags, flags_len) ||
+	     !holds(entry_fd, KC_SOURCE_NAME, source, source_len)) &&
+	    !keyed(entry_fd, key, source_len + flags_len + 65536)) {
 		err = stage(entry_fd, KC_FLAGS_NAME, flags, flags_len);
 		if (!err)
 			err = stage(entry_fd, KC_SOURCE_NAME, source, source_len);

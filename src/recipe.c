@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "key.h"
 #include "name.h"
 
 static int read_small(int dir, const char *name, size_t max, char **out, size_t *len)
@@ -95,13 +96,26 @@ int kc_recipe_load(int entry_fd, const struct kc_config *cfg, struct kc_recipe *
 	const char *mflags = cfg->flags ? cfg->flags : "";
 	char compiler[KC_COMPILER_ID_MAX];
 	r->compiler_gen = kc_config_compiler_id(cfg, compiler);
-	kc_sha256_update(&h, "kcachefs-recipe-v1\n", 19);
+	/* flags naming include roots by content are hashed in their canonical form (key.h) */
+	char *canon = NULL;
+	size_t canon_len = 0;
+	int v2 = kc_key_canonical(r->flags, r->flags_len, cfg->flags, &canon, &canon_len);
+	if (v2 < 0) {
+		kc_sha256_final(&h, r->hash);
+		kc_recipe_free(r);
+		return v2;
+	}
+	kc_sha256_update(&h, v2 ? "kcachefs-recipe-v2\n" : "kcachefs-recipe-v1\n", 19);
 	kc_sha256_field(&h, compiler, strlen(compiler));
 	kc_sha256_field(&h, cfg->arch, strlen(cfg->arch));
 	const char *backend = cfg->backend_nvrtc ? "nvrtc" : "nvcc"; /* -o compiler= */
 	kc_sha256_field(&h, backend, strlen(backend));
 	kc_sha256_field(&h, mflags, strlen(mflags));
-	kc_sha256_field(&h, r->flags, r->flags_len);
+	if (v2)
+		kc_sha256_field(&h, canon, canon_len);
+	else
+		kc_sha256_field(&h, r->flags, r->flags_len);
+	free(canon);
 	kc_sha256_field(&h, r->source, r->source_len);
 	kc_sha256_final(&h, r->hash);
 	return 0;

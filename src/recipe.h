@@ -4,6 +4,9 @@
  * recipe hash = SHA-256 over "kcachefs-recipe-v1\n", then for each of compiler id, arch,
  * the mount's default backend ("nvcc" or "nvrtc"), mount flags, entry flags, source: the
  * decimal byte length, '\n', the bytes, '\n'.
+ * Entry flags that name include roots by content (key.h) are hashed in their canonical
+ * form, under "kcachefs-recipe-v2\n": the recipe, and so the cluster store's keys, do not
+ * depend on where the headers are installed.
  * The compiler identity (kc_config_compiler_id, as it is when the recipe is loaded) and the
  * target architecture are part of it, so a cubin (or a rejection) recorded for another
  * compiler or GPU is never taken for this one.

@@ -62,6 +62,11 @@ struct kc_remote_backend_ops {
 	/* Store an object under key, never replacing one: 0 when stored, -EEXIST when an
 	 * object is already there (the caller's is dropped: the first published wins). */
 	int (*put)(struct kc_remote_backend *b, const char *key, const void *data, size_t len);
+	/* Optional (NULL: indexes are first-come). Store an object under key, replacing the one
+	 * there, atomically (a reader gets the old or the new, whole): 0 or a fault. Only for
+	 * indexes, which list several manifests (remote_tier.h). */
+	int (*replace)(struct kc_remote_backend *b, const char *key, const void *data,
+		       size_t len);
 	/* Take the lease on key with token for ttl_ms: 0 taken; -EBUSY another holder has it
 	 * (or a failure note stands: *state says which). */
 	int (*lease_take)(struct kc_remote_backend *b, const char *key, const char *token,

@@ -43,7 +43,7 @@ struct dir_backend {
 	struct seen_slot seen[SEEN_SLOTS]; /* held leases this node waits on, as last read */
 };
 
-enum dir_op { OP_GET, OP_PUT, OP_TAKE, OP_RENEW, OP_RELEASE, OP_PEEK, OP_STAT };
+enum dir_op { OP_GET, OP_PUT, OP_REPLACE, OP_TAKE, OP_RENEW, OP_RELEASE, OP_PEEK, OP_STAT };
 
 /* One operation, shared by the caller and its worker; freed by whichever finishes last. */
 struct dir_call {
@@ -223,6 +223,24 @@ static int dir_put(struct dir_call *c)
 		return err;
 	err = link_noreplace(tmp, p);
 	unlink(tmp);
+	return err;
+}
+
+static int dir_replace(struct dir_call *c)
+{
+	char p[PATH_MAX], tmp[PATH_MAX + 64];
+	int err = make_dirs(c->d, "objects", c->key);
+	if (err)
+		return err;
+	path_of(c->d, "objects", c->key, c->key, p, sizeof(p));
+	temp_name(p, "tmp", tmp, sizeof(tmp));
+	err = write_temp(tmp, c->data, c->len, 0444);
+	if (err)
+		return err;
+	if (rename(tmp, p) != 0) {
+		err = fault(errno);
+		unlink(tmp);
+	}
 	return err;
 }
 
@@ -568,7 +586,7 @@ static void call_free(struct dir_call *c)
 static void *call_worker(void *arg)
 {
 	static int (*const ops[])(struct dir_call *) = {
-		[OP_GET] = dir_get, [OP_PUT] = dir_put, [OP_TAKE] = dir_take,
+		[OP_GET] = dir_get, [OP_PUT] = dir_put, [OP_REPLACE] = dir_replace, [OP_TAKE] = dir_take,
 		[OP_RENEW] = dir_renew, [OP_RELEASE] = dir_release, [OP_PEEK] = dir_peek,
 		[OP_STAT] = dir_stat,
 	};
@@ -674,10 +692,11 @@ static int op_get(struct kc_remote_backend *b, const char *key, char **data, siz
 	return err;
 }
 
-static int op_put(struct kc_remote_backend *b, const char *key, const void *data, size_t len)
+static int op_store(struct kc_remote_backend *b, enum dir_op op, const char *key,
+		    const void *data, size_t len)
 {
 	errno = EINVAL;
-	NEW_CALL(c, b, OP_PUT, key, NULL, 0);
+	NEW_CALL(c, b, op, key, NULL, 0);
 	c->data = malloc(len ? len : 1); /* the worker may outlive the caller's buffer */
 	if (!c->data) {
 		free(c);
@@ -689,6 +708,17 @@ static int op_put(struct kc_remote_backend *b, const char *key, const void *data
 	if (err != -ETIMEDOUT)
 		call_free(c);
 	return err;
+}
+
+static int op_put(struct kc_remote_backend *b, const char *key, const void *data, size_t len)
+{
+	return op_store(b, OP_PUT, key, data, len);
+}
+
+static int op_replace(struct kc_remote_backend *b, const char *key, const void *data,
+		      size_t len)
+{
+	return op_store(b, OP_REPLACE, key, data, len);
 }
 
 /* The lease operations: run op on key with token and ms; *state (if not NULL) gets what
@@ -810,7 +840,7 @@ static void op_destroy(struct kc_remote_backend *b)
 }
 
 static const struct kc_remote_backend_ops dir_ops = {
-	.get = op_get, .put = op_put, .lease_take = op_take, .lease_renew = op_renew,
+	.get = op_get, .put = op_put, .replace = op_replace, .lease_take = op_take, .lease_renew = op_renew,
 	.lease_release = op_release, .lease_peek = op_peek, .watch_start = op_watch_start,
 	.watch_wait = op_watch_wait, .watch_end = op_watch_end, .describe = op_describe,
 	.destroy = op_destroy,

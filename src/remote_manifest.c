@@ -16,6 +16,7 @@
 
 #include "flags.h"
 #include "hash.h"
+#include "tree.h"
 
 /* Add path (len bytes) to the list p, at most KC_MANIFEST_MAX_HEADERS. */
 static int paths_add(struct kc_argv *p, const char *path, size_t len)
@@ -262,15 +263,41 @@ static int blank(char ch)
 	return ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r';
 }
 
+/* The include roots that kernel.flags (flags, len bytes) names by content into roots. */
+static int root_dirs(const char *flags, size_t len, struct kc_argv *roots)
+{
+	for (size_t off = 0; flags && off < len;) {
+		const char *line = flags + off, *nl = memchr(line, '\n', len - off), *d, *dir;
+		size_t dl, ll = nl ? (size_t)(nl - line) : len - off;
+		off += ll + 1;
+		if (ll && line[ll - 1] == '\r')
+			ll--;
+		if (kc_tree_root_line(line, ll, &d, &dir, &dl)) {
+			while (dl > 1 && dir[dl - 1] == '/')
+				dl--;
+			char *copy = strndup(dir, dl);
+			int err = copy ? kc_argv_push(roots, copy) : -ENOMEM;
+			free(copy);
+			if (err)
+				return err;
+		}
+	}
+	return 0;
+}
+
 /* Add one prerequisite of the dependency file to p unless it is left out. */
 static int add_dep(struct kc_argv *p, const char *word, size_t wl, const char *skip_dir,
-		   const char *toolkit_root, char *why, size_t whylen)
+		   const char *toolkit_root, const struct kc_argv *roots, char *why,
+		   size_t whylen)
 {
 	char real[PATH_MAX];
 	if (word[0] != '/') {
 		snprintf(why, whylen, "dependency %s is a relative path", word);
 		return -EINVAL;
 	}
+	for (size_t i = 0; i < roots->n; i++)
+		if (under(word, roots->v[i]))
+			return 0; /* its bytes are in the recipe's key (key.h) */
 	if ((skip_dir && under(word, skip_dir)) ||
 	    (toolkit_root && realpath(word, real) && under(real, toolkit_root)))
 		return 0;
@@ -278,13 +305,13 @@ static int add_dep(struct kc_argv *p, const char *word, size_t wl, const char *s
 }
 
 int kc_manifest_from_deps(const char *deps, size_t len, const char *skip_dir,
-			  const char *toolkit_root, char **manifest, size_t *mlen, char *why,
-			  size_t whylen)
+			  const char *toolkit_root, const char *flags, size_t flags_len,
+			  char **manifest, size_t *mlen, char *why, size_t whylen)
 {
-	struct kc_argv p = {0};
+	struct kc_argv p = {0}, roots = {0};
 	char *word = malloc(len + 1);
 	size_t wl = 0, i = 0;
-	int err = word ? 0 : -ENOMEM;
+	int err = word ? root_dirs(flags, flags_len, &roots) : -ENOMEM;
 
 	/* the first rule's colon: one followed by a blank or the end */
 	for (; i < len; i++) {
@@ -316,13 +343,14 @@ int kc_manifest_from_deps(const char *deps, size_t len, const char *skip_dir,
 		}
 		if (wl) {
 			word[wl] = '\0';
-			err = add_dep(&p, word, wl, skip_dir, toolkit_root, why, whylen);
+			err = add_dep(&p, word, wl, skip_dir, toolkit_root, &roots, why, whylen);
 			wl = 0;
 		}
 		if (ch == '\n')
 			break;
 	}
 	free(word);
+	kc_argv_free(&roots);
 	return build(err, &p, manifest, mlen, why, whylen);
 }
 
@@ -343,4 +371,29 @@ int kc_manifest_rehash(const char *index, size_t len, char **manifest, size_t *m
 		off += ll + 1;
 	}
 	return build(err, &p, manifest, mlen, why, whylen);
+}
+
+int kc_manifest_compact(const char *full, size_t len, char out[KC_MANIFEST_COMPACT_MAX],
+			size_t *outlen)
+{
+	char hex[KC_SHA256_HEXLEN + 1];
+	if (kc_sha256_buf(full ? full : "", len, hex) != 0)
+		return -ENOMEM;
+	*outlen = (size_t)snprintf(out, KC_MANIFEST_COMPACT_MAX, "%s %s\n", hex,
+				   KC_MANIFEST_LIST_NAME);
+	return 0;
+}
+
+int kc_manifest_compact_list(const char *compact, size_t len, char hex[KC_SHA256_HEXLEN + 1])
+{
+	size_t nl = strlen(KC_MANIFEST_LIST_NAME);
+	if (!len)
+		return 0;
+	if (len != KC_SHA256_HEXLEN + 2 + nl || compact[KC_SHA256_HEXLEN] != ' ' ||
+	    memcmp(compact + KC_SHA256_HEXLEN + 1, KC_MANIFEST_LIST_NAME, nl) != 0 ||
+	    compact[len - 1] != '\n')
+		return -EBADMSG;
+	memcpy(hex, compact, KC_SHA256_HEXLEN);
+	hex[KC_SHA256_HEXLEN] = '\0';
+	return 1;
 }

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "compile.h"
+#include "remote_manifest.h"
 
 static const char *const kind_names[] = {[KC_OBJECT_INDEX] = "index", [KC_OBJECT_CUBIN] = "cubin"};
 
@@ -42,7 +43,12 @@ static int derive(const char *tag, const char *a, const char *b, size_t blen,
 
 int kc_object_manifest_key(const char *recipe_hash, char key[KC_SHA256_HEXLEN + 1])
 {
-	return derive("kcachefs-manifest-key-v1\n", recipe_hash, NULL, 0, key);
+	return derive("kcachefs-manifest-key-v2\n", recipe_hash, NULL, 0, key);
+}
+
+int kc_object_list_key(const char *list_hash, char key[KC_SHA256_HEXLEN + 1])
+{
+	return derive("kcachefs-header-list-key-v1\n", list_hash, NULL, 0, key);
 }
 
 int kc_object_cubin_key(const char *manifest_key, const char *manifest, size_t manifest_len,
@@ -50,6 +56,35 @@ int kc_object_cubin_key(const char *manifest_key, const char *manifest, size_t m
 {
 	return derive("kcachefs-object-key-v1\n", manifest_key, manifest ? manifest : "",
 		      manifest_len, key);
+}
+
+/* The compact form (remote_manifest.h): 1 to KC_MANIFEST_PER_KEY lines
+ * "<sha256> @headers", no digest twice. Returns 0 or -EBADMSG with why. */
+static int compact_check(const char *m, size_t len, char *why, size_t whylen)
+{
+	const size_t ll = KC_SHA256_HEXLEN + 1 + strlen(KC_MANIFEST_LIST_NAME) + 1;
+	size_t n = len / ll;
+	if (len % ll || n < 1 || n > KC_MANIFEST_PER_KEY) {
+		snprintf(why, whylen, "compact manifest of %zu bytes is not 1 to %d lines", len,
+			 KC_MANIFEST_PER_KEY);
+		return -EBADMSG;
+	}
+	for (size_t i = 0; i < n; i++) {
+		const char *l = m + i * ll;
+		if (!is_hex64(l, KC_SHA256_HEXLEN) || l[KC_SHA256_HEXLEN] != ' ' ||
+		    memcmp(l + KC_SHA256_HEXLEN + 1, KC_MANIFEST_LIST_NAME,
+			   strlen(KC_MANIFEST_LIST_NAME)) != 0 || l[ll - 1] != '\n') {
+			snprintf(why, whylen, "compact manifest line %zu is not \"<sha256> %s\"",
+				 i + 1, KC_MANIFEST_LIST_NAME);
+			return -EBADMSG;
+		}
+		for (size_t j = 0; j < i; j++)
+			if (memcmp(l, m + j * ll, KC_SHA256_HEXLEN) == 0) {
+				snprintf(why, whylen, "compact manifest line %zu is repeated", i + 1);
+				return -EBADMSG;
+			}
+	}
+	return 0;
 }
 
 int kc_object_manifest_check(const char *m, size_t len, char *why, size_t whylen)
@@ -61,6 +96,8 @@ int kc_object_manifest_check(const char *m, size_t len, char *why, size_t whylen
 		snprintf(why, whylen, "manifest of %zu bytes is over the limit", len);
 		return -EBADMSG;
 	}
+	if (len > KC_SHA256_HEXLEN + 1 && m[KC_SHA256_HEXLEN + 1] == KC_MANIFEST_LIST_NAME[0])
+		return compact_check(m, len, why, whylen);
 	for (size_t off = 0; off < len; line++) {
 		const char *nl = memchr(m + off, '\n', len - off);
 		if (!nl) {

@@ -2,16 +2,22 @@
  *
  * Two levels, as ccache's direct mode: the lookup key must be known before compiling, but
  * the headers a compile reads are known only after it.
- *   manifest key = SHA-256("kcachefs-manifest-key-v1", recipe hash). The recipe hash
+ *   manifest key = SHA-256("kcachefs-manifest-key-v2", recipe hash). The recipe hash
  *                  (recipe.h) already covers source, entry and mount flags, compiler
- *                  identity (version and build, not its path), arch and backend.
- *   index object   stored under the manifest key: its manifest lists the headers the
- *                  compile read, each "<sha256-hex> <path>\n" (sorted, toolkit headers left
- *                  out: the compiler identity covers them); it carries no cubin.
+ *                  identity (version and build, not its path), arch and backend, and the
+ *                  bytes of the include roots a shim recipe names (key.h).
+ *   index object   stored under the manifest key: its manifest is the compact one
+ *                  (remote_manifest.h): "" or "<sha256 of the header list> @headers\n";
+ *                  it carries no cubin.
+ *   header list    an index-kind object under SHA-256("kcachefs-header-list-key-v1", its
+ *                  digest): the headers the compile read outside the toolkit and the
+ *                  include roots, each "<sha256-hex> <path>\n" (sorted); stored once,
+ *                  shared by every kernel that reads the same headers.
  *   object key   = SHA-256("kcachefs-object-key-v1", manifest key, manifest). A node hashes
- *                  its own copies of the index's headers, builds its own manifest and so its
- *                  own object key: a node whose headers differ asks for another key (a miss).
- *   cubin object   stored under the object key: the same manifest and the cubin.
+ *                  its own copies of the list's headers, builds its own compact manifest
+ *                  and so its own object key: a node whose headers differ asks for another
+ *                  key (a miss).
+ *   cubin object   stored under the object key: the same compact manifest and the cubin.
  *
  * Serialized object (every length checked on parse, nothing trusted):
  *   "kcachefs-object-v1\n"
@@ -60,12 +66,15 @@ struct kc_object {
 /* The manifest key of a recipe (its 64-hex hash). Returns 0 or -ENOMEM. */
 int kc_object_manifest_key(const char *recipe_hash, char key[KC_SHA256_HEXLEN + 1]);
 
+/* The key of the header list whose SHA-256 is list_hash (64 hex). Returns 0 or -ENOMEM. */
+int kc_object_list_key(const char *list_hash, char key[KC_SHA256_HEXLEN + 1]);
+
 /* The object key of (manifest key, manifest). Returns 0 or -ENOMEM. */
 int kc_object_cubin_key(const char *manifest_key, const char *manifest, size_t manifest_len,
 			char key[KC_SHA256_HEXLEN + 1]);
 
 /* Check the syntax of a manifest: lines "<64 lowercase hex> /<path>\n", paths without NUL,
- * strictly sorted by path, at most KC_OBJECT_MAX_MANIFEST bytes (empty is valid). Returns 0
+ * strictly sorted by path, or the one line "<64 lowercase hex> @headers\n" (compact), at most KC_OBJECT_MAX_MANIFEST bytes (empty is valid). Returns 0
  * or -EBADMSG with why filled. */
 int kc_object_manifest_check(const char *manifest, size_t len, char *why, size_t whylen);
 

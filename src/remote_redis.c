@@ -999,7 +999,9 @@ static int r_get(struct kc_remote_backend *base, const char *key, char **data, s
 	return rc;
 }
 
-static int r_put(struct kc_remote_backend *base, const char *key, const void *data, size_t len)
+/* SET key's object to data: only when there is none (nx: put), or replacing it. */
+static int r_set(struct kc_remote_backend *base, const char *key, const void *data, size_t len,
+		 int nx)
 {
 	struct redis_backend *b = (struct redis_backend *)base;
 	char name[64 + KC_REMOTE_KEYLEN];
@@ -1013,7 +1015,8 @@ static int r_put(struct kc_remote_backend *base, const char *key, const void *da
 	if (!data)
 		argv[2] = "";
 	lens[1] = strlen(name);
-	rc = shard_call(b, key, "put", 4, argv, lens, T(REDIS_REPLY_STATUS) | T(REDIS_REPLY_NIL), &r);
+	rc = shard_call(b, key, nx ? "put" : "replace", nx ? 4 : 3, argv, lens,
+			T(REDIS_REPLY_STATUS) | T(REDIS_REPLY_NIL), &r);
 	if (rc)
 		return rc;
 	if (r->type == REDIS_REPLY_NIL)
@@ -1022,6 +1025,17 @@ static int r_put(struct kc_remote_backend *base, const char *key, const void *da
 		rc = -EPROTO;
 	freeReplyObject(r);
 	return rc;
+}
+
+static int r_put(struct kc_remote_backend *base, const char *key, const void *data, size_t len)
+{
+	return r_set(base, key, data, len, 1);
+}
+
+static int r_replace(struct kc_remote_backend *base, const char *key, const void *data,
+		     size_t len)
+{
+	return r_set(base, key, data, len, 0);
 }
 
 #define LEASE_ARGS 7
@@ -1302,6 +1316,7 @@ static void r_destroy(struct kc_remote_backend *base)
 static const struct kc_remote_backend_ops redis_ops = {
 	.get = r_get,
 	.put = r_put,
+	.replace = r_replace,
 	.lease_take = r_lease_take,
 	.lease_renew = r_lease_renew,
 	.lease_release = r_lease_release,

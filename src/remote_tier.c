@@ -22,6 +22,9 @@
 
 enum fault_kind { FAULT_GET, FAULT_PUT, FAULT_LEASE, FAULT_KINDS };
 
+/* The digest of an empty header list: no fetch needed to check it. */
+#define EMPTY_LIST "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+
 struct kc_remote_tier {
 	struct kc_remote_backend *b;
 	struct kc_stats *stats;
@@ -39,6 +42,16 @@ struct kc_remote_tier {
 	int probing;            /* 1 while a thread asks the store whether it is back */
 	double last_log[FAULT_KINDS];
 	unsigned long suppressed[FAULT_KINDS];
+	/* header lists (remote_manifest.h) this node fetched or stored, by their digest: a
+	 * joining node fetches each once, and stores each once; replaced round-robin */
+	struct {
+		char hash[KC_SHA256_HEXLEN + 1];
+		char *list; /* malloc'd; NULL: empty slot */
+		size_t len;
+	} lists[KC_REMOTE_LISTS];
+	unsigned next_list;
+	pthread_mutex_t list_fetch; /* one fetch of a header list at a time: the jobs of a
+				     * joining node that need one list at once fetch it once */
 };
 
 static double now_s(void)
@@ -231,6 +244,7 @@ int kc_remote_tier_open(const struct kc_remote_opts *o, const char *nvcc,
 	if (kc_manifest_toolkit_root(nvcc, KC_CUDA_HOME, t->toolkit, sizeof(t->toolkit)) != 0)
 		t->toolkit[0] = '\0'; /* every header is then hashed */
 	pthread_mutex_init(&t->lock, NULL);
+	pthread_mutex_init(&t->list_fetch, NULL);
 	pthread_condattr_init(&ca);
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
 	pthread_cond_init(&t->stop_cv, &ca);
@@ -277,7 +291,10 @@ void kc_remote_tier_close(struct kc_remote_tier *t)
 		return;
 	t->b->ops->destroy(t->b);
 	pthread_mutex_destroy(&t->lock);
+	pthread_mutex_destroy(&t->list_fetch);
 	pthread_cond_destroy(&t->stop_cv);
+	for (int i = 0; i < KC_REMOTE_LISTS; i++)
+		free(t->lists[i].list);
 	free(t->secret_buf);
 	free(t);
 }
@@ -392,12 +409,112 @@ static void renewer_stop(struct kc_remote_job *rj)
 
 enum found { FOUND_NONE, FOUND_CUBIN, FOUND_OTHER_HEADERS, FOUND_FAULT };
 
-/* Look for the recipe's object: the index under rj->mkey, this node's manifest of its
- * headers, the object under the key of that manifest, verified. */
+/* A copy of the header list with digest hash from this node's table into *list / *len
+ * (malloc'd). Returns 1 found, 0 not, -ENOMEM. */
+static int list_cached(struct kc_remote_tier *t, const char *hash, char **list, size_t *len)
+{
+	int found = 0;
+	pthread_mutex_lock(&t->lock);
+	for (int i = 0; i < KC_REMOTE_LISTS && !found; i++) {
+		if (!t->lists[i].list || strcmp(t->lists[i].hash, hash) != 0)
+			continue;
+		found = (*list = malloc(t->lists[i].len + 1)) ? 1 : -ENOMEM;
+		if (found == 1) {
+			memcpy(*list, t->lists[i].list, t->lists[i].len);
+			*len = t->lists[i].len;
+		}
+	}
+	pthread_mutex_unlock(&t->lock);
+	return found;
+}
+
+/* Remember a copy of the header list list/len under its digest hash. */
+static void list_remember(struct kc_remote_tier *t, const char *hash, const char *list,
+			  size_t len)
+{
+	char *copy = malloc(len + 1);
+	if (!copy)
+		return;
+	memcpy(copy, list, len);
+	pthread_mutex_lock(&t->lock);
+	unsigned i = t->next_list++ % KC_REMOTE_LISTS;
+	free(t->lists[i].list);
+	t->lists[i].list = copy;
+	t->lists[i].len = len;
+	memcpy(t->lists[i].hash, hash, KC_SHA256_HEXLEN + 1);
+	pthread_mutex_unlock(&t->lock);
+}
+
+/* The header list whose digest is hash: from the table, else fetched and verified (an
+ * index-kind object under its list key whose bytes have that digest). Returns 0 with
+ * *list / *len (malloc'd); -ENOENT (not in the store, or refused: why says so), or a
+ * store fault. */
+static int list_fetch(struct kc_remote_tier *t, const char *hash, char **list, size_t *len,
+		      char *why, size_t whylen);
+
+static int list_get(struct kc_remote_tier *t, const char *hash, char **list, size_t *len,
+		    char *why, size_t whylen)
+{
+	int err = list_cached(t, hash, list, len);
+	if (err)
+		return err < 0 ? err : 0;
+	pthread_mutex_lock(&t->list_fetch);
+	err = list_cached(t, hash, list, len); /* fetched by another job meanwhile */
+	if (err) {
+		pthread_mutex_unlock(&t->list_fetch);
+		return err < 0 ? err : 0;
+	}
+	err = list_fetch(t, hash, list, len, why, whylen);
+	pthread_mutex_unlock(&t->list_fetch);
+	return err;
+}
+
+/* list_get's fetch from the store, verified, remembered. */
+static int list_fetch(struct kc_remote_tier *t, const char *hash, char **list, size_t *len,
+		      char *why, size_t whylen)
+{
+	char lkey[KC_SHA256_HEXLEN + 1], got[KC_SHA256_HEXLEN + 1], *data = NULL;
+	size_t dlen = 0;
+	struct kc_object obj;
+	int err;
+	if (kc_object_list_key(hash, lkey) != 0 || !store_usable(t))
+		return -EIO;
+	err = t->b->ops->get(t->b, lkey, &data, &dlen);
+	outcome(t, FAULT_GET, err, -ENOENT, "of a header list");
+	if (err) {
+		snprintf(why, whylen, "header list %.16s: %s", hash, strerror(-err));
+		return err;
+	}
+	atomic_fetch_add(&t->stats->remote_bytes_in, dlen);
+	err = kc_object_parse(data, dlen, KC_OBJECT_INDEX, lkey, &t->secret, &obj, why, whylen);
+	if (!err && (kc_sha256_buf(obj.manifest, obj.manifest_len, got) != 0 ||
+		     strcmp(got, hash) != 0)) {
+		snprintf(why, whylen, "header list %.16s does not have its digest", hash);
+		err = -EBADMSG;
+	}
+	if (!err && !(*list = malloc(obj.manifest_len + 1)))
+		err = -ENOMEM;
+	if (err) {
+		atomic_fetch_add(&t->stats->remote_rejected, 1);
+		kc_log(KC_LOG_WARN, "cluster store: header list %.16s refused: %s", hash, why);
+		free(data);
+		return -ENOENT;
+	}
+	memcpy(*list, obj.manifest, obj.manifest_len);
+	*len = obj.manifest_len;
+	list_remember(t, hash, *list, *len);
+	free(data);
+	return 0;
+}
+
+/* Look for the recipe's object: the index under rj->mkey, the header list it names, this
+ * node's compact manifest of those headers, the object under the key of that manifest,
+ * verified. */
 static enum found look(struct kc_remote_tier *t, struct kc_remote_job *rj)
 {
-	char *data = NULL, *mine = NULL, why[400] = "", okey[KC_SHA256_HEXLEN + 1];
-	size_t len = 0, mlen = 0;
+	char *data = NULL, *list = NULL, *full = NULL, why[400] = "", okey[KC_SHA256_HEXLEN + 1];
+	char lhash[KC_SHA256_HEXLEN + 1], mine[KC_MANIFEST_COMPACT_MAX] = "";
+	size_t len = 0, mlen = 0, list_len = 0, full_len = 0;
 	struct kc_object idx;
 	double t0 = now_s();
 
@@ -410,30 +527,62 @@ static enum found look(struct kc_remote_tier *t, struct kc_remote_job *rj)
 	atomic_fetch_add(&t->stats->remote_bytes_in, len);
 	err = kc_object_parse(data, len, KC_OBJECT_INDEX, rj->mkey, &t->secret, &idx, why,
 			      sizeof(why));
-	if (err == 0)
-		err = kc_manifest_rehash(idx.manifest, idx.manifest_len, &mine, &mlen, why,
-					 sizeof(why)) == 0 ? 0 : -ENOENT;
-	else
+	/* the index lists up to KC_MANIFEST_PER_KEY compact manifests, newest first */
+	char *lines = NULL;
+	size_t nlines = 0;
+	if (!err && (idx.manifest_len % KC_MANIFEST_LINE_LEN || !idx.manifest_len ||
+		     idx.manifest[KC_SHA256_HEXLEN + 1] != KC_MANIFEST_LIST_NAME[0])) {
+		snprintf(why, sizeof(why), "its manifest is not a compact one");
+		err = -EBADMSG;
+	}
+	if (!err && !(lines = malloc(idx.manifest_len)))
+		err = -ENOMEM;
+	if (!err) {
+		memcpy(lines, idx.manifest, idx.manifest_len);
+		nlines = idx.manifest_len / KC_MANIFEST_LINE_LEN;
+	}
+	if (err && err != -ENOMEM)
 		atomic_fetch_add(&t->stats->remote_rejected, 1);
 	free(data);
-	if (err == -EBADMSG) {
+	if (err == -ENOMEM)
+		return FOUND_FAULT;
+	if (err) {
 		kc_log(KC_LOG_WARN, "cluster store: index %.16s refused: %s", rj->mkey, why);
 		return FOUND_NONE;
 	}
-	if (err) { /* a header of the index is not here as it was there */
-		kc_log(KC_LOG_DEBUG, "cluster store: index %.16s: %s", rj->mkey, why);
+	int matched = 0;
+	for (size_t i = 0; i < nlines && !matched; i++) {
+		const char *line = lines + i * KC_MANIFEST_LINE_LEN;
+		memcpy(lhash, line, KC_SHA256_HEXLEN);
+		lhash[KC_SHA256_HEXLEN] = '\0';
+		if (strcmp(lhash, EMPTY_LIST) == 0) { /* no header outside toolkit and roots */
+			matched = kc_manifest_compact("", 0, mine, &mlen) == 0;
+			continue;
+		}
+		err = list_get(t, lhash, &list, &list_len, why, sizeof(why));
+		if (err && err != -ENOENT) {
+			free(lines);
+			return FOUND_FAULT;
+		}
+		if (!err && kc_manifest_rehash(list, list_len, &full, &full_len, why, sizeof(why)) == 0 &&
+		    kc_manifest_compact(full, full_len, mine, &mlen) == 0)
+			matched = mlen == KC_MANIFEST_LINE_LEN && memcmp(mine, line, mlen) == 0;
+		free(list);
+		free(full);
+		list = full = NULL;
+	}
+	free(lines);
+	if (!matched) { /* no image's headers in the index are this node's */
+		kc_log(KC_LOG_DEBUG, "cluster store: index %.16s: none of its %zu manifests is this "
+		       "node's%s%s", rj->mkey, nlines, why[0] ? ": " : "", why);
 		return FOUND_OTHER_HEADERS;
 	}
-	if (kc_object_cubin_key(rj->mkey, mine, mlen, okey) != 0 || !store_usable(t)) {
-		free(mine);
+	if (kc_object_cubin_key(rj->mkey, mine, mlen, okey) != 0 || !store_usable(t))
 		return FOUND_FAULT;
-	}
 	err = t->b->ops->get(t->b, okey, &data, &len);
 	outcome(t, FAULT_GET, err, -ENOENT, "of an object");
-	if (err) {
-		free(mine);
+	if (err)
 		return err == -ENOENT ? FOUND_OTHER_HEADERS : FOUND_FAULT;
-	}
 	atomic_fetch_add(&t->stats->remote_bytes_in, len);
 	err = kc_object_parse(data, len, KC_OBJECT_CUBIN, okey, &t->secret, &rj->obj, why,
 			      sizeof(why));
@@ -442,7 +591,6 @@ static enum found look(struct kc_remote_tier *t, struct kc_remote_job *rj)
 		snprintf(why, sizeof(why), "its manifest is not this node's");
 		err = -EBADMSG;
 	}
-	free(mine);
 	if (err) {
 		atomic_fetch_add(&t->stats->remote_rejected, 1);
 		kc_log(KC_LOG_WARN, "cluster store: object %.16s refused: %s", okey, why);
@@ -601,15 +749,17 @@ int kc_remote_tier_fetch(struct kc_remote_tier *t, const char *recipe_hash, int 
 }
 
 /* Put kind's object under key; counts and logs. Returns 0 when it is stored (or was). */
-static int put_object(struct kc_remote_tier *t, enum kc_object_kind kind, const char *key,
-		       const char *manifest, size_t mlen, const void *cubin, size_t clen)
+static int store_object(struct kc_remote_tier *t, enum kc_object_kind kind, const char *key,
+			const char *manifest, size_t mlen, const void *cubin, size_t clen,
+			int replace)
 {
 	char *obj = NULL;
 	size_t len = 0;
 	if (!store_usable(t) ||
 	    kc_object_build(kind, key, manifest, mlen, cubin, clen, &t->secret, &obj, &len) != 0)
 		return -EIO;
-	int err = t->b->ops->put(t->b, key, obj, len);
+	int err = replace ? t->b->ops->replace(t->b, key, obj, len)
+			  : t->b->ops->put(t->b, key, obj, len);
 	outcome(t, FAULT_PUT, err, -EEXIST, kind == KC_OBJECT_INDEX ? "of an index" : "of an object");
 	if (err == 0) {
 		atomic_fetch_add(&t->stats->remote_puts, 1);
@@ -617,6 +767,65 @@ static int put_object(struct kc_remote_tier *t, enum kc_object_kind kind, const 
 	}
 	free(obj);
 	return err == -EEXIST ? 0 : err;
+}
+
+static size_t count_lines(const char *s, size_t len)
+{
+	size_t n = 0;
+	for (size_t i = 0; i < len; i++)
+		n += s[i] == '\n';
+	return n;
+}
+
+static int put_object(struct kc_remote_tier *t, enum kc_object_kind kind, const char *key,
+		      const char *manifest, size_t mlen, const void *cubin, size_t clen)
+{
+	return store_object(t, kind, key, manifest, mlen, cubin, clen, 0);
+}
+
+/* Add the compact manifest line (KC_MANIFEST_LINE_LEN bytes) to the index under rj->mkey:
+ * a new index, or the line first and the index's others after it, the oldest dropped past
+ * KC_MANIFEST_PER_KEY (a store without replace keeps its first index). Returns 0 when the
+ * index lists it (or cannot be made to), or a fault. */
+static int index_add(struct kc_remote_tier *t, struct kc_remote_job *rj, const char *line)
+{
+	for (int tries = 0; tries < 3; tries++) {
+		char *data = NULL, why[200], next[KC_MANIFEST_PER_KEY * KC_MANIFEST_LINE_LEN];
+		size_t len = 0, n = KC_MANIFEST_LINE_LEN;
+		struct kc_object idx;
+		if (!store_usable(t))
+			return -EIO;
+		int err = t->b->ops->get(t->b, rj->mkey, &data, &len);
+		outcome(t, FAULT_GET, err, -ENOENT, "of an index");
+		if (err == -ENOENT) {
+			err = store_object(t, KC_OBJECT_INDEX, rj->mkey, line, n, NULL, 0, 0);
+			if (err == 0 && t->b->ops->replace)
+				continue; /* look again: another node's may have come first (EEXIST) */
+			return err;
+		}
+		if (err)
+			return err;
+		memcpy(next, line, n);
+		if (kc_object_parse(data, len, KC_OBJECT_INDEX, rj->mkey, &t->secret, &idx, why,
+				    sizeof(why)) == 0 &&
+		    idx.manifest_len % KC_MANIFEST_LINE_LEN == 0) {
+			for (size_t off = 0; off < idx.manifest_len; off += KC_MANIFEST_LINE_LEN) {
+				if (memcmp(idx.manifest + off, line, KC_SHA256_HEXLEN) == 0) {
+					free(data);
+					return 0; /* listed already */
+				}
+				if (n < sizeof(next)) {
+					memcpy(next + n, idx.manifest + off, KC_MANIFEST_LINE_LEN);
+					n += KC_MANIFEST_LINE_LEN;
+				}
+			}
+		}
+		free(data);
+		if (!t->b->ops->replace)
+			return 0; /* first-come */
+		return store_object(t, KC_OBJECT_INDEX, rj->mkey, next, n, NULL, 0, 1);
+	}
+	return 0;
 }
 
 /* Share the compiled cubin behind fd: the object, then the index that leads to it. */
@@ -631,19 +840,31 @@ static void share(struct kc_remote_tier *t, struct kc_remote_job *rj, int fd, co
 		return;
 	}
 	if (kc_manifest_from_deps(deps, deps_len, KC_COMPILE_CWD,
-				  t->toolkit[0] ? t->toolkit : NULL, &manifest, &mlen, why,
-				  sizeof(why)) != 0) {
+				  t->toolkit[0] ? t->toolkit : NULL, rj->flags, rj->flags_len,
+				  &manifest, &mlen, why, sizeof(why)) != 0) {
 		kc_log(KC_LOG_INFO, "cluster store: %.16s not shared: %s", rj->mkey, why);
 		return;
 	}
-	int dup = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+	/* the full header list under its own key (put with each compile shared, so a store
+	 * that lost it has it again; one copy is kept), then the object and the index that
+	 * name it */
+	char compact[KC_MANIFEST_COMPACT_MAX], lhash[KC_SHA256_HEXLEN + 1];
+	char lkey[KC_SHA256_HEXLEN + 1];
+	size_t cml = 0;
+	int err = kc_manifest_compact(manifest, mlen, compact, &cml);
+	if (!err && kc_manifest_compact_list(compact, cml, lhash) == 1 &&
+	    strcmp(lhash, EMPTY_LIST) != 0)
+		err = kc_object_list_key(lhash, lkey) ? -ENOMEM
+		      : put_object(t, KC_OBJECT_INDEX, lkey, manifest, mlen, NULL, 0);
+	int dup = err ? -1 : fcntl(fd, F_DUPFD_CLOEXEC, 0);
 	if (dup >= 0 && lseek(dup, 0, SEEK_SET) == 0 &&
 	    kc_read_all(dup, KC_OBJECT_MAX_CUBIN, &cubin, &clen) == 0 &&
-	    kc_object_cubin_key(rj->mkey, manifest, mlen, okey) == 0) {
-		if (put_object(t, KC_OBJECT_CUBIN, okey, manifest, mlen, cubin, clen) == 0 &&
-		    put_object(t, KC_OBJECT_INDEX, rj->mkey, manifest, mlen, NULL, 0) == 0)
-			kc_log(KC_LOG_INFO, "cluster store: %.16s stored (%zu bytes, %zu bytes of "
-			       "header manifest)", rj->mkey, clen, mlen);
+	    kc_object_cubin_key(rj->mkey, compact, cml, okey) == 0) {
+		if (put_object(t, KC_OBJECT_CUBIN, okey, compact, cml, cubin, clen) == 0 &&
+		    index_add(t, rj, compact) == 0)
+			kc_log(KC_LOG_INFO, "cluster store: %.16s stored (%zu bytes; %zu headers "
+			       "listed in %zu bytes, %zu bytes of manifest)", rj->mkey, clen,
+			       count_lines(manifest, mlen), mlen, cml);
 	}
 	if (dup >= 0)
 		close(dup);

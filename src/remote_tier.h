@@ -53,6 +53,7 @@
 #define KC_REMOTE_NOTICE_MS 1000       /* a watching waiter looks again at least this often */
 #define KC_REMOTE_NOTICE_GAP_MS 20     /* and, woken by notices, at most this often */
 #define KC_REMOTE_WAITERS 32            /* pool workers beyond -o jobs: fetches and waits */
+#define KC_REMOTE_LISTS 16              /* header lists a node keeps (remote_object.h) */
 
 /* -o remote options, as given (borrowed). */
 struct kc_remote_opts {
@@ -78,6 +79,9 @@ struct kc_remote_job {
 	char *data;        /* the fetched object (owned) */
 	struct kc_object obj; /* it, verified: obj.cubin / obj.cubin_len are the bytes */
 	char where[160];   /* the store and object, for kernel.log */
+	const char *flags; /* the recipe's kernel.flags (borrowed; may be NULL): the include
+			    * roots it names are left out of the header list */
+	size_t flags_len;
 };
 
 /* Open the tier for -o remote= (with the compiler at nvcc, whose toolkit is left out of

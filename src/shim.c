@@ -1,18 +1,15 @@
 /* shim.c - see shim.h */
 #define _GNU_SOURCE
 #include "shim.h"
+#include "tree.h"
 
 #include <errno.h>
-#include <ftw.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/vfs.h>
 #include <unistd.h>
-
-#define FUSE_SUPER_MAGIC 0x65735546 /* linux/magic.h */
 
 /* nvcc options written with their value as the next argument, and how kcachefs's
  * one-token form joins them: "-I" "dir" -> "-Idir", "-arch" "sm_90a" -> "-arch=sm_90a". */
@@ -140,84 +137,86 @@ int kc_shim_check(const struct kc_shim_call *call, char *why, size_t whylen)
 	return 0;
 }
 
-/* The walk's state: nftw's callback takes no user pointer. */
-static __thread struct tree_walk {
-	char **lines;
-	size_t n, cap;
-	size_t root_len;
-	dev_t avoid;
-	int err;
-} *walk;
-
-static int tree_visit(const char *path, const struct stat *st, int type, struct FTW *ftw)
+/* The one target of a -gencode value "arch=compute_X,code=sm_X" (or "code=[sm_X]"): X
+ * into target (as "sm_X"), or -EINVAL with why. */
+static int gencode_target(const char *value, char *target, size_t tlen, char *why,
+			  size_t whylen)
 {
-	(void)ftw;
-	if (type == FTW_DNR) { /* a directory whose headers could change unseen */
-		walk->err = -EACCES;
-		return 1;
+	char arch[32], code[64];
+	const char *comma = strchr(value, ',');
+	if (strncmp(value, "arch=compute_", 13) != 0 || !comma || comma - value - 13 >= 31 ||
+	    strncmp(comma + 1, "code=", 5) != 0 || strlen(comma + 6) >= sizeof(code)) {
+		snprintf(why, whylen, "-gencode '%s' is not of the form arch=compute_X,code=sm_X",
+			 value);
+		return -EINVAL;
 	}
-	if ((type == FTW_F || type == FTW_D) && st->st_dev == walk->avoid) {
-		walk->err = -EXDEV; /* into the mount: looking there would compile its entries */
-		return 1;
+	snprintf(arch, sizeof(arch), "%.*s", (int)(comma - value - 13), value + 13);
+	snprintf(code, sizeof(code), "%s", comma + 6);
+	size_t cl = strlen(code);
+	if (cl > 2 && code[0] == '[' && code[cl - 1] == ']') {
+		memmove(code, code + 1, cl - 2);
+		code[cl - 2] = '\0';
 	}
-	if (type != FTW_F || !S_ISREG(st->st_mode))
-		return 0;
-	if (walk->n >= KC_SHIM_TREE_MAX) {
-		walk->err = -E2BIG;
-		return 1;
+	if (strstr(code, "compute_")) {
+		snprintf(why, whylen, "-gencode '%s' asks for PTX as well, which a cubin cannot hold",
+			 value);
+		return -EINVAL;
 	}
-	if (walk->n == walk->cap) {
-		size_t cap = walk->cap ? walk->cap * 2 : 256;
-		char **l = realloc(walk->lines, cap * sizeof(*l));
-		if (!l)
-			goto nomem;
-		walk->lines = l;
-		walk->cap = cap;
+	if (strchr(code, ',')) {
+		snprintf(why, whylen, "-gencode '%s' asks for several targets; a cubin holds one",
+			 value);
+		return -EINVAL;
 	}
-	if (asprintf(&walk->lines[walk->n], "%s %lld %lld%09ld\n", path + walk->root_len,
-		     (long long)st->st_size, (long long)st->st_mtim.tv_sec,
-		     st->st_mtim.tv_nsec) < 0)
-		goto nomem;
-	walk->n++;
+	if (strncmp(code, "sm_", 3) != 0 || strcmp(code + 3, arch) != 0) {
+		snprintf(why, whylen, "-gencode '%s' compiles one architecture's code for another "
+			 "(the mount compiles sm_X from compute_X)", value);
+		return -EINVAL;
+	}
+	snprintf(target, tlen, "sm_%s", arch);
 	return 0;
-nomem:
-	walk->err = -ENOMEM;
-	return 1;
 }
 
-static int cmp_lines(const void *a, const void *b)
+int kc_shim_targets(struct kc_shim_call *call, char *why, size_t whylen)
 {
-	return strcmp(*(char *const *)a, *(char *const *)b);
-}
+	static const char *const gen[] = {"-gencode=", "--generate-code=", NULL};
+	static const char *const other[] = {"-arch=", "--gpu-architecture=", "-code=",
+					    "--gpu-code=", NULL};
+	size_t found = 0, at = 0, others = 0;
+	const char *value = NULL;
 
-int kc_shim_tree_fingerprint(const char *dir, dev_t avoid, char hex[KC_SHA256_HEXLEN + 1])
-{
-	struct tree_walk w = {.root_len = strlen(dir), .avoid = avoid};
-	struct kc_sha256 h;
-	int err;
-
-	walk = &w;
-	if (nftw(dir, tree_visit, 64, 0) < 0 && !w.err)
-		w.err = -errno;
-	walk = NULL;
-	err = w.err;
-	if (!err) {
-		qsort(w.lines, w.n, sizeof(*w.lines), cmp_lines);
-		err = kc_sha256_init(&h);
+	for (size_t i = 0; i < call->flags.n; i++) {
+		for (int k = 0; gen[k]; k++)
+			if (strncmp(call->flags.v[i], gen[k], strlen(gen[k])) == 0) {
+				found++;
+				at = i;
+				value = call->flags.v[i] + strlen(gen[k]);
+			}
+		for (int k = 0; other[k]; k++)
+			others += strncmp(call->flags.v[i], other[k], strlen(other[k])) == 0;
 	}
-	if (!err) {
-		for (size_t i = 0; i < w.n; i++)
-			kc_sha256_update(&h, w.lines[i], strlen(w.lines[i]));
-		kc_sha256_final(&h, hex);
+	if (!found)
+		return 0;
+	if (found > 1) {
+		snprintf(why, whylen, "%zu -gencode targets: a cubin holds one", found);
+		return -EINVAL;
 	}
-	for (size_t i = 0; i < w.n; i++)
-		free(w.lines[i]);
-	free(w.lines);
-	return err;
+	if (others) {
+		snprintf(why, whylen, "-gencode together with -arch or -code");
+		return -EINVAL;
+	}
+	char target[40], *tok;
+	int err = gencode_target(value, target, sizeof(target), why, whylen);
+	if (err)
+		return err;
+	if (asprintf(&tok, "--gpu-architecture=%s", target) < 0)
+		return -ENOMEM;
+	free(call->flags.v[at]);
+	call->flags.v[at] = tok;
+	return 0;
 }
 
 int kc_shim_flags_file(const struct kc_shim_call *call, const char *compiler, dev_t avoid,
-		       char **out, size_t *out_len)
+		       struct kc_tree_memo *memo, char **out, size_t *out_len)
 {
 	char *buf = NULL;
 	size_t len = 0;
@@ -229,9 +228,9 @@ int kc_shim_flags_file(const struct kc_shim_call *call, const char *compiler, de
 	fprintf(f, "# kcachefs-nvcc: %s\n", compiler);
 	for (size_t i = 0; i < call->flags.n && !err; i++) {
 		const char *dir = kc_flags_include_dir(call->flags.v[i]);
-		char fp[KC_SHA256_HEXLEN + 1];
-		if (dir && !(err = kc_shim_tree_fingerprint(dir, avoid, fp)))
-			fprintf(f, "# include-tree %s %s\n", dir, fp);
+		char digest[KC_SHA256_HEXLEN + 1];
+		if (dir && !(err = kc_tree_digest(dir, avoid, memo, digest)))
+			fprintf(f, "%s%s %s\n", KC_TREE_ROOT_TAG, digest, dir);
 	}
 	/* the shim stands for nvcc, whatever the mount's default backend (a caller's own
 	 * choice, later, wins) */
@@ -361,18 +360,6 @@ char *kc_shim_log_rewrite(const char *log, size_t len, const char *input, size_t
 	return buf;
 }
 
-/* Nonzero if dir is the root of a kcachefs mount. */
-static int is_mount_root(const char *dir)
-{
-	struct statfs fs;
-	struct stat st;
-	char stats[PATH_MAX + 32];
-
-	snprintf(stats, sizeof(stats), "%s/.kcachefs/stats", strcmp(dir, "/") ? dir : "");
-	return statfs(dir, &fs) == 0 && fs.f_type == FUSE_SUPER_MAGIC && stat(stats, &st) == 0 &&
-	       S_ISREG(st.st_mode);
-}
-
 char *kc_shim_find_mount(const char *dir)
 {
 	char *path = realpath(dir, NULL);
@@ -380,7 +367,7 @@ char *kc_shim_find_mount(const char *dir)
 	if (!path)
 		return NULL;
 	for (;;) {
-		if (is_mount_root(path))
+		if (kc_tree_is_mount_root(path))
 			return path;
 		char *slash = strrchr(path, '/');
 		if (!slash || path[1] == '\0')

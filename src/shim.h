@@ -12,6 +12,7 @@
 
 #include "flags.h"
 #include "hash.h"
+#include "tree.h"
 
 #define KC_SHIM_DIR "kcachefs-nvcc" /* the directory at the mount root that holds its entries */
 
@@ -34,6 +35,14 @@ struct kc_shim_call {
 int kc_shim_parse(int n, char *const *args, const char *cwd, struct kc_shim_call *call);
 void kc_shim_call_free(struct kc_shim_call *call);
 
+/* Blackwell's way of naming the target: one "-gencode=arch=compute_X,code=sm_X" (or
+ * "--generate-code=", or "code=[sm_X]") becomes "--gpu-architecture=sm_X", which makes
+ * the same cubin (sm_100a, sm_100f, sm_120a, sm_120f... as given: the key names the exact
+ * target). Returns 0 (done, or no -gencode); -EINVAL with why when the call asks for more
+ * than one cubin can hold (several pairs, PTX as well, -gencode with -arch/-code, another
+ * virtual architecture): the shim hands it to nvcc with that reason; -ENOMEM. */
+int kc_shim_targets(struct kc_shim_call *call, char *why, size_t whylen);
+
 /* Check every flag of call against the mount's allow-list (kc_flag_check), and refuse
  * arguments with leading or trailing blanks, which one-per-line kernel.flags cannot keep.
  * Returns 0, or kc_flag_check's -EPERM (a flag that would turn the compiler against the
@@ -41,24 +50,15 @@ void kc_shim_call_free(struct kc_shim_call *call);
  * call to nvcc), with a one-line reason in why. */
 int kc_shim_check(const struct kc_shim_call *call, char *why, size_t whylen);
 
-#define KC_SHIM_TREE_MAX 100000 /* files in one include tree the shim fingerprints */
-
-/* Fingerprint of the files under dir: SHA-256 over the sorted lines
- * "<path relative to dir> <size> <mtime in ns>" of every regular file (symbolic links
- * followed, each directory once; dangling links skipped), so a changed header gives another
- * key. Returns 0; -EXDEV when the tree reaches a file or directory on device avoid (the
- * kcachefs mount: a walk there would look up, and so compile, its entries); -EACCES for a
- * directory that cannot be read; -E2BIG past KC_SHIM_TREE_MAX files; other -errno from the
- * walk (ELOOP for a link to itself); -ENOMEM. */
-int kc_shim_tree_fingerprint(const char *dir, dev_t avoid, char hex[KC_SHA256_HEXLEN + 1]);
-
-/* Render the kernel.flags the shim stages: "# kcachefs-nvcc: <compiler>\n", then
- * "# include-tree <dir> <fingerprint>\n" for every include directory, then
- * "--kcachefs-compiler=nvcc" (the shim stands for nvcc), then one argument per line; avoid is the mount's device (see kc_shim_tree_fingerprint). *out is malloc'd
- * (the caller frees it). Returns 0, -ENOMEM, or -errno from fingerprinting an include
- * directory. */
+/* Render the kernel.flags the shim stages: "# kcachefs-nvcc: <compiler>\n" (the mount's
+ * compiler identity, no path), then "# include-root <digest> <dir>\n" for every include
+ * directory (tree.h: the digest of its bytes, which replaces its path in the key, key.h),
+ * then "--kcachefs-compiler=nvcc" (the shim stands for nvcc), then one argument per line
+ * (the -I paths stay: the compile needs them); avoid is the mount's device and memo (may
+ * be NULL) the file digests remembered (see kc_tree_digest). *out is malloc'd (the caller frees it). Returns 0, -ENOMEM, or
+ * kc_tree_digest's -errno for an include directory. */
 int kc_shim_flags_file(const struct kc_shim_call *call, const char *compiler, dev_t avoid,
-		       char **out, size_t *out_len);
+		       struct kc_tree_memo *memo, char **out, size_t *out_len);
 
 /* The entry the shim stages into: KC_SHIM_DIR/KC_SHIM_ENTRY_PREFIX<key>. The name does not
  * depend on the caller's file name, so one source compiles once whatever it is called. */

@@ -24,6 +24,22 @@ def pytest_configure(config):
         "run (-m 'not heavy') to keep the suite's time down")
 
 
+@pytest.fixture(autouse=True, scope="session")
+def shim_memo_in_a_temp_dir():
+    """The nvcc shim remembers file digests in $XDG_CACHE_HOME/kcachefs-nvcc (src/tree.h):
+    the suite's shims (and the DeepGEMM clients that run them) keep theirs in a temp dir of
+    the session, removed at its end, not in the home directory."""
+    d = tempfile.mkdtemp(prefix="kcachefs-xdg-")
+    old = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = d
+    yield d
+    if old is None:
+        del os.environ["XDG_CACHE_HOME"]
+    else:
+        os.environ["XDG_CACHE_HOME"] = old
+    shutil.rmtree(d, ignore_errors=True)
+
+
 @pytest.fixture(autouse=True)
 def tmp_path_open_to_compiles(tmp_path):
     """A test's wrapper compilers, and the files they keep, live in its tmp_path, which

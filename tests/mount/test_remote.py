@@ -197,12 +197,13 @@ def test_cluster_compiles_each_kernel_once(cluster):
     assert total(nodes, "compiles_total") == KERNELS
     assert total(nodes, "remote_hits_total") == 3 * KERNELS
     assert total(nodes, "remote_misses_total") == KERNELS
-    assert total(nodes, "remote_puts_total") == 2 * KERNELS  # a cubin and an index each
+    # a cubin and an index each, and the one header list every kernel's compile read
+    assert total(nodes, "remote_puts_total") == 2 * KERNELS + 1
     assert total(nodes, "remote_rejected_total") == 0
     assert total(nodes, "remote_get_errors_total") == 0
     assert all(m.stats()["remote_up"] == 1 for m in nodes)
     assert len(cluster.objects(b"cubin")) == KERNELS
-    assert len(cluster.objects(b"index")) == KERNELS
+    assert len(cluster.objects(b"index")) == KERNELS + 1
     # a hit's kernel.log says where it came from
     logs = [(p.parent / "kernel.log").read_text() for m in nodes for p in stage_all(cluster, m)]
     assert sum("from the cluster store" in l for l in logs) == 3 * KERNELS
@@ -459,7 +460,10 @@ def test_real_nvcc_shares_with_its_header_manifest(mount_factory, tmp_path, coun
     assert b.stats()["remote_hits_total"] == 1
     index = [p.read_bytes() for p in (tmp_path / "store" / "objects").glob("*/*")
              if p.read_bytes()[19:25] == b"index "]
-    assert len(index) == 1 and b"/kc_test/scale.cuh\n" in index[0]
+    # the index (its compact manifest names the header list) and the header list
+    assert len(index) == 2 and sum(b" @headers\n" in i for i in index) == 1
+    index = [i for i in index if b" @headers\n" not in i]
+    assert b"/kc_test/scale.cuh\n" in index[0]
     assert b"cuda_runtime" not in index[0], "a toolkit header in the manifest"
 
 
@@ -489,8 +493,8 @@ def test_real_nvcc_manifest_has_nested_headers(mount_factory, tmp_path, counting
         assert time.monotonic() < deadline, a.daemon_log()
         time.sleep(0.05)
     index = [p.read_bytes() for p in (tmp_path / "store" / "objects").glob("*/*")
-             if p.read_bytes()[19:25] == b"index "]
-    assert len(index) == 1 and b"/kc_nest/inner.cuh\n" in index[0], index
+             if p.read_bytes()[19:25] == b"index " and b" @headers\n" not in p.read_bytes()]
+    assert len(index) == 1 and b"/kc_nest/inner.cuh\n" in index[0], index  # the header list
     inner.write_text("#pragma once\n#define KC_INNER 3\n")  # b's copy of it differs
     rb = read_result(b.stage("k", src, flags) / "kernel.cubin")
     assert rb[0] == "ok" and rb != ra
@@ -532,7 +536,8 @@ def test_opener_answered_before_the_cluster_put(cluster):
     s = b.stats()
     assert s["remote_hits_total"] == 1 and s["compiles_total"] == 0, s
     assert len(cluster.compiles()) == 1
-    assert len(cluster.objects(b"cubin")) == 1 and len(cluster.objects(b"index")) == 1
+    # the index and the header list it names
+    assert len(cluster.objects(b"cubin")) == 1 and len(cluster.objects(b"index")) == 2
     log = a.daemon_log()
     assert log.index(": published (ok)") < log.index(" stored ("), log
 
@@ -785,3 +790,41 @@ def waiter_lag(cluster, kernels=3, after_s=2.6, bound_s=0.5):
 
 def test_waiter_is_told_not_polled(cluster):
     waiter_lag(cluster)
+
+
+def test_nodes_of_two_images_alternating_each_compile_once(cluster):
+    """Issue 22: an index lists several manifests (one per image whose nodes compiled the
+    kernel), so nodes of two images that take turns each fetch their own image's cubins:
+    each image compiles each kernel once. Past KC_MANIFEST_PER_KEY (4) images the oldest
+    is dropped first."""
+    def image(n):  # the header of image n, as its nodes have it
+        cluster.header.write_text("#define KC_CLUSTER %d\n" % n)
+
+    def settled(node):  # every compile of node's is stored (a node whose headers are not
+        # the index's compiles without a lease: shared() cannot see its put)
+        until(lambda: node.daemon_log().count(" stored (") >= node.stats()["compiles_total"],
+              node.daemon_log)
+
+    kernels = range(3)
+    got = {}
+    for turn, n in enumerate([1, 2, 1, 2, 1]):
+        image(n)
+        node = cluster.node("img%d-%d" % (n, turn))
+        res = {p.parent.name: read_result(p) for p in stage_all(cluster, node, kernels)}
+        assert got.setdefault(n, res) == res, "image %d got another image's cubins" % n
+        settled(node)
+        if turn >= 2:
+            assert node.stats()["remote_hits_total"] == len(kernels), node.daemon_log()
+    assert len(cluster.compiles()) == 2 * len(kernels)
+    assert got[1] != got[2]
+    for n in (3, 4, 5):  # three more images: image 1's manifest is now the oldest of five
+        image(n)
+        node = cluster.node("img%d" % n)
+        assert all(read_result(p)[0] == "ok" for p in stage_all(cluster, node, kernels))
+        settled(node)
+    assert len(cluster.compiles()) == 5 * len(kernels)
+    for n, hits in ((2, len(kernels)), (1, 0)):
+        image(n)
+        node = cluster.node("again%d" % n)
+        assert all(read_result(p)[0] == "ok" for p in stage_all(cluster, node, kernels))
+        assert node.stats()["remote_hits_total"] == hits, node.daemon_log()

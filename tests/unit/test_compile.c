@@ -268,7 +268,7 @@ static void test_nvcc(const char *cubin_copy)
 		      faccessat(r.scratch_fd, "kernel.cubin", F_OK, 0) != 0,
 	      "the dependency pass writes no cubin");
 	CHECK(kc_manifest_toolkit_root(NVCC, NULL, root, sizeof(root)) == 0 && r.out.deps &&
-		      kc_manifest_from_deps(r.out.deps, r.out.deps_len, KC_COMPILE_CWD, root, &m,
+		      kc_manifest_from_deps(r.out.deps, r.out.deps_len, KC_COMPILE_CWD, root, NULL, 0, &m,
 					    &ml, why, sizeof(why)) == 0 &&
 		      memmem(m, ml, "/kc_test/scale.cuh\n", 19) && !memmem(m, ml, "cuda_fp16", 9) &&
 		      !memmem(m, ml, "kernel.cu", 9),

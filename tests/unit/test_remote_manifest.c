@@ -86,7 +86,7 @@ int main(void)
 		 "/proc/self/cwd/kernel.cubin : /proc/self/cwd/kernel.cu \\\n"
 		 "    %s/inc/b\\ c\\#.h %s/tk/bin/../t.h \\\n"
 		 "    %s/inc/a.h %s/inc/a.h\n\n%s/inc/a.h:\n", root, root, root, root, root);
-	int err = kc_manifest_from_deps(deps, strlen(deps), "/proc/self/cwd", tk, &m, &ml, why,
+	int err = kc_manifest_from_deps(deps, strlen(deps), "/proc/self/cwd", tk, NULL, 0, &m, &ml, why,
 					sizeof(why));
 	snprintf(want, sizeof(want), "%s %s/inc/a.h\n%s %s/inc/b c#.h\n", ha, root, hb, root);
 	CHECK(err == 0 && ml == strlen(want) && memcmp(m, want, ml) == 0,
@@ -98,6 +98,40 @@ int main(void)
 	CHECK(kc_manifest_rehash(m, ml, &m2, &ml2, why, sizeof(why)) == 0 && ml2 == ml &&
 		      memcmp(m, m2, ml) == 0, "rehash on the same files: the same manifest");
 	free(m2);
+	char rflags[1200];
+	snprintf(rflags, sizeof(rflags), "# include-root %064d %s/inc/\n-I%s/inc/\n", 0, root, root);
+	CHECK(kc_manifest_from_deps(deps, strlen(deps), "/proc/self/cwd", tk, rflags,
+				    strlen(rflags), &m2, &ml2, why, sizeof(why)) == 0 && ml2 == 0,
+	      "manifest: headers under an include root named by content are left out");
+	free(m2);
+	char compact[KC_MANIFEST_COMPACT_MAX], hx[KC_SHA256_HEXLEN + 1], hm[KC_SHA256_HEXLEN + 1];
+	size_t cl = 0;
+	CHECK(kc_manifest_compact(m, ml, compact, &cl) == 0 &&
+		      kc_manifest_compact_list(compact, cl, hx) == 1 &&
+		      kc_sha256_buf(m, ml, hm) == 0 && strcmp(hx, hm) == 0 && cl < 80 &&
+		      kc_object_manifest_check(compact, cl, why, sizeof(why)) == 0,
+	      "compact manifest: one line naming the full list by its digest");
+	CHECK(kc_manifest_compact("", 0, compact, &cl) == 0 && cl == KC_MANIFEST_LINE_LEN &&
+		      kc_manifest_compact_list(compact, cl, hx) == 1 &&
+		      strcmp(hx, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855") == 0,
+	      "compact manifest: no headers, the digest of the empty list");
+	CHECK(kc_manifest_compact_list("", 0, hx) == 0, "compact manifest: \"\" names no list");
+	CHECK(kc_manifest_compact_list(m, ml, hx) == -EBADMSG,
+	      "compact manifest: a full list is not a compact one");
+	snprintf(want, sizeof(want), "%s @headers\n%s @headers\n", ha, hb);
+	CHECK(kc_object_manifest_check(want, strlen(want), why, sizeof(why)) == 0,
+	      "manifest check: an index lists several compact manifests");
+	snprintf(want, sizeof(want), "%s @headers\n%s @headers\n", ha, ha);
+	CHECK(kc_object_manifest_check(want, strlen(want), why, sizeof(why)) == -EBADMSG,
+	      "manifest check: one compact manifest twice is refused");
+	snprintf(want, sizeof(want), "%s @headers\n%s /x.h\n", ha, hb);
+	CHECK(kc_object_manifest_check(want, strlen(want), why, sizeof(why)) == -EBADMSG,
+	      "manifest check: compact and full lines do not mix");
+	want[0] = '\0';
+	for (int i = 0; i <= KC_MANIFEST_PER_KEY; i++)
+		snprintf(want + strlen(want), sizeof(want) - strlen(want), "%063x%d @headers\n", 0, i);
+	CHECK(kc_object_manifest_check(want, strlen(want), why, sizeof(why)) == -EBADMSG,
+	      "manifest check: at most KC_MANIFEST_PER_KEY manifests per index");
 
 	/* the memo: once the headers' change time is behind the clock, a rehash reads none */
 	uint64_t hits0, misses0, hits1, misses1;
@@ -140,24 +174,24 @@ int main(void)
 	unlink(d);
 	CHECK(kc_manifest_rehash(m, ml, &m2, &ml2, why, sizeof(why)) == -ENOENT,
 	      "a missing header: -ENOENT");
-	CHECK(kc_manifest_from_deps(deps, strlen(deps), "/proc/self/cwd", tk, &m2, &ml2, why,
+	CHECK(kc_manifest_from_deps(deps, strlen(deps), "/proc/self/cwd", tk, NULL, 0, &m2, &ml2, why,
 				    sizeof(why)) == -ENOENT, "a compile's header gone: not shared");
 	free(m);
 
 	const char *none = "/proc/self/cwd/kernel.cubin: /proc/self/cwd/kernel.cu\n";
-	CHECK(kc_manifest_from_deps(none, strlen(none), "/proc/self/cwd", tk, &m, &ml, why,
+	CHECK(kc_manifest_from_deps(none, strlen(none), "/proc/self/cwd", tk, NULL, 0, &m, &ml, why,
 				    sizeof(why)) == 0 && ml == 0, "no header: an empty manifest");
 	free(m);
 	const char *rel = "k.cubin: k.cu inc/x.h\n";
-	CHECK(kc_manifest_from_deps(rel, strlen(rel), NULL, NULL, &m, &ml, why, sizeof(why)) ==
+	CHECK(kc_manifest_from_deps(rel, strlen(rel), NULL, NULL, NULL, 0, &m, &ml, why, sizeof(why)) ==
 		      -EINVAL, "a relative dependency refused");
-	CHECK(kc_manifest_from_deps("garbage", 7, NULL, NULL, &m, &ml, why, sizeof(why)) ==
+	CHECK(kc_manifest_from_deps("garbage", 7, NULL, NULL, NULL, 0, &m, &ml, why, sizeof(why)) ==
 		      -EINVAL, "no rule refused");
 	snprintf(deps, sizeof(deps), "x: /dev/zero\n");
-	CHECK(kc_manifest_from_deps(deps, strlen(deps), NULL, NULL, &m, &ml, why, sizeof(why)) ==
+	CHECK(kc_manifest_from_deps(deps, strlen(deps), NULL, NULL, NULL, 0, &m, &ml, why, sizeof(why)) ==
 		      -EACCES, "a device is not hashed");
 	snprintf(deps, sizeof(deps), "x: /proc/self/cmdline\n");
-	CHECK(kc_manifest_from_deps(deps, strlen(deps), NULL, NULL, &m, &ml, why, sizeof(why)) ==
+	CHECK(kc_manifest_from_deps(deps, strlen(deps), NULL, NULL, NULL, 0, &m, &ml, why, sizeof(why)) ==
 		      -EACCES, "a file of /proc (regular, readable by all) is not hashed");
 
 	char cmd[128];

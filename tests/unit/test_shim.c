@@ -15,6 +15,7 @@
 #include "key.h"
 #include "name.h"
 #include "shim.h"
+#include "tree.h"
 #include "stats.h"
 #include "tap.h"
 
@@ -163,39 +164,107 @@ static void test_fingerprint_and_flags_file(void)
 	put("inc/a.h", "int a;\n");
 	put("inc/sub/b.h", "int b;\n");
 	snprintf(path, sizeof(path), "%s/inc", tmpdir);
-	CHECK(kc_shim_tree_fingerprint(path, (dev_t)-1, a) == 0 && strlen(a) == 64, "fingerprint: computed");
-	CHECK(kc_shim_tree_fingerprint(path, (dev_t)-1, b) == 0 && strcmp(a, b) == 0,
-	      "fingerprint: the same tree gives the same value");
+	CHECK(kc_tree_digest(path, (dev_t)-1, NULL, a) == 0 && strlen(a) == 64, "tree digest: computed");
+	CHECK(kc_tree_digest(path, (dev_t)-1, NULL, b) == 0 && strcmp(a, b) == 0,
+	      "tree digest: the same tree gives the same value");
 	struct timeval tv[2] = {{1000, 0}, {1000, 0}};
 	char file[600];
 	snprintf(file, sizeof(file), "%s/inc/sub/b.h", tmpdir);
 	utimes(file, tv);
-	CHECK(kc_shim_tree_fingerprint(path, (dev_t)-1, b) == 0 && strcmp(a, b) != 0,
-	      "fingerprint: a header with another mtime changes it");
-	memcpy(a, b, sizeof(a));
-	put("inc/sub/b.h", "int bb;\n");
+	CHECK(kc_tree_digest(path, (dev_t)-1, NULL, b) == 0 && strcmp(a, b) == 0,
+	      "tree digest: a header with another mtime (same bytes) keeps it");
+	put("inc/sub/b.h", "int c;\n");
 	utimes(file, tv);
-	CHECK(kc_shim_tree_fingerprint(path, (dev_t)-1, b) == 0 && strcmp(a, b) != 0,
-	      "fingerprint: a header with another size changes it");
+	CHECK(kc_tree_digest(path, (dev_t)-1, NULL, b) == 0 && strcmp(a, b) != 0,
+	      "tree digest: a header edited with its size and mtime kept changes it");
 	memcpy(a, b, sizeof(a));
+	/* the same bytes at another prefix, written at another time */
+	char other[600], otherf[700];
+	snprintf(other, sizeof(other), "%s/copy", tmpdir);
+	mkdir(other, 0755);
+	snprintf(other, sizeof(other), "%s/copy/inc", tmpdir);
+	mkdir(other, 0755);
+	snprintf(otherf, sizeof(otherf), "%s/sub", other);
+	mkdir(otherf, 0755);
+	put("copy/inc/a.h", "int a;\n");
+	put("copy/inc/sub/b.h", "int c;\n");
+	CHECK(kc_tree_digest(other, (dev_t)-1, NULL, b) == 0 && strcmp(a, b) == 0,
+	      "tree digest: the same bytes at another path give the same value");
+	put("copy/inc/sub/b.h", "int d;\n");
+	CHECK(kc_tree_digest(other, (dev_t)-1, NULL, b) == 0 && strcmp(a, b) != 0,
+	      "tree digest: one byte differs, another value");
+	put("copy/inc/sub/b.h", "int c;\n");
+	snprintf(otherf, sizeof(otherf), "%s/sub/b.h", other);
+	char moved[700];
+	snprintf(moved, sizeof(moved), "%s/b.h", other);
+	rename(otherf, moved);
+	CHECK(kc_tree_digest(other, (dev_t)-1, NULL, b) == 0 && strcmp(a, b) != 0,
+	      "tree digest: the same bytes under another relative name, another value");
+	unlink(moved);
+	snprintf(otherf, sizeof(otherf), "%s/sub", other);
+	rmdir(otherf);
+	snprintf(moved, sizeof(moved), "%s/a.h", other);
+	unlink(moved);
+	rmdir(other);
+	snprintf(other, sizeof(other), "%s/copy", tmpdir);
+	rmdir(other);
 	put("inc/c.h", "");
-	CHECK(kc_shim_tree_fingerprint(path, (dev_t)-1, b) == 0 && strcmp(a, b) != 0,
-	      "fingerprint: a new header changes it");
-	CHECK(kc_shim_tree_fingerprint("/no/such/dir", (dev_t)-1, b) == -ENOENT,
-	      "fingerprint: a missing directory is -ENOENT");
+	CHECK(kc_tree_digest(path, (dev_t)-1, NULL, b) == 0 && strcmp(a, b) != 0,
+	      "tree digest: a new header changes it");
+	CHECK(kc_tree_digest(path, (dev_t)-1, NULL, a) == 0, "tree digest: taken again");
+	CHECK(kc_tree_digest("/no/such/dir", (dev_t)-1, NULL, b) == -ENOENT,
+	      "tree digest: a missing directory is -ENOENT");
 	struct stat dst;
 	stat(path, &dst);
-	CHECK(kc_shim_tree_fingerprint(path, dst.st_dev, b) == -EXDEV,
-	      "fingerprint: a tree on the avoided device (the mount) is -EXDEV");
+	CHECK(kc_tree_digest(path, dst.st_dev, NULL, b) == -EXDEV,
+	      "tree digest: a tree on the avoided device (the mount) is -EXDEV");
 	char link[600];
 	snprintf(link, sizeof(link), "%s/inc/dangling", tmpdir);
-	CHECK(symlink("/no/such/target", link) == 0 &&
-		      kc_shim_tree_fingerprint(path, (dev_t)-1, b) == 0,
-	      "fingerprint: a dangling link is skipped");
+	CHECK(symlink("/no/such/target", link) == 0 && kc_tree_digest(path, (dev_t)-1, NULL, b) == 0 &&
+		      strcmp(a, b) == 0,
+	      "tree digest: a dangling link is skipped");
 	snprintf(link, sizeof(link), "%s/inc/self", tmpdir);
-	CHECK(symlink("self", link) == 0 && kc_shim_tree_fingerprint(path, (dev_t)-1, b) == -ELOOP,
-	      "fingerprint: a link to itself is -ELOOP (the call goes to nvcc)");
+	CHECK(symlink("self", link) == 0 && kc_tree_digest(path, (dev_t)-1, NULL, b) == -ELOOP,
+	      "tree digest: a link to itself is -ELOOP (the call goes to nvcc)");
 	unlink(link);
+
+	/* the memo of file digests between calls: stat'ed, not read; an edit that keeps size
+	 * and mtime changes ctime and is read again */
+	char memo_path[600], ma[KC_SHA256_HEXLEN + 1], mb[KC_SHA256_HEXLEN + 1];
+	size_t hits = 0, misses = 0;
+	snprintf(memo_path, sizeof(memo_path), "%s/cache/tree-memo", tmpdir);
+	usleep(50000); /* the tree's ctimes behind the clock: memoizable */
+	struct kc_tree_memo *memo = kc_tree_memo_load(memo_path);
+	CHECK(memo && kc_tree_digest(path, (dev_t)-1, memo, ma) == 0 && strcmp(ma, a) == 0 &&
+		      kc_tree_memo_save(memo) == 0,
+	      "memo: the digest through an empty memo is the tree's; saved (its directory made)");
+	kc_tree_memo_counts(memo, &hits, &misses);
+	CHECK(hits == 0 && misses == 3, "memo: every file read the first time");
+	kc_tree_memo_free(memo);
+	memo = kc_tree_memo_load(memo_path);
+	CHECK(memo && kc_tree_digest(path, (dev_t)-1, memo, mb) == 0 && strcmp(mb, a) == 0,
+	      "memo: loaded again, the same digest");
+	kc_tree_memo_counts(memo, &hits, &misses);
+	CHECK(hits == 3 && misses == 0, "memo: no file read the second time");
+	kc_tree_memo_free(memo);
+	struct stat est;
+	stat(file, &est);
+	put("inc/sub/b.h", "int x;\n"); /* same size as "int c;\n" */
+	struct timespec keep[2] = {est.st_atim, est.st_mtim};
+	utimensat(AT_FDCWD, file, keep, 0);
+	memo = kc_tree_memo_load(memo_path);
+	CHECK(memo && kc_tree_digest(path, (dev_t)-1, memo, mb) == 0 && strcmp(mb, a) != 0,
+	      "memo: an edit with size and mtime kept is read again (its ctime moved)");
+	kc_tree_memo_counts(memo, &hits, &misses);
+	CHECK(hits == 2 && misses == 1, "memo: only the edited file read");
+	kc_tree_memo_free(memo);
+	put("inc/sub/b.h", "int c;\n");
+	chmod(memo_path, 0666);
+	memo = kc_tree_memo_load(memo_path);
+	CHECK(memo && kc_tree_digest(path, (dev_t)-1, memo, mb) == 0, "memo: writable by others");
+	kc_tree_memo_counts(memo, &hits, &misses);
+	CHECK(hits == 0 && misses == 3, "memo: a memo file others can write is not trusted");
+	kc_tree_memo_free(memo);
 
 	struct kc_shim_call c;
 	char line[700];
@@ -203,13 +272,13 @@ static void test_fingerprint_and_flags_file(void)
 	char *flags = NULL;
 	size_t len = 0;
 	CHECK(parse(line, &c) == 1 &&
-		      kc_shim_flags_file(&c, "release 13.0, V13.0.88", (dev_t)-1, &flags, &len) == 0,
+		      kc_shim_flags_file(&c, "release 13.0, V13.0.88", (dev_t)-1, NULL, &flags, &len) == 0,
 	      "flags file: rendered");
-	kc_shim_tree_fingerprint(path, (dev_t)-1, a);
+	kc_tree_digest(path, (dev_t)-1, NULL, a);
 	char want[1024];
 	snprintf(want, sizeof(want),
-		 "# kcachefs-nvcc: release 13.0, V13.0.88\n# include-tree %s/inc %s\n"
-		 "--kcachefs-compiler=nvcc\n-O3\n-I%s/inc\n-arch=sm_90a\n", tmpdir, a, tmpdir);
+		 "# kcachefs-nvcc: release 13.0, V13.0.88\n# include-root %s %s/inc\n"
+		 "--kcachefs-compiler=nvcc\n-O3\n-I%s/inc\n-arch=sm_90a\n", a, tmpdir, tmpdir);
 	CHECK(flags && len == strlen(want) && memcmp(flags, want, len) == 0,
 	      "flags file: compiler line, include fingerprint, one argument per line");
 	struct kc_argv parsed = {0};
@@ -220,6 +289,54 @@ static void test_fingerprint_and_flags_file(void)
 	kc_argv_free(&parsed);
 
 	char k1[KC_SHA256_HEXLEN + 1], k2[KC_SHA256_HEXLEN + 1];
+	/* The key is a function of bytes: the same digest under another prefix is one key. */
+	char fa[2048], fb[1024], fl[1024], fm[1024];
+	snprintf(fa, sizeof(fa), "# c\n# include-root %s /a/inc\n-O3\n-I/a/inc\n", a);
+	snprintf(fb, sizeof(fb), "# c\n# include-root %s /b/deep/inc\n-O3\n-I/b/deep/inc\n", a);
+	CHECK(kc_key_compute("src", 3, fa, strlen(fa), k1) == 0 &&
+		      kc_key_compute("src", 3, fb, strlen(fb), k2) == 0 && strcmp(k1, k2) == 0,
+	      "key: one include root's bytes at two prefixes, one key");
+	char *canon = NULL;
+	size_t canon_len = 0;
+	char cwant[512];
+	snprintf(cwant, sizeof(cwant), "# c\n# include-root %s\n-O3\n-I%s\n", a, a);
+	CHECK(kc_key_canonical(fb, strlen(fb), NULL, &canon, &canon_len) == 1 &&
+		      canon_len == strlen(cwant) && memcmp(canon, cwant, canon_len) == 0,
+	      "key: the canonical flags name the root by its digest, no path left");
+	free(canon);
+	canon = NULL;
+	CHECK(kc_key_canonical("-O3\n-I/a/inc\n", 13, NULL, &canon, &canon_len) == 0 && !canon,
+	      "key: flags without include roots are keyed as they are (v1)");
+	snprintf(fm, sizeof(fm), "# c\n# include-root %.63s0 /a/inc\n-O3\n-I/a/inc\n", a);
+	if (a[63] == '0')
+		fm[strlen("# c\n# include-root ") + 63] = '1';
+	CHECK(kc_key_compute("src", 3, fm, strlen(fm), k2) == 0 && strcmp(k1, k2) != 0,
+	      "key: another digest at the same path, another key");
+	snprintf(fl, sizeof(fl), "# c\n# include-root %s /a/inc\n-O3\n-lineinfo\n-I/a/inc\n", a);
+	snprintf(fm, sizeof(fm), "# c\n# include-root %s /b/inc\n-O3\n-lineinfo\n-I/b/inc\n", a);
+	CHECK(kc_key_compute("src", 3, fl, strlen(fl), k1) == 0 &&
+		      kc_key_compute("src", 3, fm, strlen(fm), k2) == 0 && strcmp(k1, k2) != 0,
+	      "key: with -lineinfo (paths in the cubin) the paths stay in the key");
+	snprintf(fm, sizeof(fm), "# c\n# include-root %s /b/inc\n-Xptxas=-v,-lineinfo\n-I/b/inc\n", a);
+	CHECK(kc_key_canonical(fm, strlen(fm), NULL, &canon, &canon_len) == 1 &&
+		      memmem(canon, canon_len, "/b/inc", 6) != NULL,
+	      "key: -lineinfo handed to ptxas keeps the paths too");
+	free(canon);
+	CHECK(kc_key_canonical(fa, strlen(fa), "-O3 -G", &canon, &canon_len) == 1 &&
+		      memmem(canon, canon_len, "/a/inc", 6) != NULL,
+	      "key: -G among the mount's flags keeps the paths in the recipe");
+	free(canon);
+	/* the daemon takes the digests again before compiling */
+	snprintf(fa, sizeof(fa), "# include-root %s %s\n-I%s\n", a, path, path);
+	CHECK(kc_tree_check_roots(fa, strlen(fa), why, sizeof(why)) == 0,
+	      "check roots: the tree holds the bytes its line names");
+	put("inc/c.h", "x");
+	CHECK(kc_tree_check_roots(fa, strlen(fa), why, sizeof(why)) == -ESTALE &&
+		      strstr(why, "changed since staged"),
+	      "check roots: an edited tree is -ESTALE, and the reason says so");
+	put("inc/c.h", "");
+	CHECK(kc_tree_check_roots("# include-root 00 /x\n", 21, why, sizeof(why)) == -EINVAL,
+	      "check roots: a malformed line is -EINVAL");
 	CHECK(kc_key_compute("src", 3, flags, len, k1) == 0 &&
 		      kc_key_compute("src", 3, flags, len, k2) == 0 && strcmp(k1, k2) == 0,
 	      "key: stable");
@@ -367,6 +484,45 @@ static void test_find_mount(void)
 	CHECK(kc_shim_find_mount(path) == NULL, "find_mount: .kcachefs/stats off FUSE is not a mount");
 }
 
+static void test_targets(void)
+{
+	static const struct {
+		const char *line, *want; /* want: the joined flags after, or NULL: -EINVAL */
+		const char *reason, *what;
+	} cases[] = {
+		{"k.cu -cubin -o k.cubin -gencode arch=compute_100a,code=sm_100a -O3",
+		 "--gpu-architecture=sm_100a|-O3", NULL, "targets: one -gencode pair, the exact target"},
+		{"k.cu -cubin -o k.cubin --generate-code=arch=compute_120f,code=[sm_120f]",
+		 "--gpu-architecture=sm_120f", NULL, "targets: --generate-code, code in brackets"},
+		{"k.cu -cubin -o k.cubin -arch=sm_120a", "-arch=sm_120a", NULL,
+		 "targets: -arch=sm_120a as given"},
+		{"k.cu -cubin -o k.cubin -gencode arch=compute_90a,code=sm_90a "
+		 "-gencode arch=compute_100a,code=sm_100a", NULL, "2 -gencode targets",
+		 "targets: several pairs go to nvcc"},
+		{"k.cu -cubin -o k.cubin -gencode arch=compute_100a,code=[sm_100a,compute_100a]", NULL,
+		 "PTX as well", "targets: a pair that asks for PTX goes to nvcc"},
+		{"k.cu -cubin -o k.cubin -gencode arch=compute_90,code=sm_90a", NULL,
+		 "another", "targets: another virtual architecture goes to nvcc"},
+		{"k.cu -cubin -o k.cubin -arch=sm_90a -gencode arch=compute_90a,code=sm_90a", NULL,
+		 "together with -arch", "targets: -gencode with -arch goes to nvcc"},
+		{"k.cu -cubin -o k.cubin -gencode sm_90a", NULL, "not of the form",
+		 "targets: a malformed value goes to nvcc"},
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		struct kc_shim_call c;
+		char why[256] = "";
+		int ok = parse(cases[i].line, &c) == 1;
+		int err = ok ? kc_shim_targets(&c, why, sizeof(why)) : -1;
+		if (cases[i].want)
+			ok = ok && err == 0 && strcmp(joined(&c), cases[i].want) == 0 &&
+			     kc_shim_check(&c, why, sizeof(why)) == 0;
+		else
+			ok = ok && err == -EINVAL && strstr(why, cases[i].reason);
+		CHECK(ok, cases[i].what);
+		kc_shim_call_free(&c);
+	}
+}
+
 int main(void)
 {
 	if (!mkdtemp(tmpdir)) {
@@ -375,6 +531,7 @@ int main(void)
 	}
 	test_parse();
 	test_check();
+	test_targets();
 	test_fingerprint_and_flags_file();
 	test_local_includes();
 	test_info_compiler();

@@ -1,0 +1,82 @@
+/* tree.h - the content digest of an include tree: what replaces an include directory's
+ * path in a key (key.h), so that the same headers installed at another prefix, at another
+ * time, or copied by another user give the same key, and one changed byte gives another.
+ *
+ * digest = lowercase hex SHA-256 over "kcachefs-tree-v1\n", then for every regular file
+ * under the directory (symbolic links followed, each directory once, dangling links
+ * skipped), sorted by its path relative to the directory: that path and the hex SHA-256 of
+ * its bytes, each as a kc_sha256_field. No mtime, size, owner or absolute path is in it.
+ *
+ * Used by the nvcc shim (it names the entry) and by the daemon, which takes the digest
+ * again before it compiles a recipe that names one (kc_tree_check_roots), so that an entry
+ * cannot claim the bytes of a tree it does not hold.
+ */
+#ifndef KC_TREE_H
+#define KC_TREE_H
+
+#include <stddef.h>
+#include <sys/types.h>
+
+#include "hash.h"
+
+#define KC_TREE_MAX_FILES 100000         /* files in one include tree, at most */
+#define KC_TREE_MAX_BYTES (2ull << 30)   /* bytes of one include tree hashed, at most */
+
+/* The line of kernel.flags that names an include root by content:
+ * "# include-root <digest> <dir>" (comment lines are not compiler arguments). */
+#define KC_TREE_ROOT_TAG "# include-root "
+
+/* Whether line (ll bytes, no newline) is a well-formed KC_TREE_ROOT_TAG line: 1 with
+ * pointers into it to its digest (KC_SHA256_HEXLEN bytes) and its dir (*dl bytes,
+ * absolute), else 0. */
+int kc_tree_root_line(const char *line, size_t ll, const char **digest, const char **dir,
+		      size_t *dl);
+
+/* A memo of file digests for kc_tree_digest, kept in a file between the shim's calls, so
+ * that a tree whose files did not change is stat'ed, not read. A file's digest is taken from
+ * it only when its device, inode, size, mtime and ctime are those it had when it was hashed:
+ * any write changes its ctime (also one that restores size and mtime, as rsync -t or touch
+ * -r do), and so does a rename or chmod; a file whose ctime was not yet behind the clock when
+ * it was hashed is not memoized (a second write in the same tick could keep every field).
+ * Mtimes only gate the memo; they never enter a digest. The file is trusted only when it is
+ * a regular file owned by the caller and writable by no one else (the daemon, which takes
+ * each digest again before compiling, keeps none). */
+struct kc_tree_memo;
+
+#define KC_TREE_MEMO_MAX 200000 /* files a memo file remembers */
+
+/* Load the memo file at path (missing, untrusted or malformed: an empty memo that will be
+ * saved there). Returns the memo (free with kc_tree_memo_free) or NULL when out of memory. */
+struct kc_tree_memo *kc_tree_memo_load(const char *path);
+
+/* Write the memo back when it learned something: a temporary in its directory (created
+ * mode 700) and a rename, so concurrent callers each leave a whole file (the last one's).
+ * Returns 0 or -errno (the memo is only an optimisation: callers may ignore it). */
+int kc_tree_memo_save(struct kc_tree_memo *m);
+
+/* How many file digests m gave (*hits) and how many files were read (*misses). */
+void kc_tree_memo_counts(const struct kc_tree_memo *m, size_t *hits, size_t *misses);
+
+void kc_tree_memo_free(struct kc_tree_memo *m);
+
+/* Digest of the tree under dir as above into hex, with memo (may be NULL) for the files'
+ * digests. Returns 0; -EXDEV when the walk reaches a
+ * file or directory on device avoid ((dev_t)-1: none) or the root of a kcachefs mount (a
+ * walk there would open, and so compile, its entries); -EACCES for a directory or file
+ * that cannot be read; -E2BIG past KC_TREE_MAX_FILES files or KC_TREE_MAX_BYTES bytes;
+ * other -errno from the walk (ELOOP for a link to itself, ENOENT for a missing dir);
+ * -ENOMEM. */
+int kc_tree_digest(const char *dir, dev_t avoid, struct kc_tree_memo *memo,
+		   char hex[KC_SHA256_HEXLEN + 1]);
+
+/* Nonzero if dir is the root of a kcachefs mount: a FUSE filesystem with a regular file
+ * ".kcachefs/stats". */
+int kc_tree_is_mount_root(const char *dir);
+
+/* For every KC_TREE_ROOT_TAG line of a kernel.flags text (flags, len bytes): take the
+ * digest of its directory again and compare. Returns 0 when all match (or there are none);
+ * -ESTALE when a tree no longer holds the bytes its line names, -EINVAL for a malformed
+ * line, or kc_tree_digest's error, with why saying which directory and why; -ENOMEM. */
+int kc_tree_check_roots(const char *flags, size_t len, char *why, size_t whylen);
+
+#endif
