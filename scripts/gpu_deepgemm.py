@@ -32,6 +32,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -130,6 +131,45 @@ def summary(name, results):
     return med, not errors and not bad
 
 
+def upgrade_when(m, after, out):
+    """Once m has compiled after kernels, run kcachefs -f --upgrade on its mount (the same
+    binary: a new process takes the mount) and wait for the old daemon to hand over."""
+    deadline = time.monotonic() + 300
+    while m.stats().get("compiles_total", 0) < after:
+        if time.monotonic() > deadline:
+            out["error"] = "node A compiled fewer than %d kernels in 300 s" % after
+            return
+        time.sleep(0.1)
+    out["old_pid"] = m.proc.pid
+    out["log"] = open(m.log_path, "ab")
+    t = time.monotonic()
+    out["new"] = subprocess.Popen([str(m.bin), "-f", "--upgrade", str(m.mnt)],
+                                  stdout=out["log"], stderr=subprocess.STDOUT)
+    try:
+        out["old_rc"] = m.proc.wait(timeout=300)
+    except subprocess.TimeoutExpired:
+        out["error"] = "the old daemon did not hand over in 300 s"
+    out["seconds"] = time.monotonic() - t
+    out["compiled_before"] = m.stats().get("compiles_total", 0)
+
+
+def report_upgrade(m, up):
+    """Print what the upgrade did; False if it failed."""
+    log = m.daemon_log()
+    new = up.get("new")
+    if up.get("error") or new is None or up.get("old_rc") != 0 or new.poll() is not None:
+        print("FAIL upgrade: %s (old daemon exit %s)\n%s" % (up.get("error", "the new daemon is not "
+              "serving"), up.get("old_rc"), log[-2000:]))
+        return False
+    answered = "?"
+    if "requests answered during the handover" in log:
+        answered = log.split("requests answered during the handover")[0].rsplit("(", 1)[1]
+    print("upgrade: pid %d handed the mount to pid %d in %.2f s (%s requests answered during the "
+          "handover) after %d of node A's compiles; the new daemon compiled the rest"
+          % (up["old_pid"], new.pid, up["seconds"], answered.strip(), up["compiled_before"]))
+    return True
+
+
 def install_copy(src, dst, new_mtimes):
     """A copy of the built deep_gemm package at dst/deep_gemm, readable by the compile uids."""
     dst.mkdir(parents=True)
@@ -158,6 +198,9 @@ def main():
     ap.add_argument("--expect-b-compiles", type=int, default=0)
     ap.add_argument("--timeout", type=int, default=400, help="seconds per round")
     ap.add_argument("--options", default="", help="more -o options for both daemons")
+    ap.add_argument("--upgrade-after", type=int, default=0, metavar="N",
+                    help="once node A has compiled N kernels, hand its mount to a new daemon "
+                    "(kcachefs --upgrade) while its ranks go on compiling the rest")
     ap.add_argument("--save-sources", help="copy the local round's kernel.cu files here (for "
                     "compiling DeepGEMM's kernels on a machine without a GPU)")
     args = ap.parse_args()
@@ -200,8 +243,17 @@ def main():
         key = share / "cluster.key"
         key.write_bytes(os.urandom(32))
         key.chmod(0o600)
-        opts = ["remote=dir:%s" % store, "remote_key=%s" % key] + [o for o in args.options.split(",") if o]
-        meds, stats = {}, {}
+        # The mounts' compiler: nvcc behind a wrapper that counts compiles (not --version nor
+        # the dependency pass), one file for both nodes, so that the two daemons of an
+        # upgraded node count as one, and both nodes have the same compiler identity.
+        mount_counter = share / "mount-compiles"
+        mount_counter.write_text("")
+        mount_counter.chmod(0o666)  # appended to by the compiles' own uids
+        mount_nvcc = kcmount.write_script(share / "nvcc-mount", 'case " $* " in *" -M "*) ;; '
+                                          '*-cubin*) echo x >>%s;; esac\nexec %s "$@"\n' % (mount_counter, nvcc))
+        opts = ["remote=dir:%s" % store, "remote_key=%s" % key, "nvcc=%s" % mount_nvcc] + \
+            [o for o in args.options.split(",") if o]
+        meds, stats, counted = {}, {}, 0
         for node, site in (("A", site_a), ("B", site_b)):
             root = share / ("node" + node + "-mount")
             root.mkdir()
@@ -211,8 +263,18 @@ def main():
             print("\n=== node %s: kcachefs on %s, dir: store, DG_JIT_NVCC_COMPILER=kcachefs-nvcc" % (node, m.mnt))
             env = dict(base, PYTHONPATH=str(site), DG_JIT_CACHE_DIR=str(m.mnt / "dg"),
                        DG_JIT_NVCC_COMPILER=str(kcmount.SHIM))
+            upgrade = {}
+            th = None
+            if node == "A" and args.upgrade_after:
+                th = threading.Thread(target=upgrade_when, args=(m, args.upgrade_after, upgrade))
+                th.start()
             meds[node], good = summary(node, run_round(node, share, env, args.ranks, args.kernels, args.timeout))
             ok &= good
+            if th:
+                th.join()
+                if upgrade.get("new") is not None:
+                    m.proc = upgrade["new"]  # the new daemon serves the mount now; stop() ends it
+                ok &= report_upgrade(m, upgrade)
             # The share follows the publish: before the next node starts, wait until every
             # compile's object and index are stored (two puts each) and no lease is held.
             deadline = time.monotonic() + 120
@@ -225,6 +287,9 @@ def main():
                     break
                 time.sleep(0.2)
             stats[node] = m.stats()
+            done = len(mount_counter.read_text().split())
+            stats[node]["compiles_total"] = done - counted  # both daemons of an upgraded node
+            counted = done
             m.stop()
             mounts.remove(m)
             s = stats[node]
