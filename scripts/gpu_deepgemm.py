@@ -198,6 +198,8 @@ def main():
     ap.add_argument("--expect-b-compiles", type=int, default=0)
     ap.add_argument("--timeout", type=int, default=400, help="seconds per round")
     ap.add_argument("--options", default="", help="more -o options for both daemons")
+    ap.add_argument("--no-local", action="store_true", help="skip the local-disk round "
+                    "(no baseline: for a run that checks something else, such as an upgrade)")
     ap.add_argument("--upgrade-after", type=int, default=0, metavar="N",
                     help="once node A has compiled N kernels, hand its mount to a new daemon "
                     "(kcachefs --upgrade) while its ranks go on compiling the rest")
@@ -226,12 +228,14 @@ def main():
         base = dict(os.environ, CUDA_HOME=str(nvcc.parents[1]))
         base.pop("DG_JIT_USE_NVRTC", None)
 
-        print("\n=== local: DeepGEMM's cache on local disk, real nvcc, no kcachefs")
-        env = dict(base, PYTHONPATH=str(site_a), DG_JIT_CACHE_DIR=str(share / "local-cache"),
-                   DG_JIT_NVCC_COMPILER=str(wrapper))
-        local_med, good = summary("local", run_round("local", share, env, args.ranks, args.kernels, args.timeout))
-        ok &= good
-        local_runs = len(counter.read_text().split()) if counter.exists() else 0
+        local_med, local_runs = float("nan"), 0
+        if not args.no_local:
+            print("\n=== local: DeepGEMM's cache on local disk, real nvcc, no kcachefs")
+            env = dict(base, PYTHONPATH=str(site_a), DG_JIT_CACHE_DIR=str(share / "local-cache"),
+                       DG_JIT_NVCC_COMPILER=str(wrapper))
+            local_med, good = summary("local", run_round("local", share, env, args.ranks, args.kernels, args.timeout))
+            ok &= good
+            local_runs = len(counter.read_text().split()) if counter.exists() else 0
         if args.save_sources:
             for cu in sorted((share / "local-cache" / "cache").glob("kernel.*/kernel.cu")):
                 Path(args.save_sources).mkdir(parents=True, exist_ok=True)
