@@ -118,38 +118,11 @@ static int memo_find(struct kc_tree_memo *m, const struct stat *st, char *hex)
 	return found;
 }
 
-/* The granularity of the filesystem clock that stamped ts, at most: the largest power of ten
- * (in ns) that divides its nanoseconds, 2 s when they are 0 (FAT's 2 s, ext4's 1 s with small
- * inodes). A fine stamp that happens to end in zeros only gets a wider margin. */
-static long long stamp_granule_ns(const struct timespec *ts)
+/* Remember hex for the file st describes. */
+static void memo_add(struct kc_tree_memo *m, const struct stat *st, const char *hex)
 {
-	if (ts->tv_nsec == 0)
-		return 2000000000ll;
-	long long g = 1;
-	for (long n = ts->tv_nsec; n % 10 == 0; n /= 10)
-		g *= 10;
-	return g;
-}
-
-/* Remember hex for the file as before (stat when it was opened) and after (when it was
- * read) describe it, unless it may change without a new stamp: it changed during the read
- * (before and after differ), or its ctime is less than one granule of its filesystem's clock
- * behind now (the coarse clock before the read: a write after the read, in the same granule,
- * could keep every field). */
-static void memo_add(struct kc_tree_memo *m, const struct stat *before,
-		     const struct stat *after, const struct timespec *now, const char *hex)
-{
-	if (before->st_dev != after->st_dev || before->st_ino != after->st_ino ||
-	    before->st_size != after->st_size || !same_ts(&before->st_mtim, &after->st_mtim) ||
-	    !same_ts(&before->st_ctim, &after->st_ctim))
-		return;
-	long long c = (long long)before->st_ctim.tv_sec * 1000000000ll + before->st_ctim.tv_nsec;
-	long long t = (long long)now->tv_sec * 1000000000ll + now->tv_nsec;
-	if (c + stamp_granule_ns(&before->st_ctim) > t)
-		return;
-	struct memo_rec rec = {.dev = before->st_dev, .ino = before->st_ino,
-			       .size = before->st_size, .mtim = before->st_mtim,
-			       .ctim = before->st_ctim};
+	struct memo_rec rec = {.dev = st->st_dev, .ino = st->st_ino, .size = st->st_size,
+			       .mtim = st->st_mtim, .ctim = st->st_ctim};
 	memcpy(rec.hex, hex, KC_SHA256_HEXLEN + 1);
 	pthread_mutex_lock(&m->lock);
 	memo_put_locked(m, &rec);
@@ -264,10 +237,10 @@ void kc_tree_memo_free(struct kc_tree_memo *m)
 	free(m);
 }
 
-/* Whether a filesystem's stamps can gate the memo: a local one whose ctime every write
+/* Whether a filesystem's stamps can gate a memo: a local one whose ctime every write
  * moves on this machine. Network filesystems are left out (another client's write shows in
  * a cached stat only later), and so is any filesystem not known here. */
-static int memo_fs_ok(int fd)
+static int local_fs(int fd)
 {
 	static const unsigned long local[] = {
 		0xEF53,     /* ext2/3/4 */
@@ -290,6 +263,33 @@ static int memo_fs_ok(int fd)
 	return 0;
 }
 
+/* The granularity of the filesystem clock that stamped ts, at most: the largest power of ten
+ * (in ns) that divides its nanoseconds, 2 s when they are 0 (FAT's 2 s, ext4's 1 s with small
+ * inodes). A fine stamp that happens to end in zeros only gets a wider margin. */
+static long long stamp_granule_ns(const struct timespec *ts)
+{
+	if (ts->tv_nsec == 0)
+		return 2000000000ll;
+	long long g = 1;
+	for (long n = ts->tv_nsec; n % 10 == 0; n /= 10)
+		g *= 10;
+	return g;
+}
+
+int kc_tree_memoizable(int fd, const struct stat *before, const struct timespec *now)
+{
+	struct stat after;
+	if (fstat(fd, &after) != 0 || before->st_dev != after.st_dev ||
+	    before->st_ino != after.st_ino || before->st_size != after.st_size ||
+	    !same_ts(&before->st_mtim, &after.st_mtim) || !same_ts(&before->st_ctim, &after.st_ctim))
+		return 0; /* changed while it was read */
+	long long c = (long long)before->st_ctim.tv_sec * 1000000000ll + before->st_ctim.tv_nsec;
+	long long t = (long long)now->tv_sec * 1000000000ll + now->tv_nsec;
+	if (c + stamp_granule_ns(&before->st_ctim) > t)
+		return 0; /* a write after the read, in the same granule, could keep every field */
+	return local_fs(fd);
+}
+
 /* One file of the tree: its path relative to the root and the digest of its bytes. */
 struct tree_file {
 	char *rel;
@@ -304,9 +304,6 @@ static __thread struct tree_walk {
 	dev_t avoid, root_dev;
 	uint64_t bytes;
 	struct kc_tree_memo *memo;
-	dev_t fs_dev;  /* the last device memo_fs_ok answered for, */
-	int fs_ok;     /* its answer, */
-	int fs_known;  /* and whether there is one */
 	int err;
 } *walk;
 
@@ -345,7 +342,7 @@ static int tree_visit(const char *path, const struct stat *st, int type, struct 
 	uint64_t size = (uint64_t)st->st_size;
 	if (!walk->memo || !memo_find(walk->memo, st, f->hex)) {
 		int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
-		struct stat fst, after;
+		struct stat fst;
 		struct timespec now;
 		if (fd < 0 || fstat(fd, &fst) != 0 || !S_ISREG(fst.st_mode) ||
 		    fst.st_dev == walk->avoid) {
@@ -360,13 +357,8 @@ static int tree_visit(const char *path, const struct stat *st, int type, struct 
 			pthread_mutex_lock(&walk->memo->lock);
 			walk->memo->misses++;
 			pthread_mutex_unlock(&walk->memo->lock);
-			if (!walk->fs_known || walk->fs_dev != fst.st_dev) {
-				walk->fs_ok = memo_fs_ok(fd);
-				walk->fs_dev = fst.st_dev;
-				walk->fs_known = 1;
-			}
-			if (walk->fs_ok && fstat(fd, &after) == 0 && size == (uint64_t)fst.st_size)
-				memo_add(walk->memo, &fst, &after, &now, f->hex);
+			if (size == (uint64_t)fst.st_size && kc_tree_memoizable(fd, &fst, &now))
+				memo_add(walk->memo, &fst, f->hex);
 		}
 		close(fd);
 		if (walk->err)

@@ -15,7 +15,9 @@
 #define KC_TREE_H
 
 #include <stddef.h>
+#include <sys/stat.h>
 #include <sys/types.h>
+#include <time.h>
 
 #include "hash.h"
 
@@ -51,6 +53,13 @@ struct kc_tree_memo;
 
 #define KC_TREE_MEMO_MAX 200000 /* files a memo file remembers */
 #define KC_TREE_MEMO_DAEMON 32768 /* files the daemon's memo remembers (its table: 8 MiB at most) */
+
+/* Whether a digest of the file open as fd may be remembered under the stamps before (its
+ * fstat before the read), now being the coarse real clock (CLOCK_REALTIME_COARSE) taken
+ * after that fstat and before the read: 1 when the file's fstat now is before, its ctime is
+ * at least one granule behind now, and it is on a known local filesystem, as the memo above
+ * says; else 0. Shared by every memo of file digests (also remote_manifest.c's). */
+int kc_tree_memoizable(int fd, const struct stat *before, const struct timespec *now);
 
 /* An empty memo in memory that remembers at most max_files files (past that it is emptied
  * and fills again). Returns it (free with kc_tree_memo_free) or NULL when out of memory. */
