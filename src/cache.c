@@ -162,6 +162,7 @@ int kc_cache_init(struct kc_cache *c, const struct kc_config *cfg, struct kc_sto
 	pthread_mutex_init(&c->holdoff_lock, NULL);
 	c->remote = remote;
 	kc_slots_init(&c->slots, cfg->jobs);
+	c->tree_memo = kc_tree_memo_new(KC_TREE_MEMO_DAEMON);
 	c->pool = kc_pool_create(cfg->jobs + (remote ? KC_REMOTE_WAITERS : 0));
 	if (!c->pool)
 		return -errno;
@@ -193,6 +194,8 @@ void kc_cache_shutdown(struct kc_cache *c)
 		free(h);
 	}
 	kc_flight_table_destroy(&c->flights);
+	kc_tree_memo_free(c->tree_memo);
+	c->tree_memo = NULL;
 }
 
 /* Remove entry/kernel.cubin if it is still the file st describes. */
@@ -617,7 +620,8 @@ static int run_compile(struct compile_job *j)
 	/* The include roots the recipe names by content must hold those bytes now: the key
 	 * (key.h) is theirs, whatever the path (a tree changed since it was staged fails
 	 * this compile as a transient one; a new stage names its new bytes). */
-	int roots = kc_tree_check_roots(j->recipe.flags, j->recipe.flags_len, why, sizeof(why));
+	int roots = kc_tree_check_roots(j->recipe.flags, j->recipe.flags_len, c->tree_memo, why,
+					 sizeof(why));
 	if (roots) {
 		memset(&out, 0, sizeof(out));
 		out.status = KC_COMPILE_TRANSIENT;

@@ -19,6 +19,7 @@
 #include "remote_tier.h"
 #include "stats.h"
 #include "store.h"
+#include "tree.h"
 
 #define KC_PENDING 1 /* lookup result: the waiter will be called */
 
@@ -41,6 +42,8 @@ struct kc_cache {
 	struct kc_remote_tier *remote; /* borrowed, may be NULL: the cluster store */
 	struct kc_nvrtc_pool *nvrtc;  /* warm NVRTC workers, or NULL (no NVRTC backend, or
 				       * -o nvrtc_idle=0) */
+	struct kc_tree_memo *tree_memo; /* file digests of the include roots checked before a
+					 * compile (tree.h), or NULL (out of memory: read all) */
 };
 
 /* Seconds after a compile failed for a passing cause (timeout, killed, out of space) during

@@ -110,16 +110,10 @@ static int memo_get(const char *path, const struct stat *st, char hex[KC_SHA256_
 	return hit;
 }
 
-/* Remember hex as the hash of path as st describes it, unless its change time is not yet
- * behind the clock (changed_before: the coarse real time taken after the fstat): a write
- * in the same clock tick could keep every stat field and change the bytes. */
-static void memo_put(const char *path, const struct stat *st, const struct timespec *changed_before,
-		     const char hex[KC_SHA256_HEXLEN + 1])
+/* Remember hex as the hash of path as st describes it (the caller checked with
+ * kc_tree_memoizable that those stamps cannot hide a change). */
+static void memo_put(const char *path, const struct stat *st, const char hex[KC_SHA256_HEXLEN + 1])
 {
-	if (st->st_ctim.tv_sec > changed_before->tv_sec ||
-	    (st->st_ctim.tv_sec == changed_before->tv_sec &&
-	     st->st_ctim.tv_nsec >= changed_before->tv_nsec))
-		return;
 	char *copy = strdup(path);
 	if (!copy)
 		return;
@@ -169,7 +163,8 @@ static int hash_header(const char *path, char hex[KC_SHA256_HEXLEN + 1], uint64_
 			struct timespec changed_before;
 			clock_gettime(CLOCK_REALTIME_COARSE, &changed_before);
 			if (!err && !(err = kc_sha256_fd(fd, hex, NULL)))
-				memo_put(path, &st, &changed_before, hex);
+				if (kc_tree_memoizable(fd, &st, &changed_before))
+					memo_put(path, &st, hex);
 			if (fd >= 0)
 				close(fd);
 		}

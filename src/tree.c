@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <ftw.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,7 +29,7 @@ int kc_tree_is_mount_root(const char *dir)
 	       S_ISREG(st.st_mode);
 }
 
-/* One remembered digest: the file as it was when hashed. */
+/* One remembered digest: the file as it was when hashed (hex[0] == '\0': a free slot). */
 struct memo_rec {
 	dev_t dev;
 	ino_t ino;
@@ -37,21 +38,33 @@ struct memo_rec {
 	char hex[KC_SHA256_HEXLEN + 1];
 };
 
+/* An open-addressing hash table keyed by (dev, ino), linear probing, at most half full. */
 struct kc_tree_memo {
-	char *path;
-	struct memo_rec *old; /* loaded, sorted by (dev, ino) */
-	size_t n_old;
-	struct memo_rec *add; /* learned in this process */
-	size_t n_add, cap_add;
+	char *path; /* the shim's memo file, or NULL: in memory only */
+	pthread_mutex_t lock;
+	struct memo_rec *slots;
+	size_t cap, n, max; /* cap: a power of two, or 0 */
+	size_t learned;     /* records put since load */
 	size_t hits, misses;
 };
 
-static int rec_cmp(const void *a, const void *b)
+static size_t rec_hash(dev_t dev, ino_t ino, size_t cap)
 {
-	const struct memo_rec *x = a, *y = b;
-	if (x->dev != y->dev)
-		return x->dev < y->dev ? -1 : 1;
-	return x->ino < y->ino ? -1 : x->ino > y->ino;
+	uint64_t h = ((uint64_t)dev * 0x9E3779B97F4A7C15ull) ^ (uint64_t)ino;
+	h ^= h >> 33;
+	h *= 0xFF51AFD7ED558CCDull;
+	h ^= h >> 33;
+	return (size_t)h & (cap - 1);
+}
+
+/* The slot of (dev, ino) in m, or the free slot where it would go; m->cap > 0. */
+static struct memo_rec *rec_slot(struct kc_tree_memo *m, dev_t dev, ino_t ino)
+{
+	for (size_t i = rec_hash(dev, ino, m->cap);; i = (i + 1) & (m->cap - 1)) {
+		struct memo_rec *r = &m->slots[i];
+		if (!r->hex[0] || (r->dev == dev && r->ino == ino))
+			return r;
+	}
 }
 
 static int same_ts(const struct timespec *a, const struct timespec *b)
@@ -59,47 +72,78 @@ static int same_ts(const struct timespec *a, const struct timespec *b)
 	return a->tv_sec == b->tv_sec && a->tv_nsec == b->tv_nsec;
 }
 
+/* Put rec into m (lock held): replaces the record of its file; a memo at its bound is
+ * emptied first (the digests are only an optimisation: they are taken again). */
+static void memo_put_locked(struct kc_tree_memo *m, const struct memo_rec *rec)
+{
+	struct memo_rec *r = m->cap ? rec_slot(m, rec->dev, rec->ino) : NULL;
+	if (!r || !r->hex[0]) {
+		if (m->n >= m->max) {
+			memset(m->slots, 0, m->cap * sizeof(*m->slots));
+			m->n = 0;
+		}
+		if ((m->n + 1) * 2 > m->cap) {
+			size_t cap = m->cap ? m->cap * 2 : 1024;
+			struct memo_rec *s = calloc(cap, sizeof(*s)), *old = m->slots;
+			if (!s)
+				return;
+			size_t ocap = m->cap;
+			m->slots = s;
+			m->cap = cap;
+			for (size_t i = 0; i < ocap; i++)
+				if (old[i].hex[0])
+					*rec_slot(m, old[i].dev, old[i].ino) = old[i];
+			free(old);
+		}
+		r = rec_slot(m, rec->dev, rec->ino);
+		m->n++;
+	}
+	*r = *rec;
+	m->learned++;
+}
+
 /* The memoized digest of the file st describes into hex: 1, or 0 (not known as it is). */
 static int memo_find(struct kc_tree_memo *m, const struct stat *st, char *hex)
 {
-	struct memo_rec key = {.dev = st->st_dev, .ino = st->st_ino};
-	const struct memo_rec *r = m && m->n_old ? bsearch(&key, m->old, m->n_old, sizeof(key),
-							   rec_cmp)
-					       : NULL;
-	if (!r || r->size != st->st_size || !same_ts(&r->mtim, &st->st_mtim) ||
-	    !same_ts(&r->ctim, &st->st_ctim))
-		return 0;
-	memcpy(hex, r->hex, KC_SHA256_HEXLEN + 1);
-	return 1;
+	int found = 0;
+	pthread_mutex_lock(&m->lock);
+	const struct memo_rec *r = m->cap ? rec_slot(m, st->st_dev, st->st_ino) : NULL;
+	if (r && r->hex[0] && r->size == st->st_size && same_ts(&r->mtim, &st->st_mtim) &&
+	    same_ts(&r->ctim, &st->st_ctim)) {
+		memcpy(hex, r->hex, KC_SHA256_HEXLEN + 1);
+		found = 1;
+		m->hits++;
+	}
+	pthread_mutex_unlock(&m->lock);
+	return found;
 }
 
-/* Remember hex for the file st describes, unless its ctime is not behind changed_before. */
-static void memo_add(struct kc_tree_memo *m, const struct stat *st,
-		     const struct timespec *changed_before, const char *hex)
+/* Remember hex for the file st describes. */
+static void memo_add(struct kc_tree_memo *m, const struct stat *st, const char *hex)
 {
-	if (!m || st->st_ctim.tv_sec > changed_before->tv_sec ||
-	    (st->st_ctim.tv_sec == changed_before->tv_sec &&
-	     st->st_ctim.tv_nsec >= changed_before->tv_nsec))
-		return;
-	if (m->n_add == m->cap_add) {
-		size_t cap = m->cap_add ? m->cap_add * 2 : 256;
-		struct memo_rec *a = realloc(m->add, cap * sizeof(*a));
-		if (!a)
-			return;
-		m->add = a;
-		m->cap_add = cap;
-	}
-	struct memo_rec *r = &m->add[m->n_add++];
-	*r = (struct memo_rec){.dev = st->st_dev, .ino = st->st_ino, .size = st->st_size,
+	struct memo_rec rec = {.dev = st->st_dev, .ino = st->st_ino, .size = st->st_size,
 			       .mtim = st->st_mtim, .ctim = st->st_ctim};
-	memcpy(r->hex, hex, KC_SHA256_HEXLEN + 1);
+	memcpy(rec.hex, hex, KC_SHA256_HEXLEN + 1);
+	pthread_mutex_lock(&m->lock);
+	memo_put_locked(m, &rec);
+	pthread_mutex_unlock(&m->lock);
+}
+
+struct kc_tree_memo *kc_tree_memo_new(size_t max_files)
+{
+	struct kc_tree_memo *m = calloc(1, sizeof(*m));
+	if (!m)
+		return NULL;
+	m->max = max_files ? max_files : 1;
+	pthread_mutex_init(&m->lock, NULL);
+	return m;
 }
 
 struct kc_tree_memo *kc_tree_memo_load(const char *path)
 {
-	struct kc_tree_memo *m = calloc(1, sizeof(*m));
+	struct kc_tree_memo *m = kc_tree_memo_new(KC_TREE_MEMO_MAX);
 	if (!m || !(m->path = strdup(path))) {
-		free(m);
+		kc_tree_memo_free(m);
 		return NULL;
 	}
 	int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
@@ -113,43 +157,27 @@ struct kc_tree_memo *kc_tree_memo_load(const char *path)
 			close(fd);
 		return m;
 	}
-	size_t cap = 0;
 	unsigned long long dev, ino;
 	long long size, ms, mn, cs, cn;
 	char hex[KC_SHA256_HEXLEN + 2];
-	while (m->n_old < KC_TREE_MEMO_MAX &&
+	while (m->n < KC_TREE_MEMO_MAX &&
 	       fscanf(f, "%llu %llu %lld %lld %lld %lld %lld %65s\n", &dev, &ino, &size, &ms, &mn,
 		      &cs, &cn, hex) == 8) {
 		if (strlen(hex) != KC_SHA256_HEXLEN)
 			break;
-		if (m->n_old == cap) {
-			cap = cap ? cap * 2 : 1024;
-			struct memo_rec *o = realloc(m->old, cap * sizeof(*o));
-			if (!o)
-				break;
-			m->old = o;
-		}
-		struct memo_rec *r = &m->old[m->n_old++];
-		*r = (struct memo_rec){.dev = (dev_t)dev, .ino = (ino_t)ino, .size = (off_t)size,
-				       .mtim = {(time_t)ms, (long)mn}, .ctim = {(time_t)cs, (long)cn}};
-		memcpy(r->hex, hex, KC_SHA256_HEXLEN + 1);
+		struct memo_rec r = {.dev = (dev_t)dev, .ino = (ino_t)ino, .size = (off_t)size,
+				     .mtim = {(time_t)ms, (long)mn}, .ctim = {(time_t)cs, (long)cn}};
+		memcpy(r.hex, hex, KC_SHA256_HEXLEN + 1);
+		memo_put_locked(m, &r);
 	}
 	fclose(f);
-	if (m->n_old)
-		qsort(m->old, m->n_old, sizeof(*m->old), rec_cmp);
+	m->learned = 0;
 	return m;
-}
-
-static void memo_put_rec(FILE *f, const struct memo_rec *r)
-{
-	fprintf(f, "%llu %llu %lld %lld %ld %lld %ld %s\n", (unsigned long long)r->dev,
-		(unsigned long long)r->ino, (long long)r->size, (long long)r->mtim.tv_sec,
-		r->mtim.tv_nsec, (long long)r->ctim.tv_sec, r->ctim.tv_nsec, r->hex);
 }
 
 int kc_tree_memo_save(struct kc_tree_memo *m)
 {
-	if (!m || !m->n_add)
+	if (!m || !m->path || !m->learned)
 		return 0;
 	char dir[PATH_MAX], tmp[PATH_MAX + 16];
 	snprintf(dir, sizeof(dir), "%s", m->path);
@@ -170,15 +198,16 @@ int kc_tree_memo_save(struct kc_tree_memo *m)
 		unlink(tmp);
 		return err;
 	}
-	qsort(m->add, m->n_add, sizeof(*m->add), rec_cmp);
-	size_t kept = 0;
-	for (size_t i = 0; i < m->n_add; i++, kept++)
-		memo_put_rec(f, &m->add[i]);
-	for (size_t i = 0; i < m->n_old && kept < KC_TREE_MEMO_MAX; i++) /* not superseded */
-		if (!bsearch(&m->old[i], m->add, m->n_add, sizeof(*m->add), rec_cmp)) {
-			memo_put_rec(f, &m->old[i]);
-			kept++;
-		}
+	pthread_mutex_lock(&m->lock);
+	for (size_t i = 0; i < m->cap; i++) {
+		const struct memo_rec *r = &m->slots[i];
+		if (r->hex[0])
+			fprintf(f, "%llu %llu %lld %lld %ld %lld %ld %s\n",
+				(unsigned long long)r->dev, (unsigned long long)r->ino,
+				(long long)r->size, (long long)r->mtim.tv_sec, r->mtim.tv_nsec,
+				(long long)r->ctim.tv_sec, r->ctim.tv_nsec, r->hex);
+	}
+	pthread_mutex_unlock(&m->lock);
 	int err = fclose(f) != 0 ? -errno : 0;
 	if (!err && rename(tmp, m->path) != 0)
 		err = -errno;
@@ -187,20 +216,78 @@ int kc_tree_memo_save(struct kc_tree_memo *m)
 	return err;
 }
 
-void kc_tree_memo_counts(const struct kc_tree_memo *m, size_t *hits, size_t *misses)
+void kc_tree_memo_counts(struct kc_tree_memo *m, size_t *hits, size_t *misses)
 {
-	*hits = m ? m->hits : 0;
-	*misses = m ? m->misses : 0;
+	*hits = *misses = 0;
+	if (!m)
+		return;
+	pthread_mutex_lock(&m->lock);
+	*hits = m->hits;
+	*misses = m->misses;
+	pthread_mutex_unlock(&m->lock);
 }
 
 void kc_tree_memo_free(struct kc_tree_memo *m)
 {
 	if (!m)
 		return;
+	pthread_mutex_destroy(&m->lock);
 	free(m->path);
-	free(m->old);
-	free(m->add);
+	free(m->slots);
 	free(m);
+}
+
+/* Whether a filesystem's stamps can gate a memo: a local one whose ctime every write
+ * moves on this machine. Network filesystems are left out (another client's write shows in
+ * a cached stat only later), and so is any filesystem not known here. */
+static int local_fs(int fd)
+{
+	static const unsigned long local[] = {
+		0xEF53,     /* ext2/3/4 */
+		0x58465342, /* xfs */
+		0x9123683E, /* btrfs */
+		0x01021994, /* tmpfs */
+		0x858458F6, /* ramfs */
+		0x794C7630, /* overlayfs */
+		0x2FC12FC1, /* zfs */
+		0xF2F52010, /* f2fs */
+		0xCA451A4E, /* bcachefs */
+		0x73717368, /* squashfs */
+	};
+	struct statfs fs;
+	if (fstatfs(fd, &fs) != 0)
+		return 0;
+	for (size_t i = 0; i < sizeof(local) / sizeof(*local); i++)
+		if ((unsigned long)fs.f_type == local[i])
+			return 1;
+	return 0;
+}
+
+/* The granularity of the filesystem clock that stamped ts, at most: the largest power of ten
+ * (in ns) that divides its nanoseconds, 2 s when they are 0 (FAT's 2 s, ext4's 1 s with small
+ * inodes). A fine stamp that happens to end in zeros only gets a wider margin. */
+static long long stamp_granule_ns(const struct timespec *ts)
+{
+	if (ts->tv_nsec == 0)
+		return 2000000000ll;
+	long long g = 1;
+	for (long n = ts->tv_nsec; n % 10 == 0; n /= 10)
+		g *= 10;
+	return g;
+}
+
+int kc_tree_memoizable(int fd, const struct stat *before, const struct timespec *now)
+{
+	struct stat after;
+	if (fstat(fd, &after) != 0 || before->st_dev != after.st_dev ||
+	    before->st_ino != after.st_ino || before->st_size != after.st_size ||
+	    !same_ts(&before->st_mtim, &after.st_mtim) || !same_ts(&before->st_ctim, &after.st_ctim))
+		return 0; /* changed while it was read */
+	long long c = (long long)before->st_ctim.tv_sec * 1000000000ll + before->st_ctim.tv_nsec;
+	long long t = (long long)now->tv_sec * 1000000000ll + now->tv_nsec;
+	if (c + stamp_granule_ns(&before->st_ctim) > t)
+		return 0; /* a write after the read, in the same granule, could keep every field */
+	return local_fs(fd);
 }
 
 /* One file of the tree: its path relative to the root and the digest of its bytes. */
@@ -253,12 +340,10 @@ static int tree_visit(const char *path, const struct stat *st, int type, struct 
 	}
 	struct tree_file *f = &walk->files[walk->n];
 	uint64_t size = (uint64_t)st->st_size;
-	if (memo_find(walk->memo, st, f->hex)) {
-		walk->memo->hits++;
-	} else {
+	if (!walk->memo || !memo_find(walk->memo, st, f->hex)) {
 		int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
 		struct stat fst;
-		struct timespec changed_before;
+		struct timespec now;
 		if (fd < 0 || fstat(fd, &fst) != 0 || !S_ISREG(fst.st_mode) ||
 		    fst.st_dev == walk->avoid) {
 			walk->err = fd < 0 ? -errno : -EXDEV;
@@ -266,15 +351,18 @@ static int tree_visit(const char *path, const struct stat *st, int type, struct 
 				close(fd);
 			return 1;
 		}
-		clock_gettime(CLOCK_REALTIME_COARSE, &changed_before);
+		clock_gettime(CLOCK_REALTIME_COARSE, &now);
 		walk->err = kc_sha256_fd(fd, f->hex, &size);
+		if (!walk->err && walk->memo) {
+			pthread_mutex_lock(&walk->memo->lock);
+			walk->memo->misses++;
+			pthread_mutex_unlock(&walk->memo->lock);
+			if (size == (uint64_t)fst.st_size && kc_tree_memoizable(fd, &fst, &now))
+				memo_add(walk->memo, &fst, f->hex);
+		}
 		close(fd);
 		if (walk->err)
 			return 1;
-		if (walk->memo) {
-			walk->memo->misses++;
-			memo_add(walk->memo, &fst, &changed_before, f->hex);
-		}
 	}
 	if (!(f->rel = strdup(path + walk->root_len))) {
 		walk->err = -ENOMEM;
@@ -340,7 +428,8 @@ int kc_tree_root_line(const char *line, size_t ll, const char **digest, const ch
 	return 1;
 }
 
-int kc_tree_check_roots(const char *flags, size_t len, char *why, size_t whylen)
+int kc_tree_check_roots(const char *flags, size_t len, struct kc_tree_memo *memo, char *why,
+			size_t whylen)
 {
 	const size_t tl = strlen(KC_TREE_ROOT_TAG);
 	for (size_t off = 0; off < len;) {
@@ -364,7 +453,7 @@ int kc_tree_check_roots(const char *flags, size_t len, char *why, size_t whylen)
 		want[KC_SHA256_HEXLEN] = '\0';
 		memcpy(dir, rd, rdl);
 		dir[rdl] = '\0';
-		int err = kc_tree_digest(dir, (dev_t)-1, NULL, got);
+		int err = kc_tree_digest(dir, (dev_t)-1, memo, got);
 		if (!err && strcmp(want, got) != 0)
 			err = -ESTALE;
 		if (err) {

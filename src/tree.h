@@ -8,14 +8,16 @@
  * its bytes, each as a kc_sha256_field. No mtime, size, owner or absolute path is in it.
  *
  * Used by the nvcc shim (it names the entry) and by the daemon, which takes the digest
- * again before it compiles a recipe that names one (kc_tree_check_roots), so that an entry
- * cannot claim the bytes of a tree it does not hold.
+ * again before it compiles a recipe that names one (kc_tree_check_roots, with a memo of its
+ * own in memory), so that an entry cannot claim the bytes of a tree it does not hold.
  */
 #ifndef KC_TREE_H
 #define KC_TREE_H
 
 #include <stddef.h>
+#include <sys/stat.h>
 #include <sys/types.h>
+#include <time.h>
 
 #include "hash.h"
 
@@ -32,30 +34,50 @@
 int kc_tree_root_line(const char *line, size_t ll, const char **digest, const char **dir,
 		      size_t *dl);
 
-/* A memo of file digests for kc_tree_digest, kept in a file between the shim's calls, so
- * that a tree whose files did not change is stat'ed, not read. A file's digest is taken from
- * it only when its device, inode, size, mtime and ctime are those it had when it was hashed:
- * any write changes its ctime (also one that restores size and mtime, as rsync -t or touch
- * -r do), and so does a rename or chmod; a file whose ctime was not yet behind the clock when
- * it was hashed is not memoized (a second write in the same tick could keep every field).
- * Mtimes only gate the memo; they never enter a digest. The file is trusted only when it is
- * a regular file owned by the caller and writable by no one else (the daemon, which takes
- * each digest again before compiling, keeps none). */
+/* A memo of file digests for kc_tree_digest, so that a tree whose files did not change is
+ * stat'ed, not read: the shim keeps one in a file between its calls (kc_tree_memo_load), the
+ * daemon one in memory for its checks (kc_tree_memo_new). A file's digest is taken from it
+ * only when its device, inode, size, mtime and ctime are those it had when it was hashed: any
+ * write changes its ctime (also one that restores size and mtime, as rsync -t or touch -r
+ * do), and so does a rename or chmod; a file replaced by rename is another inode. A digest is
+ * remembered only when it cannot be stale under those stamps: the file's stat after the read
+ * is the one before it (not changed while hashed); its ctime is at least one granule of its
+ * filesystem's clock behind the coarse clock (a second write in the same granule could keep
+ * every field; the granule is bounded from the stamp's trailing zeros, 2 s for a whole
+ * second); and the file is on a local filesystem known to stamp every write (ext4, xfs,
+ * btrfs, tmpfs, overlayfs, zfs, ...; never NFS or FUSE, whose stats may be cached).
+ * Mtimes only gate the memo; they never enter a digest. Thread-safe (a mutex: the daemon's
+ * compiles run in parallel). A memo file is trusted only when it is a regular file owned by
+ * the caller and writable by no one else. */
 struct kc_tree_memo;
 
 #define KC_TREE_MEMO_MAX 200000 /* files a memo file remembers */
+#define KC_TREE_MEMO_DAEMON 32768 /* files the daemon's memo remembers (its table: 8 MiB at most) */
+
+/* Whether a digest of the file open as fd may be remembered under the stamps before (its
+ * fstat before the read), now being the coarse real clock (CLOCK_REALTIME_COARSE) taken
+ * after that fstat and before the read: 1 when the file's fstat now is before, its ctime is
+ * at least one granule behind now, and it is on a known local filesystem, as the memo above
+ * says; else 0. Shared by every memo of file digests (also remote_manifest.c's). */
+int kc_tree_memoizable(int fd, const struct stat *before, const struct timespec *now);
+
+/* An empty memo in memory that remembers at most max_files files (past that it is emptied
+ * and fills again). Returns it (free with kc_tree_memo_free) or NULL when out of memory. */
+struct kc_tree_memo *kc_tree_memo_new(size_t max_files);
 
 /* Load the memo file at path (missing, untrusted or malformed: an empty memo that will be
  * saved there). Returns the memo (free with kc_tree_memo_free) or NULL when out of memory. */
 struct kc_tree_memo *kc_tree_memo_load(const char *path);
 
-/* Write the memo back when it learned something: a temporary in its directory (created
+/* Write a loaded memo back when it learned something: a temporary in its directory (created
  * mode 700) and a rename, so concurrent callers each leave a whole file (the last one's).
- * Returns 0 or -errno (the memo is only an optimisation: callers may ignore it). */
+ * Returns 0 (also for a memo in memory) or -errno (the memo is only an optimisation: callers
+ * may ignore it). */
 int kc_tree_memo_save(struct kc_tree_memo *m);
 
-/* How many file digests m gave (*hits) and how many files were read (*misses). */
-void kc_tree_memo_counts(const struct kc_tree_memo *m, size_t *hits, size_t *misses);
+/* How many file digests m gave (*hits) and how many files were read through it (*misses)
+ * since it was made: a test's view of what a digest read. */
+void kc_tree_memo_counts(struct kc_tree_memo *m, size_t *hits, size_t *misses);
 
 void kc_tree_memo_free(struct kc_tree_memo *m);
 
@@ -74,9 +96,10 @@ int kc_tree_digest(const char *dir, dev_t avoid, struct kc_tree_memo *memo,
 int kc_tree_is_mount_root(const char *dir);
 
 /* For every KC_TREE_ROOT_TAG line of a kernel.flags text (flags, len bytes): take the
- * digest of its directory again and compare. Returns 0 when all match (or there are none);
+ * digest of its directory again, through memo (may be NULL: every file read), and compare. Returns 0 when all match (or there are none);
  * -ESTALE when a tree no longer holds the bytes its line names, -EINVAL for a malformed
  * line, or kc_tree_digest's error, with why saying which directory and why; -ENOMEM. */
-int kc_tree_check_roots(const char *flags, size_t len, char *why, size_t whylen);
+int kc_tree_check_roots(const char *flags, size_t len, struct kc_tree_memo *memo, char *why,
+			size_t whylen);
 
 #endif

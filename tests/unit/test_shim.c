@@ -4,6 +4,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -151,6 +152,138 @@ static void put(const char *rel, const char *text)
 			perror("write");
 		close(fd);
 	}
+}
+
+/* Keep the stamps of the file at rel (atime, mtime) while its bytes change: what rsync -t
+ * and touch -r leave. */
+static void put_keeping_times(const char *rel, const char *text)
+{
+	char path[512];
+	struct stat st;
+	snprintf(path, sizeof(path), "%s/%s", tmpdir, rel);
+	stat(path, &st);
+	put(rel, text);
+	struct timespec keep[2] = {st.st_atim, st.st_mtim};
+	utimensat(AT_FDCWD, path, keep, 0);
+}
+
+/* The same, but the new bytes written to another file renamed over it: another inode. */
+static void replace_keeping_times(const char *rel, const char *text)
+{
+	char path[512], tmp[1200];
+	struct stat st;
+	snprintf(path, sizeof(path), "%s/%s", tmpdir, rel);
+	snprintf(tmp, sizeof(tmp), "%s.new", rel);
+	stat(path, &st);
+	put(tmp, text);
+	snprintf(tmp, sizeof(tmp), "%s/%s.new", tmpdir, rel);
+	struct timespec keep[2] = {st.st_atim, st.st_mtim};
+	utimensat(AT_FDCWD, tmp, keep, 0);
+	if (rename(tmp, path) != 0)
+		perror("rename");
+}
+
+struct check_arg {
+	const char *flags;
+	struct kc_tree_memo *memo;
+	int rc[20];
+};
+
+static void *check_many(void *p)
+{
+	struct check_arg *a = p;
+	char why[256];
+	for (int i = 0; i < 20; i++)
+		a->rc[i] = kc_tree_check_roots(a->flags, strlen(a->flags), a->memo, why, sizeof(why));
+	return NULL;
+}
+
+/* The daemon's memo for its checks of include roots (kc_tree_check_roots): an unchanged
+ * tree is stat'ed, not read; an edit that keeps size and mtime, or a file replaced by a
+ * rename, is read again and fails the check. */
+static void test_daemon_memo(void)
+{
+	char dir[128], flags[512], digest[KC_SHA256_HEXLEN + 1], why[256];
+	size_t hits, misses;
+	snprintf(dir, sizeof(dir), "%s/dm", tmpdir);
+	mkdir(dir, 0755);
+	snprintf(dir, sizeof(dir), "%s/dm/sub", tmpdir);
+	mkdir(dir, 0755);
+	put("dm/a.h", "int a;\n");
+	put("dm/sub/b.h", "int b;\n");
+	put("dm/sub/c.h", "int c;\n");
+	snprintf(dir, sizeof(dir), "%s/dm", tmpdir);
+	CHECK(kc_tree_digest(dir, (dev_t)-1, NULL, digest) == 0, "daemon memo: the tree's digest");
+	snprintf(flags, sizeof(flags), "# include-root %s %s\n-I%s\n", digest, dir, dir);
+	usleep(50000); /* the tree's ctimes behind the clock: memoizable */
+	struct kc_tree_memo *memo = kc_tree_memo_new(KC_TREE_MEMO_DAEMON);
+	CHECK(memo && kc_tree_check_roots(flags, strlen(flags), memo, why, sizeof(why)) == 0,
+	      "daemon memo: the first check passes");
+	kc_tree_memo_counts(memo, &hits, &misses);
+	CHECK(hits == 0 && misses == 3, "daemon memo: every file read the first time");
+	CHECK(kc_tree_check_roots(flags, strlen(flags), memo, why, sizeof(why)) == 0,
+	      "daemon memo: the second check passes");
+	kc_tree_memo_counts(memo, &hits, &misses);
+	CHECK(hits == 3 && misses == 3, "daemon memo: an unchanged tree is not read again");
+	CHECK(kc_tree_memo_save(memo) == 0, "daemon memo: saving one in memory writes nothing");
+
+	put_keeping_times("dm/sub/b.h", "int x;\n");
+	CHECK(kc_tree_check_roots(flags, strlen(flags), memo, why, sizeof(why)) == -ESTALE &&
+		      strstr(why, "changed since staged"),
+	      "daemon memo: an edit keeping size and mtime fails the check");
+	kc_tree_memo_counts(memo, &hits, &misses);
+	CHECK(hits == 5 && misses == 4, "daemon memo: only the edited file read again");
+	put_keeping_times("dm/sub/b.h", "int b;\n");
+	CHECK(kc_tree_check_roots(flags, strlen(flags), memo, why, sizeof(why)) == 0,
+	      "daemon memo: the bytes put back pass again");
+
+	usleep(50000); /* b.h, read when just written, is memoized by this check */
+	CHECK(kc_tree_check_roots(flags, strlen(flags), memo, why, sizeof(why)) == 0,
+	      "daemon memo: checked again");
+	kc_tree_memo_counts(memo, &hits, &misses);
+	size_t h0 = hits, m0 = misses;
+	replace_keeping_times("dm/sub/c.h", "int y;\n");
+	CHECK(kc_tree_check_roots(flags, strlen(flags), memo, why, sizeof(why)) == -ESTALE,
+	      "daemon memo: a file replaced by rename (size and mtime kept) fails the check");
+	kc_tree_memo_counts(memo, &hits, &misses);
+	CHECK(hits == h0 + 2 && misses == m0 + 1, "daemon memo: only the replaced file read again");
+	replace_keeping_times("dm/sub/c.h", "int c;\n");
+	CHECK(kc_tree_check_roots(flags, strlen(flags), memo, why, sizeof(why)) == 0,
+	      "daemon memo: the bytes put back by rename pass again");
+
+	/* compiles check in parallel: one memo, several threads, every check right */
+	usleep(50000);
+	CHECK(kc_tree_check_roots(flags, strlen(flags), memo, why, sizeof(why)) == 0,
+	      "daemon memo: checked again");
+	struct check_arg args[4];
+	pthread_t t[4];
+	kc_tree_memo_counts(memo, &h0, &m0);
+	for (int i = 0; i < 4; i++) {
+		args[i] = (struct check_arg){.flags = flags, .memo = memo};
+		pthread_create(&t[i], NULL, check_many, &args[i]);
+	}
+	int bad = 0;
+	for (int i = 0; i < 4; i++) {
+		pthread_join(t[i], NULL);
+		for (int k = 0; k < 20; k++)
+			bad += args[i].rc[k] != 0;
+	}
+	kc_tree_memo_counts(memo, &hits, &misses);
+	CHECK(bad == 0 && hits + misses == h0 + m0 + 4 * 20 * 3 && misses == m0,
+	      "daemon memo: parallel checks all pass, none reads a file");
+	kc_tree_memo_free(memo);
+
+	/* a memo at its bound is emptied and fills again: still right */
+	memo = kc_tree_memo_new(2);
+	CHECK(memo && kc_tree_check_roots(flags, strlen(flags), memo, why, sizeof(why)) == 0 &&
+		      kc_tree_check_roots(flags, strlen(flags), memo, why, sizeof(why)) == 0,
+	      "daemon memo: a memo smaller than the tree checks it");
+	kc_tree_memo_counts(memo, &hits, &misses);
+	CHECK(hits + misses == 6 && misses >= 4, "daemon memo: bounded, it reads what it forgot");
+	put_keeping_times("dm/a.h", "int z;\n");
+	CHECK(kc_tree_check_roots(flags, strlen(flags), memo, why, sizeof(why)) == -ESTALE,
+	      "daemon memo: bounded, an edit still fails the check");
+	kc_tree_memo_free(memo);
 }
 
 static void test_fingerprint_and_flags_file(void)
@@ -328,14 +461,14 @@ static void test_fingerprint_and_flags_file(void)
 	free(canon);
 	/* the daemon takes the digests again before compiling */
 	snprintf(fa, sizeof(fa), "# include-root %s %s\n-I%s\n", a, path, path);
-	CHECK(kc_tree_check_roots(fa, strlen(fa), why, sizeof(why)) == 0,
+	CHECK(kc_tree_check_roots(fa, strlen(fa), NULL, why, sizeof(why)) == 0,
 	      "check roots: the tree holds the bytes its line names");
 	put("inc/c.h", "x");
-	CHECK(kc_tree_check_roots(fa, strlen(fa), why, sizeof(why)) == -ESTALE &&
+	CHECK(kc_tree_check_roots(fa, strlen(fa), NULL, why, sizeof(why)) == -ESTALE &&
 		      strstr(why, "changed since staged"),
 	      "check roots: an edited tree is -ESTALE, and the reason says so");
 	put("inc/c.h", "");
-	CHECK(kc_tree_check_roots("# include-root 00 /x\n", 21, why, sizeof(why)) == -EINVAL,
+	CHECK(kc_tree_check_roots("# include-root 00 /x\n", 21, NULL, why, sizeof(why)) == -EINVAL,
 	      "check roots: a malformed line is -EINVAL");
 	CHECK(kc_key_compute("src", 3, flags, len, k1) == 0 &&
 		      kc_key_compute("src", 3, flags, len, k2) == 0 && strcmp(k1, k2) == 0,
@@ -533,6 +666,7 @@ int main(void)
 	test_check();
 	test_targets();
 	test_fingerprint_and_flags_file();
+	test_daemon_memo();
 	test_local_includes();
 	test_info_compiler();
 	test_log_rewrite();
