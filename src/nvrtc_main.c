@@ -153,27 +153,28 @@ int kc_open64(const char *path, int flags, ...) __asm__("open64");
 FILE *kc_fopen(const char *path, const char *how) __asm__("fopen");
 FILE *kc_fopen64(const char *path, const char *how) __asm__("fopen64");
 
+/* open's mode argument: there only with O_CREAT or O_TMPFILE. */
+#define OPEN_MODE(flags, mode)                                   \
+	do {                                                     \
+		if ((flags) & (O_CREAT | O_TMPFILE)) {           \
+			va_list ap;                              \
+			va_start(ap, flags);                     \
+			(mode) = (mode_t)va_arg(ap, int);        \
+			va_end(ap);                              \
+		}                                                \
+	} while (0)
+
 int kc_open(const char *path, int flags, ...)
 {
 	mode_t mode = 0;
-	if (flags & (O_CREAT | O_TMPFILE)) {
-		va_list ap;
-		va_start(ap, flags);
-		mode = (mode_t)va_arg(ap, int);
-		va_end(ap);
-	}
+	OPEN_MODE(flags, mode);
 	return opened(path, flags, mode);
 }
 
 int kc_open64(const char *path, int flags, ...)
 {
 	mode_t mode = 0;
-	if (flags & (O_CREAT | O_TMPFILE)) {
-		va_list ap;
-		va_start(ap, flags);
-		mode = (mode_t)va_arg(ap, int);
-		va_end(ap);
-	}
+	OPEN_MODE(flags, mode);
 	return opened(path, flags, mode);
 }
 

@@ -210,7 +210,9 @@ static int dir_get(struct dir_call *c)
 	return 0;
 }
 
-static int dir_put(struct dir_call *c)
+/* Write the object through a temp file: put links it in only where no object is (another
+ * node's put of the same key won); replace renames it over whatever is there. */
+static int dir_write(struct dir_call *c, int replace)
 {
 	char p[PATH_MAX], tmp[PATH_MAX + 64];
 	int err = make_dirs(c->d, "objects", c->key);
@@ -221,27 +223,24 @@ static int dir_put(struct dir_call *c)
 	err = write_temp(tmp, c->data, c->len, 0444);
 	if (err)
 		return err;
-	err = link_noreplace(tmp, p);
-	unlink(tmp);
-	return err;
-}
-
-static int dir_replace(struct dir_call *c)
-{
-	char p[PATH_MAX], tmp[PATH_MAX + 64];
-	int err = make_dirs(c->d, "objects", c->key);
-	if (err)
-		return err;
-	path_of(c->d, "objects", c->key, c->key, p, sizeof(p));
-	temp_name(p, "tmp", tmp, sizeof(tmp));
-	err = write_temp(tmp, c->data, c->len, 0444);
-	if (err)
-		return err;
-	if (rename(tmp, p) != 0) {
+	if (!replace) {
+		err = link_noreplace(tmp, p);
+		unlink(tmp);
+	} else if (rename(tmp, p) != 0) {
 		err = fault(errno);
 		unlink(tmp);
 	}
 	return err;
+}
+
+static int dir_put(struct dir_call *c)
+{
+	return dir_write(c, 0);
+}
+
+static int dir_replace(struct dir_call *c)
+{
+	return dir_write(c, 1);
 }
 
 /* The filesystem's clock: touch this daemon's clock file and read its mtime. */
