@@ -651,7 +651,7 @@ static int run_compile(struct compile_job *j)
 	if (result == 0 && kc_remote_tier_shares(c->remote, &rj) &&
 	    (j->share_fd = fcntl(out_fd, F_DUPFD_CLOEXEC, 0)) >= 0) {
 		/* shared after the openers have their cubin (share_published), the lease kept */
-		j->rj = rj;
+		kc_remote_job_move(&j->rj, &rj); /* rj's frame ends before the share */
 		j->args = args;
 		args = (struct kc_argv){0};
 		j->compiler = compiler;
