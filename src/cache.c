@@ -174,6 +174,11 @@ int kc_cache_init(struct kc_cache *c, const struct kc_config *cfg, struct kc_sto
 	return 0;
 }
 
+unsigned kc_cache_settle(struct kc_cache *c, double timeout_s)
+{
+	return c->pool ? kc_pool_wait_idle(c->pool, timeout_s > 0 ? timeout_s : 0) : 0;
+}
+
 void kc_cache_shutdown(struct kc_cache *c)
 {
 	kc_compile_shutdown();

@@ -53,6 +53,12 @@ struct kc_cache {
 int kc_cache_init(struct kc_cache *c, const struct kc_config *cfg, struct kc_store *store,
 		  struct kc_remote_tier *remote);
 
+/* Wait until the compile workers are idle, at most timeout_s seconds: the compiles in
+ * flight, and the cluster store's share of each published compile (its dependency pass,
+ * puts and lease release, which run after the openers were answered). Returns the jobs
+ * still queued or running (0: none; a live upgrade's old daemon then holds no lease). */
+unsigned kc_cache_settle(struct kc_cache *c, double timeout_s);
+
 /* Kill running compilers, fail queued compiles (their waiters get -EIO), stop workers. */
 void kc_cache_shutdown(struct kc_cache *c);
 
