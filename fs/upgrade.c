@@ -553,10 +553,9 @@ static void serve(int c)
 	double rest = begun + bound - mono_now();
 	unsigned jobs = err ? 0 : kc_cache_settle(&fs->cache, rest);
 	if (jobs)
-		kc_log(KC_LOG_WARN, "upgrade: %u compile jobs (compiles or shares to the cluster "
-		       "store) still running after %u s end with this daemon: what they compiled "
-		       "stays published here, unshared; their leases expire and another node "
-		       "compiles those kernels", jobs, bound);
+		kc_log(KC_LOG_WARN, "upgrade: %u shares to the cluster store still running after "
+		       "%u s end with this daemon: their kernels stay published here, unshared; "
+		       "their leases expire and another node compiles them", jobs, bound);
 	struct kc_hbuf b = {0};
 	struct kc_hfds fds = {0};
 	if (!err && fuse_session_exited(fs->se)) {

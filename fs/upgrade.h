@@ -13,8 +13,8 @@
  * queues them), waits until every request it read is answered, the openers parked on its
  * compiles included (at most compile_timeout and a margin; past that it resumes serving;
  * a stage begun meanwhile reopens the gate until its descriptor is closed), then, within
- * the same bound, for its compile workers to be idle: a cluster store's shares (dependency
- * pass, puts, lease release) end in the old daemon (past the bound they are given up,
+ * the same bound, for a cluster store's shares (kc_cache_settle: dependency pass, puts,
+ * lease release) to end in the old daemon (past the bound they are given up,
  * with a warning: their leases expire). It sends the /dev/fuse descriptor and its state (SCM_RIGHTS) and exits without unmounting.
  * The new one waits for it to be gone, opens the store and serves the same descriptor.
  *
