@@ -352,3 +352,73 @@ def test_upgrade_with_a_cluster_store_hands_over_its_shares(tmp_path, counting_n
         if upgrade.get("log"):
             upgrade["log"].close()
         assert not os.path.ismount(m.mnt)
+
+
+def test_upgrade_while_a_client_stages(tmp_path, counting_nvcc):
+    """A client that stages recipes one after another (kernel.cu held open 0.2 s each, as a
+    JIT writing its sources): the upgrade waits for an instant when no stage is open, and a
+    stage begun while the old daemon closes its gate is let through (the gate opens until it
+    is closed) instead of the upgrade being given up with the old daemon serving on."""
+    make, _ = counting_nvcc
+    (tmp_path / "m").mkdir()
+    m = Mount(tmp_path / "m", ["nvcc=%s" % make()]).start()
+    stop = threading.Event()
+    staged, failed = [], []
+    upgrade = {}
+
+    def stager():
+        i = 0
+        while not stop.is_set():
+            src, flags = variant(1000 + i)
+            entry = m.mnt / "cache" / ("kernel.vstage%d.%032x" % (i, i))
+            try:
+                entry.mkdir(parents=True)
+                with open(entry / "kernel.cu", "wb") as f:
+                    f.write(src)
+                    time.sleep(0.2)
+                (entry / "kernel.flags").write_bytes(flags)
+                staged.append((entry, src))
+            except OSError as e:
+                failed.append((str(entry), e))
+            i += 1
+
+    th = threading.Thread(target=stager)
+    try:
+        th.start()
+        time.sleep(1)
+        log = open(m.log_path, "ab")
+        upgrade["log"] = log
+        new = subprocess.Popen([str(KCACHEFS), "-f", "--upgrade", str(m.mnt)], stdout=log,
+                               stderr=subprocess.STDOUT)
+        upgrade["proc"] = new
+        try:
+            upgrade["old_rc"] = m.proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            upgrade["old_rc"] = None
+        time.sleep(1)  # the stager goes on against the new daemon
+        stop.set()
+        th.join(timeout=60)
+        assert upgrade["old_rc"] == 0 and new.poll() is None, (upgrade, m.daemon_log())
+        m.proc = new
+        assert not failed, failed
+        assert len(staged) >= 5, staged
+        for entry, src in staged:
+            assert (entry / "kernel.cu").read_bytes() == src
+        entry, _ = staged[-1]
+        assert elf_machine((entry / "kernel.cubin").read_bytes()) == EM_CUDA
+        log = m.daemon_log()
+        assert "upgrade: the mount is pid %d's now" % new.pid in log, log
+        assert "abandoned" not in log and "upgrade refused" not in log, log
+    finally:
+        stop.set()
+        th.join(timeout=60)
+        new = upgrade.get("proc")
+        if new and m.proc is not new and new.poll() is None:
+            if m.proc.poll() is None:
+                m.proc.kill()
+                m.proc.wait()
+            m.proc = new
+        m.stop()
+        if upgrade.get("log"):
+            upgrade["log"].close()
+        assert not os.path.ismount(m.mnt)
