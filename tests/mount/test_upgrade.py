@@ -355,8 +355,8 @@ def test_upgrade_with_a_cluster_store_hands_over_its_shares(tmp_path, counting_n
 
 
 def test_upgrade_while_a_client_stages(tmp_path, counting_nvcc):
-    """A client that stages recipes one after another (kernel.cu held open 0.2 s each, as a
-    JIT writing its sources): the upgrade waits for an instant when no stage is open, and a
+    """A client that stages recipes one after another (kernel.cu held open 0.5 s each, 0.1 s
+    apart, as a JIT writing its sources): the upgrade waits for an instant when no stage is open, and a
     stage begun while the old daemon closes its gate is let through (the gate opens until it
     is closed) instead of the upgrade being given up with the old daemon serving on."""
     make, _ = counting_nvcc
@@ -375,12 +375,13 @@ def test_upgrade_while_a_client_stages(tmp_path, counting_nvcc):
                 entry.mkdir(parents=True)
                 with open(entry / "kernel.cu", "wb") as f:
                     f.write(src)
-                    time.sleep(0.2)
+                    time.sleep(0.5)
                 (entry / "kernel.flags").write_bytes(flags)
                 staged.append((entry, src))
             except OSError as e:
                 failed.append((str(entry), e))
             i += 1
+            time.sleep(0.1)  # a moment with no stage open
 
     th = threading.Thread(target=stager)
     try:
@@ -401,7 +402,7 @@ def test_upgrade_while_a_client_stages(tmp_path, counting_nvcc):
         assert upgrade["old_rc"] == 0 and new.poll() is None, (upgrade, m.daemon_log())
         m.proc = new
         assert not failed, failed
-        assert len(staged) >= 5, staged
+        assert len(staged) >= 3, staged
         for entry, src in staged:
             assert (entry / "kernel.cu").read_bytes() == src
         entry, _ = staged[-1]
