@@ -446,6 +446,18 @@ static void refuse(int c, uint32_t type, const char *why)
 	send_msg(c, type, why, strlen(why) + 1);
 }
 
+/* Wait until no client stages through an open descriptor (check_fh in handover.c), at most
+ * until deadline (CLOCK_MONOTONIC s). Returns 0, or -EBUSY with why said. */
+static int wait_unstaged(struct kc_fs *fs, double deadline, char *why, size_t whylen)
+{
+	while (kc_handover_busy(fs, why, whylen)) {
+		if (mono_now() >= deadline)
+			return -EBUSY;
+		usleep(20000);
+	}
+	return 0;
+}
+
 /* One upgrade request on connection c. Returns only when this daemon serves on. */
 static void serve(int c)
 {
@@ -475,7 +487,7 @@ static void serve(int c)
 			 "format %u", (int)cred.pid, format, KC_HANDOVER_FORMAT, KC_HANDOVER_FORMAT);
 		return refuse(c, MSG_REFUSE, why);
 	}
-	if (kc_handover_busy(fs, why, sizeof(why)))
+	if (wait_unstaged(fs, mono_now() + KC_UPGRADE_STAGE_WAIT, why, sizeof(why)))
 		return refuse(c, MSG_REFUSE, why);
 	struct kc_handover_offer o = {.format = KC_HANDOVER_FORMAT, .pid = (int32_t)getpid(),
 				      .args = (char *)srv.args.p, .args_len = (uint32_t)srv.args.len,
@@ -502,24 +514,50 @@ static void serve(int c)
 	p = NULL;
 
 	double begun = mono_now();
-	gate_close();
-	long held = __atomic_load_n(&io.outstanding, __ATOMIC_SEQ_CST);
-	kc_log(KC_LOG_INFO, "upgrade: handing the mount to pid %d: no new request is read; "
-	       "answering the %ld in hand", (int)cred.pid, held);
 	/* Under a kernel request timeout, the requests queued in the kernel meanwhile age too:
 	 * the handover must end within the budget of one request (reqtimeout.h), less the new
 	 * daemon's start. */
 	unsigned bound = fs->cfg.compile_timeout + 30;
 	if (fs->request_budget)
 		bound = fs->request_budget > 4 ? fs->request_budget - 3 : 1;
-	long left = drain(begun + bound);
+	long held = -1, left = 0;
+	int err = 0;
+	for (;;) {
+		gate_close();
+		if (held < 0) {
+			held = __atomic_load_n(&io.outstanding, __ATOMIC_SEQ_CST);
+			kc_log(KC_LOG_INFO, "upgrade: handing the mount to pid %d: no new request is "
+			       "read; answering the %ld in hand", (int)cred.pid, held);
+		}
+		left = drain(begun + bound);
+		if (left) {
+			snprintf(why, sizeof(why), "%ld requests still unanswered after %u s (compiles "
+				 "running%s)", left, bound, fs->request_budget ? ", under the kernel's "
+				 "request timeout" : "");
+			err = -ETIMEDOUT;
+			break;
+		}
+		/* A client began staging between the offer and the closing of the gate: its
+		 * close is a request, so the gate opens until it is done. */
+		if (!kc_handover_busy(fs, why, sizeof(why)))
+			break;
+		gate_open();
+		if (wait_unstaged(fs, begun + bound, why, sizeof(why))) {
+			err = -EBUSY;
+			break;
+		}
+	}
+	/* The cluster store's share of each compile runs after its openers were answered,
+	 * holding the recipe's lease: this daemon's shares end here, not with its exit (which
+	 * would leave their leases to expire and their objects unstored). */
+	double rest = begun + bound - mono_now();
+	unsigned jobs = err ? 0 : kc_cache_settle(&fs->cache, rest);
+	if (jobs)
+		kc_log(KC_LOG_WARN, "upgrade: %u shares to the cluster store still running after "
+		       "%u s end with this daemon: their kernels stay published here, unshared; "
+		       "their leases expire and another node compiles them", jobs, bound);
 	struct kc_hbuf b = {0};
 	struct kc_hfds fds = {0};
-	int err = left ? -ETIMEDOUT : 0;
-	if (err)
-		snprintf(why, sizeof(why), "%ld requests still unanswered after %u s (compiles "
-			 "running%s)", left, bound, fs->request_budget ? ", under the kernel's request "
-			 "timeout" : "");
 	if (!err && fuse_session_exited(fs->se)) {
 		snprintf(why, sizeof(why), "the daemon is stopping");
 		err = -ESHUTDOWN;

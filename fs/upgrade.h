@@ -5,13 +5,17 @@
  * (kc_upgrade_socket_path; no file, so nothing stays behind a killed daemon); each side
  * checks the other's credentials (root, or the same user). A new daemon connects and says its handover
  * format (handover.h); another format is refused with a message and the old daemon keeps
- * serving. Else the old one offers its command line and the mount's FUSE_INIT; the new
+ * serving, as is a mount where a client stages a recipe through an open descriptor for
+ * longer than KC_UPGRADE_STAGE_WAIT seconds. Else the old one offers its command line and the mount's FUSE_INIT; the new
  * one replays that FUSE_INIT on its own session (libfuse 3.14's fuse_session expects
  * FUSE_INIT first: its reply goes nowhere) and checks it negotiates what the kernel uses,
  * or aborts, the old one serving on. Then the old one stops reading requests (the kernel
  * queues them), waits until every request it read is answered, the openers parked on its
- * compiles included (at most compile_timeout and a margin; past that it resumes serving),
- * sends the /dev/fuse descriptor and its state (SCM_RIGHTS) and exits without unmounting.
+ * compiles included (at most compile_timeout and a margin; past that it resumes serving;
+ * a stage begun meanwhile reopens the gate until its descriptor is closed), then, within
+ * the same bound, for a cluster store's shares (kc_cache_settle: dependency pass, puts,
+ * lease release) to end in the old daemon (past the bound they are given up,
+ * with a warning: their leases expire). It sends the /dev/fuse descriptor and its state (SCM_RIGHTS) and exits without unmounting.
  * The new one waits for it to be gone, opens the store and serves the same descriptor.
  *
  * The session's I/O goes through kc_upgrade_io's read and writev (fuse_session_custom_io),
@@ -26,6 +30,10 @@
 
 #include "fs.h"
 #include "handover.h"
+
+/* Seconds an upgrade request waits for the clients staging through open descriptors to
+ * close them before it is refused. */
+#define KC_UPGRADE_STAGE_WAIT 10
 
 /* The abstract socket name (without its leading NUL) of this user's daemon serving
  * real_mnt (a resolved path), into path (len bytes). */

@@ -37,7 +37,8 @@ struct compile_job {
 	struct kc_recipe recipe;
 	int transient; /* set by run_compile: the failure had a passing cause */
 	/* Set by run_compile when a published compile is to be shared (share_fd >= 0): the
-	 * cluster's part, run by share_published after the single flight is answered. */
+	 * cluster's part, run by share_published in c->shares (queued as the single flight
+	 * is answered). */
 	struct kc_remote_job rj;
 	struct kc_argv args;  /* the compile's arguments (owned) */
 	const char *compiler; /* cfg's */
@@ -166,6 +167,8 @@ int kc_cache_init(struct kc_cache *c, const struct kc_config *cfg, struct kc_sto
 	c->pool = kc_pool_create(cfg->jobs + (remote ? KC_REMOTE_WAITERS : 0));
 	if (!c->pool)
 		return -errno;
+	if (remote && !(c->shares = kc_pool_create(cfg->jobs)))
+		return -errno;
 	/* at most one warm NVRTC worker per job slot: each serves one compile at a time */
 	if (cfg->nvrtc && !cfg->nvrtc_cold &&
 	    !(c->nvrtc = kc_nvrtc_pool_create(store, cfg->jobs ? cfg->jobs : 1,
@@ -173,6 +176,11 @@ int kc_cache_init(struct kc_cache *c, const struct kc_config *cfg, struct kc_sto
 							      : KC_NVRTC_IDLE_DEFAULT)))
 		kc_log(KC_LOG_WARN, "no warm NVRTC workers (out of memory): a process per compile");
 	return 0;
+}
+
+unsigned kc_cache_settle(struct kc_cache *c, double timeout_s)
+{
+	return c->shares ? kc_pool_wait_idle(c->shares, timeout_s > 0 ? timeout_s : 0) : 0;
 }
 
 void kc_cache_shutdown(struct kc_cache *c)
@@ -183,6 +191,9 @@ void kc_cache_shutdown(struct kc_cache *c)
 	if (c->pool)
 		kc_pool_destroy(c->pool);
 	c->pool = NULL;
+	if (c->shares)
+		kc_pool_destroy(c->shares); /* after the compiles, which queue shares */
+	c->shares = NULL;
 	kc_nvrtc_pool_destroy(c->nvrtc); /* after the compiles: none is busy now */
 	c->nvrtc = NULL;
 	kc_slots_destroy(&c->slots);
@@ -655,7 +666,7 @@ static int run_compile(struct compile_job *j)
 	if (result == 0 && kc_remote_tier_shares(c->remote, &rj) &&
 	    (j->share_fd = fcntl(out_fd, F_DUPFD_CLOEXEC, 0)) >= 0) {
 		/* shared after the openers have their cubin (share_published), the lease kept */
-		j->rj = rj;
+		kc_remote_job_move(&j->rj, &rj); /* rj's frame ends before the share */
 		j->args = args;
 		args = (struct kc_argv){0};
 		j->compiler = compiler;
@@ -706,8 +717,8 @@ done:
 
 /* The cluster's part of a published compile: nvcc's dependency pass (the same source and
  * flags, sandboxed as a compile) gives the header list, then the object and index are put
- * and the lease released. Runs after the openers were answered and holds no job slot: the
- * node's next compile need not wait for it. A pass that fails only means "not shared":
+ * and the lease released. Runs in c->shares after the openers were answered and holds no
+ * job slot nor compile worker: the node's next compile need not wait for it. A pass that fails only means "not shared":
  * the published cubin stays, the lease is released, so another node compiles. */
 static void share_published(struct compile_job *j)
 {
@@ -742,19 +753,39 @@ static void share_published(struct compile_job *j)
 	j->share_fd = -1;
 }
 
-static void compile_job(void *arg)
+static void job_free(struct compile_job *j)
 {
-	struct compile_job *j = arg;
-	int result = run_compile(j);
-	if (j->transient)
-		hold_off(j->c, &j->key, j->recipe.hash);
-	kc_flight_finish(&j->c->flights, &j->key, result);
-	if (j->share_fd >= 0)
-		share_published(j);
 	kc_argv_free(&j->args);
 	close(j->entry_fd);
 	kc_recipe_free(&j->recipe);
 	free(j);
+}
+
+static void share_job(void *arg)
+{
+	share_published(arg);
+	job_free(arg);
+}
+
+static void compile_job(void *arg)
+{
+	struct compile_job *j = arg;
+	struct kc_cache *c = j->c;
+	struct kc_flight_key key = j->key;
+	int result = run_compile(j);
+	if (j->transient)
+		hold_off(c, &key, j->recipe.hash);
+	/* The share runs in a pool of its own, queued before the openers are answered: once
+	 * they are, kc_cache_settle sees it (a live upgrade waits for it). Run here when that
+	 * pool is stopping. */
+	if (j->share_fd >= 0 && kc_pool_submit(c->shares, share_job, j) == 0) {
+		kc_flight_finish(&c->flights, &key, result);
+		return;
+	}
+	kc_flight_finish(&c->flights, &key, result);
+	if (j->share_fd >= 0)
+		share_published(j);
+	job_free(j);
 }
 
 struct recheck_arg {

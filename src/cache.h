@@ -29,6 +29,8 @@ struct kc_cache {
 	struct kc_flight_table flights;
 	struct kc_pool *pool;        /* compile workers: cfg->jobs, or with a cluster store
 				      * KC_REMOTE_WAITERS more, bounded by slots */
+	struct kc_pool *shares;      /* with a cluster store: cfg->jobs workers that share the
+				      * published compiles (share_published), else NULL */
 	struct kc_slots slots;       /* cfg->jobs compiles at once; used with a cluster store
 				      * only (without, the pool's size bounds them) */
 	struct kc_stats stats;
@@ -55,6 +57,12 @@ struct kc_cache {
  * NULL for none). Returns 0 or -errno. */
 int kc_cache_init(struct kc_cache *c, const struct kc_config *cfg, struct kc_store *store,
 		  struct kc_remote_tier *remote);
+
+/* Wait until the cluster store's share of every published compile (its dependency pass,
+ * puts and lease release, which run after the openers were answered) has ended, at most
+ * timeout_s seconds. Returns the shares still queued or running (0: none; 0 without a
+ * store). */
+unsigned kc_cache_settle(struct kc_cache *c, double timeout_s);
 
 /* Kill running compilers, fail queued compiles (their waiters get -EIO), stop workers. */
 void kc_cache_shutdown(struct kc_cache *c);

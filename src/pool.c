@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
+#include <time.h>
 
 struct job {
 	struct job *next;
@@ -14,6 +15,7 @@ struct job {
 struct kc_pool {
 	pthread_mutex_t lock;
 	pthread_cond_t cond;
+	pthread_cond_t idle; /* broadcast when a job ends and none is queued */
 	struct job *head, *tail;
 	unsigned queued, running, nthreads;
 	int stopping;
@@ -41,6 +43,8 @@ static void *worker(void *arg)
 		free(j);
 		pthread_mutex_lock(&p->lock);
 		p->running--;
+		if (!p->head)
+			pthread_cond_broadcast(&p->idle);
 	}
 	pthread_mutex_unlock(&p->lock);
 	return NULL;
@@ -55,6 +59,7 @@ struct kc_pool *kc_pool_create(unsigned n)
 		return NULL;
 	pthread_mutex_init(&p->lock, NULL);
 	pthread_cond_init(&p->cond, NULL);
+	pthread_cond_init(&p->idle, NULL);
 	for (unsigned i = 0; i < n; i++) {
 		if (pthread_create(&p->threads[i], NULL, worker, p) != 0) {
 			p->nthreads = i;
@@ -100,6 +105,33 @@ void kc_pool_load(struct kc_pool *p, unsigned *queued, unsigned *running)
 	pthread_mutex_unlock(&p->lock);
 }
 
+static double mono_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+unsigned kc_pool_wait_idle(struct kc_pool *p, double timeout_s)
+{
+	double deadline = mono_s() + timeout_s;
+	pthread_mutex_lock(&p->lock);
+	while ((p->queued || p->running) && mono_s() < deadline) {
+		/* the condition's clock is CLOCK_REALTIME: short waits, the deadline monotonic */
+		struct timespec until;
+		clock_gettime(CLOCK_REALTIME, &until);
+		until.tv_nsec += 100000000L;
+		if (until.tv_nsec >= 1000000000L) {
+			until.tv_sec++;
+			until.tv_nsec -= 1000000000L;
+		}
+		pthread_cond_timedwait(&p->idle, &p->lock, &until);
+	}
+	unsigned left = p->queued + p->running;
+	pthread_mutex_unlock(&p->lock);
+	return left;
+}
+
 void kc_pool_destroy(struct kc_pool *p)
 {
 	pthread_mutex_lock(&p->lock);
@@ -109,6 +141,7 @@ void kc_pool_destroy(struct kc_pool *p)
 	for (unsigned i = 0; i < p->nthreads; i++)
 		pthread_join(p->threads[i], NULL);
 	pthread_cond_destroy(&p->cond);
+	pthread_cond_destroy(&p->idle);
 	pthread_mutex_destroy(&p->lock);
 	free(p);
 }

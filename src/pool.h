@@ -24,6 +24,10 @@ int kc_pool_submit(struct kc_pool *p, kc_job_fn fn, void *arg);
 /* Jobs queued but not started yet, and jobs running now. */
 void kc_pool_load(struct kc_pool *p, unsigned *queued, unsigned *running);
 
+/* Wait until no job is queued or running, at most timeout_s seconds. Returns the jobs
+ * still queued or running (0: idle). Jobs submitted meanwhile are waited for too. */
+unsigned kc_pool_wait_idle(struct kc_pool *p, double timeout_s);
+
 /* Stop accepting, run what is queued, join the workers, free. */
 void kc_pool_destroy(struct kc_pool *p);
 

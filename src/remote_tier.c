@@ -328,7 +328,8 @@ static int pause_ms(struct kc_remote_tier *t, unsigned ms)
 /* The renewal thread of a held lease. */
 struct renewer {
 	struct kc_remote_tier *t;
-	const char *key, *token; /* the job's, which outlives the thread */
+	const char *key, *token; /* the job's (kc_remote_job_move repoints them), which
+				  * outlives the thread; read under mu */
 	pthread_t thread;
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
@@ -354,12 +355,17 @@ static void *renew_loop(void *arg)
 		}
 		if (pthread_cond_timedwait(&r->cv, &r->mu, &until) != ETIMEDOUT || r->stop)
 			continue;
+		/* copied under the lock: kc_remote_job_move may move them meanwhile */
+		char key[sizeof(((struct kc_remote_job *)0)->mkey)];
+		char token[sizeof(((struct kc_remote_job *)0)->token)];
+		snprintf(key, sizeof(key), "%s", r->key);
+		snprintf(token, sizeof(token), "%s", r->token);
 		pthread_mutex_unlock(&r->mu);
-		int err = r->t->b->ops->lease_renew(r->t->b, r->key, r->token, r->t->lease_ms);
+		int err = r->t->b->ops->lease_renew(r->t->b, key, token, r->t->lease_ms);
 		outcome(r->t, FAULT_LEASE, err, 0, "renewal");
 		if (err == -ENOLCK) {
 			kc_log(KC_LOG_INFO, "cluster store: lease on %.16s was taken over while "
-			       "compiling", r->key);
+			       "compiling", key);
 			lost = 1;
 		}
 		pthread_mutex_lock(&r->mu);
@@ -907,6 +913,20 @@ void kc_remote_tier_finish(struct kc_remote_tier *t, struct kc_remote_job *rj, i
 	if (told)
 		notify(t, rj);
 	kc_remote_job_free(rj);
+}
+
+void kc_remote_job_move(struct kc_remote_job *dst, struct kc_remote_job *src)
+{
+	struct renewer *r = src->renewer;
+	if (r)
+		pthread_mutex_lock(&r->mu); /* renew_loop copies key and token under it */
+	*dst = *src;
+	if (r) {
+		r->key = dst->mkey;
+		r->token = dst->token;
+		pthread_mutex_unlock(&r->mu);
+	}
+	memset(src, 0, sizeof(*src));
 }
 
 void kc_remote_job_free(struct kc_remote_job *rj)

@@ -129,6 +129,11 @@ int kc_remote_tier_shares(const struct kc_remote_tier *t, const struct kc_remote
 /* Free what rj holds (after a fetch that returned 1). */
 void kc_remote_job_free(struct kc_remote_job *rj);
 
+/* Move the job *src to *dst (another place in memory, e.g. a record that outlives src's
+ * stack frame): its lease's renewal thread then reads the key and token at dst. src must
+ * not be used after. */
+void kc_remote_job_move(struct kc_remote_job *dst, struct kc_remote_job *src);
+
 /* 1 while the store answers (the breaker is closed), else 0. */
 int kc_remote_tier_up(struct kc_remote_tier *t);
 

@@ -1,7 +1,8 @@
 """Live upgrade (kcachefs --upgrade MOUNTPOINT, fs/upgrade.h): a new daemon takes the mount
 from the running one without unmounting, while clients open kernels whose compiles are in
-flight; and an upgrade to a build whose handover state has another format is refused while
-the running daemon serves on.
+flight; with a cluster store, the old daemon's shares end before it hands over; and an upgrade
+to a build whose handover state has another format is refused while the running daemon
+serves on.
 """
 import hashlib
 import os
@@ -260,3 +261,165 @@ def test_upgrade_to_another_format_is_refused(tmp_path, counting_nvcc):
             if os.path.exists("/proc/%d" % new_pid):
                 os.kill(new_pid, 9)
                 pytest.fail("the detached daemon outlived its unmount")
+
+
+def test_upgrade_with_a_cluster_store_hands_over_its_shares(tmp_path, counting_nvcc):
+    """With a cluster store each compile is shared after its openers are answered (the
+    dependency pass, the puts, the lease's release). An upgrade in the middle of the
+    compiles ends (the old daemon exits within a compile's bound, never waiting for work that
+    no request stands for), the clients see no error, and every kernel ends up in the store:
+    a node mounted later on it compiles nothing."""
+    make, calls = counting_nvcc
+    nvcc = make(delay=1)
+    store = tmp_path / "store"
+    store.mkdir()
+    key = tmp_path / "cluster.key"
+    key.write_bytes(os.urandom(32))
+    os.chmod(key, 0o600)
+    timeout = 60
+    opts = ["remote=dir:%s" % store, "remote_key=%s" % key, "nvcc=%s" % nvcc, "jobs=2",
+            "compile_timeout=%d" % timeout]
+    (tmp_path / "a").mkdir()
+    m = Mount(tmp_path / "a", opts).start()
+    later = None
+    upgrade = {}
+    try:
+        entries = [str(m.stage("vadd%d" % i, *variant(i))) for i in range(KERNELS)]
+
+        def run_upgrade():
+            deadline = time.monotonic() + 120
+            while calls() < 3:
+                assert time.monotonic() < deadline, "compiles did not start"
+                time.sleep(0.05)
+            log = open(m.log_path, "ab")
+            upgrade["log"] = log
+            upgrade["proc"] = subprocess.Popen([str(KCACHEFS), "-f", "--upgrade", str(m.mnt)],
+                                               stdout=log, stderr=subprocess.STDOUT)
+            try:  # the bound of the handover: the compiles in hand, then the state
+                upgrade["old_rc"] = m.proc.wait(timeout=timeout + 30)
+            except subprocess.TimeoutExpired:
+                upgrade["old_rc"] = "still running after %d s" % (timeout + 30)
+
+        th = threading.Thread(target=run_upgrade)
+        th.start()
+        results = run_parallel(PROCS, open_all, entries, timeout=600)
+        th.join(timeout=600)
+        new = upgrade.get("proc")
+        assert new is not None and upgrade.get("old_rc") == 0, (upgrade, m.daemon_log())
+        m.proc = new
+
+        errors = [r for res in results for r in (res if isinstance(res, list) else [res])
+                  if r[1] == "err" or r[0] == "exception"]
+        assert not errors, errors
+        by_entry = {}
+        for res in results:
+            for e, sha, size, _ in res:
+                by_entry.setdefault(e, set()).add((sha, size))
+        assert len(by_entry) == KERNELS and all(len(v) == 1 for v in by_entry.values())
+        assert calls() == KERNELS
+
+        # Every kernel is in the store: the new daemon shares what it compiled, and the old
+        # one's shares were finished before it handed over. Wait for the new daemon's
+        # shares (they run after the openers are answered).
+        deadline = time.monotonic() + 120
+        while len([p for p in (store / "leases").glob("*/*")
+                   if not p.name.startswith(".")]) > 0:
+            assert time.monotonic() < deadline, m.daemon_log()
+            time.sleep(0.05)
+        (tmp_path / "b").mkdir()
+        later = Mount(tmp_path / "b", opts).start()
+        for i in range(KERNELS):
+            e = later.stage("vadd%d" % i, *variant(i))
+            data = (e / "kernel.cubin").read_bytes()
+            assert (hashlib.sha256(data).hexdigest(), len(data)) in by_entry[entries[i]]
+        assert calls() == KERNELS, "a node mounted later compiled %d kernels again: %s" % (
+            calls() - KERNELS, m.daemon_log())
+        assert later.stats()["compiles_total"] == 0
+        log = m.daemon_log()
+        assert "upgrade: the mount is pid %d's now" % new.pid in log, log
+        assert "still running after" not in log, log
+        assert "lease renewal failed" not in log, log
+    finally:
+        if later:
+            later.stop()
+        new = upgrade.get("proc")
+        if new and m.proc is not new and new.poll() is None:
+            if m.proc.poll() is None:
+                m.proc.kill()
+                m.proc.wait()
+            m.proc = new
+        m.stop()
+        if upgrade.get("log"):
+            upgrade["log"].close()
+        assert not os.path.ismount(m.mnt)
+
+
+def test_upgrade_while_a_client_stages(tmp_path, counting_nvcc):
+    """A client that stages recipes one after another (kernel.cu held open 0.5 s each, 0.1 s
+    apart, as a JIT writing its sources): the upgrade waits for an instant when no stage is open, and a
+    stage begun while the old daemon closes its gate is let through (the gate opens until it
+    is closed) instead of the upgrade being given up with the old daemon serving on."""
+    make, _ = counting_nvcc
+    (tmp_path / "m").mkdir()
+    m = Mount(tmp_path / "m", ["nvcc=%s" % make()]).start()
+    stop = threading.Event()
+    staged, failed = [], []
+    upgrade = {}
+
+    def stager():
+        i = 0
+        while not stop.is_set():
+            src, flags = variant(1000 + i)
+            entry = m.mnt / "cache" / ("kernel.vstage%d.%032x" % (i, i))
+            try:
+                entry.mkdir(parents=True)
+                with open(entry / "kernel.cu", "wb") as f:
+                    f.write(src)
+                    time.sleep(0.5)
+                (entry / "kernel.flags").write_bytes(flags)
+                staged.append((entry, src))
+            except OSError as e:
+                failed.append((str(entry), e))
+            i += 1
+            time.sleep(0.1)  # a moment with no stage open
+
+    th = threading.Thread(target=stager)
+    try:
+        th.start()
+        time.sleep(1)
+        log = open(m.log_path, "ab")
+        upgrade["log"] = log
+        new = subprocess.Popen([str(KCACHEFS), "-f", "--upgrade", str(m.mnt)], stdout=log,
+                               stderr=subprocess.STDOUT)
+        upgrade["proc"] = new
+        try:
+            upgrade["old_rc"] = m.proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            upgrade["old_rc"] = None
+        time.sleep(1)  # the stager goes on against the new daemon
+        stop.set()
+        th.join(timeout=60)
+        assert upgrade["old_rc"] == 0 and new.poll() is None, (upgrade, m.daemon_log())
+        m.proc = new
+        assert not failed, failed
+        assert len(staged) >= 3, staged
+        for entry, src in staged:
+            assert (entry / "kernel.cu").read_bytes() == src
+        entry, _ = staged[-1]
+        assert elf_machine((entry / "kernel.cubin").read_bytes()) == EM_CUDA
+        log = m.daemon_log()
+        assert "upgrade: the mount is pid %d's now" % new.pid in log, log
+        assert "abandoned" not in log and "upgrade refused" not in log, log
+    finally:
+        stop.set()
+        th.join(timeout=60)
+        new = upgrade.get("proc")
+        if new and m.proc is not new and new.poll() is None:
+            if m.proc.poll() is None:
+                m.proc.kill()
+                m.proc.wait()
+            m.proc = new
+        m.stop()
+        if upgrade.get("log"):
+            upgrade["log"].close()
+        assert not os.path.ismount(m.mnt)

@@ -46,6 +46,15 @@ static void job(void *arg)
 	atomic_fetch_add(&ran, 1);
 }
 
+static atomic_int hold, held_ran;
+static void held_job(void *arg)
+{
+	(void)arg;
+	while (atomic_load(&hold))
+		usleep(1000);
+	atomic_fetch_add(&held_ran, 1);
+}
+
 int main(void)
 {
 	unsigned w, h;
@@ -101,5 +110,21 @@ int main(void)
 	for (int i = 0; i < norder; i++)
 		fifo &= order[i] == i;
 	CHECK(fifo && atomic_load(&ran) == 8, "queued jobs all ran, in FIFO order");
+
+	/* waiting for the pool to be idle: bounded while a job runs, 0 once it ended */
+	p = kc_pool_create(1);
+	CHECK(p != NULL && kc_pool_wait_idle(p, 0) == 0, "a new pool is idle");
+	if (!p)
+		return tap_done();
+	atomic_store(&hold, 1);
+	kc_pool_submit(p, held_job, NULL);
+	kc_pool_submit(p, held_job, NULL);
+	CHECK(kc_pool_wait_idle(p, 0.2) == 2 && atomic_load(&held_ran) == 0,
+	      "a wait for idleness gives up at its bound with the jobs left (one running, one "
+	      "queued)");
+	atomic_store(&hold, 0);
+	CHECK(kc_pool_wait_idle(p, 60) == 0 && atomic_load(&held_ran) == 2,
+	      "the wait ends once every job ran");
+	kc_pool_destroy(p);
 	return tap_done();
 }
