@@ -199,9 +199,15 @@ static ssize_t io_writev(int fd, struct iovec *iov, int count, void *userdata)
 	}
 	ssize_t r = writev(fd, iov, count);
 	int err = errno;
-	if (unique) { /* a reply (a notification has unique 0) */
+	/* A reply (a notification has unique 0) to a counted request: not the EAGAIN libfuse
+	 * sends back to an INTERRUPT it cannot match yet, whose unique has the kernel's
+	 * FUSE_INT_REQ_BIT (bit 0; requests' own uniques are even), and which note_request did
+	 * not count. The count is decremented atomically: note_request increments it without
+	 * the lock, and a plain decrement under the lock lost such increments, so that the
+	 * count fell below 0 and an upgrade's drain gave up at once. */
+	if (unique && !(unique & 1)) {
 		pthread_mutex_lock(&io.lock);
-		io.outstanding--;
+		__atomic_sub_fetch(&io.outstanding, 1, __ATOMIC_SEQ_CST);
 		pthread_cond_broadcast(&io.cond);
 		pthread_mutex_unlock(&io.lock);
 	}
@@ -249,7 +255,7 @@ static void gate_open(void)
 static long drain(double deadline)
 {
 	pthread_mutex_lock(&io.lock);
-	while (io.outstanding > 0) {
+	while (__atomic_load_n(&io.outstanding, __ATOMIC_SEQ_CST) > 0) {
 		struct timespec now;
 		clock_gettime(CLOCK_MONOTONIC, &now);
 		if (now.tv_sec + now.tv_nsec / 1e9 >= deadline)
@@ -263,7 +269,7 @@ static long drain(double deadline)
 		}
 		pthread_cond_timedwait(&io.cond, &io.lock, &until);
 	}
-	long left = io.outstanding;
+	long left = __atomic_load_n(&io.outstanding, __ATOMIC_SEQ_CST);
 	pthread_mutex_unlock(&io.lock);
 	return left;
 }
@@ -450,9 +456,12 @@ static void refuse(int c, uint32_t type, const char *why)
  * until deadline (CLOCK_MONOTONIC s). Returns 0, or -EBUSY with why said. */
 static int wait_unstaged(struct kc_fs *fs, double deadline, char *why, size_t whylen)
 {
+	int said = 0;
 	while (kc_handover_busy(fs, why, whylen)) {
 		if (mono_now() >= deadline)
 			return -EBUSY;
+		if (!said++)
+			kc_log(KC_LOG_INFO, "upgrade: waiting until no stage is open: %s", why);
 		usleep(20000);
 	}
 	return 0;

@@ -423,3 +423,76 @@ def test_upgrade_while_a_client_stages(tmp_path, counting_nvcc):
         if upgrade.get("log"):
             upgrade["log"].close()
         assert not os.path.ismount(m.mnt)
+
+
+def test_upgrade_while_deepgemm_ranks_compile_through_the_shim(tmp_path, counting_nvcc):
+    """8 DeepGEMM ranks (tests/mount/deepgemm.py) compile kernels through the nvcc shim on a
+    mount with a cluster store, and the mount is upgraded after 6 of 16 compiles: the old
+    daemon hands over and exits 0, and no rank sees an error (scripts/gpu_deepgemm.py
+    --upgrade-after 6 on a GPU node). The many concurrent requests are what the count of
+    unanswered requests must keep exact: it lost increments, fell below 0, and the handover
+    was abandoned at once ("-1 requests still unanswered") with the old daemon serving on."""
+    import deepgemm
+    from conftest import SHIM
+    from test_shim import TEMPLATE
+    make, calls = counting_nvcc
+    nvcc = make()
+    store = tmp_path / "store"
+    store.mkdir()
+    key = tmp_path / "cluster.key"
+    key.write_bytes(os.urandom(32))
+    os.chmod(key, 0o600)
+    timeout = 60
+    opts = ["remote=dir:%s" % store, "remote_key=%s" % key, "nvcc=%s" % nvcc,
+            "compile_timeout=%d" % timeout]
+    (tmp_path / "a").mkdir()
+    m = Mount(tmp_path / "a", opts).start()
+    kernels = {"scale_%d" % k: (TEMPLATE % (k, k + 2)).encode() for k in range(16)}
+    upgrade = {}
+
+    def rank(i):
+        os.environ["DG_JIT_NVCC_COMPILER"] = str(SHIM)
+        os.environ["KCACHEFS_NVCC"] = str(nvcc)
+        return {name: hashlib.sha256(deepgemm.current(str(m.mnt / "dg"), name, src)).hexdigest()
+                for name, src in kernels.items()}
+
+    def run_upgrade():
+        deadline = time.monotonic() + 120
+        while calls() < 6:
+            assert time.monotonic() < deadline, "compiles did not start"
+            time.sleep(0.05)
+        log = open(m.log_path, "ab")
+        upgrade["log"] = log
+        upgrade["proc"] = subprocess.Popen([str(KCACHEFS), "-f", "--upgrade", str(m.mnt)],
+                                           stdout=log, stderr=subprocess.STDOUT)
+        try:
+            upgrade["old_rc"] = m.proc.wait(timeout=timeout + 30)
+        except subprocess.TimeoutExpired:
+            upgrade["old_rc"] = "still running after %d s" % (timeout + 30)
+
+    th = threading.Thread(target=run_upgrade)
+    try:
+        th.start()
+        results = run_parallel(PROCS, rank, timeout=600)
+        th.join(timeout=600)
+        new = upgrade.get("proc")
+        assert new is not None and upgrade.get("old_rc") == 0 and new.poll() is None, (
+            upgrade, m.daemon_log())
+        m.proc = new
+        assert all(isinstance(r, dict) for r in results), results
+        assert all(r == results[0] for r in results), "ranks loaded different bytes"
+        log = m.daemon_log()
+        assert "upgrade: the mount is pid %d's now" % new.pid in log, log
+        assert "abandoned" not in log and "upgrade refused" not in log, log
+    finally:
+        th.join(timeout=600)
+        new = upgrade.get("proc")
+        if new and m.proc is not new and new.poll() is None:
+            if m.proc.poll() is None:
+                m.proc.kill()
+                m.proc.wait()
+            m.proc = new
+        m.stop()
+        if upgrade.get("log"):
+            upgrade["log"].close()
+        assert not os.path.ismount(m.mnt)
