@@ -158,8 +158,9 @@ def report_upgrade(m, up):
     log = m.daemon_log()
     new = up.get("new")
     if up.get("error") or new is None or up.get("old_rc") != 0 or new.poll() is not None:
+        lines = [l for l in log.splitlines() if "upgrade" in l]  # the daemons' own account
         print("FAIL upgrade: %s (old daemon exit %s)\n%s" % (up.get("error", "the new daemon is not "
-              "serving"), up.get("old_rc"), log[-2000:]))
+              "serving"), up.get("old_rc"), "\n".join(lines[-20:])))
         return False
     answered = "?"
     if "requests answered during the handover" in log:
