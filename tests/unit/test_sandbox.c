@@ -55,12 +55,14 @@ static char *output(void)
 	return buf;
 }
 
-/* Processes of uid that still run (zombies, which only wait for their parent, do not). */
-static int live_of_uid(uid_t uid)
+/* Processes of uid that still run (zombies, which only wait for their parent, do not),
+ * only those named comm if comm is not NULL. */
+static int running_of_uid(uid_t uid, const char *comm)
 {
-	char cmd[200];
-	snprintf(cmd, sizeof(cmd), "ps -e -o uid=,stat= | awk '$1 == %u && $2 !~ /^Z/' | wc -l",
-		 (unsigned)uid);
+	char cmd[240];
+	snprintf(cmd, sizeof(cmd), "ps -e -o uid=,stat=,comm= | awk '$1 == %u && $2 !~ /^Z/%s%s%s' "
+		 "| wc -l", (unsigned)uid, comm ? " && $3 == \"" : "", comm ? comm : "",
+		 comm ? "\"" : "");
 	FILE *f = popen(cmd, "r");
 	int n = -1;
 	if (f && fscanf(f, "%d", &n) != 1)
@@ -70,21 +72,17 @@ static int live_of_uid(uid_t uid)
 	return n;
 }
 
+static int live_of_uid(uid_t uid)
+{
+	return running_of_uid(uid, NULL);
+}
+
 /* Nonzero once uid runs exactly the three sleeps of daemon_with_compile's compile and no
  * other process: the shell that starts them forks and execs on the way (setsid -f), so a
  * count of its processes alone passes through 3 before it settles there. */
 static int compile_settled(uid_t uid)
 {
-	char cmd[240];
-	snprintf(cmd, sizeof(cmd), "ps -e -o uid=,stat=,comm= | awk '$1 == %u && $2 !~ /^Z/ && "
-		 "$3 == \"sleep\"' | wc -l", (unsigned)uid);
-	FILE *f = popen(cmd, "r");
-	int n = -1;
-	if (f && fscanf(f, "%d", &n) != 1)
-		n = -1;
-	if (f)
-		pclose(f);
-	return n == 3 && live_of_uid(uid) == 3;
+	return running_of_uid(uid, "sleep") == 3 && live_of_uid(uid) == 3;
 }
 
 static int exit_status(pid_t pid)
