@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "hash.h"
+#include "pool.h"
 #include "log.h"
 
 enum { MSG_HELLO = 1, MSG_OFFER, MSG_REFUSE, MSG_GO, MSG_ABORT, MSG_STATE, MSG_FAIL, MSG_ACK };
@@ -260,14 +261,7 @@ static long drain(double deadline)
 		clock_gettime(CLOCK_MONOTONIC, &now);
 		if (now.tv_sec + now.tv_nsec / 1e9 >= deadline)
 			break;
-		struct timespec until;
-		clock_gettime(CLOCK_REALTIME, &until);
-		until.tv_nsec += 100000000L;
-		if (until.tv_nsec >= 1000000000L) {
-			until.tv_sec++;
-			until.tv_nsec -= 1000000000L;
-		}
-		pthread_cond_timedwait(&io.cond, &io.lock, &until);
+		kc_cond_wait_briefly(&io.cond, &io.lock);
 	}
 	long left = __atomic_load_n(&io.outstanding, __ATOMIC_SEQ_CST);
 	pthread_mutex_unlock(&io.lock);

@@ -112,20 +112,26 @@ static double mono_s(void)
 	return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
+void kc_cond_wait_briefly(pthread_cond_t *cond, pthread_mutex_t *lock)
+{
+	/* the condition's clock is CLOCK_REALTIME: short waits, the callers' deadlines
+	 * monotonic, so a step of the wall clock costs at most one wait */
+	struct timespec until;
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_nsec += 100000000L;
+	if (until.tv_nsec >= 1000000000L) {
+		until.tv_sec++;
+		until.tv_nsec -= 1000000000L;
+	}
+	pthread_cond_timedwait(cond, lock, &until);
+}
+
 unsigned kc_pool_wait_idle(struct kc_pool *p, double timeout_s)
 {
 	double deadline = mono_s() + timeout_s;
 	pthread_mutex_lock(&p->lock);
 	while ((p->queued || p->running) && mono_s() < deadline) {
-		/* the condition's clock is CLOCK_REALTIME: short waits, the deadline monotonic */
-		struct timespec until;
-		clock_gettime(CLOCK_REALTIME, &until);
-		until.tv_nsec += 100000000L;
-		if (until.tv_nsec >= 1000000000L) {
-			until.tv_sec++;
-			until.tv_nsec -= 1000000000L;
-		}
-		pthread_cond_timedwait(&p->idle, &p->lock, &until);
+		kc_cond_wait_briefly(&p->idle, &p->lock);
 	}
 	unsigned left = p->queued + p->running;
 	pthread_mutex_unlock(&p->lock);

@@ -28,6 +28,10 @@ void kc_pool_load(struct kc_pool *p, unsigned *queued, unsigned *running);
  * still queued or running (0: idle). Jobs submitted meanwhile are waited for too. */
 unsigned kc_pool_wait_idle(struct kc_pool *p, double timeout_s);
 
+/* Wait on cond (with lock held, as pthread_cond_wait) at most 100 ms: for loops that
+ * recheck their condition against a CLOCK_MONOTONIC deadline of their own. */
+void kc_cond_wait_briefly(pthread_cond_t *cond, pthread_mutex_t *lock);
+
 /* Stop accepting, run what is queued, join the workers, free. */
 void kc_pool_destroy(struct kc_pool *p);
 
