@@ -436,9 +436,13 @@ void kc_inode_unlinked(struct kc_inode_table *t, struct kc_inode *in)
 	    t->placeholder_fd < 0)
 		return;
 	pthread_mutex_lock(&t->lock);
+	/* An object with no data blocks (an empty lock file) frees nothing by going: it stays
+	 * until FORGET, so an open that looked its name up just before the unlink opens it, as
+	 * on a local filesystem, instead of meeting ESTALE (the kernel retries ESTALE once, and
+	 * a lock file unlinked and recreated in a loop can meet it twice). */
 	if (!in->unhashed && in->opens == 0 &&
 	    fstatat(in->fd, "", &st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) == 0 &&
-	    st.st_nlink == 0) {
+	    st.st_nlink == 0 && st.st_blocks > 0) {
 		struct kc_inode **found = tfind(in, &t->tree, inode_cmp);
 		if (found && *found == in && tsearch(in, &t->unhashed, by_address)) {
 			tdelete(in, &t->tree, inode_cmp);

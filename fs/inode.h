@@ -159,12 +159,14 @@ int kc_inode_entry_fd(struct kc_inode_table *t, struct kc_inode *in, enum kc_rol
 int kc_inode_opened(struct kc_inode_table *t, struct kc_inode *in, int delta);
 
 /* Call after in's object may have lost its last name (unlink, a rename over it, a stage that
- * consumed it, the release of the last client handle). If it has no name left and no client
- * handle open, the daemon lets go of it now, so that its space is free when the call
- * returns: its fd is swapped for a placeholder (the number stays, so no request in flight
- * reaches another file), it leaves the tree (a name that later holds a new object with the
- * same inode number gets a new inode), and requests on it are answered ESTALE (ops.c)
- * until the kernel forgets it. Directories, pending and virtual inodes are kept. */
+ * consumed it, the release of the last client handle). If it has no name left, no client
+ * handle open and holds data blocks, the daemon lets go of it now, so that its space is free
+ * when the call returns: its fd is swapped for a placeholder (the number stays, so no
+ * request in flight reaches another file), it leaves the tree (a name that later holds a new
+ * object with the same inode number gets a new inode), and requests on it are answered
+ * ESTALE (ops.c) until the kernel forgets it. An empty file stays until FORGET (it frees
+ * nothing, and an open racing its unlink then succeeds as on a local filesystem), and so do
+ * directories, pending and virtual inodes. */
 void kc_inode_unlinked(struct kc_inode_table *t, struct kc_inode *in);
 
 /* Drop n kernel references; frees the inode at zero. */

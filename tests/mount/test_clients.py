@@ -242,6 +242,29 @@ def test_ninth_stager_with_other_bytes_is_refused(mount_factory):
     assert m.stats()["compiles_total"] == 1 and loser != staged
 
 
+def test_an_empty_file_unlinked_between_lookup_and_open_still_opens(mount_factory):
+    """A name looked up just before another process unlinks it: the open that follows (here
+    a reopen of an O_PATH descriptor, which holds the looked-up inode as a racing open does)
+    opens the unlinked empty file, as on a local filesystem, and its lock works. A file with
+    data is let go of at once to free its space (test_backing.py), so there it is ESTALE."""
+    m = mount_factory()
+    for name, data, want in (("empty.lock", b"", "ok"), ("data", b"d" * 8192, "ESTALE")):
+        p = m.mnt / name
+        p.write_bytes(data)
+        pinned = os.open(p, os.O_PATH)
+        try:
+            p.unlink()
+            try:
+                with open(f"/proc/self/fd/{pinned}", "a+") as f:
+                    fcntl.flock(f, fcntl.LOCK_EX)
+                    got = "ok"
+            except OSError as e:
+                got = errno.errorcode[e.errno]
+            assert got == want, name
+        finally:
+            os.close(pinned)
+
+
 def test_locks_while_the_lock_file_is_unlinked_and_recreated(mount_factory):
     """16 processes lock a lock file (flock and fcntl) while one unlinks and recreates it:
     exactly the semantics of a local filesystem (a lock is on the file, not the name)."""
