@@ -348,7 +348,7 @@ def header_tree(inc):
 
 
 def tree_digest(inc):
-    """src/tree.h's digest of the tree under inc (the shim's # include-root line)."""
+    """src/entry/tree.h's digest of the tree under inc (the shim's # include-root line)."""
     def field(b):
         return b"%d\n" % len(b) + b + b"\n"
     h = hashlib.sha256(b"kcachefs-tree-v1\n")

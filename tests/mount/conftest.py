@@ -26,7 +26,7 @@ def pytest_configure(config):
 
 @pytest.fixture(autouse=True, scope="session")
 def shim_memo_in_a_temp_dir():
-    """The nvcc shim remembers file digests in $XDG_CACHE_HOME/kcachefs-nvcc (src/tree.h):
+    """The nvcc shim remembers file digests in $XDG_CACHE_HOME/kcachefs-nvcc (src/entry/tree.h):
     the suite's shims (and the DeepGEMM clients that run them) keep theirs in a temp dir of
     the session, removed at its end, not in the home directory."""
     d = tempfile.mkdtemp(prefix="kcachefs-xdg-")

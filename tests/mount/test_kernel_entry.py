@@ -264,7 +264,7 @@ KC_IOC_GET_KEY = (2 << 30) | (64 << 16) | (ord("k") << 8) | 1  # _IOR('k', 1, ch
 
 
 def recipe_key(source, flags):
-    """src/key.h's key of a recipe, computed here independently."""
+    """src/entry/key.h's key of a recipe, computed here independently."""
     h = hashlib.sha256(b"kcachefs-key-v1\n")
     for field in (source, flags):
         h.update(b"%d\n" % len(field) + field + b"\n")

@@ -13,7 +13,7 @@ from conftest import KERNELS, SHIM, sample
 
 
 def key_of(source, flags):
-    """The key of src/key.h: SHA-256 over "kcachefs-key-v1\\n", then each file as a field
+    """The key of src/entry/key.h: SHA-256 over "kcachefs-key-v1\\n", then each file as a field
     (its decimal length, '\\n', the bytes, '\\n')."""
     h = hashlib.sha256(b"kcachefs-key-v1\n")
     for part in (source, flags):

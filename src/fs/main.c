@@ -24,7 +24,7 @@
 #include <unistd.h>
 
 #include "compile.h"
-#include "fh.h"
+#include "stage.h"
 #include "fs.h"
 #include "kc_build.h"
 #include "log.h"
@@ -136,7 +136,7 @@ static void usage(const char *prog)
 	       "                           as root: the first range from %u that no other\n"
 	       "                           daemon holds); compile_uids=daemon: as the daemon\n"
 	       "    -o verify_keys         an entry's <hash> must be the key of its kernel.cu and\n"
-	       "                           kernel.flags (src/key.h), or they are refused\n"
+	       "                           kernel.flags (src/entry/key.h), or they are refused\n"
 	       "    -o max_source_size=B   largest kernel.cu/kernel.flags accepted (default %u)\n"
 	       "    -o max_size=SIZE       evict least recently used entries when their bytes\n"
 	       "                           exceed SIZE (K, M, G, T suffixes; default no bound)\n"

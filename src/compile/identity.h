@@ -1,4 +1,4 @@
-/* compiler.h - the identity of the compilers the mount runs: what a recipe hash (recipe.h)
+/* identity.h - the identity of the compilers the mount runs: what a recipe hash (recipe.h)
  * and a remembered rejection name as "the compiler".
  *
  * identity = "<last line of nvcc --version> sha256:<SHA-256 of the nvcc binary's bytes>",
@@ -15,8 +15,8 @@
  * Owns: its copies of the paths and the current identity. Thread-safe: compiles running at
  * once share one kc_compiler.
  */
-#ifndef KC_COMPILER_H
-#define KC_COMPILER_H
+#ifndef KC_IDENTITY_H
+#define KC_IDENTITY_H
 
 #include <limits.h>
 #include <pthread.h>

@@ -1,15 +1,15 @@
-/* nvcc_shim.c - kcachefs-nvcc: an nvcc that compiles each kernel once per node.
+/* main.c - kcachefs-nvcc: an nvcc that compiles each kernel once per node.
  *
  * Point a JIT client's compiler at it (DG_JIT_NVCC_COMPILER=kcachefs-nvcc). A call
  * "X.cu -cubin -o OUT <flags>" whose OUT lies on a kcachefs mount (or with KCACHEFS_MOUNT
  * set) is served by the mount: the source and flags are staged into
- * <mount>/kcachefs-nvcc/kernel.nvcc.<key> (key: src/key.h over the staged bytes, whose
+ * <mount>/kcachefs-nvcc/kernel.nvcc.<key> (key: src/entry/key.h over the staged bytes, whose
  * kernel.flags names the mount's compiler and fingerprints the include trees), the entry's
  * kernel.cubin is opened (the mount compiles it once; concurrent shims wait on the same
  * compile), checked to be the compile of this very recipe (KC_IOC_GET_KEY), and its bytes
  * are put at OUT atomically, with the compiler's warnings on stderr.
  *
- * Everything else is the real nvcc's (src/nvcc.h finds it as the daemon does, or
+ * Everything else is the real nvcc's (src/compile/nvcc.h finds it as the daemon does, or
  * KCACHEFS_NVCC names it), exec'd with the same arguments: calls that are not a
  * single-source cubin compile, calls off the mount, calls the mount cannot reproduce (local
  * includes, NVCC_APPEND_FLAGS and the like, flags it does not take), calls it cannot serve
@@ -35,7 +35,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "compiler.h"
+#include "identity.h"
 #include "io.h"
 #include "key.h"
 #include "name.h"

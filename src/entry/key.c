@@ -147,7 +147,7 @@ int kc_key_names(const char *entry_name, const void *source, size_t source_len,
 	if (kc_key_hash_matches(entry_name, key))
 		return 1;
 	snprintf(why, whylen, "the key of kernel.cu and kernel.flags is %.*s, not the entry's "
-		 "%.64s%s (-o verify_keys; see src/key.h)", (int)(n >= 16 && n <= 64 ? n : 64),
+		 "%.64s%s (-o verify_keys; see src/entry/key.h)", (int)(n >= 16 && n <= 64 ? n : 64),
 		 key, hash, n > 64 ? "...: longer than a SHA-256" : "");
 	return 0;
 }

@@ -56,7 +56,7 @@ struct kc_compile_spec {
 	int warm;                  /* with pool, not deps_only: nvcc is kcachefs-nvrtc; run the
 				    * compile in a warm worker of this uid, compiler, generation
 				    * and flags (a process per compile when none can start) */
-	unsigned long compiler_gen; /* the compiler identity's generation (compiler.h): part of
+	unsigned long compiler_gen; /* the compiler identity's generation (identity.h): part of
 				    * a worker's key, so a replaced compiler gets new workers */
 };
 

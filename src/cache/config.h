@@ -9,7 +9,7 @@
 #include <stddef.h>
 
 #include "compile.h"
-#include "compiler.h"
+#include "identity.h"
 #include "flags.h"
 
 #define KC_DEFAULT_ARCH "sm_90a"           /* when no GPU is found and no -o arch= */
@@ -48,7 +48,7 @@ struct kc_config {
 	unsigned nvrtc_idle;   /* seconds a warm NVRTC worker (nvrtc_pool.h) may stay idle;
 				* 0: KC_NVRTC_IDLE_DEFAULT */
 	int nvrtc_cold;        /* -o nvrtc_idle=0: no warm workers, a process per compile */
-	struct kc_compiler *compiler; /* the compilers' identity (compiler.h); owned. Read it
+	struct kc_compiler *compiler; /* the compilers' identity (identity.h); owned. Read it
 				* with kc_config_compiler_id, never keep a copy across compiles */
 	int arch_detected;     /* 1 if arch came from the node's GPU */
 };
@@ -58,7 +58,7 @@ struct kc_config {
  * as root given one; -EACCES when the compiler runs as the daemon and not as those uids),
  * their namespaces (when root; none, with a warning, where the kernel refuses them), nvcc (-o nvcc=, else $CUDA_HOME/bin/nvcc, else nvcc on
  * PATH, else /usr/local/cuda/bin/nvcc; -ENOENT with why filled when that is not an
- * executable file, unless -o compiler=nvrtc, which only warns), its identity (compiler.h:
+ * executable file, unless -o compiler=nvrtc, which only warns), its identity (identity.h:
  * runs "nvcc --version" and digests the binary; a compiler that cannot answer is
  * "unavailable" in it, with a warning), the NVRTC backend (kcachefs-nvrtc in the daemon's own directory; -EINVAL when -o
  * compiler=nvrtc asks for it and it is not there), the
@@ -67,7 +67,7 @@ struct kc_config {
  * arch or a refused flag, or -ENOMEM. */
 int kc_config_resolve(struct kc_config *c, char *why, size_t whylen);
 
-/* The identity of the compilers the mount runs now (compiler.h): part of every recipe
+/* The identity of the compilers the mount runs now (identity.h): part of every recipe
  * hash and of every remembered rejection, and the name of "the compiler" in any key that
  * leaves this node (a cluster store's object key). It holds no install path: the same
  * binaries give the same identity on every node. Copies it to out (KC_COMPILER_ID_MAX

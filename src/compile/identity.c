@@ -1,6 +1,6 @@
-/* compiler.c - see compiler.h */
+/* identity.c - see identity.h */
 #define _GNU_SOURCE
-#include "compiler.h"
+#include "identity.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -1,5 +1,5 @@
 /* ops.c - the FUSE low-level operations: translate each request into calls on the backing
- * store (an O_PATH fd per inode, *at() system calls) and on the kernel cache (src/cache.h).
+ * store (an O_PATH fd per inode, *at() system calls) and on the kernel cache (src/cache/cache.h).
  *
  * Kernel-entry rules live in the core; what is here is the FUSE side of them:
  *  - lookup of kernel.cubin in an entry is the single-flight point. A lookup that must wait
@@ -25,7 +25,7 @@
 #include <sys/xattr.h>
 #include <unistd.h>
 
-#include "fh.h"
+#include "stage.h"
 #include "key.h"
 #include "log.h"
 

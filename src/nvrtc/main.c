@@ -1,4 +1,4 @@
-/* nvrtc_main.c - kcachefs-nvrtc: the NVRTC compile backend, run by the daemon exactly as it
+/* main.c - kcachefs-nvrtc: the NVRTC compile backend, run by the daemon exactly as it
  * runs nvcc (its own process, scratch directory, timeout and log), so that a compiler crash
  * or hang costs one compile and never the mount.
  *
@@ -421,7 +421,7 @@ int main(int argc, char **argv)
 	int major = 0, minor = 0;
 	nvrtcVersion(&major, &minor);
 	if (argc == 2 && strcmp(argv[1], "--version") == 0) {
-		/* The library's line lets the daemon digest the very file (compiler.h). */
+		/* The library's line lets the daemon digest the very file (identity.h). */
 		const char *lib = NULL;
 		dl_iterate_phdr(find_libnvrtc, &lib);
 		printf("kcachefs-nvrtc %s (CUDA %s)\n", KC_VERSION, KC_CUDA_VERSION);

@@ -1,4 +1,4 @@
-/* stage.c - see fh.h: file handles and stages. */
+/* stage.c - see stage.h: file handles and stages. */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
@@ -11,7 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "fh.h"
+#include "stage.h"
 #include "log.h"
 
 /* Follow up a kc_cache_stage result r in entry entry_ino: the kernel's cached kernel.cubin

@@ -100,7 +100,7 @@ static void mark_verified(struct kc_cache *c, const struct stat *st)
 
 /* Before a compile, and before its result is published or remembered: is the compiler on
  * disk still the one whose identity recipes are hashed with? A changed one is taken again
- * (compiler.h), and every cubin is verified again at its next open, where one compiled
+ * (identity.h), and every cubin is verified again at its next open, where one compiled
  * under another identity is stale (check_published). Returns kc_compiler_refresh's. */
 static int compiler_check(struct kc_cache *c)
 {

@@ -1,11 +1,11 @@
-/* fh.h - open file handles of the FUSE adapter, and the stage: the private temporary that
+/* stage.h - open file handles of the FUSE adapter, and the stage: the private temporary that
  * a staged file (kernel.cu, kernel.flags, kernel.cubin in an entry) is written to until
  * the writer's close commits it into the entry through kc_cache_stage.
  *
  * Owns: each kc_fh owns its fds, its stage temporary and its stats text.
  */
-#ifndef KC_FH_H
-#define KC_FH_H
+#ifndef KC_STAGE_H
+#define KC_STAGE_H
 
 #include "fs.h"
 

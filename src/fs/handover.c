@@ -8,7 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "fh.h"
+#include "stage.h"
 
 #define STATE_MAGIC 0x4b435354u /* "KCST" */
 

@@ -10,7 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "fh.h"
+#include "stage.h"
 #include "log.h"
 
 static struct kc_fs *fs_of(fuse_req_t req)
