@@ -1,8 +1,11 @@
 /* cache.h - the kernel cache: lookup of an entry's cubin with verification, the
  * single-flight compile of a staged recipe, publishing, and staging of client files.
  *
- * This is the whole behaviour of a kernel entry without FUSE: fs/ translates requests into
- * these calls. Entry directories are passed as fds on the backing store (O_PATH allowed).
+ * This is the whole behaviour of a kernel entry without FUSE: src/fs/ translates requests
+ * into these calls. Entry directories are passed as fds on the backing store (O_PATH
+ * allowed). Implemented by cache.c (init, lookup), verify.c (published cubins checked
+ * before they are served), job.c (the compile job and publish) and staging.c (staged files
+ * checked and committed), which share cache_i.h.
  */
 #ifndef KC_CACHE_H
 #define KC_CACHE_H
