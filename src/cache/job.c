@@ -144,59 +144,137 @@ static int publish_fetched(struct compile_job *j, struct kc_remote_job *rj, int 
 	return result;
 }
 
+/* A recipe the mount will not compile (its flags, or a backend it lacks): kernel.log says why
+ * (head, one line), the recipe is marked rejected, and the failure counted and logged. */
+static int refuse_recipe(struct compile_job *j, const char *label, const char *head)
+{
+	kc_cache_write_log(j->c, j->entry_fd, head, NULL, 0);
+	kc_store_mark_rejected(j->entry_fd, j->recipe.hash);
+	atomic_fetch_add(&j->c->stats.compile_failures, 1);
+	kc_log(KC_LOG_WARN, "compile %s: %.*s", label, (int)strlen(head) - 11, head + 10);
+	return -EIO;
+}
+
+/* The compile's arguments into args (empty on entry; the caller frees it): the mount's
+ * flags, the entry's kernel.flags, and the mount's architecture unless they name one; the
+ * backend the entry asks for (else the mount's, -o compiler=) is taken out of them into
+ * *nvrtc. Returns 0, or -EIO (refused with refuse_recipe, or out of memory). */
+static int compile_args(struct compile_job *j, const char *label, struct kc_argv *args,
+			int *nvrtc)
+{
+	const struct kc_config *cfg = j->c->cfg;
+	struct kc_argv eflags = {0};
+	char why[512], head[700];
+
+	if (kc_flags_parse(j->recipe.flags, j->recipe.flags_len, &eflags, why, sizeof(why))) {
+		snprintf(head, sizeof(head), "kcachefs: kernel.flags %s\n", why);
+		return refuse_recipe(j, label, head);
+	}
+	int err = kc_argv_extend(args, &cfg->mount_flags) || kc_argv_extend(args, &eflags) ||
+		  (!kc_flags_have_arch(args) &&
+		   (snprintf(why, sizeof(why), "--gpu-architecture=%s", cfg->arch),
+		    kc_argv_push(args, why)));
+	kc_argv_free(&eflags);
+	if (err)
+		return -EIO;
+	const char *backend = kc_flags_backend(args);
+	*nvrtc = backend ? strcmp(backend, "nvrtc") == 0 : cfg->backend_nvrtc;
+	if (*nvrtc && !cfg->nvrtc) {
+		snprintf(head, sizeof(head), "kcachefs: kernel.flags asks for NVRTC (%snvrtc), which "
+			 "this kcachefs was built without\n", KC_FLAG_BACKEND);
+		return refuse_recipe(j, label, head);
+	}
+	for (size_t i = 0; i < args->n;) { /* the choice is the mount's, not a compiler flag */
+		if (strncmp(args->v[i], KC_FLAG_BACKEND, strlen(KC_FLAG_BACKEND)) != 0) {
+			i++;
+			continue;
+		}
+		free(args->v[i]);
+		memmove(&args->v[i], &args->v[i + 1], (args->n - i) * sizeof(*args->v));
+		args->n--;
+	}
+	return 0;
+}
+
+/* Run the compiler of spec, after checking that the include roots the recipe names by
+ * content hold those bytes now: the key (key.h) is theirs, whatever the path (a tree changed
+ * since it was staged fails this compile as a transient one; a new stage names its new
+ * bytes). Fills out (the caller frees it). */
+static void compile_checked(struct compile_job *j, const char *label,
+			    const struct kc_compile_spec *spec, struct kc_compile_outcome *out)
+{
+	struct kc_cache *c = j->c;
+	char why[512];
+	int roots = kc_tree_check_roots(j->recipe.flags, j->recipe.flags_len, c->tree_memo, why,
+					 sizeof(why));
+	if (roots) {
+		memset(out, 0, sizeof(*out));
+		out->status = KC_COMPILE_TRANSIENT;
+		snprintf(out->why, sizeof(out->why), "%.255s", why);
+	} else if (kc_compile_run(spec, out) != 0) {
+		out->status = KC_COMPILE_TRANSIENT;
+		snprintf(out->why, sizeof(out->why), "out of memory");
+	}
+	if (!roots)
+		kc_stats_observe_compile(&c->stats, out->seconds);
+	if (out->timed_out)
+		atomic_fetch_add(&c->stats.compile_timeouts, 1);
+	kc_log(KC_LOG_DEBUG, "compile %s: compiler ran %.2f s: %s", label, out->seconds, out->why);
+}
+
+/* What a compile that ran comes to, in kernel.log (with the compiler's output) and the
+ * daemon's log: published, not published, rejected or failed, in how long, with which
+ * compiler and arch, and, where a kernel request timeout cut compile_timeout and the compile
+ * ran out of it, which sysctls to set. A rejection is remembered; -EAGAIN (the recipe or the
+ * compiler changed meanwhile) writes no kernel.log. */
+static void report_compile(struct compile_job *j, const char *label,
+			   const struct kc_compile_outcome *out, int result, const char *compiler,
+			   const char *arch)
+{
+	const struct kc_config *cfg = j->c->cfg;
+	char head[1536];
+	const char *kind = out->status == KC_COMPILE_OK
+				   ? (result == 0 ? "published" : "not published")
+				   : out->status == KC_COMPILE_REJECTED ? "rejected" : "failed";
+	snprintf(head, sizeof(head), "kcachefs: compile %s: %s (%s) in %.2f s with %s, arch %s\n",
+		 label, kind, out->why, out->seconds, compiler, arch);
+	if (out->timed_out && cfg->compile_timeout_asked) {
+		size_t hl = strlen(head);
+		snprintf(head + hl, sizeof(head) - hl, "kcachefs: the compile timeout is %u s, not "
+			 "compile_timeout=%u, because the kernel aborts this mount when a request "
+			 "waits %u s (sysctls fs.fuse.default_request_timeout and "
+			 "fs.fuse.max_request_timeout): set them to 0 (off) or to at least %u and "
+			 "remount, for compiles that long\n", cfg->compile_timeout,
+			 cfg->compile_timeout_asked, cfg->request_timeout,
+			 kc_reqtimeout_needed(cfg->compile_timeout_asked + 1));
+	}
+	if (result != -EAGAIN)
+		kc_cache_write_log(j->c, j->entry_fd, head, out->log, out->log_len);
+	if (out->status == KC_COMPILE_REJECTED && result != -EAGAIN)
+		kc_store_mark_rejected(j->entry_fd, j->recipe.hash);
+	kc_log(result == 0 ? KC_LOG_INFO : KC_LOG_WARN, "%.*s", (int)strlen(head) - 11, head + 10);
+}
+
+/* The job of a recipe's leader: fetch its cubin from the cluster store, or compile it, and
+ * publish it. Returns 0 (published), -EAGAIN (the recipe or compiler changed meanwhile: the
+ * waiters look again) or -EIO; j->transient says whether the failure may pass. */
 static int run_compile(struct compile_job *j)
 {
 	struct kc_cache *c = j->c;
 	const struct kc_config *cfg = c->cfg;
-	struct kc_argv args = {0}, eflags = {0};
+	struct kc_argv args = {0};
 	struct kc_compile_outcome out;
-	char label[512], why[512], head[1536], scratch[4200];
+	char label[512], scratch[4200], arch[32];
 	uint64_t bytes = 0;
-	int result;
+	int result, nvrtc = 0;
 
 	kc_cache_entry_label(c, j->entry_fd, label, sizeof(label));
-	if (kc_flags_parse(j->recipe.flags, j->recipe.flags_len, &eflags, why, sizeof(why))) {
-		snprintf(head, sizeof(head), "kcachefs: kernel.flags %s\n", why);
-		kc_cache_write_log(c, j->entry_fd, head, NULL, 0);
-		kc_store_mark_rejected(j->entry_fd, j->recipe.hash);
-		atomic_fetch_add(&c->stats.compile_failures, 1);
-		kc_log(KC_LOG_WARN, "compile %s: %s", label, why);
-		return -EIO;
-	}
-	if (kc_argv_extend(&args, &cfg->mount_flags) || kc_argv_extend(&args, &eflags) ||
-	    (!kc_flags_have_arch(&args) &&
-	     (snprintf(why, sizeof(why), "--gpu-architecture=%s", cfg->arch),
-	      kc_argv_push(&args, why)))) {
+	if (compile_args(j, label, &args, &nvrtc) != 0) {
 		kc_argv_free(&args);
-		kc_argv_free(&eflags);
 		return -EIO;
 	}
-	kc_argv_free(&eflags);
-	char arch[32];
 	snprintf(arch, sizeof(arch), "%.31s", kc_flags_arch(&args));
-	/* The backend: the entry's choice, else the mount's (-o compiler=). */
-	const char *backend = kc_flags_backend(&args);
-	int nvrtc = backend ? strcmp(backend, "nvrtc") == 0 : cfg->backend_nvrtc;
-	if (nvrtc && !cfg->nvrtc) {
-		snprintf(head, sizeof(head), "kcachefs: kernel.flags asks for NVRTC (%snvrtc), which "
-			 "this kcachefs was built without\n", KC_FLAG_BACKEND);
-		kc_cache_write_log(c, j->entry_fd, head, NULL, 0);
-		kc_store_mark_rejected(j->entry_fd, j->recipe.hash);
-		atomic_fetch_add(&c->stats.compile_failures, 1);
-		kc_log(KC_LOG_WARN, "compile %s: NVRTC asked for, not built", label);
-		kc_argv_free(&args);
-		return -EIO;
-	}
 	const char *compiler = nvrtc ? cfg->nvrtc : cfg->nvcc;
-	for (size_t i = 0; i < args.n;) { /* the choice is the mount's, not a compiler flag */
-		if (strncmp(args.v[i], KC_FLAG_BACKEND, strlen(KC_FLAG_BACKEND)) != 0) {
-			i++;
-			continue;
-		}
-		free(args.v[i]);
-		memmove(&args.v[i], &args.v[i + 1], (args.n - i) * sizeof(*args.v));
-		args.n--;
-	}
 
 	char out_name[64];
 	int out_fd = kc_store_tmpfile(c->store, 0600, out_name);
@@ -239,24 +317,7 @@ static int run_compile(struct compile_job *j)
 		.ns_flags = cfg->ns_flags, .out_fd = out_fd, .pool = c->nvrtc, .warm = nvrtc,
 		.compiler_gen = j->recipe.compiler_gen,
 	};
-	/* The include roots the recipe names by content must hold those bytes now: the key
-	 * (key.h) is theirs, whatever the path (a tree changed since it was staged fails
-	 * this compile as a transient one; a new stage names its new bytes). */
-	int roots = kc_tree_check_roots(j->recipe.flags, j->recipe.flags_len, c->tree_memo, why,
-					 sizeof(why));
-	if (roots) {
-		memset(&out, 0, sizeof(out));
-		out.status = KC_COMPILE_TRANSIENT;
-		snprintf(out.why, sizeof(out.why), "%.255s", why);
-	} else if (kc_compile_run(&spec, &out) != 0) {
-		out.status = KC_COMPILE_TRANSIENT;
-		snprintf(out.why, sizeof(out.why), "out of memory");
-	}
-	if (!roots)
-		kc_stats_observe_compile(&c->stats, out.seconds);
-	if (out.timed_out)
-		atomic_fetch_add(&c->stats.compile_timeouts, 1);
-	kc_log(KC_LOG_DEBUG, "compile %s: compiler ran %.2f s: %s", label, out.seconds, out.why);
+	compile_checked(j, label, &spec, &out);
 
 	result = -EIO;
 	if (out.status == KC_COMPILE_REJECTED &&
@@ -291,27 +352,8 @@ static int run_compile(struct compile_job *j)
 		kc_slots_release(kc_cache_job_slots(c));
 	if (result != 0 && result != -EAGAIN)
 		atomic_fetch_add(&c->stats.compile_failures, 1);
-	const char *kind = out.status == KC_COMPILE_OK
-				   ? (result == 0 ? "published" : "not published")
-				   : out.status == KC_COMPILE_REJECTED ? "rejected" : "failed";
-	snprintf(head, sizeof(head), "kcachefs: compile %s: %s (%s) in %.2f s with %s, arch %s\n",
-		 label, kind, out.why, out.seconds, compiler, arch);
-	if (out.timed_out && cfg->compile_timeout_asked) {
-		size_t hl = strlen(head);
-		snprintf(head + hl, sizeof(head) - hl, "kcachefs: the compile timeout is %u s, not "
-			 "compile_timeout=%u, because the kernel aborts this mount when a request "
-			 "waits %u s (sysctls fs.fuse.default_request_timeout and "
-			 "fs.fuse.max_request_timeout): set them to 0 (off) or to at least %u and "
-			 "remount, for compiles that long\n", cfg->compile_timeout,
-			 cfg->compile_timeout_asked, cfg->request_timeout,
-			 kc_reqtimeout_needed(cfg->compile_timeout_asked + 1));
-	}
-	if (result != -EAGAIN)
-		kc_cache_write_log(c, j->entry_fd, head, out.log, out.log_len);
-	if (out.status == KC_COMPILE_REJECTED && result != -EAGAIN)
-		kc_store_mark_rejected(j->entry_fd, j->recipe.hash);
+	report_compile(j, label, &out, result, compiler, arch);
 	j->transient = out.status != KC_COMPILE_REJECTED && result == -EIO;
-	kc_log(result == 0 ? KC_LOG_INFO : KC_LOG_WARN, "%.*s", (int)strlen(head) - 11, head + 10);
 	kc_compile_outcome_free(&out);
 done:
 	close(out_fd);
