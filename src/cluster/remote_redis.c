@@ -32,6 +32,7 @@
 #include "hash.h"
 #include "log.h"
 #include "remote_object.h"
+#include "util.h"
 
 #define MAX_REPLY ((size_t)512 << 20) /* Redis's own proto-max-bulk-len default */
 #define MAX_ARRAY 16                  /* no command here expects an array at all */
@@ -396,59 +397,19 @@ size_t kc_redis_pick(const struct kc_redis_addr *addrs, size_t n, const char *ke
 
 int kc_redis_auth_read(const char *path, char **user, char **pass, char *why, size_t whylen)
 {
-	char buf[AUTH_MAX + 1], *w1, *w2, *w3, *save = NULL;
-	struct stat st;
-	ssize_t n;
-	size_t got = 0;
-	int fd, rc = -EINVAL;
+	char *buf, *w1, *w2, *w3, *save = NULL;
+	size_t got;
+	int rc;
 
 	*user = *pass = NULL;
-	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
-	if (fd < 0) {
-		rc = -errno;
-		say(why, whylen, "remote_auth: cannot open %s: %s", path, strerror(errno));
+	rc = kc_secret_read("remote_auth", path, AUTH_MAX, &buf, &got, why, whylen);
+	if (rc)
 		return rc;
-	}
-	if (fstat(fd, &st)) {
-		rc = -errno;
-		say(why, whylen, "remote_auth: cannot stat %s: %s", path, strerror(errno));
-		goto out;
-	}
-	if (!S_ISREG(st.st_mode)) {
-		say(why, whylen, "remote_auth: %s is not a regular file", path);
-		goto out;
-	}
-	if (st.st_uid != 0 && st.st_uid != geteuid()) {
-		say(why, whylen, "remote_auth: %s is owned by uid %u: it must belong to root (or to "
-		    "the daemon's user)", path, (unsigned)st.st_uid);
-		goto out;
-	}
-	if (st.st_mode & 077) {
-		say(why, whylen, "remote_auth: %s has mode %04o: group and others may not access it "
-		    "(chmod 600)", path, (unsigned)(st.st_mode & 07777));
-		goto out;
-	}
-	while (got <= AUTH_MAX && (n = read(fd, buf + got, AUTH_MAX + 1 - got)) != 0) {
-		if (n < 0) {
-			if (errno == EINTR)
-				continue;
-			rc = -errno;
-			say(why, whylen, "remote_auth: cannot read %s: %s", path, strerror(errno));
-			goto out;
-		}
-		got += (size_t)n;
-	}
-	if (got > AUTH_MAX) {
-		say(why, whylen, "remote_auth: %s is larger than %d bytes", path, AUTH_MAX);
-		goto out;
-	}
-	buf[got] = 0;
+	rc = -EINVAL;
 	if (strlen(buf) != got) {
 		say(why, whylen, "remote_auth: %s holds a NUL byte", path);
 		goto out;
 	}
-	while (got && (buf[got - 1] == '\n' || buf[got - 1] == '\r'))
-		buf[--got] = 0;
 	if (strpbrk(buf, "\r\n")) {
 		say(why, whylen, "remote_auth: %s has more than one line (\"USER PASSWORD\" or "
 		    "\"PASSWORD\")", path);
@@ -473,20 +434,11 @@ int kc_redis_auth_read(const char *path, char **user, char **pass, char *why, si
 	}
 	rc = 0;
 out:
-	OPENSSL_cleanse(buf, sizeof(buf));
-	close(fd);
+	kc_secret_free(buf, got);
 	return rc;
 }
 
 /* ---- exchanges ---- */
-
-static int64_t now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 /* hiredis's reply builders, with arrays bounded: a garbage "*2000000000" must not make
  * the reader allocate gigabytes. array_refused tells that refusal from a real OOM. */
@@ -520,7 +472,7 @@ static void fns_init(void)
 static int wait_fd(int fd, short ev, int64_t deadline)
 {
 	for (;;) {
-		int64_t left = deadline - now_ms();
+		int64_t left = deadline - kc_mono_ms();
 		struct pollfd p = {.fd = fd, .events = ev};
 		int r;
 
@@ -778,7 +730,7 @@ static int expect_ok(redisContext *c, int argc, const char **argv, const size_t 
 static int shard_connect(struct redis_backend *b, struct redis_shard *s, int64_t deadline,
 			 redisContext **out, char *why, size_t whylen)
 {
-	int64_t left = deadline - now_ms();
+	int64_t left = deadline - kc_mono_ms();
 	struct timeval tv, optv;
 	redisContext *c;
 	int saved, rc;
@@ -909,7 +861,7 @@ static int shard_call_as(struct redis_backend *b, const char *key, const char *o
 			 redisReply **out)
 {
 	struct redis_shard *s = &b->shards[kc_redis_pick(b->addrs, b->nshards, key)];
-	int64_t deadline = now_ms() + b->base.timeout_ms;
+	int64_t deadline = kc_mono_ms() + b->base.timeout_ms;
 	char why[200] = "";
 	redisContext *c = pool_take(s);
 	int rc = 0;
@@ -941,20 +893,10 @@ static int shard_call(struct redis_backend *b, const char *key, const char *op, 
 
 /* ---- the operations ---- */
 
-static int is_hex(const char *s, size_t n)
-{
-	if (!s || strlen(s) != n)
-		return 0;
-	for (size_t i = 0; i < n; i++)
-		if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f')))
-			return 0;
-	return 1;
-}
-
 /* name = prefix + key (a valid key) */
 static int name_of(const char *prefix, const char *key, char name[64 + KC_REMOTE_KEYLEN])
 {
-	if (!is_hex(key, KC_REMOTE_KEYLEN))
+	if (!kc_hex_lower_str(key, KC_REMOTE_KEYLEN))
 		return -EINVAL;
 	snprintf(name, 64 + KC_REMOTE_KEYLEN, "%s%s", prefix, key);
 	return 0;
@@ -1108,7 +1050,7 @@ static int r_lease_take(struct kc_remote_backend *base, const char *key, const c
 	redisReply *r;
 	int rc = -EBUSY;
 
-	if (!ttl_ms || !is_hex(token, KC_REMOTE_TOKENLEN) ||
+	if (!ttl_ms || !kc_hex_lower_str(token, KC_REMOTE_TOKENLEN) ||
 	    kc_lease_record(base->secret, key, KC_LEASE_HELD, token, ttl_ms, rec) < 0)
 		return -EINVAL;
 	snprintf(ttl, sizeof(ttl), "%u", ttl_ms);
@@ -1146,7 +1088,7 @@ static int r_lease_renew(struct kc_remote_backend *base, const char *key, const 
 	char prefix[8 + KC_REMOTE_TOKENLEN], ttl[16], alive[16];
 	const char *args[4] = {prefix, ttl, token, alive};
 
-	if (!ttl_ms || !is_hex(token, KC_REMOTE_TOKENLEN))
+	if (!ttl_ms || !kc_hex_lower_str(token, KC_REMOTE_TOKENLEN))
 		return -EINVAL;
 	snprintf(prefix, sizeof(prefix), "held %s ", token);
 	snprintf(ttl, sizeof(ttl), "%u", ttl_ms);
@@ -1161,7 +1103,7 @@ static int r_lease_release(struct kc_remote_backend *base, const char *key, cons
 	char prefix[8 + KC_REMOTE_TOKENLEN], ms[16], note[KC_LEASE_RECORD_MAX] = "";
 	const char *args[3] = {prefix, ms, note};
 
-	if (!is_hex(token, KC_REMOTE_TOKENLEN) ||
+	if (!kc_hex_lower_str(token, KC_REMOTE_TOKENLEN) ||
 	    (fail_ms && kc_lease_record(base->secret, key, KC_LEASE_FAILED, token, fail_ms,
 					note) < 0))
 		return -EINVAL;
@@ -1208,7 +1150,7 @@ static int r_watch_start(struct kc_remote_backend *base, const char *key,
 	char name[64 + KC_REMOTE_KEYLEN], why[200] = "";
 	const char *argv[2] = {"SUBSCRIBE", name};
 	size_t lens[2] = {9, 0};
-	int64_t deadline = now_ms() + b->base.timeout_ms;
+	int64_t deadline = kc_mono_ms() + b->base.timeout_ms;
 	redisReply *r = NULL;
 	int rc;
 
@@ -1243,7 +1185,7 @@ static int r_watch_wait(struct kc_remote_backend *base, struct kc_remote_watch *
 {
 	char why[200] = "";
 	redisReply *r;
-	int rc = recv_reply(w->c, "SUBSCRIBE", now_ms() + ms, &r, why, sizeof(why));
+	int rc = recv_reply(w->c, "SUBSCRIBE", kc_mono_ms() + ms, &r, why, sizeof(why));
 
 	(void)base;
 	if (rc == -ETIMEDOUT)

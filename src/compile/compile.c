@@ -26,6 +26,7 @@
 #include "log.h"
 #include "nvrtc_wire.h"
 #include "sandbox.h"
+#include "util.h"
 
 #define LOG_MAX (1u << 20)
 #define LOG_TAIL (64u << 10) /* of a cut output, the end kept */
@@ -166,13 +167,6 @@ void kc_compile_shutdown(void)
 			kill(running[i], SIGKILL);
 		}
 	pthread_mutex_unlock(&running_lock);
-}
-
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
 /* Read the compiler's output from fd (the daemon's own descriptor of it: a compiler that
@@ -388,9 +382,9 @@ static int wait_compiler(pid_t pid, unsigned timeout_s, int *status)
 
 	if (pfd >= 0) {
 		struct pollfd p = {.fd = pfd, .events = POLLIN};
-		double deadline = now_s() + timeout_s;
+		double deadline = kc_mono_s() + timeout_s;
 		for (;;) {
-			double left = deadline - now_s();
+			double left = deadline - kc_mono_s();
 			if (left <= 0) {
 				timed_out = 1;
 				break;
@@ -404,7 +398,7 @@ static int wait_compiler(pid_t pid, unsigned timeout_s, int *status)
 		close(pfd);
 	} else {
 		/* No pidfd (kernel < 5.3, or out of descriptors): poll the child instead. */
-		double deadline = now_s() + timeout_s;
+		double deadline = kc_mono_s() + timeout_s;
 		for (;;) {
 			pid_t r = waitpid(pid, status, WNOHANG);
 			if (r == pid) {
@@ -413,7 +407,7 @@ static int wait_compiler(pid_t pid, unsigned timeout_s, int *status)
 			}
 			if (r < 0 && errno != EINTR)
 				break;
-			if (now_s() >= deadline) {
+			if (kc_mono_s() >= deadline) {
 				timed_out = 1;
 				break;
 			}
@@ -598,7 +592,7 @@ static int xfer(int fd, void *buf, size_t len, double deadline, int out)
 {
 	char *p = buf;
 	while (len > 0) {
-		double left = deadline - now_s();
+		double left = deadline - kc_mono_s();
 		if (left <= 0)
 			return -ETIMEDOUT;
 		struct pollfd pf = {.fd = fd, .events = out ? POLLOUT : POLLIN};
@@ -674,7 +668,7 @@ static int run_warm(const struct kc_compile_spec *spec, struct kc_compile_outcom
 	char *key = worker_key(spec, uid);
 	if (!key)
 		return 0;
-	double t0 = now_s();
+	double t0 = kc_mono_s();
 	struct kc_nvrtc_worker *w = kc_nvrtc_pool_take(spec->pool, key);
 	if (!w) {
 		w = kc_nvrtc_pool_new(spec->pool, key, uid, why, sizeof(why));
@@ -718,7 +712,7 @@ static int run_warm(const struct kc_compile_spec *spec, struct kc_compile_outcom
 		 * reap it. */
 		int status = 0, pfd = pidfd_open(w->pid, 0);
 		struct pollfd pf = {.fd = pfd, .events = POLLIN};
-		double left = t0 + spec->timeout_s - now_s();
+		double left = t0 + spec->timeout_s - kc_mono_s();
 		int ms = left < 1 ? 1000 : left > 1e6 ? 1000000000 : (int)(left * 1000);
 		while (err == -EPIPE && pfd >= 0 && poll(&pf, 1, ms) < 0 && errno == EINTR)
 			;
@@ -755,7 +749,7 @@ static int run_warm(const struct kc_compile_spec *spec, struct kc_compile_outcom
 	pthread_mutex_unlock(&running_lock);
 	if (err) /* as after any compile: nothing of its uid outlives it */
 		kc_sandbox_kill_uids(uid, 1);
-	out->seconds = now_s() - t0;
+	out->seconds = kc_mono_s() - t0;
 	if (!err)
 		w->served++;
 	/* which worker: a second compile of the same flags names the same pid */
@@ -833,7 +827,7 @@ int kc_compile_run(const struct kc_compile_spec *spec, struct kc_compile_outcome
 		return -ENOMEM;
 	}
 
-	double t0 = now_s();
+	double t0 = kc_mono_s();
 	/* The output file, opened here and kept: read back through this descriptor. */
 	int log_fd = openat(spec->scratch_fd, "compile.log",
 			    O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
@@ -876,7 +870,7 @@ int kc_compile_run(const struct kc_compile_spec *spec, struct kc_compile_outcome
 	kc_sandbox_kill_uids(uid, 1); /* a process that left the group (setsid) ends here too */
 	kc_nvrtc_pool_forget_uid(spec->pool, uid); /* its idle workers were among them */
 	release_slot(slot);
-	out->seconds = now_s() - t0;
+	out->seconds = kc_mono_s() - t0;
 	read_log(log_fd, out);
 	close(log_fd);
 	log_with_scratch(out, spec->scratch);
