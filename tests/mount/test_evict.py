@@ -13,7 +13,7 @@ import time
 import pytest
 
 from conftest import EM_CUDA, sample, start_openers
-from test_waiters import slow_nvcc, wait_for_flight
+from kcmount import slow_nvcc, wait_for_flight
 
 GRACE = 2.2  # seconds: KC_EVICT_GRACE (2) and a margin; entries used since are kept
 

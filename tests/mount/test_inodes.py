@@ -11,7 +11,7 @@ import sys
 import time
 
 from conftest import EM_CUDA, read_result, run_parallel, sample, start_openers
-from test_waiters import slow_nvcc, wait_for_flight
+from kcmount import slow_nvcc, wait_for_flight
 
 N = 600      # entries, each two inodes (its directory and its cubin) once touched
 MAX = 100    # -o max_inodes

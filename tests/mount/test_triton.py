@@ -24,7 +24,7 @@ import pytest
 
 import triton_harness
 from conftest import BUILD, REPO, run_parallel
-from test_users import as_user, two_users  # noqa: F401 (a fixture)
+from kcmount import as_user
 
 triton_harness.install_standin()
 sys.path.insert(0, str(REPO / "python"))

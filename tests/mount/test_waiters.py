@@ -5,15 +5,7 @@ import os
 import signal
 import time
 
-from conftest import entry_name, sample, start_openers, write_script
-
-
-def wait_for_flight(m, timeout=60):
-    """Return once a compile is in flight on mount m."""
-    deadline = time.monotonic() + timeout
-    while m.stats()["flights"] < 1:
-        assert time.monotonic() < deadline, "compile never started"
-        time.sleep(0.05)
+from kcmount import entry_name, sample, slow_nvcc, start_openers, wait_for_flight
 
 
 def gated_openers(mount_factory, tmp_path, n):
@@ -26,14 +18,6 @@ def gated_openers(mount_factory, tmp_path, n):
     openers = start_openers(entry / "kernel.cubin", n)
     wait_for_flight(m)
     return m, entry, openers, release
-
-
-def slow_nvcc(tmp_path, release, gated="*-cubin*"):
-    """A compiler that blocks compiles whose arguments match the shell pattern gated (by
-    default every compile) until the file `release` exists, then runs nvcc."""
-    return write_script(tmp_path / "nvcc-gated",
-                        'case "$*" in %s) while [ ! -e %s ]; do sleep 0.05; done;; esac\n'
-                        'exec /usr/local/cuda/bin/nvcc "$@"\n' % (gated, release))
 
 
 def test_64_waiters_do_not_starve_the_mount(mount_factory, tmp_path):
