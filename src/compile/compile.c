@@ -504,13 +504,12 @@ static void take_deps(const struct kc_compile_spec *spec, uid_t uid,
 
 /* The compiler exited with status code != 0: rejected only when it said why, else a
  * transient failure (out->status, out->why). */
-static void classify_exit(const struct kc_compile_spec *spec, int code,
-			  struct kc_compile_outcome *out)
+void kc_compile_classify_exit(int code, int low_space, struct kc_compile_outcome *out)
 {
 	/* Rejected only when the compiler said why: an "error" in its output, with disk
 	 * space to spare. A full disk can also leave no log at all, and nvcc frees its
 	 * temporaries before it exits, so free space alone is not proof. */
-	int space = low_on_space(spec->scratch) || says(out, "No space left on device");
+	int space = low_space || says(out, "No space left on device");
 	/* a tool of nvcc's killed (the OOM killer, a memory limit) is no verdict either:
 	 * gcc says "Killed signal terminated program cc1plus" */
 	int killed = says(out, "signal terminated program") || says(out, "std::bad_alloc") ||
@@ -523,6 +522,27 @@ static void classify_exit(const struct kc_compile_spec *spec, int code,
 		 : reported ? "" : " without reporting an error");
 	out->status = space || killed || !reported ? KC_COMPILE_TRANSIENT
 						   : KC_COMPILE_REJECTED;
+}
+
+int kc_compile_classify(int wait_err, int status, unsigned timeout_s, int low_space,
+			struct kc_compile_outcome *out)
+{
+	if (wait_err == -ETIMEDOUT) {
+		out->timed_out = 1;
+		snprintf(out->why, sizeof(out->why), "timed out after %u s and was killed",
+			 timeout_s);
+		return 0;
+	}
+	if (WIFSIGNALED(status)) {
+		snprintf(out->why, sizeof(out->why), "compiler killed by signal %d (%s)",
+			 WTERMSIG(status), strsignal(WTERMSIG(status)));
+		return 0;
+	}
+	if (WEXITSTATUS(status) != 0) {
+		kc_compile_classify_exit(WEXITSTATUS(status), low_space, out);
+		return 0;
+	}
+	return 1;
 }
 
 /* The key of the worker of this compile (nvrtc_pool.h): uid, the compiler's generation, the
@@ -761,7 +781,7 @@ static int run_warm(const struct kc_compile_spec *spec, struct kc_compile_outcom
 	if (!err) {
 		keep = rep.cpu_usec < (uint64_t)KC_NVRTC_WORKER_CPU * 1000000u;
 		if (rep.status != 0) {
-			classify_exit(spec, rep.status, out);
+			kc_compile_classify_exit(rep.status, low_on_space(spec->scratch), out);
 		} else if (kc_cubin_check_buf(cubin, rep.cubin_len, why, sizeof(why)) != 0 ||
 			   (err = kc_write_all(spec->out_fd, cubin, rep.cubin_len)) != 0) {
 			snprintf(out->why, sizeof(out->why), "compiler exited 0 but %.200s",
@@ -877,21 +897,10 @@ int kc_compile_run(const struct kc_compile_spec *spec, struct kc_compile_outcome
 
 	if (out->why[0])
 		return 0;
-	if (w == -ETIMEDOUT) {
-		out->timed_out = 1;
-		snprintf(out->why, sizeof(out->why), "timed out after %u s and was killed",
-			 spec->timeout_s);
+	int failed = w != -ETIMEDOUT && WIFEXITED(status) && WEXITSTATUS(status) != 0;
+	if (!kc_compile_classify(w, status, spec->timeout_s,
+				 failed && low_on_space(spec->scratch), out))
 		return 0;
-	}
-	if (WIFSIGNALED(status)) {
-		snprintf(out->why, sizeof(out->why), "compiler killed by signal %d (%s)",
-			 WTERMSIG(status), strsignal(WTERMSIG(status)));
-		return 0;
-	}
-	if (WEXITSTATUS(status) != 0) {
-		classify_exit(spec, WEXITSTATUS(status), out);
-		return 0;
-	}
 	if (spec->deps_only) {
 		take_deps(spec, uid, out);
 		if (!out->deps) {
