@@ -180,18 +180,10 @@ static int host_ok(const char *h, size_t n)
 	return 1;
 }
 
-/* One shard: s[0..n), the idx-th (1-based, for messages). */
-static int parse_one(const char *s, size_t n, int idx, struct kc_redis_addr *a, char *why,
-		     size_t whylen)
+/* Refuse blanks, control characters, credentials and the characters a Redis URL of ours
+ * never holds in shard idx's n bytes at s. Returns 0 or -EINVAL with why. */
+static int check_url_chars(const char *s, size_t n, int idx, char *why, size_t whylen)
 {
-	static const char tcp[] = "redis://", unx[] = "redis+unix://";
-	long v;
-
-	memset(a, 0, sizeof(*a));
-	if (n == 0) {
-		say(why, whylen, "remote: shard %d is empty (URLs are joined by a single '|')", idx);
-		return -EINVAL;
-	}
 	for (size_t i = 0; i < n; i++) {
 		unsigned char c = s[i];
 		if (c <= ' ' || c == 0x7f) {
@@ -209,102 +201,142 @@ static int parse_one(const char *s, size_t n, int idx, struct kc_redis_addr *a, 
 			return -EINVAL;
 		}
 	}
-	if (n >= sizeof(tcp) - 1 && !memcmp(s, tcp, sizeof(tcp) - 1)) {
-		const char *p = s + sizeof(tcp) - 1, *end = s + n, *hend, *q;
+	return 0;
+}
 
-		a->port = 6379;
-		if (p < end && *p == '[') {
-			char v6[INET6_ADDRSTRLEN];
-			struct in6_addr in6;
+/* The host of a redis:// URL at p (before end): "[IPv6]" or a name, into a->host (names
+ * lowercased). Returns 0 with *rest after it, or -EINVAL with why. */
+static int parse_tcp_host(const char *p, const char *end, int idx, struct kc_redis_addr *a,
+			  const char **rest, char *why, size_t whylen)
+{
+	const char *hend;
+	if (p < end && *p == '[') {
+		char v6[INET6_ADDRSTRLEN];
+		struct in6_addr in6;
 
-			hend = memchr(p, ']', end - p);
-			if (!hend || (size_t)(hend - p - 1) >= sizeof(v6)) {
-				say(why, whylen, "remote: shard %d: an IPv6 address is [ADDRESS]", idx);
-				return -EINVAL;
-			}
-			memcpy(v6, p + 1, hend - p - 1);
-			v6[hend - p - 1] = 0;
-			if (inet_pton(AF_INET6, v6, &in6) != 1) {
-				say(why, whylen, "remote: shard %d: \"%s\" is not an IPv6 address", idx,
-				    v6);
-				return -EINVAL;
-			}
-			strcpy(a->host, v6);
-			q = hend + 1;
-		} else {
-			hend = p;
-			while (hend < end && *hend != ':' && *hend != '/')
-				hend++;
-			if (!host_ok(p, hend - p)) {
-				say(why, whylen, "remote: shard %d: no valid host after redis:// (letters, "
-				    "digits, '-', '.', '_'; an IPv6 address in brackets)", idx);
-				return -EINVAL;
-			}
-			memcpy(a->host, p, hend - p);
-			for (char *c = a->host; *c; c++)
-				*c = tolower((unsigned char)*c);
-			q = hend;
-		}
-		if (q < end && *q == ':') {
-			const char *pe = q + 1;
-			while (pe < end && *pe != '/')
-				pe++;
-			if (parse_uint(q + 1, pe - q - 1, 65535, &v) || v == 0) {
-				say(why, whylen, "remote: shard %d: the port is a number 1..65535", idx);
-				return -EINVAL;
-			}
-			a->port = (int)v;
-			q = pe;
-		}
-		if (q < end && *q == '/') {
-			if (parse_uint(q + 1, end - q - 1, INT_MAX, &v)) {
-				say(why, whylen, "remote: shard %d: after '/' comes the database number "
-				    "(0, 1, ...) and nothing else", idx);
-				return -EINVAL;
-			}
-			a->db = (int)v;
-			q = end;
-		}
-		if (q != end) {
-			say(why, whylen, "remote: shard %d: unexpected '%c' after the host", idx, *q);
+		hend = memchr(p, ']', end - p);
+		if (!hend || (size_t)(hend - p - 1) >= sizeof(v6)) {
+			say(why, whylen, "remote: shard %d: an IPv6 address is [ADDRESS]", idx);
 			return -EINVAL;
 		}
-		snprintf(a->canon, sizeof(a->canon), strchr(a->host, ':') ? "redis://[%s]:%d/%d" :
-			 "redis://%s:%d/%d", a->host, a->port, a->db);
+		memcpy(v6, p + 1, hend - p - 1);
+		v6[hend - p - 1] = 0;
+		if (inet_pton(AF_INET6, v6, &in6) != 1) {
+			say(why, whylen, "remote: shard %d: \"%s\" is not an IPv6 address", idx, v6);
+			return -EINVAL;
+		}
+		strcpy(a->host, v6);
+		*rest = hend + 1;
 		return 0;
 	}
-	if (n >= sizeof(unx) - 1 && !memcmp(s, unx, sizeof(unx) - 1)) {
-		const char *p = s + sizeof(unx) - 1, *end = s + n;
-		const char *qm = memchr(p, '?', end - p);
-		const char *pend = qm ? qm : end;
-
-		a->is_unix = 1;
-		if (p == end || *p != '/') {
-			say(why, whylen, "remote: shard %d: a Unix socket URL has no host: "
-			    "redis+unix:///ABSOLUTE/PATH", idx);
-			return -EINVAL;
-		}
-		if (pend - p < 2 || pend[-1] == '/') {
-			say(why, whylen, "remote: shard %d: no socket path after redis+unix://", idx);
-			return -EINVAL;
-		}
-		if ((size_t)(pend - p) >= sizeof(a->path)) {
-			say(why, whylen, "remote: shard %d: the socket path is longer than %zu bytes",
-			    idx, sizeof(a->path) - 1);
-			return -EINVAL;
-		}
-		memcpy(a->path, p, pend - p);
-		if (qm) {
-			if (end - qm < 4 || memcmp(qm, "?db=", 4) ||
-			    parse_uint(qm + 4, end - qm - 4, INT_MAX, &v)) {
-				say(why, whylen, "remote: shard %d: the only query is ?db=N", idx);
-				return -EINVAL;
-			}
-			a->db = (int)v;
-		}
-		snprintf(a->canon, sizeof(a->canon), "redis+unix://%s?db=%d", a->path, a->db);
-		return 0;
+	hend = p;
+	while (hend < end && *hend != ':' && *hend != '/')
+		hend++;
+	if (!host_ok(p, hend - p)) {
+		say(why, whylen, "remote: shard %d: no valid host after redis:// (letters, "
+		    "digits, '-', '.', '_'; an IPv6 address in brackets)", idx);
+		return -EINVAL;
 	}
+	memcpy(a->host, p, hend - p);
+	for (char *c = a->host; *c; c++)
+		*c = tolower((unsigned char)*c);
+	*rest = hend;
+	return 0;
+}
+
+/* redis://HOST[:PORT][/DB], from after the scheme (p) to end. Returns 0 or -EINVAL. */
+static int parse_tcp(const char *p, const char *end, int idx, struct kc_redis_addr *a,
+		     char *why, size_t whylen)
+{
+	const char *q;
+	long v;
+
+	a->port = 6379;
+	if (parse_tcp_host(p, end, idx, a, &q, why, whylen))
+		return -EINVAL;
+	if (q < end && *q == ':') {
+		const char *pe = q + 1;
+		while (pe < end && *pe != '/')
+			pe++;
+		if (parse_uint(q + 1, pe - q - 1, 65535, &v) || v == 0) {
+			say(why, whylen, "remote: shard %d: the port is a number 1..65535", idx);
+			return -EINVAL;
+		}
+		a->port = (int)v;
+		q = pe;
+	}
+	if (q < end && *q == '/') {
+		if (parse_uint(q + 1, end - q - 1, INT_MAX, &v)) {
+			say(why, whylen, "remote: shard %d: after '/' comes the database number "
+			    "(0, 1, ...) and nothing else", idx);
+			return -EINVAL;
+		}
+		a->db = (int)v;
+		q = end;
+	}
+	if (q != end) {
+		say(why, whylen, "remote: shard %d: unexpected '%c' after the host", idx, *q);
+		return -EINVAL;
+	}
+	snprintf(a->canon, sizeof(a->canon), strchr(a->host, ':') ? "redis://[%s]:%d/%d" :
+		 "redis://%s:%d/%d", a->host, a->port, a->db);
+	return 0;
+}
+
+/* redis+unix:///PATH[?db=N], from after the scheme (p) to end. Returns 0 or -EINVAL. */
+static int parse_unix(const char *p, const char *end, int idx, struct kc_redis_addr *a,
+		      char *why, size_t whylen)
+{
+	const char *qm = memchr(p, '?', end - p);
+	const char *pend = qm ? qm : end;
+	long v;
+
+	a->is_unix = 1;
+	if (p == end || *p != '/') {
+		say(why, whylen, "remote: shard %d: a Unix socket URL has no host: "
+		    "redis+unix:///ABSOLUTE/PATH", idx);
+		return -EINVAL;
+	}
+	if (pend - p < 2 || pend[-1] == '/') {
+		say(why, whylen, "remote: shard %d: no socket path after redis+unix://", idx);
+		return -EINVAL;
+	}
+	if ((size_t)(pend - p) >= sizeof(a->path)) {
+		say(why, whylen, "remote: shard %d: the socket path is longer than %zu bytes",
+		    idx, sizeof(a->path) - 1);
+		return -EINVAL;
+	}
+	memcpy(a->path, p, pend - p);
+	if (qm) {
+		if (end - qm < 4 || memcmp(qm, "?db=", 4) ||
+		    parse_uint(qm + 4, end - qm - 4, INT_MAX, &v)) {
+			say(why, whylen, "remote: shard %d: the only query is ?db=N", idx);
+			return -EINVAL;
+		}
+		a->db = (int)v;
+	}
+	snprintf(a->canon, sizeof(a->canon), "redis+unix://%s?db=%d", a->path, a->db);
+	return 0;
+}
+
+/* One shard's URL into a: s[0..n), the idx-th (1-based, for messages). Returns 0 or
+ * -EINVAL with why. */
+static int parse_one(const char *s, size_t n, int idx, struct kc_redis_addr *a, char *why,
+		     size_t whylen)
+{
+	static const char tcp[] = "redis://", unx[] = "redis+unix://";
+
+	memset(a, 0, sizeof(*a));
+	if (n == 0) {
+		say(why, whylen, "remote: shard %d is empty (URLs are joined by a single '|')", idx);
+		return -EINVAL;
+	}
+	if (check_url_chars(s, n, idx, why, whylen))
+		return -EINVAL;
+	if (n >= sizeof(tcp) - 1 && !memcmp(s, tcp, sizeof(tcp) - 1))
+		return parse_tcp(s + sizeof(tcp) - 1, s + n, idx, a, why, whylen);
+	if (n >= sizeof(unx) - 1 && !memcmp(s, unx, sizeof(unx) - 1))
+		return parse_unix(s + sizeof(unx) - 1, s + n, idx, a, why, whylen);
 	if (n >= 9 && !memcmp(s, "rediss://", 9))
 		say(why, whylen, "remote: shard %d: TLS (rediss://) is not supported: use a Unix "
 		    "socket, or a tunnel to a loopback port", idx);
