@@ -113,11 +113,8 @@ class Cluster:
         """Wait until node has stored n kernels (object and index each: the share runs after
         the opener is answered) and at most leases leases or notes are
         left."""
-        deadline = time.monotonic() + timeout
-        while (node.stats()["remote_puts_total"] < 2 * n or
-               len(self.lease_keys()) > leases):
-            assert time.monotonic() < deadline, node.daemon_log()
-            time.sleep(0.05)
+        wait_until(lambda: (node.stats()["remote_puts_total"] >= 2 * n and
+                            len(self.lease_keys()) <= leases), node.daemon_log, timeout)
 
     def compiles(self):
         return [l for l in self.log.read_text().splitlines() if l.strip()]
@@ -186,10 +183,7 @@ def start_holding(cluster, a, path, **popen):
     """Open path on node a, whose compile waits at the gate holding the lease; returns
     the opener once the compile has started."""
     opener = subprocess.Popen(["cat", str(path)], **popen)
-    deadline = time.monotonic() + 60
-    while not cluster.compiles():
-        assert time.monotonic() < deadline, a.daemon_log()
-        time.sleep(0.05)
+    wait_until(cluster.compiles, a.daemon_log)
     return opener
 
 
@@ -203,10 +197,7 @@ def holding_and_waiting(cluster, opts=(), readers=4):
     pb = stage_all(cluster, b, [0])[0]
     opener_a = start_holding(cluster, a, pa, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     waiting = run_parallel_background(pb, readers)
-    deadline = time.monotonic() + 60
-    while b.stats()["remote_lease_waits_total"] < 1:
-        assert time.monotonic() < deadline, b.daemon_log()
-        time.sleep(0.05)
+    wait_until(lambda: b.stats()["remote_lease_waits_total"] >= 1, b.daemon_log)
     return a, b, opener_a, waiting
 
 
@@ -229,10 +220,7 @@ def manifest_key_of_kernel0(cluster, opts):
     cluster.gate.write_text("")
     a = cluster.node("discover", opts)
     opener = start_holding(cluster, a, stage_all(cluster, a, [0])[0], stdout=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
-    while not cluster.lease_keys():
-        assert time.monotonic() < deadline, a.daemon_log()
-        time.sleep(0.05)
+    wait_until(cluster.lease_keys, a.daemon_log)
     key = cluster.lease_keys()[0]
     cluster.gate.unlink()
     opener.wait(timeout=60)
@@ -321,14 +309,10 @@ def lags_behind(cluster, a, b, kernels, hold_s):
         pb = stage_all(cluster, b, [k])[0]
         compiled, waits = len(cluster.compiles()), b.stats()["remote_lease_waits_total"]
         holder = open_at(pa)
-        deadline = time.monotonic() + 60
-        while len(cluster.compiles()) <= compiled:
-            assert time.monotonic() < deadline, a.daemon_log()
-            time.sleep(0.02)
+        wait_until(lambda: len(cluster.compiles()) > compiled, a.daemon_log, step=0.02)
         waiter = open_at(pb)
-        while b.stats()["remote_lease_waits_total"] <= waits:
-            assert time.monotonic() < deadline, b.daemon_log()
-            time.sleep(0.02)
+        wait_until(lambda: b.stats()["remote_lease_waits_total"] > waits, b.daemon_log,
+                   step=0.02)
         time.sleep(hold_s(n))
         cluster.gate.unlink()
         stored = float(holder.communicate(timeout=120)[0])
@@ -380,16 +364,17 @@ class RedisServer:
              "700", "--save", "", "--appendonly", "no", "--daemonize", "no", "--dir",
              str(self.dir), "--logfile", str(self.log), "--enable-debug-command", "local"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + READY_WAIT
-        while True:
+
+        def answers():
             try:
                 if self.cli("PING", timeout=5) == b"PONG":
-                    return self
+                    return True
             except subprocess.TimeoutExpired:
                 pass
             assert self.proc.poll() is None, "redis-server exited: " + self.log.read_text()
-            assert time.monotonic() < deadline, "redis-server did not answer"
-            time.sleep(0.05)
+            return False
+        wait_until(answers, "redis-server did not answer", READY_WAIT)
+        return self
 
     def cli(self, *args, timeout=30):
         """redis-cli's raw answer, without its final newline."""

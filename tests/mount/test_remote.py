@@ -14,6 +14,7 @@ import time
 import pytest
 
 from conftest import KERNELS as SAMPLES, Mount, read_result
+from kcmount import wait_until
 from kccluster import (INC_HEADER, KERNELS, Cluster, compiles_each_kernel_once,
                        dead_holder_is_taken_over_within_seconds, holding_and_waiting,
                        live_holder_keeps_its_lease, planted_record_is_ignored,
@@ -126,11 +127,8 @@ def test_waiting_for_another_node_takes_no_job_slot(cluster):
     pa = stage_all(cluster, a, [0])[0]
     pb0, pb1 = stage_all(cluster, b, [0, 1])
     opener_a = start_holding(cluster, a, pa, stdout=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
     waiter = run_parallel_background(pb0, 1)[0]
-    while b.stats()["remote_lease_waits_total"] < 1:
-        assert time.monotonic() < deadline, b.daemon_log()
-        time.sleep(0.05)
+    wait_until(lambda: b.stats()["remote_lease_waits_total"] >= 1, b.daemon_log)
     assert read_result(pb1)[0] == "ok"  # compiled by b while its k0 waits
     s = b.stats()
     assert s["compiles_total"] == 1 and s["remote_hedged_total"] == 0, s
@@ -269,10 +267,7 @@ def test_real_nvcc_manifest_has_nested_headers(mount_factory, tmp_path, counting
     flags = ("-O3\n-I%s\n" % inc).encode()
     ra = read_result(a.stage("k", src, flags) / "kernel.cubin")
     assert ra[0] == "ok", a.daemon_log()
-    deadline = time.monotonic() + 120
-    while " stored (" not in a.daemon_log():
-        assert time.monotonic() < deadline, a.daemon_log()
-        time.sleep(0.05)
+    wait_until(lambda: " stored (" in a.daemon_log(), a.daemon_log, 120)
     index = [p.read_bytes() for p in (tmp_path / "store" / "objects").glob("*/*")
              if p.read_bytes()[19:25] == b"index " and b" @headers\n" not in p.read_bytes()]
     assert len(index) == 1 and b"/kc_nest/inner.cuh\n" in index[0], index  # the header list
@@ -280,13 +275,6 @@ def test_real_nvcc_manifest_has_nested_headers(mount_factory, tmp_path, counting
     rb = read_result(b.stage("k", src, flags) / "kernel.cubin")
     assert rb[0] == "ok" and rb != ra
     assert calls() == 2 and b.stats()["remote_hits_total"] == 0
-
-
-def until(cond, what, timeout=60):
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, what()
-        time.sleep(0.05)
 
 
 def test_opener_answered_before_the_cluster_put(cluster):
@@ -304,11 +292,11 @@ def test_opener_answered_before_the_cluster_put(cluster):
     except subprocess.TimeoutExpired:
         pytest.fail("the opener waited for the cluster put:\n" + a.daemon_log())
     assert got[:4] == b"\x7fELF", got[:200]
-    until(lambda: cluster.dep_log.read_text(), a.daemon_log)
+    wait_until(lambda: cluster.dep_log.read_text(), a.daemon_log)
     assert cluster.objects(b"cubin") == [] and cluster.objects(b"index") == []
     assert len(cluster.lease_keys()) == 1, "the lease was not held for the put"
     waiter = run_parallel_background(pb, 1)[0]
-    until(lambda: b.stats()["remote_lease_waits_total"] >= 1, b.daemon_log)
+    wait_until(lambda: b.stats()["remote_lease_waits_total"] >= 1, b.daemon_log)
     assert waiter.poll() is None, "b did not wait for a's put"
     cluster.dep_gate.unlink()
     out = waiter.communicate(timeout=120)[0]
@@ -333,8 +321,8 @@ def test_failed_dependency_pass_only_means_not_shared(cluster):
     pa = a.stage("k0", src, flags) / "kernel.cubin"
     ra = read_result(pa)
     assert ra[0] == "ok", ra
-    until(lambda: "not shared: its dependency pass" in a.daemon_log(), a.daemon_log)
-    until(lambda: cluster.lease_keys() == [], lambda: str(cluster.lease_keys()))
+    wait_until(lambda: "not shared: its dependency pass" in a.daemon_log(), a.daemon_log)
+    wait_until(lambda: cluster.lease_keys() == [], lambda: str(cluster.lease_keys()))
     assert cluster.objects(b"cubin") == [] and cluster.objects(b"index") == []
     assert read_result(pa) == ra  # still served from the node's own store
     t0 = time.monotonic()
@@ -360,10 +348,7 @@ def test_rejected_compile_note_frees_waiters(cluster):
                              text=True)
     opener_b = subprocess.Popen(["cat", str(pb)], stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while b.stats()["remote_lease_waits_total"] < 1:
-        assert time.monotonic() < deadline, b.daemon_log()
-        time.sleep(0.05)
+    wait_until(lambda: b.stats()["remote_lease_waits_total"] >= 1, b.daemon_log)
     cluster.gate.unlink()
     for o in (opener_a, opener_b):
         _, err = o.communicate(timeout=300)  # far below remote_wait
@@ -398,12 +383,9 @@ def test_stop_while_waiting_for_another_node(cluster):
     pa = stage_all(cluster, a, [0])[0]
     pb = stage_all(cluster, b, [0])[0]
     opener_a = start_holding(cluster, a, pa, stdout=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
     reader = subprocess.Popen(["cat", str(pb)], stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE)
-    while b.stats()["remote_lease_waits_total"] < 1:
-        assert time.monotonic() < deadline, b.daemon_log()
-        time.sleep(0.05)
+    wait_until(lambda: b.stats()["remote_lease_waits_total"] >= 1, b.daemon_log)
     b.proc.terminate()
     assert b.proc.wait(timeout=60) == 0
     assert reader.wait(timeout=60) != 0
@@ -442,7 +424,7 @@ def test_nodes_of_two_images_alternating_each_compile_once(cluster):
 
     def settled(node):  # every compile of node's is stored (a node whose headers are not
         # the index's compiles without a lease: shared() cannot see its put)
-        until(lambda: node.daemon_log().count(" stored (") >= node.stats()["compiles_total"],
+        wait_until(lambda: node.daemon_log().count(" stored (") >= node.stats()["compiles_total"],
               node.daemon_log)
 
     kernels = range(3)

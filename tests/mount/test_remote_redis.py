@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import read_result, run_parallel
+from kcmount import wait_until
 from kccluster import (KERNELS, Cluster, FakeRedis, RedisCluster, RedisServer,
                        compiles_each_kernel_once, dead_holder_is_taken_over_within_seconds,
                        live_holder_keeps_its_lease, open_at, planted_record_is_ignored,
@@ -67,10 +68,8 @@ def test_redis_cluster_compiles_each_kernel_once(redis_cluster):
     run on Redis), no lease left behind."""
     compiles_each_kernel_once(redis_cluster)
     server = redis_cluster.servers[0]
-    deadline = time.monotonic() + 60  # a holder releases once its index is stored
-    while server.keys("kcachefs:lease:*") and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert server.keys("kcachefs:lease:*") == [], "a lease outlived its compile"
+    # a holder releases once its index is stored
+    wait_until(lambda: server.keys("kcachefs:lease:*") == [], "a lease outlived its compile")
     for k in server.keys("kcachefs:obj:*"):
         assert server.cli("PTTL", k) == b"-1", "objects carry no expiry (the server's LRU evicts)"
 
@@ -167,10 +166,9 @@ def test_redis_killed_mid_cold_run(redis_cluster):
         r=run_parallel(32, read_all_kernels, paths, 8, timeout=600)))
     runner.start()
     try:
-        deadline = time.monotonic() + 120
-        while not redis_cluster.compiles() or total(nodes, "remote_lease_waits_total") < 1:
-            assert time.monotonic() < deadline, (redis_cluster.compiles(), nodes[0].daemon_log())
-            time.sleep(0.05)
+        wait_until(lambda: redis_cluster.compiles() and
+                   total(nodes, "remote_lease_waits_total") >= 1,
+                   lambda: (redis_cluster.compiles(), nodes[0].daemon_log()), 120)
         redis_cluster.servers[0].stop()
     finally:
         redis_cluster.gate.unlink()
@@ -225,13 +223,14 @@ def test_redis_paused_longer_than_timeout(redis_cluster, how):
     else:
         sleeper = subprocess.Popen(["redis-cli", "-s", str(server.sock), "DEBUG", "SLEEP", "120"],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 30
-        while True:  # asleep once a PING goes unanswered
+
+        def asleep():  # once a PING goes unanswered
             try:
                 server.cli("PING", timeout=0.5)
             except subprocess.TimeoutExpired:
-                break
-            assert time.monotonic() < deadline, "DEBUG SLEEP did not start"
+                return True
+            return False
+        wait_until(asleep, "DEBUG SLEEP did not start", 30, step=0)
     try:
         got = {p.parent.name: read_result(p) for p in paths}
         assert all(r[0] == "ok" for r in got.values()), got
@@ -355,19 +354,13 @@ def test_holder_loses_store_mid_compile(redis_cluster):
         (("a", pa), ("b", pb))]
     runners[0].start()
     try:
-        deadline = time.monotonic() + 120
-        while not redis_cluster.compiles():  # a's compile has started: a holds the lease
-            assert time.monotonic() < deadline, a.daemon_log()
-            time.sleep(0.05)
+        # a's compile has started: a holds the lease
+        wait_until(redis_cluster.compiles, a.daemon_log, 120)
         runners[1].start()
-        while b.stats()["remote_lease_waits_total"] < 1:
-            assert time.monotonic() < deadline, b.daemon_log()
-            time.sleep(0.05)
+        wait_until(lambda: b.stats()["remote_lease_waits_total"] >= 1, b.daemon_log, 120)
         redis_cluster.servers[0].stop()
-        deadline = time.monotonic() + 120
-        while a.stats()["remote_lease_errors_total"] < 1:  # a renewal failed
-            assert time.monotonic() < deadline, a.daemon_log()
-            time.sleep(0.05)
+        # a renewal failed
+        wait_until(lambda: a.stats()["remote_lease_errors_total"] >= 1, a.daemon_log, 120)
     finally:
         redis_cluster.gate.unlink()
         for r in runners:
@@ -411,15 +404,10 @@ def test_redis_planted_notice_serves_nothing(redis_cluster):
     pa = stage_all(redis_cluster, a, [0])[0]
     pb = stage_all(redis_cluster, b, [0])[0]
     holder = open_at(pa)
-    deadline = time.monotonic() + 60
-    while not redis_cluster.compiles():
-        assert time.monotonic() < deadline, a.daemon_log()
-        time.sleep(0.05)
+    wait_until(redis_cluster.compiles, a.daemon_log)
     waiter = open_at(pb)
     server = redis_cluster.servers[0]
-    while not server.cli("PUBSUB", "CHANNELS", "kcachefs:stored:*"):
-        assert time.monotonic() < deadline, b.daemon_log()
-        time.sleep(0.05)
+    wait_until(lambda: server.cli("PUBSUB", "CHANNELS", "kcachefs:stored:*"), b.daemon_log)
     channel = server.cli("PUBSUB", "CHANNELS", "kcachefs:stored:*").decode()
     for _ in range(20):
         assert int(server.cli("PUBLISH", channel, "planted")) >= 1

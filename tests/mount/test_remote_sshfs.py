@@ -9,11 +9,11 @@ import hashlib
 import os
 import signal
 import subprocess
-import time
 
 import pytest
 
 from conftest import read_result
+from kcmount import wait_until
 from sshfs_export import SshfsExport, missing_prerequisite
 from kccluster import (KERNELS, Cluster, compiles_each_kernel_once,
                        dead_holder_is_taken_over_within_seconds, live_holder_keeps_its_lease,
@@ -57,11 +57,8 @@ def test_server_lost_mid_run(sshfs_cluster, export, how):
     readers = [subprocess.Popen(["sha256sum", str(p)], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
                for node_paths in paths for p in node_paths for _ in range(2)]
-    deadline = time.monotonic() + 120
     claim = cluster.gate.parent / (cluster.gate.name + ".claim")
-    while not claim.exists():
-        assert time.monotonic() < deadline, nodes[0].daemon_log() + nodes[1].daemon_log()
-        time.sleep(0.05)
+    wait_until(lambda: claim.exists(), lambda: nodes[0].daemon_log() + nodes[1].daemon_log(), 120)
     pids = export.server_pids()
     assert pids, "no sshd in the server namespace"
     for pid in pids:
