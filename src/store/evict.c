@@ -509,7 +509,8 @@ static void scan(struct kc_evict *e)
 
 /* The cleaner's tick: the scan first; then, while over a bound, one eviction pass, again
  * at once while passes evict, in 1 s when nothing could go (all compiling, staged or just
- * used); under the bounds, idle until kc_evict_add wakes it. */
+ * used); under the bounds, idle until an entry noted over a bound (kc_evict_note) wakes
+ * it. */
 static long clean_tick(void *arg)
 {
 	struct kc_evict *e = arg;
@@ -547,7 +548,7 @@ static void free_rec(void *p)
 void kc_evict_stop(struct kc_evict *e)
 {
 	pthread_mutex_lock(&e->lock);
-	e->started = 0; /* kc_evict_add wakes the cleaner no more */
+	e->started = 0; /* an entry noted wakes the cleaner no more */
 	pthread_mutex_unlock(&e->lock);
 	kc_ticker_stop(&e->cleaner);
 }
