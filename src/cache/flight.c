@@ -89,24 +89,6 @@ unsigned kc_flight_finish(struct kc_flight_table *t, const struct kc_flight_key 
 	return n;
 }
 
-int kc_flight_cancel(struct kc_flight_table *t, struct kc_waiter *w)
-{
-	int found = 0;
-
-	pthread_mutex_lock(&t->lock);
-	for (struct kc_flight *f = t->head; f && !found; f = f->next) {
-		for (struct kc_waiter **p = &f->waiters; *p; p = &(*p)->next) {
-			if (*p == w) {
-				*p = w->next;
-				found = 1;
-				break;
-			}
-		}
-	}
-	pthread_mutex_unlock(&t->lock);
-	return found;
-}
-
 struct kc_waiter *kc_flight_sweep(struct kc_flight_table *t,
 				  int (*pred)(struct kc_waiter *w, void *arg), void *arg)
 {

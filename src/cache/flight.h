@@ -56,10 +56,6 @@ int kc_flight_join(struct kc_flight_table *t, const struct kc_flight_key *key,
 unsigned kc_flight_finish(struct kc_flight_table *t, const struct kc_flight_key *key,
 			  int result);
 
-/* Remove w from whichever flight holds it. Returns 1 if it was queued (its done will not
- * be called), 0 if it had already been served or was never queued. */
-int kc_flight_cancel(struct kc_flight_table *t, struct kc_waiter *w);
-
 /* Remove every queued waiter for which pred(w, arg) is nonzero (called under the table
  * lock, so w is not served meanwhile) and return them as a list linked by next; their done
  * is not called, the caller owns them. */

@@ -13,19 +13,13 @@
 #include "key.h"
 #include "log.h"
 #include "reqtimeout.h"
-
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
+#include "util.h"
 
 /* Passing failures are held off briefly: the kernel queues concurrent lookups of one name
  * and sends them one after another, and each would otherwise start its own compile. */
 int kc_cache_held_off(struct kc_cache *c, const struct kc_flight_key *key, const char *recipe)
 {
-	double now = now_s();
+	double now = kc_mono_s();
 	int found = 0;
 
 	pthread_mutex_lock(&c->holdoff_lock);
@@ -52,7 +46,7 @@ static void hold_off(struct kc_cache *c, const struct kc_flight_key *key, const 
 		return;
 	h->key = *key;
 	snprintf(h->recipe, sizeof(h->recipe), "%s", recipe);
-	h->until = now_s() + KC_RETRY_HOLDOFF;
+	h->until = kc_mono_s() + KC_RETRY_HOLDOFF;
 	pthread_mutex_lock(&c->holdoff_lock);
 	h->next = c->holdoffs;
 	c->holdoffs = h;

@@ -13,6 +13,7 @@
 
 #include "key.h"
 #include "log.h"
+#include "util.h"
 
 struct verified {
 	dev_t dev;
@@ -24,11 +25,7 @@ struct verified {
 static int verified_cmp(const void *a, const void *b)
 {
 	const struct verified *x = a, *y = b;
-	if (x->dev != y->dev)
-		return x->dev < y->dev ? -1 : 1;
-	if (x->ino != y->ino)
-		return x->ino < y->ino ? -1 : 1;
-	return 0;
+	return kc_file_id_cmp(x->dev, x->ino, y->dev, y->ino);
 }
 
 static int is_verified(struct kc_cache *c, const struct stat *st)

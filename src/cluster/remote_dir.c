@@ -19,6 +19,7 @@
 #include "io.h"
 #include "log.h"
 #include "remote_object.h"
+#include "util.h"
 
 /* A held lease file as a taker last read it, and since when (this node's monotonic clock)
  * it has read the same bytes: unchanged for KC_REMOTE_ALIVE_MS, its holder is dead. */
@@ -92,16 +93,6 @@ static int fault(int e)
 	default:
 		return -EIO;
 	}
-}
-
-static int valid_hex(const char *s, size_t n)
-{
-	if (strlen(s) != n)
-		return 0;
-	for (size_t i = 0; i < n; i++)
-		if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f')))
-			return 0;
-	return 1;
 }
 
 /* root/<area>/<key[0..1]>[/<name>] */
@@ -298,19 +289,12 @@ static int lease_read(struct dir_call *c, const char *p, int mode, struct lease 
 	return fd;
 }
 
-static int64_t mono_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* Whether the holder of the held lease l on key lives: 1 while its bytes (with the counter
  * its renewals bump) change within KC_REMOTE_ALIVE_MS of this node's clock; the first
  * reading of a lease counts as a change. */
 static int holder_lives(struct dir_backend *d, const char *key, const struct lease *l)
 {
-	int64_t now = mono_ms();
+	int64_t now = kc_mono_ms();
 	struct seen_slot *slot = NULL, *spare = &d->seen[0];
 	int lives = 1;
 	pthread_mutex_lock(&d->seen_mu);
@@ -610,16 +594,12 @@ static void *call_worker(void *arg)
 static int call_run(struct dir_call *c)
 {
 	struct dir_backend *d = c->d;
-	pthread_condattr_t ca;
 	pthread_attr_t ta;
 	pthread_t t;
 	struct timespec until;
 
-	pthread_condattr_init(&ca);
-	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
 	pthread_mutex_init(&c->mu, NULL);
-	pthread_cond_init(&c->cv, &ca);
-	pthread_condattr_destroy(&ca);
+	kc_cond_init_mono(&c->cv);
 	atomic_fetch_add(&d->refs, 1);
 	if (atomic_load(&d->abandoned) >= KC_REMOTE_DIR_STUCK) {
 		call_free(c);
@@ -634,13 +614,7 @@ static int call_run(struct dir_call *c)
 		call_free(c);
 		return -ENOMEM;
 	}
-	clock_gettime(CLOCK_MONOTONIC, &until);
-	until.tv_sec += d->base.timeout_ms / 1000;
-	until.tv_nsec += (long)(d->base.timeout_ms % 1000) * 1000000l;
-	if (until.tv_nsec >= 1000000000l) {
-		until.tv_sec++;
-		until.tv_nsec -= 1000000000l;
-	}
+	until = kc_mono_after_ms(d->base.timeout_ms);
 	pthread_mutex_lock(&c->mu);
 	while (!c->done && pthread_cond_timedwait(&c->cv, &c->mu, &until) != ETIMEDOUT)
 		;
@@ -657,7 +631,8 @@ static int call_run(struct dir_call *c)
 static struct dir_call *call_new(struct kc_remote_backend *b, enum dir_op op, const char *key,
 				 const char *token, unsigned ms)
 {
-	if (!valid_hex(key, KC_REMOTE_KEYLEN) || (token && !valid_hex(token, KC_REMOTE_TOKENLEN)))
+	if (!kc_hex_lower_str(key, KC_REMOTE_KEYLEN) ||
+	    (token && !kc_hex_lower_str(token, KC_REMOTE_TOKENLEN)))
 		return NULL;
 	struct dir_call *c = calloc(1, sizeof(*c));
 	if (!c)
@@ -801,9 +776,9 @@ static int op_watch_start(struct kc_remote_backend *b, const char *key,
 
 static int op_watch_wait(struct kc_remote_backend *b, struct kc_remote_watch *w, unsigned ms)
 {
-	int64_t until = mono_ms() + ms;
+	int64_t until = kc_mono_ms() + ms;
 	for (;;) {
-		int64_t left = until - mono_ms();
+		int64_t left = until - kc_mono_ms();
 		if (left <= 0)
 			return -ETIMEDOUT;
 		if (left > KC_REMOTE_WATCH_POLL_MS)

@@ -1,8 +1,9 @@
 /* remote_dir.h - the cluster store (remote.h) in a directory of a shared filesystem (NFS,
  * Lustre, GPFS, CephFS): -o remote=dir:PATH.
  *
- * Layout under PATH (created as needed; an operator cleans it by removing objects whose
- * atime or mtime is old, and *.tmp.* and lease files older than a day):
+ * Layout under PATH (PATH itself is the operator's, never made here; what is under it is
+ * created as needed; an operator cleans it by removing objects whose atime or mtime is old,
+ * and *.tmp.* and lease files older than a day):
  *   objects/<first 2 hex of key>/<key>     immutable objects, never rewritten
  *   leases/<first 2 hex of key>/<key>      "held <token>\n" or "failed <token>\n"; expiry
  *                                          is the file's mtime + the ttl (taken or renewed)
@@ -37,8 +38,10 @@
 #define KC_REMOTE_DIR_MAX (512u << 20) /* bytes of an object read, at most */
 
 /* Open the store in directory path (absolute). Nothing is touched here, as a Redis backend
- * connects lazily: a filesystem that is down or hung fails the operations later, and PATH
- * (its parent must exist) and its subdirectories are created by the first put or lease.
+ * connects lazily: a filesystem that is down or hung fails the operations later. PATH must
+ * exist (made by the operator: a store directory made by this node on a filesystem not yet
+ * mounted would share nothing, so while it is missing every operation fails: the store is
+ * down); its subdirectories are created by the first put or lease.
  * Returns the backend, or NULL with errno EINVAL and why filled for a relative or empty
  * path, or ENOMEM. */
 struct kc_remote_backend *kc_remote_dir_open(const char *path, unsigned timeout_ms, char *why,

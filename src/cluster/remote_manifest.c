@@ -6,7 +6,6 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,7 +66,6 @@ static void hashing_init(void)
 	for (int i = 0; i < HASHING_STRIPES; i++)
 		pthread_mutex_init(&hashing[i], NULL);
 }
-static atomic_uint_fast64_t memo_hits, memo_misses;
 
 static size_t memo_slot_of(const char *path)
 {
@@ -89,11 +87,8 @@ static int memo_matches(const struct memo_slot *m, const char *path, const struc
 	       same_time(&m->ctim, &st->st_ctim);
 }
 
-/* The memoized hash of path as st describes it into hex; 1 found, 0 not. Counted as a
- * memo hit or miss when count; else (a second look) a hit turns the miss counted by the
- * first look into a hit. */
-static int memo_get(const char *path, const struct stat *st, char hex[KC_SHA256_HEXLEN + 1],
-		    int count)
+/* The memoized hash of path as st describes it into hex; 1 found, 0 not. */
+static int memo_get(const char *path, const struct stat *st, char hex[KC_SHA256_HEXLEN + 1])
 {
 	struct memo_slot *m = &memo[memo_slot_of(path)];
 	pthread_mutex_lock(&memo_mu);
@@ -101,12 +96,6 @@ static int memo_get(const char *path, const struct stat *st, char hex[KC_SHA256_
 	if (hit)
 		memcpy(hex, m->hex, KC_SHA256_HEXLEN + 1);
 	pthread_mutex_unlock(&memo_mu);
-	if (count) {
-		atomic_fetch_add(hit ? &memo_hits : &memo_misses, 1);
-	} else if (hit) { /* hashed by another job while this one waited: its miss was not */
-		atomic_fetch_sub(&memo_misses, 1);
-		atomic_fetch_add(&memo_hits, 1);
-	}
 	return hit;
 }
 
@@ -124,12 +113,6 @@ static void memo_put(const char *path, const struct stat *st, const char hex[KC_
 				.size = st->st_size, .mtim = st->st_mtim, .ctim = st->st_ctim};
 	memcpy(m->hex, hex, KC_SHA256_HEXLEN + 1);
 	pthread_mutex_unlock(&memo_mu);
-}
-
-void kc_manifest_memo_stats(uint64_t *hits, uint64_t *misses)
-{
-	*hits = atomic_load(&memo_hits);
-	*misses = atomic_load(&memo_misses);
 }
 
 /* Whether a header st describes may be hashed, *total bytes hashed before it: 0, -EACCES
@@ -153,11 +136,11 @@ static int hash_header(const char *path, char hex[KC_SHA256_HEXLEN + 1], uint64_
 	struct stat st;
 	int fd = -1, pseudo = under(path, "/proc") || under(path, "/sys") || under(path, "/dev");
 	int err = pseudo ? -EACCES : stat(path, &st) != 0 ? -errno : admit(&st, *total);
-	if (!err && !memo_get(path, &st, hex, 1)) {
+	if (!err && !memo_get(path, &st, hex)) {
 		pthread_mutex_t *stripe = &hashing[memo_slot_of(path) % HASHING_STRIPES];
 		pthread_once(&hashing_once, hashing_init);
 		pthread_mutex_lock(stripe);
-		if (!memo_get(path, &st, hex, 0)) { /* nobody hashed it meanwhile */
+		if (!memo_get(path, &st, hex)) { /* nobody hashed it meanwhile */
 			fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
 			err = fd < 0 ? -errno : fstat(fd, &st) != 0 ? -errno : admit(&st, *total);
 			struct timespec changed_before;

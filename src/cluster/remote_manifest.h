@@ -75,10 +75,6 @@ int kc_manifest_compact_list(const char *compact, size_t len, char hex[KC_SHA256
 int kc_manifest_rehash(const char *index, size_t len, char **manifest, size_t *mlen,
 		       char *why, size_t whylen);
 
-/* How many header hashes came from the memo (*hits) and how many were read (*misses)
- * since the process started. */
-void kc_manifest_memo_stats(uint64_t *hits, uint64_t *misses);
-
 /* The toolkit root of the nvcc at nvcc_path into root: the realpath of its directory's
  * parent when that is laid out as a CUDA toolkit (include/cuda.h or targets/), else (a
  * wrapper script elsewhere) that of fallback (the toolkit kcachefs was built against) if

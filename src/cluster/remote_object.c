@@ -12,18 +12,9 @@
 
 #include "compile.h"
 #include "remote_manifest.h"
+#include "util.h"
 
 static const char *const kind_names[] = {[KC_OBJECT_INDEX] = "index", [KC_OBJECT_CUBIN] = "cubin"};
-
-static int is_hex64(const char *s, size_t len)
-{
-	if (len != KC_SHA256_HEXLEN)
-		return 0;
-	for (size_t i = 0; i < len; i++)
-		if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f')))
-			return 0;
-	return 1;
-}
 
 /* SHA-256 over tag, then the fields a (a string) and b/blen (b may be NULL: left out). */
 static int derive(const char *tag, const char *a, const char *b, size_t blen,
@@ -71,7 +62,7 @@ static int compact_check(const char *m, size_t len, char *why, size_t whylen)
 	}
 	for (size_t i = 0; i < n; i++) {
 		const char *l = m + i * ll;
-		if (!is_hex64(l, KC_SHA256_HEXLEN) || l[KC_SHA256_HEXLEN] != ' ' ||
+		if (!kc_hex_lower(l, KC_SHA256_HEXLEN) || l[KC_SHA256_HEXLEN] != ' ' ||
 		    memcmp(l + KC_SHA256_HEXLEN + 1, KC_MANIFEST_LIST_NAME,
 			   strlen(KC_MANIFEST_LIST_NAME)) != 0 || l[ll - 1] != '\n') {
 			snprintf(why, whylen, "compact manifest line %zu is not \"<sha256> %s\"",
@@ -107,7 +98,7 @@ int kc_object_manifest_check(const char *m, size_t len, char *why, size_t whylen
 		size_t ll = (size_t)(nl - (m + off));
 		const char *path = m + off + KC_SHA256_HEXLEN + 1;
 		size_t path_len = ll > KC_SHA256_HEXLEN + 1 ? ll - KC_SHA256_HEXLEN - 1 : 0;
-		if (ll < KC_SHA256_HEXLEN + 2 || !is_hex64(m + off, KC_SHA256_HEXLEN) ||
+		if (ll < KC_SHA256_HEXLEN + 2 || !kc_hex_lower(m + off, KC_SHA256_HEXLEN) ||
 		    m[off + KC_SHA256_HEXLEN] != ' ' || path[0] != '/' ||
 		    memchr(path, '\0', path_len)) {
 			snprintf(why, whylen, "manifest line %zu is not \"<sha256> /<path>\"", line + 1);
@@ -183,7 +174,7 @@ int kc_object_build(enum kc_object_kind kind, const char *key, const char *manif
 	char head[200], sha[KC_SHA256_HEXLEN + 1], mac[KC_SHA256_HEXLEN + 1];
 	int sign = secret && secret->len > 0;
 
-	if (!is_hex64(key, strlen(key)) || (kind == KC_OBJECT_INDEX && cubin_len) ||
+	if (!kc_hex_lower_str(key, KC_SHA256_HEXLEN) || (kind == KC_OBJECT_INDEX && cubin_len) ||
 	    manifest_len > KC_OBJECT_MAX_MANIFEST || cubin_len > KC_OBJECT_MAX_CUBIN)
 		return -EINVAL;
 	if (kc_sha256_buf(cubin_len ? cubin : "", cubin_len, sha) != 0 ||
@@ -255,7 +246,7 @@ int kc_object_parse(const char *data, size_t len, enum kc_object_kind kind,
 		return REJECT("not an object of kind %s", kind_names[kind]);
 	p += kl + 1;
 	if ((size_t)(end - p) < KC_SHA256_HEXLEN + 1 || p[KC_SHA256_HEXLEN] != ' ' ||
-	    !is_hex64(p, KC_SHA256_HEXLEN))
+	    !kc_hex_lower(p, KC_SHA256_HEXLEN))
 		return REJECT("malformed key in the object's header");
 	if (memcmp(p, want_key, KC_SHA256_HEXLEN) != 0 || strlen(want_key) != KC_SHA256_HEXLEN)
 		return REJECT("object is for key %.16s, not %.16s", p, want_key);
@@ -277,7 +268,7 @@ int kc_object_parse(const char *data, size_t len, enum kc_object_kind kind,
 	obj->cubin_len = cl;
 	obj->signed_ = (int)sign;
 	p += ml + cl;
-	if (p[KC_SHA256_HEXLEN] != '\n' || !is_hex64(p, KC_SHA256_HEXLEN))
+	if (p[KC_SHA256_HEXLEN] != '\n' || !kc_hex_lower(p, KC_SHA256_HEXLEN))
 		return REJECT("malformed SHA-256 line");
 	if (kc_sha256_buf(cl ? obj->cubin : "", cl, sha) != 0)
 		return -ENOMEM;
@@ -323,8 +314,8 @@ int kc_lease_record(const struct kc_object_secret *secret, const char *key,
 		    char out[KC_LEASE_RECORD_MAX])
 {
 	char ttl[16], mac[KC_SHA256_HEXLEN + 1] = "-";
-	if (!is_hex64(key, strlen(key)) || state == KC_LEASE_NONE || !ttl_ms || !token ||
-	    strlen(token) != KC_REMOTE_TOKENLEN)
+	if (!kc_hex_lower_str(key, KC_SHA256_HEXLEN) || state == KC_LEASE_NONE || !ttl_ms ||
+	    !token || strlen(token) != KC_REMOTE_TOKENLEN)
 		return -EINVAL;
 	snprintf(ttl, sizeof(ttl), "%u", ttl_ms);
 	if (secret && secret->len > 0 && lease_hmac(secret, key, state, token, ttl, mac))

@@ -32,6 +32,7 @@
 #include "hash.h"
 #include "log.h"
 #include "remote_object.h"
+#include "util.h"
 
 #define MAX_REPLY ((size_t)512 << 20) /* Redis's own proto-max-bulk-len default */
 #define MAX_ARRAY 16                  /* no command here expects an array at all */
@@ -179,18 +180,10 @@ static int host_ok(const char *h, size_t n)
 	return 1;
 }
 
-/* One shard: s[0..n), the idx-th (1-based, for messages). */
-static int parse_one(const char *s, size_t n, int idx, struct kc_redis_addr *a, char *why,
-		     size_t whylen)
+/* Refuse blanks, control characters, credentials and the characters a Redis URL of ours
+ * never holds in shard idx's n bytes at s. Returns 0 or -EINVAL with why. */
+static int check_url_chars(const char *s, size_t n, int idx, char *why, size_t whylen)
 {
-	static const char tcp[] = "redis://", unx[] = "redis+unix://";
-	long v;
-
-	memset(a, 0, sizeof(*a));
-	if (n == 0) {
-		say(why, whylen, "remote: shard %d is empty (URLs are joined by a single '|')", idx);
-		return -EINVAL;
-	}
 	for (size_t i = 0; i < n; i++) {
 		unsigned char c = s[i];
 		if (c <= ' ' || c == 0x7f) {
@@ -208,102 +201,142 @@ static int parse_one(const char *s, size_t n, int idx, struct kc_redis_addr *a, 
 			return -EINVAL;
 		}
 	}
-	if (n >= sizeof(tcp) - 1 && !memcmp(s, tcp, sizeof(tcp) - 1)) {
-		const char *p = s + sizeof(tcp) - 1, *end = s + n, *hend, *q;
+	return 0;
+}
 
-		a->port = 6379;
-		if (p < end && *p == '[') {
-			char v6[INET6_ADDRSTRLEN];
-			struct in6_addr in6;
+/* The host of a redis:// URL at p (before end): "[IPv6]" or a name, into a->host (names
+ * lowercased). Returns 0 with *rest after it, or -EINVAL with why. */
+static int parse_tcp_host(const char *p, const char *end, int idx, struct kc_redis_addr *a,
+			  const char **rest, char *why, size_t whylen)
+{
+	const char *hend;
+	if (p < end && *p == '[') {
+		char v6[INET6_ADDRSTRLEN];
+		struct in6_addr in6;
 
-			hend = memchr(p, ']', end - p);
-			if (!hend || (size_t)(hend - p - 1) >= sizeof(v6)) {
-				say(why, whylen, "remote: shard %d: an IPv6 address is [ADDRESS]", idx);
-				return -EINVAL;
-			}
-			memcpy(v6, p + 1, hend - p - 1);
-			v6[hend - p - 1] = 0;
-			if (inet_pton(AF_INET6, v6, &in6) != 1) {
-				say(why, whylen, "remote: shard %d: \"%s\" is not an IPv6 address", idx,
-				    v6);
-				return -EINVAL;
-			}
-			strcpy(a->host, v6);
-			q = hend + 1;
-		} else {
-			hend = p;
-			while (hend < end && *hend != ':' && *hend != '/')
-				hend++;
-			if (!host_ok(p, hend - p)) {
-				say(why, whylen, "remote: shard %d: no valid host after redis:// (letters, "
-				    "digits, '-', '.', '_'; an IPv6 address in brackets)", idx);
-				return -EINVAL;
-			}
-			memcpy(a->host, p, hend - p);
-			for (char *c = a->host; *c; c++)
-				*c = tolower((unsigned char)*c);
-			q = hend;
-		}
-		if (q < end && *q == ':') {
-			const char *pe = q + 1;
-			while (pe < end && *pe != '/')
-				pe++;
-			if (parse_uint(q + 1, pe - q - 1, 65535, &v) || v == 0) {
-				say(why, whylen, "remote: shard %d: the port is a number 1..65535", idx);
-				return -EINVAL;
-			}
-			a->port = (int)v;
-			q = pe;
-		}
-		if (q < end && *q == '/') {
-			if (parse_uint(q + 1, end - q - 1, INT_MAX, &v)) {
-				say(why, whylen, "remote: shard %d: after '/' comes the database number "
-				    "(0, 1, ...) and nothing else", idx);
-				return -EINVAL;
-			}
-			a->db = (int)v;
-			q = end;
-		}
-		if (q != end) {
-			say(why, whylen, "remote: shard %d: unexpected '%c' after the host", idx, *q);
+		hend = memchr(p, ']', end - p);
+		if (!hend || (size_t)(hend - p - 1) >= sizeof(v6)) {
+			say(why, whylen, "remote: shard %d: an IPv6 address is [ADDRESS]", idx);
 			return -EINVAL;
 		}
-		snprintf(a->canon, sizeof(a->canon), strchr(a->host, ':') ? "redis://[%s]:%d/%d" :
-			 "redis://%s:%d/%d", a->host, a->port, a->db);
+		memcpy(v6, p + 1, hend - p - 1);
+		v6[hend - p - 1] = 0;
+		if (inet_pton(AF_INET6, v6, &in6) != 1) {
+			say(why, whylen, "remote: shard %d: \"%s\" is not an IPv6 address", idx, v6);
+			return -EINVAL;
+		}
+		strcpy(a->host, v6);
+		*rest = hend + 1;
 		return 0;
 	}
-	if (n >= sizeof(unx) - 1 && !memcmp(s, unx, sizeof(unx) - 1)) {
-		const char *p = s + sizeof(unx) - 1, *end = s + n;
-		const char *qm = memchr(p, '?', end - p);
-		const char *pend = qm ? qm : end;
-
-		a->is_unix = 1;
-		if (p == end || *p != '/') {
-			say(why, whylen, "remote: shard %d: a Unix socket URL has no host: "
-			    "redis+unix:///ABSOLUTE/PATH", idx);
-			return -EINVAL;
-		}
-		if (pend - p < 2 || pend[-1] == '/') {
-			say(why, whylen, "remote: shard %d: no socket path after redis+unix://", idx);
-			return -EINVAL;
-		}
-		if ((size_t)(pend - p) >= sizeof(a->path)) {
-			say(why, whylen, "remote: shard %d: the socket path is longer than %zu bytes",
-			    idx, sizeof(a->path) - 1);
-			return -EINVAL;
-		}
-		memcpy(a->path, p, pend - p);
-		if (qm) {
-			if (end - qm < 4 || memcmp(qm, "?db=", 4) ||
-			    parse_uint(qm + 4, end - qm - 4, INT_MAX, &v)) {
-				say(why, whylen, "remote: shard %d: the only query is ?db=N", idx);
-				return -EINVAL;
-			}
-			a->db = (int)v;
-		}
-		snprintf(a->canon, sizeof(a->canon), "redis+unix://%s?db=%d", a->path, a->db);
-		return 0;
+	hend = p;
+	while (hend < end && *hend != ':' && *hend != '/')
+		hend++;
+	if (!host_ok(p, hend - p)) {
+		say(why, whylen, "remote: shard %d: no valid host after redis:// (letters, "
+		    "digits, '-', '.', '_'; an IPv6 address in brackets)", idx);
+		return -EINVAL;
 	}
+	memcpy(a->host, p, hend - p);
+	for (char *c = a->host; *c; c++)
+		*c = tolower((unsigned char)*c);
+	*rest = hend;
+	return 0;
+}
+
+/* redis://HOST[:PORT][/DB], from after the scheme (p) to end. Returns 0 or -EINVAL. */
+static int parse_tcp(const char *p, const char *end, int idx, struct kc_redis_addr *a,
+		     char *why, size_t whylen)
+{
+	const char *q;
+	long v;
+
+	a->port = 6379;
+	if (parse_tcp_host(p, end, idx, a, &q, why, whylen))
+		return -EINVAL;
+	if (q < end && *q == ':') {
+		const char *pe = q + 1;
+		while (pe < end && *pe != '/')
+			pe++;
+		if (parse_uint(q + 1, pe - q - 1, 65535, &v) || v == 0) {
+			say(why, whylen, "remote: shard %d: the port is a number 1..65535", idx);
+			return -EINVAL;
+		}
+		a->port = (int)v;
+		q = pe;
+	}
+	if (q < end && *q == '/') {
+		if (parse_uint(q + 1, end - q - 1, INT_MAX, &v)) {
+			say(why, whylen, "remote: shard %d: after '/' comes the database number "
+			    "(0, 1, ...) and nothing else", idx);
+			return -EINVAL;
+		}
+		a->db = (int)v;
+		q = end;
+	}
+	if (q != end) {
+		say(why, whylen, "remote: shard %d: unexpected '%c' after the host", idx, *q);
+		return -EINVAL;
+	}
+	snprintf(a->canon, sizeof(a->canon), strchr(a->host, ':') ? "redis://[%s]:%d/%d" :
+		 "redis://%s:%d/%d", a->host, a->port, a->db);
+	return 0;
+}
+
+/* redis+unix:///PATH[?db=N], from after the scheme (p) to end. Returns 0 or -EINVAL. */
+static int parse_unix(const char *p, const char *end, int idx, struct kc_redis_addr *a,
+		      char *why, size_t whylen)
+{
+	const char *qm = memchr(p, '?', end - p);
+	const char *pend = qm ? qm : end;
+	long v;
+
+	a->is_unix = 1;
+	if (p == end || *p != '/') {
+		say(why, whylen, "remote: shard %d: a Unix socket URL has no host: "
+		    "redis+unix:///ABSOLUTE/PATH", idx);
+		return -EINVAL;
+	}
+	if (pend - p < 2 || pend[-1] == '/') {
+		say(why, whylen, "remote: shard %d: no socket path after redis+unix://", idx);
+		return -EINVAL;
+	}
+	if ((size_t)(pend - p) >= sizeof(a->path)) {
+		say(why, whylen, "remote: shard %d: the socket path is longer than %zu bytes",
+		    idx, sizeof(a->path) - 1);
+		return -EINVAL;
+	}
+	memcpy(a->path, p, pend - p);
+	if (qm) {
+		if (end - qm < 4 || memcmp(qm, "?db=", 4) ||
+		    parse_uint(qm + 4, end - qm - 4, INT_MAX, &v)) {
+			say(why, whylen, "remote: shard %d: the only query is ?db=N", idx);
+			return -EINVAL;
+		}
+		a->db = (int)v;
+	}
+	snprintf(a->canon, sizeof(a->canon), "redis+unix://%s?db=%d", a->path, a->db);
+	return 0;
+}
+
+/* One shard's URL into a: s[0..n), the idx-th (1-based, for messages). Returns 0 or
+ * -EINVAL with why. */
+static int parse_one(const char *s, size_t n, int idx, struct kc_redis_addr *a, char *why,
+		     size_t whylen)
+{
+	static const char tcp[] = "redis://", unx[] = "redis+unix://";
+
+	memset(a, 0, sizeof(*a));
+	if (n == 0) {
+		say(why, whylen, "remote: shard %d is empty (URLs are joined by a single '|')", idx);
+		return -EINVAL;
+	}
+	if (check_url_chars(s, n, idx, why, whylen))
+		return -EINVAL;
+	if (n >= sizeof(tcp) - 1 && !memcmp(s, tcp, sizeof(tcp) - 1))
+		return parse_tcp(s + sizeof(tcp) - 1, s + n, idx, a, why, whylen);
+	if (n >= sizeof(unx) - 1 && !memcmp(s, unx, sizeof(unx) - 1))
+		return parse_unix(s + sizeof(unx) - 1, s + n, idx, a, why, whylen);
 	if (n >= 9 && !memcmp(s, "rediss://", 9))
 		say(why, whylen, "remote: shard %d: TLS (rediss://) is not supported: use a Unix "
 		    "socket, or a tunnel to a loopback port", idx);
@@ -396,59 +429,19 @@ size_t kc_redis_pick(const struct kc_redis_addr *addrs, size_t n, const char *ke
 
 int kc_redis_auth_read(const char *path, char **user, char **pass, char *why, size_t whylen)
 {
-	char buf[AUTH_MAX + 1], *w1, *w2, *w3, *save = NULL;
-	struct stat st;
-	ssize_t n;
-	size_t got = 0;
-	int fd, rc = -EINVAL;
+	char *buf, *w1, *w2, *w3, *save = NULL;
+	size_t got;
+	int rc;
 
 	*user = *pass = NULL;
-	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
-	if (fd < 0) {
-		rc = -errno;
-		say(why, whylen, "remote_auth: cannot open %s: %s", path, strerror(errno));
+	rc = kc_secret_read("remote_auth", path, AUTH_MAX, &buf, &got, why, whylen);
+	if (rc)
 		return rc;
-	}
-	if (fstat(fd, &st)) {
-		rc = -errno;
-		say(why, whylen, "remote_auth: cannot stat %s: %s", path, strerror(errno));
-		goto out;
-	}
-	if (!S_ISREG(st.st_mode)) {
-		say(why, whylen, "remote_auth: %s is not a regular file", path);
-		goto out;
-	}
-	if (st.st_uid != 0 && st.st_uid != geteuid()) {
-		say(why, whylen, "remote_auth: %s is owned by uid %u: it must belong to root (or to "
-		    "the daemon's user)", path, (unsigned)st.st_uid);
-		goto out;
-	}
-	if (st.st_mode & 077) {
-		say(why, whylen, "remote_auth: %s has mode %04o: group and others may not access it "
-		    "(chmod 600)", path, (unsigned)(st.st_mode & 07777));
-		goto out;
-	}
-	while (got <= AUTH_MAX && (n = read(fd, buf + got, AUTH_MAX + 1 - got)) != 0) {
-		if (n < 0) {
-			if (errno == EINTR)
-				continue;
-			rc = -errno;
-			say(why, whylen, "remote_auth: cannot read %s: %s", path, strerror(errno));
-			goto out;
-		}
-		got += (size_t)n;
-	}
-	if (got > AUTH_MAX) {
-		say(why, whylen, "remote_auth: %s is larger than %d bytes", path, AUTH_MAX);
-		goto out;
-	}
-	buf[got] = 0;
+	rc = -EINVAL;
 	if (strlen(buf) != got) {
 		say(why, whylen, "remote_auth: %s holds a NUL byte", path);
 		goto out;
 	}
-	while (got && (buf[got - 1] == '\n' || buf[got - 1] == '\r'))
-		buf[--got] = 0;
 	if (strpbrk(buf, "\r\n")) {
 		say(why, whylen, "remote_auth: %s has more than one line (\"USER PASSWORD\" or "
 		    "\"PASSWORD\")", path);
@@ -473,20 +466,11 @@ int kc_redis_auth_read(const char *path, char **user, char **pass, char *why, si
 	}
 	rc = 0;
 out:
-	OPENSSL_cleanse(buf, sizeof(buf));
-	close(fd);
+	kc_secret_free(buf, got);
 	return rc;
 }
 
 /* ---- exchanges ---- */
-
-static int64_t now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 /* hiredis's reply builders, with arrays bounded: a garbage "*2000000000" must not make
  * the reader allocate gigabytes. array_refused tells that refusal from a real OOM. */
@@ -520,7 +504,7 @@ static void fns_init(void)
 static int wait_fd(int fd, short ev, int64_t deadline)
 {
 	for (;;) {
-		int64_t left = deadline - now_ms();
+		int64_t left = deadline - kc_mono_ms();
 		struct pollfd p = {.fd = fd, .events = ev};
 		int r;
 
@@ -778,7 +762,7 @@ static int expect_ok(redisContext *c, int argc, const char **argv, const size_t 
 static int shard_connect(struct redis_backend *b, struct redis_shard *s, int64_t deadline,
 			 redisContext **out, char *why, size_t whylen)
 {
-	int64_t left = deadline - now_ms();
+	int64_t left = deadline - kc_mono_ms();
 	struct timeval tv, optv;
 	redisContext *c;
 	int saved, rc;
@@ -909,7 +893,7 @@ static int shard_call_as(struct redis_backend *b, const char *key, const char *o
 			 redisReply **out)
 {
 	struct redis_shard *s = &b->shards[kc_redis_pick(b->addrs, b->nshards, key)];
-	int64_t deadline = now_ms() + b->base.timeout_ms;
+	int64_t deadline = kc_mono_ms() + b->base.timeout_ms;
 	char why[200] = "";
 	redisContext *c = pool_take(s);
 	int rc = 0;
@@ -941,20 +925,10 @@ static int shard_call(struct redis_backend *b, const char *key, const char *op, 
 
 /* ---- the operations ---- */
 
-static int is_hex(const char *s, size_t n)
-{
-	if (!s || strlen(s) != n)
-		return 0;
-	for (size_t i = 0; i < n; i++)
-		if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f')))
-			return 0;
-	return 1;
-}
-
 /* name = prefix + key (a valid key) */
 static int name_of(const char *prefix, const char *key, char name[64 + KC_REMOTE_KEYLEN])
 {
-	if (!is_hex(key, KC_REMOTE_KEYLEN))
+	if (!kc_hex_lower_str(key, KC_REMOTE_KEYLEN))
 		return -EINVAL;
 	snprintf(name, 64 + KC_REMOTE_KEYLEN, "%s%s", prefix, key);
 	return 0;
@@ -1108,7 +1082,7 @@ static int r_lease_take(struct kc_remote_backend *base, const char *key, const c
 	redisReply *r;
 	int rc = -EBUSY;
 
-	if (!ttl_ms || !is_hex(token, KC_REMOTE_TOKENLEN) ||
+	if (!ttl_ms || !kc_hex_lower_str(token, KC_REMOTE_TOKENLEN) ||
 	    kc_lease_record(base->secret, key, KC_LEASE_HELD, token, ttl_ms, rec) < 0)
 		return -EINVAL;
 	snprintf(ttl, sizeof(ttl), "%u", ttl_ms);
@@ -1146,7 +1120,7 @@ static int r_lease_renew(struct kc_remote_backend *base, const char *key, const 
 	char prefix[8 + KC_REMOTE_TOKENLEN], ttl[16], alive[16];
 	const char *args[4] = {prefix, ttl, token, alive};
 
-	if (!ttl_ms || !is_hex(token, KC_REMOTE_TOKENLEN))
+	if (!ttl_ms || !kc_hex_lower_str(token, KC_REMOTE_TOKENLEN))
 		return -EINVAL;
 	snprintf(prefix, sizeof(prefix), "held %s ", token);
 	snprintf(ttl, sizeof(ttl), "%u", ttl_ms);
@@ -1161,7 +1135,7 @@ static int r_lease_release(struct kc_remote_backend *base, const char *key, cons
 	char prefix[8 + KC_REMOTE_TOKENLEN], ms[16], note[KC_LEASE_RECORD_MAX] = "";
 	const char *args[3] = {prefix, ms, note};
 
-	if (!is_hex(token, KC_REMOTE_TOKENLEN) ||
+	if (!kc_hex_lower_str(token, KC_REMOTE_TOKENLEN) ||
 	    (fail_ms && kc_lease_record(base->secret, key, KC_LEASE_FAILED, token, fail_ms,
 					note) < 0))
 		return -EINVAL;
@@ -1208,7 +1182,7 @@ static int r_watch_start(struct kc_remote_backend *base, const char *key,
 	char name[64 + KC_REMOTE_KEYLEN], why[200] = "";
 	const char *argv[2] = {"SUBSCRIBE", name};
 	size_t lens[2] = {9, 0};
-	int64_t deadline = now_ms() + b->base.timeout_ms;
+	int64_t deadline = kc_mono_ms() + b->base.timeout_ms;
 	redisReply *r = NULL;
 	int rc;
 
@@ -1243,7 +1217,7 @@ static int r_watch_wait(struct kc_remote_backend *base, struct kc_remote_watch *
 {
 	char why[200] = "";
 	redisReply *r;
-	int rc = recv_reply(w->c, "SUBSCRIBE", now_ms() + ms, &r, why, sizeof(why));
+	int rc = recv_reply(w->c, "SUBSCRIBE", kc_mono_ms() + ms, &r, why, sizeof(why));
 
 	(void)base;
 	if (rc == -ETIMEDOUT)

@@ -72,7 +72,8 @@ size_t kc_redis_pick(const struct kc_redis_addr *addrs, size_t n, const char *ke
  * *pass malloc'd (owned by the caller; wipe the password before freeing it), or -EINVAL
  * with why for a file that is not regular, not owned by root or by this process's user,
  * that group or others may access (any of mode 077), over 4 KiB, with more lines or words,
- * or empty; -errno when it cannot be opened or read. */
+ * or empty; -errno when it cannot be opened or read (ELOOP: a symbolic link). The file is
+ * read by kc_secret_read (util.h), which wipes every copy. */
 int kc_redis_auth_read(const char *path, char **user, char **pass, char *why, size_t whylen);
 
 /* Open the Redis backend (remote.h's kc_remote_backend_open calls it for redis URLs):

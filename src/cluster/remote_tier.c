@@ -19,6 +19,7 @@
 #include "kc_build.h"
 #include "log.h"
 #include "remote_manifest.h"
+#include "util.h"
 
 enum fault_kind { FAULT_GET, FAULT_PUT, FAULT_LEASE, FAULT_KINDS };
 
@@ -53,13 +54,6 @@ struct kc_remote_tier {
 	pthread_mutex_t list_fetch; /* one fetch of a header list at a time: the jobs of a
 				     * joining node that need one list at once fetch it once */
 };
-
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 /* Open the breaker at now (t->lock held): the store is asked again, with one probe, after
  * KC_REMOTE_BREAKER_FIRST_S seconds. */
@@ -98,7 +92,7 @@ static int store_usable(struct kc_remote_tier *t)
 {
 	pthread_mutex_lock(&t->lock);
 	int closed = t->breaker_until == 0;
-	int due = !closed && !t->probing && now_s() >= t->breaker_until;
+	int due = !closed && !t->probing && kc_mono_s() >= t->breaker_until;
 	t->probing |= due;
 	pthread_mutex_unlock(&t->lock);
 	if (!due)
@@ -112,7 +106,7 @@ static int store_usable(struct kc_remote_tier *t)
 		t->breaker_until = 0;
 	} else if (err != 0 && t->breaker_until != 0) {
 		t->breaker_wait_s = kc_remote_breaker_next_wait(t->breaker_wait_s);
-		t->breaker_until = now_s() + t->breaker_wait_s;
+		t->breaker_until = kc_mono_s() + t->breaker_wait_s;
 	}
 	closed = t->breaker_until == 0;
 	pthread_mutex_unlock(&t->lock);
@@ -143,7 +137,7 @@ static void outcome(struct kc_remote_tier *t, enum fault_kind kind, int err, int
 							    : &t->stats->remote_lease_errors;
 	atomic_fetch_add(counter, 1);
 	pthread_mutex_lock(&t->lock);
-	double now = now_s();
+	double now = kc_mono_s();
 	if (now - t->last_log[kind] >= 10) {
 		kc_log(KC_LOG_WARN, "cluster store %s: %s %s failed: %s%s", t->b->ops->describe(t->b),
 		       kinds[kind], what, strerror(-err),
@@ -172,34 +166,18 @@ int kc_remote_tier_up(struct kc_remote_tier *t)
 	return up;
 }
 
-/* Read the HMAC secret: a file of root's that nobody else can read, at least
- * KC_OBJECT_MIN_SECRET bytes (a trailing newline is not part of it). */
+/* Read the HMAC secret (kc_secret_read's rules: a file of root's, or the daemon's user's,
+ * that nobody else can read), at least KC_OBJECT_MIN_SECRET bytes. */
 static int load_secret(struct kc_remote_tier *t, const char *path, char *why, size_t whylen)
 {
-	struct stat st;
-	char *buf = NULL;
-	size_t len = 0;
-	int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-	if (fd < 0 || fstat(fd, &st) != 0) {
-		snprintf(why, whylen, "remote_key=%s: %s", path, strerror(errno));
-		if (fd >= 0)
-			close(fd);
+	char *buf;
+	size_t len;
+	int err = kc_secret_read("remote_key", path, 4096, &buf, &len, why, whylen);
+	if (err)
 		return -EACCES;
-	}
-	if (!S_ISREG(st.st_mode) || st.st_uid != 0 || (st.st_mode & 077)) {
-		close(fd);
-		snprintf(why, whylen, "remote_key=%s: must be a regular file of root's that no one "
-			 "else can read or write (chmod 600)", path);
-		return -EACCES;
-	}
-	int err = kc_read_all(fd, 4096, &buf, &len);
-	close(fd);
-	while (!err && len && (buf[len - 1] == '\n' || buf[len - 1] == '\r'))
-		len--;
-	if (err || len < KC_OBJECT_MIN_SECRET) {
-		free(buf);
-		snprintf(why, whylen, "remote_key=%s: %s", path,
-			 err ? strerror(-err) : "the secret must be at least 16 bytes");
+	if (len < KC_OBJECT_MIN_SECRET) {
+		kc_secret_free(buf, len);
+		snprintf(why, whylen, "remote_key=%s: the secret must be at least 16 bytes", path);
 		return -EACCES;
 	}
 	t->secret_buf = (unsigned char *)buf;
@@ -213,7 +191,6 @@ int kc_remote_tier_open(const struct kc_remote_opts *o, const char *nvcc,
 			size_t whylen)
 {
 	struct kc_remote_tier *t = calloc(1, sizeof(*t));
-	pthread_condattr_t ca;
 	if (!t) {
 		snprintf(why, whylen, "out of memory");
 		return -ENOMEM;
@@ -234,7 +211,7 @@ int kc_remote_tier_open(const struct kc_remote_opts *o, const char *nvcc,
 				      whylen);
 	if (!t->b) {
 		int err = errno ? -errno : -EINVAL;
-		free(t->secret_buf);
+		kc_secret_free((char *)t->secret_buf, t->secret.len);
 		free(t);
 		return err;
 	}
@@ -245,10 +222,7 @@ int kc_remote_tier_open(const struct kc_remote_opts *o, const char *nvcc,
 		t->toolkit[0] = '\0'; /* every header is then hashed */
 	pthread_mutex_init(&t->lock, NULL);
 	pthread_mutex_init(&t->list_fetch, NULL);
-	pthread_condattr_init(&ca);
-	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-	pthread_cond_init(&t->stop_cv, &ca);
-	pthread_condattr_destroy(&ca);
+	kc_cond_init_mono(&t->stop_cv);
 	if (!o->key_file)
 		kc_log(KC_LOG_WARN, "remote=%s without remote_key=: objects are not signed, and "
 		       "anyone who can write the store can make this node serve their cubins",
@@ -273,7 +247,7 @@ void kc_remote_tier_probe(struct kc_remote_tier *t)
 	       t->b->ops->describe(t->b), strerror(-err), KC_REMOTE_BREAKER_FIRST_S,
 	       KC_REMOTE_BREAKER_S);
 	pthread_mutex_lock(&t->lock);
-	breaker_open(t, now_s());
+	breaker_open(t, kc_mono_s());
 	pthread_mutex_unlock(&t->lock);
 }
 
@@ -295,28 +269,14 @@ void kc_remote_tier_close(struct kc_remote_tier *t)
 	pthread_cond_destroy(&t->stop_cv);
 	for (int i = 0; i < KC_REMOTE_LISTS; i++)
 		free(t->lists[i].list);
-	free(t->secret_buf);
+	kc_secret_free((char *)t->secret_buf, t->secret.len);
 	free(t);
-}
-
-/* CLOCK_MONOTONIC now plus ms. */
-static struct timespec deadline_after(unsigned ms)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	ts.tv_sec += ms / 1000;
-	ts.tv_nsec += (long)(ms % 1000) * 1000000l;
-	if (ts.tv_nsec >= 1000000000l) {
-		ts.tv_sec++;
-		ts.tv_nsec -= 1000000000l;
-	}
-	return ts;
 }
 
 /* Sleep ms unless the tier stops first. Returns 1 when it stops. */
 static int pause_ms(struct kc_remote_tier *t, unsigned ms)
 {
-	struct timespec until = deadline_after(ms);
+	struct timespec until = kc_mono_after_ms(ms);
 	pthread_mutex_lock(&t->lock);
 	while (!t->stopping && pthread_cond_timedwait(&t->stop_cv, &t->lock, &until) != ETIMEDOUT)
 		;
@@ -330,67 +290,48 @@ struct renewer {
 	struct kc_remote_tier *t;
 	const char *key, *token; /* the job's (kc_remote_job_move repoints them), which
 				  * outlives the thread; read under mu */
-	pthread_t thread;
 	pthread_mutex_t mu;
-	pthread_cond_t cv;
-	int stop;
+	unsigned every_ms;
+	struct kc_ticker ticker;
 };
 
 /* Renew every third of the lease, and at least every KC_REMOTE_RENEW_MS: each renewal also
  * tells waiters that this holder lives, so that one that died is taken over within
- * KC_REMOTE_ALIVE_MS and not its lease's ttl. */
-static void *renew_loop(void *arg)
+ * KC_REMOTE_ALIVE_MS and not its lease's ttl. Once taken over, nothing is left to renew. */
+static long renew_tick(void *arg)
 {
 	struct renewer *r = arg;
-	unsigned every = r->t->lease_ms / 3 ? r->t->lease_ms / 3 : 1;
-	if (every > KC_REMOTE_RENEW_MS)
-		every = KC_REMOTE_RENEW_MS;
-	int lost = 0; /* taken over: nothing left to renew */
+	/* copied under the lock: kc_remote_job_move may move them meanwhile */
+	char key[sizeof(((struct kc_remote_job *)0)->mkey)];
+	char token[sizeof(((struct kc_remote_job *)0)->token)];
 	pthread_mutex_lock(&r->mu);
-	while (!r->stop) {
-		struct timespec until = deadline_after(every);
-		if (lost) {
-			pthread_cond_wait(&r->cv, &r->mu);
-			continue;
-		}
-		if (pthread_cond_timedwait(&r->cv, &r->mu, &until) != ETIMEDOUT || r->stop)
-			continue;
-		/* copied under the lock: kc_remote_job_move may move them meanwhile */
-		char key[sizeof(((struct kc_remote_job *)0)->mkey)];
-		char token[sizeof(((struct kc_remote_job *)0)->token)];
-		snprintf(key, sizeof(key), "%s", r->key);
-		snprintf(token, sizeof(token), "%s", r->token);
-		pthread_mutex_unlock(&r->mu);
-		int err = r->t->b->ops->lease_renew(r->t->b, key, token, r->t->lease_ms);
-		outcome(r->t, FAULT_LEASE, err, 0, "renewal");
-		if (err == -ENOLCK) {
-			kc_log(KC_LOG_INFO, "cluster store: lease on %.16s was taken over while "
-			       "compiling", key);
-			lost = 1;
-		}
-		pthread_mutex_lock(&r->mu);
-	}
+	snprintf(key, sizeof(key), "%s", r->key);
+	snprintf(token, sizeof(token), "%s", r->token);
 	pthread_mutex_unlock(&r->mu);
-	return NULL;
+	int err = r->t->b->ops->lease_renew(r->t->b, key, token, r->t->lease_ms);
+	outcome(r->t, FAULT_LEASE, err, 0, "renewal");
+	if (err == -ENOLCK) {
+		kc_log(KC_LOG_INFO, "cluster store: lease on %.16s was taken over while "
+		       "compiling", key);
+		return KC_TICK_IDLE;
+	}
+	return r->every_ms;
 }
 
 static void renewer_start(struct kc_remote_tier *t, struct kc_remote_job *rj)
 {
 	struct renewer *r = calloc(1, sizeof(*r));
-	pthread_condattr_t ca;
 	if (!r)
 		return; /* the lease then lasts its ttl; a takeover costs one more compile */
 	r->t = t;
 	r->key = rj->mkey;
 	r->token = rj->token;
+	r->every_ms = t->lease_ms / 3 ? t->lease_ms / 3 : 1;
+	if (r->every_ms > KC_REMOTE_RENEW_MS)
+		r->every_ms = KC_REMOTE_RENEW_MS;
 	pthread_mutex_init(&r->mu, NULL);
-	pthread_condattr_init(&ca);
-	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-	pthread_cond_init(&r->cv, &ca);
-	pthread_condattr_destroy(&ca);
-	if (pthread_create(&r->thread, NULL, renew_loop, r) != 0) {
+	if (kc_ticker_start(&r->ticker, r->every_ms, renew_tick, r) != 0) {
 		pthread_mutex_destroy(&r->mu);
-		pthread_cond_destroy(&r->cv);
 		free(r);
 		return;
 	}
@@ -402,13 +343,8 @@ static void renewer_stop(struct kc_remote_job *rj)
 	struct renewer *r = rj->renewer;
 	if (!r)
 		return;
-	pthread_mutex_lock(&r->mu);
-	r->stop = 1;
-	pthread_cond_signal(&r->cv);
-	pthread_mutex_unlock(&r->mu);
-	pthread_join(r->thread, NULL);
+	kc_ticker_stop(&r->ticker);
 	pthread_mutex_destroy(&r->mu);
-	pthread_cond_destroy(&r->cv);
 	free(r);
 	rj->renewer = NULL;
 }
@@ -522,7 +458,7 @@ static enum found look(struct kc_remote_tier *t, struct kc_remote_job *rj)
 	char lhash[KC_SHA256_HEXLEN + 1], mine[KC_MANIFEST_COMPACT_MAX] = "";
 	size_t len = 0, mlen = 0, list_len = 0, full_len = 0;
 	struct kc_object idx;
-	double t0 = now_s();
+	double t0 = kc_mono_s();
 
 	if (!store_usable(t))
 		return FOUND_FAULT;
@@ -606,7 +542,7 @@ static enum found look(struct kc_remote_tier *t, struct kc_remote_job *rj)
 	rj->data = data;
 	snprintf(rj->where, sizeof(rj->where), "%.100s, object %.16s", t->b->ops->describe(t->b),
 		 okey);
-	atomic_fetch_add(&t->stats->remote_fetch_usec, (uint64_t)((now_s() - t0) * 1e6));
+	atomic_fetch_add(&t->stats->remote_fetch_usec, (uint64_t)((kc_mono_s() - t0) * 1e6));
 	atomic_fetch_add(&t->stats->remote_fetches, 1);
 	return FOUND_CUBIN;
 }
@@ -644,12 +580,12 @@ static int compile_here(struct kc_slots *slots, int *held)
  * faults is ended: the caller polls from then on. Returns 1 when the tier stops. */
 static int wait_notice(struct kc_remote_tier *t, struct kc_remote_watch **w, double start)
 {
-	double begun = now_s(), end = start + t->wait_s;
+	double begun = kc_mono_s(), end = start + t->wait_s;
 	double until = begun + KC_REMOTE_NOTICE_MS / 1000.0;
 	if (until > end)
 		until = end;
 	for (;;) {
-		double left = until - now_s();
+		double left = until - kc_mono_s();
 		if (left <= 0)
 			return 0;
 		int err = t->b->ops->watch_wait(t->b, *w, left > 0.2 ? 200 : (unsigned)(left * 1000) + 1);
@@ -658,7 +594,7 @@ static int wait_notice(struct kc_remote_tier *t, struct kc_remote_watch **w, dou
 		pthread_mutex_unlock(&t->lock);
 		if (stopping)
 			return 1;
-		double gap = begun + KC_REMOTE_NOTICE_GAP_MS / 1000.0 - now_s();
+		double gap = begun + KC_REMOTE_NOTICE_GAP_MS / 1000.0 - kc_mono_s();
 		if (err == 0)
 			return gap > 0 ? pause_ms(t, (unsigned)(gap * 1000) + 1) : 0;
 		if (err != -ETIMEDOUT) {
@@ -683,7 +619,7 @@ int kc_remote_tier_fetch(struct kc_remote_tier *t, const char *recipe_hash, int 
 	for (size_t i = 0; i < sizeof(r); i++)
 		snprintf(rj->token + 2 * i, 3, "%02x", r[i]);
 
-	double start = now_s();
+	double start = kc_mono_s();
 	unsigned delay = 50;
 	int waited = 0, saw_holder = 0, watch_tried = 0;
 	struct kc_remote_watch *w = NULL;
@@ -732,7 +668,7 @@ int kc_remote_tier_fetch(struct kc_remote_tier *t, const char *recipe_hash, int 
 			waited = 1;
 			atomic_fetch_add(&t->stats->remote_lease_waits, 1);
 		}
-		if (now_s() - start >= t->wait_s) {
+		if (kc_mono_s() - start >= t->wait_s) {
 			atomic_fetch_add(&t->stats->remote_hedged, 1);
 			kc_log(KC_LOG_INFO, "cluster store: waited %u s for %.16s; compiling here",
 			       t->wait_s, rj->mkey);
@@ -919,7 +855,7 @@ void kc_remote_job_move(struct kc_remote_job *dst, struct kc_remote_job *src)
 {
 	struct renewer *r = src->renewer;
 	if (r)
-		pthread_mutex_lock(&r->mu); /* renew_loop copies key and token under it */
+		pthread_mutex_lock(&r->mu); /* renew_tick copies key and token under it */
 	*dst = *src;
 	if (r) {
 		r->key = dst->mkey;

@@ -26,6 +26,7 @@
 #include "log.h"
 #include "nvrtc_wire.h"
 #include "sandbox.h"
+#include "util.h"
 
 #define LOG_MAX (1u << 20)
 #define LOG_TAIL (64u << 10) /* of a cut output, the end kept */
@@ -166,13 +167,6 @@ void kc_compile_shutdown(void)
 			kill(running[i], SIGKILL);
 		}
 	pthread_mutex_unlock(&running_lock);
-}
-
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
 /* Read the compiler's output from fd (the daemon's own descriptor of it: a compiler that
@@ -388,9 +382,9 @@ static int wait_compiler(pid_t pid, unsigned timeout_s, int *status)
 
 	if (pfd >= 0) {
 		struct pollfd p = {.fd = pfd, .events = POLLIN};
-		double deadline = now_s() + timeout_s;
+		double deadline = kc_mono_s() + timeout_s;
 		for (;;) {
-			double left = deadline - now_s();
+			double left = deadline - kc_mono_s();
 			if (left <= 0) {
 				timed_out = 1;
 				break;
@@ -404,7 +398,7 @@ static int wait_compiler(pid_t pid, unsigned timeout_s, int *status)
 		close(pfd);
 	} else {
 		/* No pidfd (kernel < 5.3, or out of descriptors): poll the child instead. */
-		double deadline = now_s() + timeout_s;
+		double deadline = kc_mono_s() + timeout_s;
 		for (;;) {
 			pid_t r = waitpid(pid, status, WNOHANG);
 			if (r == pid) {
@@ -413,7 +407,7 @@ static int wait_compiler(pid_t pid, unsigned timeout_s, int *status)
 			}
 			if (r < 0 && errno != EINTR)
 				break;
-			if (now_s() >= deadline) {
+			if (kc_mono_s() >= deadline) {
 				timed_out = 1;
 				break;
 			}
@@ -510,13 +504,12 @@ static void take_deps(const struct kc_compile_spec *spec, uid_t uid,
 
 /* The compiler exited with status code != 0: rejected only when it said why, else a
  * transient failure (out->status, out->why). */
-static void classify_exit(const struct kc_compile_spec *spec, int code,
-			  struct kc_compile_outcome *out)
+void kc_compile_classify_exit(int code, int low_space, struct kc_compile_outcome *out)
 {
 	/* Rejected only when the compiler said why: an "error" in its output, with disk
 	 * space to spare. A full disk can also leave no log at all, and nvcc frees its
 	 * temporaries before it exits, so free space alone is not proof. */
-	int space = low_on_space(spec->scratch) || says(out, "No space left on device");
+	int space = low_space || says(out, "No space left on device");
 	/* a tool of nvcc's killed (the OOM killer, a memory limit) is no verdict either:
 	 * gcc says "Killed signal terminated program cc1plus" */
 	int killed = says(out, "signal terminated program") || says(out, "std::bad_alloc") ||
@@ -529,6 +522,27 @@ static void classify_exit(const struct kc_compile_spec *spec, int code,
 		 : reported ? "" : " without reporting an error");
 	out->status = space || killed || !reported ? KC_COMPILE_TRANSIENT
 						   : KC_COMPILE_REJECTED;
+}
+
+int kc_compile_classify(int wait_err, int status, unsigned timeout_s, int low_space,
+			struct kc_compile_outcome *out)
+{
+	if (wait_err == -ETIMEDOUT) {
+		out->timed_out = 1;
+		snprintf(out->why, sizeof(out->why), "timed out after %u s and was killed",
+			 timeout_s);
+		return 0;
+	}
+	if (WIFSIGNALED(status)) {
+		snprintf(out->why, sizeof(out->why), "compiler killed by signal %d (%s)",
+			 WTERMSIG(status), strsignal(WTERMSIG(status)));
+		return 0;
+	}
+	if (WEXITSTATUS(status) != 0) {
+		kc_compile_classify_exit(WEXITSTATUS(status), low_space, out);
+		return 0;
+	}
+	return 1;
 }
 
 /* The key of the worker of this compile (nvrtc_pool.h): uid, the compiler's generation, the
@@ -598,7 +612,7 @@ static int xfer(int fd, void *buf, size_t len, double deadline, int out)
 {
 	char *p = buf;
 	while (len > 0) {
-		double left = deadline - now_s();
+		double left = deadline - kc_mono_s();
 		if (left <= 0)
 			return -ETIMEDOUT;
 		struct pollfd pf = {.fd = fd, .events = out ? POLLOUT : POLLIN};
@@ -674,7 +688,7 @@ static int run_warm(const struct kc_compile_spec *spec, struct kc_compile_outcom
 	char *key = worker_key(spec, uid);
 	if (!key)
 		return 0;
-	double t0 = now_s();
+	double t0 = kc_mono_s();
 	struct kc_nvrtc_worker *w = kc_nvrtc_pool_take(spec->pool, key);
 	if (!w) {
 		w = kc_nvrtc_pool_new(spec->pool, key, uid, why, sizeof(why));
@@ -718,7 +732,7 @@ static int run_warm(const struct kc_compile_spec *spec, struct kc_compile_outcom
 		 * reap it. */
 		int status = 0, pfd = pidfd_open(w->pid, 0);
 		struct pollfd pf = {.fd = pfd, .events = POLLIN};
-		double left = t0 + spec->timeout_s - now_s();
+		double left = t0 + spec->timeout_s - kc_mono_s();
 		int ms = left < 1 ? 1000 : left > 1e6 ? 1000000000 : (int)(left * 1000);
 		while (err == -EPIPE && pfd >= 0 && poll(&pf, 1, ms) < 0 && errno == EINTR)
 			;
@@ -755,7 +769,7 @@ static int run_warm(const struct kc_compile_spec *spec, struct kc_compile_outcom
 	pthread_mutex_unlock(&running_lock);
 	if (err) /* as after any compile: nothing of its uid outlives it */
 		kc_sandbox_kill_uids(uid, 1);
-	out->seconds = now_s() - t0;
+	out->seconds = kc_mono_s() - t0;
 	if (!err)
 		w->served++;
 	/* which worker: a second compile of the same flags names the same pid */
@@ -767,7 +781,7 @@ static int run_warm(const struct kc_compile_spec *spec, struct kc_compile_outcom
 	if (!err) {
 		keep = rep.cpu_usec < (uint64_t)KC_NVRTC_WORKER_CPU * 1000000u;
 		if (rep.status != 0) {
-			classify_exit(spec, rep.status, out);
+			kc_compile_classify_exit(rep.status, low_on_space(spec->scratch), out);
 		} else if (kc_cubin_check_buf(cubin, rep.cubin_len, why, sizeof(why)) != 0 ||
 			   (err = kc_write_all(spec->out_fd, cubin, rep.cubin_len)) != 0) {
 			snprintf(out->why, sizeof(out->why), "compiler exited 0 but %.200s",
@@ -833,7 +847,7 @@ int kc_compile_run(const struct kc_compile_spec *spec, struct kc_compile_outcome
 		return -ENOMEM;
 	}
 
-	double t0 = now_s();
+	double t0 = kc_mono_s();
 	/* The output file, opened here and kept: read back through this descriptor. */
 	int log_fd = openat(spec->scratch_fd, "compile.log",
 			    O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
@@ -876,28 +890,17 @@ int kc_compile_run(const struct kc_compile_spec *spec, struct kc_compile_outcome
 	kc_sandbox_kill_uids(uid, 1); /* a process that left the group (setsid) ends here too */
 	kc_nvrtc_pool_forget_uid(spec->pool, uid); /* its idle workers were among them */
 	release_slot(slot);
-	out->seconds = now_s() - t0;
+	out->seconds = kc_mono_s() - t0;
 	read_log(log_fd, out);
 	close(log_fd);
 	log_with_scratch(out, spec->scratch);
 
 	if (out->why[0])
 		return 0;
-	if (w == -ETIMEDOUT) {
-		out->timed_out = 1;
-		snprintf(out->why, sizeof(out->why), "timed out after %u s and was killed",
-			 spec->timeout_s);
+	int failed = w != -ETIMEDOUT && WIFEXITED(status) && WEXITSTATUS(status) != 0;
+	if (!kc_compile_classify(w, status, spec->timeout_s,
+				 failed && low_on_space(spec->scratch), out))
 		return 0;
-	}
-	if (WIFSIGNALED(status)) {
-		snprintf(out->why, sizeof(out->why), "compiler killed by signal %d (%s)",
-			 WTERMSIG(status), strsignal(WTERMSIG(status)));
-		return 0;
-	}
-	if (WEXITSTATUS(status) != 0) {
-		classify_exit(spec, WEXITSTATUS(status), out);
-		return 0;
-	}
 	if (spec->deps_only) {
 		take_deps(spec, uid, out);
 		if (!out->deps) {

@@ -82,6 +82,19 @@ struct kc_compile_outcome {
 int kc_compile_run(const struct kc_compile_spec *spec, struct kc_compile_outcome *out);
 void kc_compile_outcome_free(struct kc_compile_outcome *out);
 
+/* The verdict on a compiler run that ended, from what kc_compile_run saw: wait_err (0, or
+ * -ETIMEDOUT: killed at timeout_s), the wait status, and low_space (the scratch's
+ * filesystem nearly full; only looked at for a nonzero exit). Pure: reads out->log, sets
+ * out->status, out->why and out->timed_out. Timed out, killed by a signal, or an exit
+ * without an "error" in the log, out of space or with a tool killed or out of memory are
+ * KC_COMPILE_TRANSIENT; a nonzero exit that reported an error is KC_COMPILE_REJECTED.
+ * Returns 0 with that verdict, or 1 for an exit 0 (out untouched: its output is to be
+ * checked next). */
+int kc_compile_classify(int wait_err, int status, unsigned timeout_s, int low_space,
+			struct kc_compile_outcome *out);
+/* The same verdict for a nonzero exit code (an NVRTC worker's reply carries one). */
+void kc_compile_classify_exit(int code, int low_space, struct kc_compile_outcome *out);
+
 /* Run "<compiler> --version" as a compile with args would run with first_uid uid and
  * ns_flags (its output discarded), to learn at the mount whether that uid can run it and
  * reach the include directories of args. Returns 0, or -errno with why filled: an include

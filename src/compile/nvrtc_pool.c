@@ -14,6 +14,7 @@
 
 #include "log.h"
 #include "sandbox.h"
+#include "util.h"
 
 struct kc_nvrtc_pool {
 	pthread_mutex_t lock;
@@ -25,13 +26,6 @@ struct kc_nvrtc_pool {
 	int reaper_running, stopping;
 	pthread_t reaper;
 };
-
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 /* Kill w's process group, reap it, remove its directory, free it. w is off the list. */
 static void stop(struct kc_nvrtc_worker *w, const char *why)
@@ -74,7 +68,7 @@ static void *reaper_main(void *arg)
 	struct kc_nvrtc_pool *p = arg;
 	pthread_mutex_lock(&p->lock);
 	while (!p->stopping) {
-		double now = now_s(), next = now + p->idle_s;
+		double now = kc_mono_s(), next = now + p->idle_s;
 		struct kc_nvrtc_worker *gone = NULL;
 		for (struct kc_nvrtc_worker **pp = &p->list; *pp;) {
 			struct kc_nvrtc_worker *w = *pp;
@@ -115,14 +109,10 @@ struct kc_nvrtc_pool *kc_nvrtc_pool_create(struct kc_store *store, unsigned max,
 					   unsigned idle_s)
 {
 	struct kc_nvrtc_pool *p = calloc(1, sizeof(*p));
-	pthread_condattr_t ca;
 	if (!p)
 		return NULL;
 	pthread_mutex_init(&p->lock, NULL);
-	pthread_condattr_init(&ca);
-	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-	pthread_cond_init(&p->cond, &ca);
-	pthread_condattr_destroy(&ca);
+	kc_cond_init_mono(&p->cond);
 	p->store = store;
 	p->max = max ? max : 1;
 	p->idle_s = idle_s ? idle_s : 1;
@@ -249,7 +239,7 @@ void kc_nvrtc_pool_put(struct kc_nvrtc_pool *p, struct kc_nvrtc_worker *w, int k
 	pthread_mutex_lock(&p->lock);
 	if (keep && !p->stopping) {
 		w->busy = 0;
-		w->idle_since = now_s();
+		w->idle_since = kc_mono_s();
 		pthread_cond_broadcast(&p->cond);
 		pthread_mutex_unlock(&p->lock);
 		return;

@@ -4,6 +4,8 @@
 #include <limits.h>
 #include <string.h>
 
+#include "util.h"
+
 #define ENTRY_PREFIX "kernel."
 #define HASH_MIN 16
 #define HASH_MAX 128
@@ -12,11 +14,6 @@ static int is_name_char(unsigned char c)
 {
 	return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
 	       c == '_' || c == '-';
-}
-
-static int is_hex_lower(unsigned char c)
-{
-	return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
 }
 
 static enum kc_name_kind bad(const char **why, const char *reason)
@@ -53,9 +50,8 @@ enum kc_name_kind kc_name_classify(const char *name, const char **why)
 			return bad(why, "kernel name may hold only letters, digits, '_' and '-'");
 	if (hlen < HASH_MIN || hlen > HASH_MAX)
 		return bad(why, "hash must be 16 to 128 hex digits");
-	for (size_t i = 0; i < hlen; i++)
-		if (!is_hex_lower((unsigned char)dot[1 + i]))
-			return bad(why, "hash must be lowercase hex digits");
+	if (!kc_hex_lower(dot + 1, hlen))
+		return bad(why, "hash must be lowercase hex digits");
 	return KC_NAME_ENTRY;
 }
 

@@ -15,6 +15,7 @@
 #include "inode.h"
 #include "notify.h"
 #include "store.h"
+#include "util.h"
 
 enum { KC_HANDLE_FILE = 1, KC_HANDLE_DIR = 2 };
 
@@ -33,10 +34,7 @@ struct kc_fs {
 				    * struct kc_fh (KC_HANDLE_FILE) and dir.c's (KC_HANDLE_DIR) */
 	struct timespec started; /* mount time, shown as .kcachefs times */
 	/* waiter.c: the sweeper of waiters interrupted by a signal their process survived */
-	pthread_t sweep_thread;
-	pthread_mutex_t sweep_lock;
-	pthread_cond_t sweep_cond;
-	int sweep_stop, sweep_started;
+	struct kc_ticker sweeper;
 	unsigned parked; /* requests parked in waiter.c and not yet answered (atomic) */
 	unsigned request_budget; /* seconds a parked request may wait before it is answered
 				  * ETIMEDOUT, under the kernel's request timeout (reqtimeout.h);

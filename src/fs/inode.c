@@ -2,6 +2,7 @@
 #define _GNU_SOURCE
 #include "inode.h"
 #include "store.h"
+#include "util.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -13,10 +14,9 @@
 static int inode_cmp(const void *a, const void *b)
 {
 	const struct kc_inode *x = a, *y = b;
-	if (x->dev != y->dev)
-		return x->dev < y->dev ? -1 : 1;
-	if (x->ino != y->ino)
-		return x->ino < y->ino ? -1 : 1;
+	int c = kc_file_id_cmp(x->dev, x->ino, y->dev, y->ino);
+	if (c)
+		return c;
 	if (x->pending != y->pending)
 		return x->pending - y->pending;
 	return x->recipe_id < y->recipe_id ? -1 : x->recipe_id > y->recipe_id;

@@ -25,7 +25,7 @@
 #include "log.h"
 #include "reqtimeout.h"
 
-#define SWEEP_INTERVAL_NS 100000000L
+#define SWEEP_INTERVAL_MS 100
 
 struct req_waiter {
 	struct kc_waiter base;
@@ -180,57 +180,31 @@ static void answer_expired(struct req_waiter *w)
 	fuse_reply_err(w->req, ETIMEDOUT);
 }
 
-static void *sweeper(void *arg)
+/* One sweep of the parked waiters, every SWEEP_INTERVAL_MS (the sweeper's tick). */
+static long sweep_tick(void *arg)
 {
 	struct kc_fs *fs = arg;
-
-	pthread_mutex_lock(&fs->sweep_lock);
-	while (!fs->sweep_stop) {
-		struct timespec ts;
-		clock_gettime(CLOCK_REALTIME, &ts);
-		ts.tv_nsec += SWEEP_INTERVAL_NS;
-		if (ts.tv_nsec >= 1000000000L) {
-			ts.tv_sec++;
-			ts.tv_nsec -= 1000000000L;
-		}
-		pthread_cond_timedwait(&fs->sweep_cond, &fs->sweep_lock, &ts);
-		pthread_mutex_unlock(&fs->sweep_lock);
-		struct timespec now;
-		clock_gettime(CLOCK_MONOTONIC, &now);
-		struct kc_waiter *gone = kc_flight_sweep(&fs->cache.flights, waiter_to_go, &now);
-		while (gone) {
-			struct req_waiter *w = (struct req_waiter *)gone;
-			gone = gone->next;
-			if (w->expired)
-				answer_expired(w);
-			else
-				fuse_reply_err(w->req, EINTR);
-			waiter_free(w);
-		}
-		pthread_mutex_lock(&fs->sweep_lock);
+	struct timespec now;
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	struct kc_waiter *gone = kc_flight_sweep(&fs->cache.flights, waiter_to_go, &now);
+	while (gone) {
+		struct req_waiter *w = (struct req_waiter *)gone;
+		gone = gone->next;
+		if (w->expired)
+			answer_expired(w);
+		else
+			fuse_reply_err(w->req, EINTR);
+		waiter_free(w);
 	}
-	pthread_mutex_unlock(&fs->sweep_lock);
-	return NULL;
+	return SWEEP_INTERVAL_MS;
 }
 
 int kc_sweeper_start(struct kc_fs *fs)
 {
-	pthread_mutex_init(&fs->sweep_lock, NULL);
-	pthread_cond_init(&fs->sweep_cond, NULL);
-	fs->sweep_stop = 0;
-	int err = pthread_create(&fs->sweep_thread, NULL, sweeper, fs);
-	fs->sweep_started = err == 0;
-	return -err;
+	return kc_ticker_start(&fs->sweeper, SWEEP_INTERVAL_MS, sweep_tick, fs);
 }
 
 void kc_sweeper_stop(struct kc_fs *fs)
 {
-	if (!fs->sweep_started)
-		return;
-	pthread_mutex_lock(&fs->sweep_lock);
-	fs->sweep_stop = 1;
-	pthread_cond_signal(&fs->sweep_cond);
-	pthread_mutex_unlock(&fs->sweep_lock);
-	pthread_join(fs->sweep_thread, NULL);
-	fs->sweep_started = 0;
+	kc_ticker_stop(&fs->sweeper);
 }

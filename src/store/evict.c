@@ -18,6 +18,7 @@
 
 #include "log.h"
 #include "name.h"
+#include "util.h"
 
 #define USED_XATTR "user.kcachefs.used"
 
@@ -39,19 +40,10 @@ struct trash {
 	char name[64];
 };
 
-static int64_t now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_REALTIME, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static int rec_cmp(const void *a, const void *b)
 {
 	const struct rec *x = a, *y = b;
-	if (x->dev != y->dev)
-		return x->dev < y->dev ? -1 : 1;
-	return x->ino < y->ino ? -1 : x->ino > y->ino;
+	return kc_file_id_cmp(x->dev, x->ino, y->dev, y->ino);
 }
 
 static struct rec *find(struct kc_evict *e, dev_t dev, ino_t ino)
@@ -134,7 +126,6 @@ int kc_evict_init(struct kc_evict *e, struct kc_store *store, struct kc_flight_t
 	e->max_bytes = max_bytes;
 	e->max_entries = max_entries;
 	pthread_mutex_init(&e->lock, NULL);
-	pthread_cond_init(&e->wake, NULL);
 	return 0;
 }
 
@@ -184,7 +175,7 @@ static void measure(struct kc_evict *e, int dfd, int now_used)
 			persisted = strtoll(buf, NULL, 10);
 		}
 	}
-	int64_t now = now_ms();
+	int64_t now = kc_wall_ms();
 	struct file_handle *handle = cubin_mtime >= 0 ? handle_of(dfd) : NULL;
 	pthread_mutex_lock(&e->lock);
 	struct rec *r = find(e, st.st_dev, st.st_ino);
@@ -225,8 +216,8 @@ static void measure(struct kc_evict *e, int dfd, int now_used)
 		kc_log(KC_LOG_WARN, "%s: %" PRIu64 " bytes, more than max_size %" PRIu64 " on its own: "
 		       "it is evicted once unused for %d s", rel, bytes, e->max_bytes,
 		       KC_EVICT_GRACE);
-	if (over(e, 0))
-		pthread_cond_signal(&e->wake);
+	if (over(e, 0) && e->started)
+		kc_ticker_wake(&e->cleaner);
 	pthread_mutex_unlock(&e->lock);
 }
 
@@ -252,7 +243,7 @@ void kc_evict_note_fd(struct kc_evict *e, int entry_fd)
 
 void kc_evict_touch(struct kc_evict *e, dev_t dev, ino_t ino)
 {
-	int64_t now = now_ms();
+	int64_t now = kc_wall_ms();
 	char full[8192], buf[32];
 	pthread_mutex_lock(&e->lock);
 	struct rec *r = find(e, dev, ino);
@@ -326,7 +317,7 @@ static int scan_visit(const char *path, const struct stat *st, int type, struct 
 		measure(scanning, fd, 0);
 		close(fd);
 	}
-	return scanning->stop ? FTW_STOP : FTW_SKIP_SUBTREE;
+	return kc_ticker_stopping(&scanning->cleaner) ? FTW_STOP : FTW_SKIP_SUBTREE;
 }
 
 /* One victim, removed under the flight table's lock (no compile of it can start). */
@@ -477,8 +468,8 @@ static unsigned evict_pass(struct kc_evict *e)
 		return 0;
 	qsort(l.v, l.n, sizeof(*l.v), oldest_first);
 	unsigned gone = 0;
-	int64_t before = now_ms() - KC_EVICT_GRACE * 1000;
-	for (size_t i = 0; i < l.n && !e->stop; i++) {
+	int64_t before = kc_wall_ms() - KC_EVICT_GRACE * 1000;
+	for (size_t i = 0; i < l.n && !kc_ticker_stopping(&e->cleaner); i++) {
 		pthread_mutex_lock(&e->lock);
 		int more = over(e, 1);
 		pthread_mutex_unlock(&e->lock);
@@ -492,7 +483,7 @@ static unsigned evict_pass(struct kc_evict *e)
 			continue; /* compiling, staging, used again, or gone */
 		remove_trash(e, v->trash);
 		kc_log(KC_LOG_INFO, "%s: evicted (%" PRIu64 " bytes, last used %.1f s ago)",
-		       v->path, v->bytes, (double)(now_ms() - v->used) / 1000);
+		       v->path, v->bytes, (double)(kc_wall_ms() - v->used) / 1000);
 		if (e->evicted)
 			e->evicted(e->arg, v->path);
 		gone++;
@@ -501,45 +492,48 @@ static unsigned evict_pass(struct kc_evict *e)
 	return gone;
 }
 
-static void *cleaner(void *arg)
+/* The start-up scan (nothing is evicted before it ends). */
+static void scan(struct kc_evict *e)
 {
-	struct kc_evict *e = arg;
 	scanning = e;
 	if (nftw(e->store->root_path, scan_visit, 32, FTW_PHYS | FTW_ACTIONRETVAL) != 0 &&
-	    !e->stop)
+	    !kc_ticker_stopping(&e->cleaner))
 		kc_log(KC_LOG_WARN, "scan of %s for eviction: %s", e->store->root_path,
 		       strerror(errno));
 	pthread_mutex_lock(&e->lock);
 	e->scanned = 1;
 	kc_log(KC_LOG_INFO, "%" PRIu64 " published entries, %" PRIu64 " bytes", e->entries,
 	       e->bytes);
-	while (!e->stop) {
-		if (!over(e, 0)) {
-			pthread_cond_wait(&e->wake, &e->lock);
-			continue;
-		}
-		pthread_mutex_unlock(&e->lock);
-		retry_trash(e);
-		unsigned gone = evict_pass(e);
-		pthread_mutex_lock(&e->lock);
-		if (!gone && over(e, 0) && !e->stop) {
-			/* Nothing could go (all compiling, staged or just used): try again later. */
-			struct timespec ts;
-			clock_gettime(CLOCK_REALTIME, &ts);
-			ts.tv_sec += 1;
-			pthread_cond_timedwait(&e->wake, &e->lock, &ts);
-		}
-	}
 	pthread_mutex_unlock(&e->lock);
-	return NULL;
+}
+
+/* The cleaner's tick: the scan first; then, while over a bound, one eviction pass, again
+ * at once while passes evict, in 1 s when nothing could go (all compiling, staged or just
+ * used); under the bounds, idle until an entry noted over a bound (kc_evict_note) wakes
+ * it. */
+static long clean_tick(void *arg)
+{
+	struct kc_evict *e = arg;
+	if (!e->scanned)
+		scan(e);
+	pthread_mutex_lock(&e->lock);
+	int over_now = over(e, 0);
+	pthread_mutex_unlock(&e->lock);
+	if (!over_now)
+		return KC_TICK_IDLE;
+	retry_trash(e);
+	unsigned gone = evict_pass(e);
+	return gone ? 0 : 1000;
 }
 
 int kc_evict_start(struct kc_evict *e)
 {
-	int err = pthread_create(&e->thread, NULL, cleaner, e);
+	int err = kc_ticker_start(&e->cleaner, 0, clean_tick, e);
 	if (err)
-		return -err;
+		return err;
+	pthread_mutex_lock(&e->lock);
 	e->started = 1;
+	pthread_mutex_unlock(&e->lock);
 	return 0;
 }
 
@@ -553,14 +547,10 @@ static void free_rec(void *p)
 
 void kc_evict_stop(struct kc_evict *e)
 {
-	if (!e->started)
-		return;
 	pthread_mutex_lock(&e->lock);
-	e->stop = 1;
-	pthread_cond_signal(&e->wake);
+	e->started = 0; /* an entry noted wakes the cleaner no more */
 	pthread_mutex_unlock(&e->lock);
-	pthread_join(e->thread, NULL);
-	e->started = 0;
+	kc_ticker_stop(&e->cleaner);
 }
 
 /* The last uses since the hourly writes, written at a clean stop (twalk_r closure). */
@@ -590,7 +580,6 @@ void kc_evict_destroy(struct kc_evict *e)
 	}
 	tdestroy(e->tree, free_rec);
 	e->tree = NULL;
-	pthread_cond_destroy(&e->wake);
 	pthread_mutex_destroy(&e->lock);
 }
 

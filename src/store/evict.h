@@ -27,6 +27,7 @@
 #include "flight.h"
 #include "stats.h"
 #include "store.h"
+#include "util.h"
 
 #define KC_EVICT_LOW_PERCENT 90 /* evict down to this share of each bound */
 #define KC_EVICT_GRACE 2        /* seconds: an entry used this recently is never a victim */
@@ -45,13 +46,12 @@ struct kc_evict {
 	struct kc_stats *stats;           /* borrowed: evictions are counted here */
 
 	pthread_mutex_t lock;
-	pthread_cond_t wake;
 	void *tree;                       /* tsearch tree of records keyed by (dev, ino) */
 	uint64_t entries, bytes;          /* published entries indexed, and their bytes */
-	int scanned, stop, started, poked;
+	int scanned, started;             /* started: the cleaner may be woken */
 	uint64_t trashed;                 /* names tmp/evicted.<ino>.<n> apart */
 	struct trash *trash;              /* removals to retry (cleaner thread only) */
-	pthread_t thread;
+	struct kc_ticker cleaner;         /* the cleaner thread */
 };
 
 /* Set up (nothing runs yet). Returns 0 or -errno. */

@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "util.h"
+
 struct job {
 	struct job *next;
 	kc_job_fn fn;
@@ -105,13 +107,6 @@ void kc_pool_load(struct kc_pool *p, unsigned *queued, unsigned *running)
 	pthread_mutex_unlock(&p->lock);
 }
 
-static double mono_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
 void kc_cond_wait_briefly(pthread_cond_t *cond, pthread_mutex_t *lock)
 {
 	/* the condition's clock is CLOCK_REALTIME: short waits, the callers' deadlines
@@ -128,9 +123,9 @@ void kc_cond_wait_briefly(pthread_cond_t *cond, pthread_mutex_t *lock)
 
 unsigned kc_pool_wait_idle(struct kc_pool *p, double timeout_s)
 {
-	double deadline = mono_s() + timeout_s;
+	double deadline = kc_mono_s() + timeout_s;
 	pthread_mutex_lock(&p->lock);
-	while ((p->queued || p->running) && mono_s() < deadline) {
+	while ((p->queued || p->running) && kc_mono_s() < deadline) {
 		kc_cond_wait_briefly(&p->idle, &p->lock);
 	}
 	unsigned left = p->queued + p->running;

@@ -258,3 +258,40 @@ def read_result(path):
         return ("ok", hashlib.sha256(data).hexdigest(), len(data), st.st_size)
     except OSError as e:
         return ("err", e.errno)
+
+
+def wait_until(cond, what, timeout=60, step=0.05):
+    """Poll cond() every step seconds until it returns something true, and return that.
+    Past timeout seconds (generous: tests run beside busy loops), fail with an
+    AssertionError saying what: a string, or a callable called then (the daemon's log, its
+    counters: what was seen when the wait gave up)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = cond()
+        if got:
+            return got
+        assert time.monotonic() < deadline, what() if callable(what) else what
+        time.sleep(step)
+
+
+def wait_for_flight(m, timeout=60):
+    """Return once a compile is in flight on mount m."""
+    wait_until(lambda: m.stats()["flights"] >= 1, "compile never started", timeout)
+
+
+def slow_nvcc(tmp_path, release, gated="*-cubin*"):
+    """A compiler that blocks compiles whose arguments match the shell pattern gated (by
+    default every compile) until the file `release` exists, then runs nvcc."""
+    return write_script(tmp_path / "nvcc-gated",
+                        'case "$*" in %s) while [ ! -e %s ]; do sleep 0.05; done;; esac\n'
+                        'exec /usr/local/cuda/bin/nvcc "$@"\n' % (gated, release))
+
+
+def as_user(user, code, *args):
+    """Run Python code as user ((uid, gid)); returns its stdout's words (code prints
+    results)."""
+    uid, gid = user
+    r = subprocess.run([sys.executable, "-c", code, *map(str, args)], user=uid, group=gid,
+                       extra_groups=[], cwd="/", capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.split()
