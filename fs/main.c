@@ -26,6 +26,7 @@
 #include "compile.h"
 #include "fh.h"
 #include "fs.h"
+#include "holder.h"
 #include "kc_build.h"
 #include "log.h"
 #include "remote_tier.h"
@@ -40,7 +41,7 @@ struct kc_opts {
 	char *max_size, *max_entries, *compile_uids;
 	char *remote, *remote_auth, *remote_key, *remote_mode; /* the cluster store */
 	char *remote_lease, *remote_wait, *remote_timeout;
-	int autocompile, verify_keys;
+	int autocompile, verify_keys, holder;
 };
 
 #define OPT(t, p) {t, offsetof(struct kc_opts, p), 1}
@@ -59,6 +60,7 @@ static const struct fuse_opt kc_opt_spec[] = {
 	OPT("log_level=%s", log_level),
 	OPT("autocompile", autocompile),
 	OPT("verify_keys", verify_keys),
+	OPT("holder", holder),
 	OPT("compile_uids=%s", compile_uids),
 	OPT("remote=%s", remote),
 	OPT("remote_auth=%s", remote_auth),
@@ -137,6 +139,9 @@ static void usage(const char *prog)
 	       "                           daemon holds); compile_uids=daemon: as the daemon\n"
 	       "    -o verify_keys         an entry's <hash> must be the key of its kernel.cu and\n"
 	       "                           kernel.flags (src/key.h), or they are refused\n"
+	       "    -o holder              keep the mount's descriptor in a process of its own,\n"
+	       "                           which starts the daemon again when it dies: a\n"
+	       "                           crash costs the requests in flight, not the mount\n"
 	       "    -o max_source_size=B   largest kernel.cu/kernel.flags accepted (default %u)\n"
 	       "    -o max_size=SIZE       evict least recently used entries when their bytes\n"
 	       "                           exceed SIZE (K, M, G, T suffixes; default no bound)\n"
@@ -414,7 +419,12 @@ int main(int argc, char *argv[])
 		snprintf(start_cwd, sizeof(start_cwd), "/");
 	struct kc_handover_offer offer = {0};
 	char **up_argv = NULL;
-	int up_sock = upgrade_args(&argc, &argv, &offer);
+	/* Started again by the holder after a daemon died (holder.h)? */
+	struct kc_holder_restart hr;
+	int restarted = kc_holder_restarted(&hr);
+	if (restarted < 0)
+		return 1;
+	int up_sock = restarted ? -1 : upgrade_args(&argc, &argv, &offer);
 	if (up_sock == -2 || up_sock == -3)
 		return up_sock == -2 ? 2 : 1;
 	if (up_sock >= 0) {
@@ -460,7 +470,9 @@ int main(int argc, char *argv[])
 		ret = 2;
 		goto out_args;
 	}
-	kc_log_init(0, cmd.debug ? KC_LOG_DEBUG : level);
+	kc_log_init(restarted && hr.use_syslog, cmd.debug ? KC_LOG_DEBUG : level);
+	if (restarted)
+		cmd.foreground = 1; /* the holder's child, which it waits for */
 	if (check_overlap(o.backing, cmd.mountpoint) != 0)
 		goto out_args;
 
@@ -544,6 +556,12 @@ int main(int argc, char *argv[])
 			fprintf(stderr, "kcachefs: upgrade of %s: %s\n", real_mnt, why);
 			goto out_cfg;
 		}
+	} else if (restarted) {
+		if (kc_upgrade_replay(fs->se, hr.init_in, hr.init_in_len, hr.init_out,
+				      hr.init_out_len, why, sizeof(why)) != 0) {
+			kc_log(KC_LOG_ERR, "restarted by the holder of %s: %s", real_mnt, why);
+			goto out_cfg;
+		}
 	} else if (kcachefs_mounted_on(real_mnt)) {
 		fprintf(stderr, "kcachefs: %s already has a kcachefs mount, which this one would "
 			"hide: unmount it first (umount %s, or fusermount3 -u %s), or choose another "
@@ -618,6 +636,16 @@ int main(int argc, char *argv[])
 			goto out_signals;
 		}
 		up_fuse_fd = -1; /* the session's */
+	} else if (restarted) {
+		int c = kc_holder_clone(hr.fuse_fd);
+		close(hr.fuse_fd);
+		if (c < 0 || kc_upgrade_adopt(c) != 0) {
+			kc_log(KC_LOG_ERR, "restarted by the holder: cannot serve a clone of its "
+			       "descriptor: %s", strerror(c < 0 ? -c : errno));
+			if (c >= 0)
+				close(c);
+			goto out_signals;
+		}
 	} else if (fuse_session_mount(fs->se, cmd.mountpoint) != 0) {
 		if (geteuid() != 0)
 			fprintf(stderr, "kcachefs: a mount by uid %u goes through fusermount3 (package "
@@ -641,7 +669,8 @@ int main(int argc, char *argv[])
 	       fs->cfg.compile_uids ? fs->cfg.compile_uids : (unsigned)geteuid(),
 	       fs->cfg.compile_uids ? "+" : "",
 	       fs->cfg.ns_flags ? " in namespaces of their own" : "", rt_desc,
-	       up_state ? "; taken over from the running daemon" : "");
+	       up_state ? "; taken over from the running daemon"
+			: restarted ? "; started again by the holder after the daemon died" : "");
 	if (up_state)
 		kc_log(KC_LOG_INFO, "upgrade: serving %s after pid %d, %llu inodes and every open "
 		       "handle taken over", real_mnt, offer.pid,
@@ -650,6 +679,14 @@ int main(int argc, char *argv[])
 		goto out_unmount;
 	if (!cmd.foreground)
 		kc_log_init(1, cmd.debug ? KC_LOG_DEBUG : level);
+	/* Before any thread: the holder is a fork of this process. */
+	if (o.holder && up_sock < 0 && !restarted) {
+		int herr = kc_holder_start(real_mnt, fuse_session_fd(fs->se),
+					   !cmd.foreground);
+		if (herr)
+			kc_log(KC_LOG_WARN, "no holder for %s (%s): a crash of the daemon costs the "
+			       "mount", real_mnt, strerror(-herr));
+	}
 	/* The watcher too: it waits for this process, not for the one that daemonized. */
 	int werr = kc_compile_watch(fs->cfg.compile_uids,
 				    fs->cfg.uids_lock_fd > 0 ? fs->cfg.uids_lock_fd : -1);
@@ -670,6 +707,13 @@ int main(int argc, char *argv[])
 	if (lerr)
 		kc_log(KC_LOG_WARN, "no live upgrade for this mount (kcachefs --upgrade): %s",
 		       strerror(-lerr));
+
+	/* The ids this daemon hands out carry the holder's epoch: never one a dead daemon's. */
+	uint32_t epoch = kc_holder_register(real_mnt, argc, argv, start_cwd);
+	if (restarted && !epoch)
+		epoch = hr.epoch;
+	fs->inodes.epoch = fs->handles.epoch = epoch;
+	__atomic_store_n(&fs->stale_ids, epoch != 0, __ATOMIC_SEQ_CST);
 
 	if (cmd.singlethread) {
 		ret = fuse_session_loop(fs->se);
@@ -692,18 +736,19 @@ out_cache:
 	 * aborts what the kernel still queues, which also frees a notification that waits on
 	 * a directory lock held by such a request; only then is the notifier joined. */
 	kc_upgrade_stop();
+	kc_holder_stop(); /* a clean stop: the holder lets the descriptor go */
 	kc_sweeper_stop(fs);
 	kc_evict_stop(&fs->evict);
 	kc_cache_shutdown(&fs->cache);
 	fuse_session_unmount(fs->se);
-	if (up_state)
+	if (up_state || restarted)
 		unmount_adopted(real_mnt);
 	kc_notifier_stop(&fs->notifier);
 	kc_fh_free_all(fs); /* files still open at the stop: the kernel releases none now */
 	goto out_signals;
 out_unmount:
 	fuse_session_unmount(fs->se);
-	if (up_state)
+	if (up_state || restarted)
 		unmount_adopted(real_mnt);
 out_signals:
 	fuse_remove_signal_handlers(fs->se);

@@ -62,14 +62,18 @@ def open_all(index, entries):
     return out
 
 
-def daemons_of(m):
+def daemons_of(m, comm=None):
     """Pids of the kcachefs processes whose command line names m's mountpoint and that hold
-    /dev/fuse: its daemons (a watcher, forked from a daemon, closes it at once)."""
+    /dev/fuse: its daemons (a watcher, forked from a daemon, closes it at once), and its
+    holder (-o holder); only those named comm (/proc/PID/comm: "kcachefs" for daemons,
+    "kcachefs-holder") when it is given."""
     pids = []
     for d in filter(str.isdigit, os.listdir("/proc")):
         try:
             argv = open("/proc/%s/cmdline" % d, "rb").read().split(b"\0")
             if not (argv[0].endswith(b"kcachefs") and str(m.mnt).encode() in argv):
+                continue
+            if comm and open("/proc/%s/comm" % d).read().strip() != comm:
                 continue
             fds = os.listdir("/proc/%s/fd" % d)
             if any(os.readlink("/proc/%s/fd/%s" % (d, f)) == "/dev/fuse" for f in fds):
