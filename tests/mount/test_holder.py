@@ -161,3 +161,62 @@ def test_sigkill_with_compiles_in_flight_keeps_the_mount(tmp_path, counting_nvcc
         rc = m.stop()
     assert rc == 0 and not os.path.ismount(m.mnt)
     assert not daemons_of(m, "kcachefs") and not daemons_of(m, "kcachefs-holder")
+
+
+def test_a_daemon_that_keeps_dying_is_not_restarted_forever(tmp_path):
+    (tmp_path / "m").mkdir()
+    m = Mount(tmp_path / "m", ["holder"]).start()
+    try:
+        dead = one_daemon(m)
+        # Every daemon started from here fails at once: its backing directory is gone.
+        os.rename(m.backing, tmp_path / "m" / "moved")
+        os.kill(dead, signal.SIGKILL)
+        rc = m.proc.wait(timeout=120)
+        log = m.daemon_log()
+        assert rc == 1, log
+        assert log.count("started the daemon again") == 5, log
+        assert "after 5 restarts within 60 s: giving up" in log, log
+        # The mount is let go as a crash without a holder leaves it: dead, not hanging.
+        with pytest.raises(OSError) as err:
+            os.stat(m.mnt / "cache")
+        assert err.value.errno in (errno.ENOTCONN, errno.ECONNABORTED)
+    finally:
+        m.stop()
+        if (tmp_path / "m" / "moved").exists():
+            os.rename(tmp_path / "m" / "moved", m.backing)
+
+
+def test_an_upgrade_under_a_holder_makes_the_new_daemon_the_one_it_restarts(tmp_path):
+    (tmp_path / "m").mkdir()
+    m = Mount(tmp_path / "m", ["holder", "log_level=debug"]).start()
+    new = None
+    try:
+        old = one_daemon(m)
+        e = m.stage("vadd_up", *variant(1))
+        cubin = (e / "kernel.cubin").read_bytes()
+        assert right_cubin(cubin)
+        with open(m.log_path, "ab") as log:
+            new = subprocess.Popen([str(KCACHEFS), "-f", "--upgrade", str(m.mnt)], stdout=log,
+                                   stderr=subprocess.STDOUT)
+        wait_for("the upgrade's daemon serves",
+                 lambda: "pid %d serves, epoch 0" % new.pid in m.daemon_log())
+        wait_for("the old daemon is gone", lambda: old not in daemons_of(m, "kcachefs"))
+        assert daemons_of(m, "kcachefs") == [new.pid]
+        log = m.daemon_log()
+        assert "hands the mount to a new daemon" in log and "started the daemon again" not in log
+        assert (e / "kernel.cubin").read_bytes() == cubin
+        # The upgrade's daemon dies: the holder starts another.
+        new.send_signal(signal.SIGKILL)
+        new.wait(timeout=60)
+        wait_for("a daemon is started again", lambda: "started the daemon again" in m.daemon_log())
+        restarted = one_daemon(m)
+        assert restarted not in (old, new.pid)
+        assert (e / "kernel.cubin").read_bytes() == cubin
+        e2 = m.stage("vadd_up2", *variant(2))
+        assert right_cubin((e2 / "kernel.cubin").read_bytes())
+    finally:
+        if new and new.poll() is None:
+            new.kill()
+            new.wait()
+        rc = m.stop()
+    assert rc == 0 and not os.path.ismount(m.mnt)
