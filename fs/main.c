@@ -199,6 +199,31 @@ static int check_overlap(const char *backing, const char *mnt)
 	return 0;
 }
 
+/* The resolved path of mountpoint mnt without a look inside it: a daemon started again on
+ * a mount whose daemon died must not stat it (the request would wait for itself). The
+ * directory above is resolved; the last name is taken as it is. */
+static void mountpoint_path(const char *mnt, char *out, size_t len)
+{
+	char dir[PATH_MAX], real[PATH_MAX] = "/";
+	snprintf(dir, sizeof(dir), "%s", mnt);
+	size_t n = strlen(dir);
+	while (n > 1 && dir[n - 1] == '/')
+		dir[--n] = '\0';
+	char *slash = strrchr(dir, '/');
+	const char *base = slash ? slash + 1 : dir;
+	if (slash && slash != dir)
+		*slash = '\0';
+	int resolved = slash == dir || realpath(slash ? dir : ".", real);
+	size_t rl = strlen(real), bl = strlen(base), sep = strcmp(real, "/") != 0;
+	if (!resolved || !*base || rl + sep + bl + 1 > len) {
+		snprintf(out, len, "%s", mnt);
+		return;
+	}
+	memcpy(out, real, rl);
+	out[rl] = '/';
+	memcpy(out + rl + sep, base, bl + 1);
+}
+
 /* Undo the octal escapes (\040 for a blank...) of a path in /proc/self/mountinfo. */
 static void unescape_mount_path(char *p)
 {
@@ -473,7 +498,7 @@ int main(int argc, char *argv[])
 	kc_log_init(restarted && hr.use_syslog, cmd.debug ? KC_LOG_DEBUG : level);
 	if (restarted)
 		cmd.foreground = 1; /* the holder's child, which it waits for */
-	if (check_overlap(o.backing, cmd.mountpoint) != 0)
+	if (!restarted && check_overlap(o.backing, cmd.mountpoint) != 0)
 		goto out_args;
 
 	fs = calloc(1, sizeof(*fs));
@@ -546,7 +571,9 @@ int main(int argc, char *argv[])
 	}
 	/* Resolved before mounting: afterwards, a stat of the mountpoint would wait on us. */
 	char real_mnt[PATH_MAX];
-	if (!realpath(cmd.mountpoint, real_mnt))
+	if (restarted)
+		mountpoint_path(cmd.mountpoint, real_mnt, sizeof(real_mnt));
+	else if (!realpath(cmd.mountpoint, real_mnt))
 		snprintf(real_mnt, sizeof(real_mnt), "%s", cmd.mountpoint);
 	if (up_sock >= 0) {
 		/* Taken over: nothing below may touch the mount until the loop serves it. */
