@@ -21,12 +21,23 @@
 #include <time.h>
 #include <unistd.h>
 
+#ifdef KC_HAVE_LIBSYSTEMD
+#include <systemd/sd-daemon.h>
+#endif
+
 #include "hash.h"
 #include "idtable.h"
 #include "log.h"
+#include "upgrade.h"
 
 #define MAX_CONNS 16
 #define MAX_MSG 65536
+/* The memfd of the mount's state: the epoch (u32), then the FUSE_INIT request's and reply's
+ * lengths (u32 each) and bytes. */
+#define INIT_AT 4
+/* Names in the service manager's file descriptor store. */
+#define STORE_FUSE "kcachefs-fuse"
+#define STORE_INIT "kcachefs-init"
 
 extern char **environ;
 
@@ -34,15 +45,26 @@ extern char **environ;
 static int init_fd = -1;   /* the holder's memfd for FUSE_INIT (the first daemon only) */
 static int reg_sock = -1;  /* the connection to the holder, once registered */
 
+/* The abstract name of the holder of real_mnt (as upgrade.c's, another prefix). */
+static void holder_name(const char *real_mnt, char *name, size_t len)
+{
+	char hex[KC_SHA256_HEXLEN + 1];
+	kc_sha256_buf(real_mnt, strlen(real_mnt), hex);
+	snprintf(name, len, "kcachefs-holder-%u-%.32s", (unsigned)geteuid(), hex);
+}
+
 static socklen_t holder_addr(const char *real_mnt, struct sockaddr_un *a)
 {
-	char hex[KC_SHA256_HEXLEN + 1], name[100];
-	kc_sha256_buf(real_mnt, strlen(real_mnt), hex);
-	int n = snprintf(name, sizeof(name), "kcachefs-holder-%u-%.32s", (unsigned)geteuid(), hex);
-	memset(a, 0, sizeof(*a));
-	a->sun_family = AF_UNIX;
-	memcpy(a->sun_path + 1, name, (size_t)n);
-	return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
+	char name[100];
+	holder_name(real_mnt, name, sizeof(name));
+	return kc_abstract_addr(name, a);
+}
+
+int kc_holder_listening(const char *real_mnt)
+{
+	char name[100];
+	holder_name(real_mnt, name, sizeof(name));
+	return kc_abstract_answers(name, SOCK_SEQPACKET);
 }
 
 int kc_holder_clone(int fd)
@@ -66,7 +88,7 @@ void kc_holder_note_init(const unsigned char *in, size_t in_len, const unsigned 
 		return;
 	uint32_t h[2] = {(uint32_t)in_len, (uint32_t)out_len};
 	struct iovec v[3] = {{h, sizeof(h)}, {(void *)in, in_len}, {(void *)out, out_len}};
-	if (pwritev(init_fd, v, 3, 0) != (ssize_t)(sizeof(h) + in_len + out_len))
+	if (pwritev(init_fd, v, 3, INIT_AT) != (ssize_t)(sizeof(h) + in_len + out_len))
 		kc_log(KC_LOG_WARN, "holder: cannot keep the mount's FUSE_INIT (%s): a crash of the "
 		       "daemon will cost the mount", strerror(errno));
 	close(init_fd);
@@ -83,10 +105,10 @@ int kc_holder_restarted(struct kc_holder_restart *r)
 	unsigned epoch = 0;
 	uint32_t h[2] = {0, 0};
 	if (sscanf(v, "%d,%d,%u,%d", &r->fuse_fd, &ifd, &epoch, &syslog_) != 4 || r->fuse_fd < 0 ||
-	    ifd < 0 || pread(ifd, h, sizeof(h), 0) != (ssize_t)sizeof(h) ||
+	    ifd < 0 || pread(ifd, h, sizeof(h), INIT_AT) != (ssize_t)sizeof(h) ||
 	    h[0] > sizeof(r->init_in) || h[1] > sizeof(r->init_out) ||
-	    pread(ifd, r->init_in, h[0], sizeof(h)) != (ssize_t)h[0] ||
-	    pread(ifd, r->init_out, h[1], sizeof(h) + h[0]) != (ssize_t)h[1]) {
+	    pread(ifd, r->init_in, h[0], INIT_AT + sizeof(h)) != (ssize_t)h[0] ||
+	    pread(ifd, r->init_out, h[1], INIT_AT + sizeof(h) + h[0]) != (ssize_t)h[1]) {
 		kc_log(KC_LOG_ERR, "%s=%s: not the descriptors of a holder, or no FUSE_INIT in them",
 		       KC_HOLDER_ENV, v);
 		unsetenv(KC_HOLDER_ENV);
@@ -181,6 +203,7 @@ static struct {
 	double restart_at;     /* when to start a daemon (0: not due) */
 	double handover_until; /* a HANDOVER was said: the new daemon must serve before this */
 	int stopping;
+	int stored;            /* the descriptors are in the service manager's store */
 } h;
 
 static double now_s(void)
@@ -200,10 +223,41 @@ static void drop_conn(int i)
 	h.conn[i] = h.conn[--h.nconn];
 }
 
+/* Put the descriptor and the state's memfd in the service manager's file descriptor store
+ * (systemd's FileDescriptorStoreMax=, NOTIFY_SOCKET): a holder that dies (killed with its
+ * daemon) leaves the mount to the next start of the service (kc_holder_resume). */
+static void store_fds(void)
+{
+#ifdef KC_HAVE_LIBSYSTEMD
+	if (!getenv("NOTIFY_SOCKET"))
+		return;
+	int r = sd_pid_notify_with_fds(0, 0, "FDSTORE=1\nFDNAME=" STORE_FUSE, &h.fuse_fd, 1);
+	if (r > 0)
+		r = sd_pid_notify_with_fds(0, 0, "FDSTORE=1\nFDNAME=" STORE_INIT, &h.init_fd, 1);
+	h.stored = r > 0;
+	kc_log(r > 0 ? KC_LOG_INFO : KC_LOG_WARN, "holder of %s: %s", h.mnt, r > 0
+	       ? "the mount's descriptor is in the service manager's store too: a restart of the "
+		 "service after the holder died takes it back"
+	       : "the service manager took no descriptor (FileDescriptorStoreMax=, NotifyAccess=)");
+#endif
+}
+
+static void unstore_fds(void)
+{
+#ifdef KC_HAVE_LIBSYSTEMD
+	if (h.stored)
+		sd_notify(0, "FDSTOREREMOVE=1\nFDNAME=" STORE_FUSE);
+	if (h.stored)
+		sd_notify(0, "FDSTOREREMOVE=1\nFDNAME=" STORE_INIT);
+#endif
+	h.stored = 0;
+}
+
 /* Let the mount go: the kernel aborts its connection once no device of it is open. */
 _Noreturn static void leave(int status, const char *why)
 {
 	kc_log(status ? KC_LOG_ERR : KC_LOG_INFO, "holder of %s: %s", h.mnt, why);
+	unstore_fds();
 	if (h.fuse_fd >= 0)
 		close(h.fuse_fd);
 	_exit(status);
@@ -213,6 +267,7 @@ _Noreturn static void leave(int status, const char *why)
 static void let_go(void)
 {
 	h.stopping = 2;
+	unstore_fds(); /* else the service manager's copy would keep the connection */
 	if (h.fuse_fd >= 0)
 		close(h.fuse_fd);
 	h.fuse_fd = -1;
@@ -260,6 +315,8 @@ static void restart(void)
 	h.epoch = (h.epoch + 1) & KC_EPOCH_MASK;
 	if (!h.epoch)
 		h.epoch = 1;
+	if (pwrite(h.init_fd, &h.epoch, sizeof(h.epoch), 0) != (ssize_t)sizeof(h.epoch))
+		kc_log(KC_LOG_WARN, "holder: cannot record epoch %u: %s", h.epoch, strerror(errno));
 	/* msg: SERVING\0pid\0cwd\0argv... */
 	const char *cwd = h.msg + strlen(h.msg) + 1;
 	cwd += strlen(cwd) + 1;
@@ -427,6 +484,45 @@ _Noreturn static void holder_main(void)
 	}
 }
 
+/* Become the holder of real_mnt's descriptor fuse_fd, with the state's memfd ifd and the
+ * listening socket ls: only they stay open (the store, the log's pipe... are the daemon's). */
+static void holder_setup(const char *real_mnt, int fuse_fd, int ifd, int ls, int use_syslog)
+{
+	sigset_t sigs;
+	sigemptyset(&sigs);
+	sigaddset(&sigs, SIGCHLD);
+	sigaddset(&sigs, SIGTERM);
+	sigaddset(&sigs, SIGINT);
+	sigaddset(&sigs, SIGHUP);
+	struct sigaction dfl = {.sa_handler = SIG_DFL};
+	sigaction(SIGTERM, &dfl, NULL);
+	sigaction(SIGINT, &dfl, NULL);
+	sigaction(SIGHUP, &dfl, NULL);
+	signal(SIGPIPE, SIG_IGN);
+	sigprocmask(SIG_BLOCK, &sigs, NULL);
+	int sfd = signalfd(-1, &sigs, SFD_CLOEXEC | SFD_NONBLOCK);
+	int keep[] = {fuse_fd, ifd, ls, sfd};
+	for (int i = 0; i < 4; i++) { /* to 3..6, in order, out of the way first */
+		int moved = fcntl(keep[i], F_DUPFD_CLOEXEC, 100 + i);
+		close(keep[i]);
+		keep[i] = moved;
+	}
+	for (int i = 0; i < 4; i++) {
+		dup3(keep[i], 3 + i, O_CLOEXEC);
+		close(keep[i]);
+	}
+	close_range(7, ~0u, 0);
+	memset(&h, 0, sizeof(h));
+	h.mnt = strdup(real_mnt);
+	h.fuse_fd = 3;
+	h.init_fd = 4;
+	h.lsock = 5;
+	h.sigfd = 6;
+	h.use_syslog = use_syslog;
+	h.current = -1;
+	h.exe_fd = -1;
+}
+
 int kc_holder_start(const char *real_mnt, int fuse_fd, int use_syslog)
 {
 	struct sockaddr_un a;
@@ -439,12 +535,6 @@ int kc_holder_start(const char *real_mnt, int fuse_fd, int use_syslog)
 	int clone = err ? -1 : kc_holder_clone(fuse_fd);
 	if (clone < 0 && !err)
 		err = clone;
-	sigset_t sigs, old;
-	sigemptyset(&sigs);
-	sigaddset(&sigs, SIGCHLD);
-	sigaddset(&sigs, SIGTERM);
-	sigaddset(&sigs, SIGINT);
-	sigaddset(&sigs, SIGHUP);
 	pid_t pid = err ? -1 : fork();
 	if (pid < 0 && !err)
 		err = -errno;
@@ -472,36 +562,70 @@ int kc_holder_start(const char *real_mnt, int fuse_fd, int use_syslog)
 		init_fd = ifd;
 		return 0;
 	}
-	/* The holder: nothing of the daemon's stays open here but the descriptor (the store,
-	 * the log's pipe...). */
 	close(clone);
-	struct sigaction dfl = {.sa_handler = SIG_DFL};
-	sigaction(SIGTERM, &dfl, NULL);
-	sigaction(SIGINT, &dfl, NULL);
-	sigaction(SIGHUP, &dfl, NULL);
-	signal(SIGPIPE, SIG_IGN);
-	sigprocmask(SIG_BLOCK, &sigs, &old);
-	int sfd = signalfd(-1, &sigs, SFD_CLOEXEC | SFD_NONBLOCK);
-	int keep[] = {fuse_fd, ifd, ls, sfd};
-	for (int i = 0; i < 4; i++) { /* to 3..6, in order, out of the way first */
-		int moved = fcntl(keep[i], F_DUPFD_CLOEXEC, 100 + i);
-		close(keep[i]);
-		keep[i] = moved;
-	}
-	for (int i = 0; i < 4; i++) {
-		dup3(keep[i], 3 + i, O_CLOEXEC);
-		close(keep[i]);
-	}
-	close_range(7, ~0u, 0);
-	memset(&h, 0, sizeof(h));
-	h.mnt = strdup(real_mnt);
-	h.fuse_fd = 3;
-	h.init_fd = 4;
-	h.lsock = 5;
-	h.sigfd = 6;
-	h.use_syslog = use_syslog;
-	h.current = -1;
-	h.exe_fd = -1;
+	holder_setup(real_mnt, fuse_fd, ifd, ls, use_syslog);
 	h.starting = pid; /* watched until it says it serves */
+	store_fds();
+	holder_main();
+}
+
+int kc_holder_stored(int *fuse_fd, int *init_fd)
+{
+	*fuse_fd = *init_fd = -1;
+#ifdef KC_HAVE_LIBSYSTEMD
+	char **names = NULL;
+	int n = sd_listen_fds_with_names(1, &names);
+	for (int i = 0; i < n; i++) {
+		int fd = SD_LISTEN_FDS_START + i;
+		if (names && strcmp(names[i], STORE_FUSE) == 0 && *fuse_fd < 0)
+			*fuse_fd = fd;
+		else if (names && strcmp(names[i], STORE_INIT) == 0 && *init_fd < 0)
+			*init_fd = fd;
+		else
+			close(fd); /* not ours: nothing else is stored */
+		fcntl(fd, F_SETFD, FD_CLOEXEC);
+	}
+	for (int i = 0; names && i < n; i++)
+		free(names[i]);
+	free(names);
+	if (*fuse_fd >= 0 && *init_fd >= 0)
+		return 1;
+	if (*fuse_fd >= 0)
+		close(*fuse_fd);
+	if (*init_fd >= 0)
+		close(*init_fd);
+	*fuse_fd = *init_fd = -1;
+#endif
+	return 0;
+}
+
+_Noreturn void kc_holder_resume(const char *real_mnt, int fuse_fd, int init_fd, int argc, char **argv,
+		      const char *cwd, int use_syslog)
+{
+	struct sockaddr_un a;
+	socklen_t al = holder_addr(real_mnt, &a);
+	int ls = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	if (ls < 0 || bind(ls, (struct sockaddr *)&a, al) != 0 || listen(ls, 8) != 0) {
+		kc_log(KC_LOG_ERR, "holder of %s: cannot listen (%s): another holder serves it?",
+		       real_mnt, strerror(errno));
+		_exit(1);
+	}
+	holder_setup(real_mnt, fuse_fd, init_fd, ls, use_syslog);
+	h.stored = 1;
+	if (pread(h.init_fd, &h.epoch, sizeof(h.epoch), 0) != (ssize_t)sizeof(h.epoch))
+		h.epoch = 0;
+	/* What a restart runs: this very command, in this directory. */
+	char msg[MAX_MSG];
+	int n = snprintf(msg, sizeof(msg), "SERVING%c%d%c%s%c", 0, (int)getpid(), 0, cwd, 0);
+	for (int i = 0; i < argc && n > 0 && (size_t)n < sizeof(msg); i++)
+		n += snprintf(msg + n, sizeof(msg) - (size_t)n, "%s%c", argv[i], 0);
+	if (n <= 0 || (size_t)n >= sizeof(msg) || !(h.msg = malloc((size_t)n)))
+		leave(1, "cannot record the command line");
+	memcpy(h.msg, msg, (size_t)n);
+	h.msg_len = (size_t)n;
+	h.exe_fd = open("/proc/self/exe", O_RDONLY | O_CLOEXEC);
+	kc_log(KC_LOG_INFO, "holder of %s: the service manager kept the mount (epoch %u): "
+	       "starting a daemon on it", h.mnt, h.epoch);
+	h.restart_at = now_s();
 	holder_main();
 }

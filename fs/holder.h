@@ -43,6 +43,16 @@
  * the descriptor as before) when it cannot be set up. */
 int kc_holder_start(const char *real_mnt, int fuse_fd, int use_syslog);
 
+/* Did the service manager hand back a mount's descriptors from its file descriptor store
+ * (LISTEN_FDS, LISTEN_FDNAMES: kcachefs-fuse and kcachefs-init, stored by a holder)?
+ * Returns 1 with *fuse_fd and *init_fd set, else 0 (always without libsystemd). */
+int kc_holder_stored(int *fuse_fd, int *init_fd);
+/* Become the holder of the mount at real_mnt from the descriptors kc_holder_stored gave,
+ * and start a daemon on it at once (argv of argc, run in cwd: this command). Never
+ * returns. real_mnt must not be resolved through the mount (no daemon answers it yet). */
+_Noreturn void kc_holder_resume(const char *real_mnt, int fuse_fd, int init_fd, int argc,
+				char **argv, const char *cwd, int use_syslog);
+
 /* The mount's FUSE_INIT was answered (upgrade.c): keep it for a restart. */
 void kc_holder_note_init(const unsigned char *in, size_t in_len, const unsigned char *out,
 			 size_t out_len);
@@ -69,6 +79,9 @@ int kc_holder_clone(int fd);
  * argc, cwd: what a restart runs). Returns the epoch this daemon's ids must carry (0
  * without a holder). */
 uint32_t kc_holder_register(const char *real_mnt, int argc, char **argv, const char *cwd);
+
+/* Nonzero when a holder of real_mnt listens. */
+int kc_holder_listening(const char *real_mnt);
 
 /* Tell the holder this daemon stops cleanly: it lets the descriptor go and exits. */
 void kc_holder_stop(void);

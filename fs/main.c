@@ -21,6 +21,7 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include "compile.h"
@@ -180,6 +181,11 @@ static void version(void)
 	printf("OpenSSL %s (built against %s)\n", OpenSSL_version(OPENSSL_VERSION_STRING),
 	       OPENSSL_VERSION_TEXT);
 	printf("CUDA %s (built against %s)\n", KC_CUDA_VERSION, KC_CUDA_HOME);
+#ifdef KC_HAVE_LIBSYSTEMD
+	printf("systemd file descriptor store: yes (libsystemd)\n");
+#else
+	printf("systemd file descriptor store: no (built without libsystemd)\n");
+#endif
 }
 
 /* Refuse a mountpoint inside the backing directory or the reverse: the daemon would read
@@ -267,6 +273,18 @@ static int kcachefs_mounted_on(const char *mnt)
 	free(line);
 	fclose(f);
 	return found;
+}
+
+/* Nonzero when the kcachefs mount at mnt is dead: no daemon (its upgrade socket) nor holder
+ * answers for it, and the kernel answers ENOTCONN. */
+static int kcachefs_mount_dead(const char *mnt)
+{
+	char name[108];
+	kc_upgrade_socket_path(mnt, name, sizeof(name));
+	if (kc_abstract_answers(name, SOCK_STREAM) || kc_holder_listening(mnt))
+		return 0;
+	struct statfs sf; /* always a request (a stat may be answered from the kernel's cache) */
+	return statfs(mnt, &sf) != 0 && errno == ENOTCONN;
 }
 
 /* A daemon not run as root mounts through fusermount3 (setuid root), and needs /dev/fuse
@@ -498,6 +516,14 @@ int main(int argc, char *argv[])
 	kc_log_init(restarted && hr.use_syslog, cmd.debug ? KC_LOG_DEBUG : level);
 	if (restarted)
 		cmd.foreground = 1; /* the holder's child, which it waits for */
+	/* Started by a service manager that kept the mount of a holder that died (holder.h):
+	 * hold it again and start a daemon on it. */
+	int held_fuse, held_init;
+	if (o.holder && !restarted && up_sock < 0 && kc_holder_stored(&held_fuse, &held_init)) {
+		char mnt[PATH_MAX];
+		mountpoint_path(cmd.mountpoint, mnt, sizeof(mnt));
+		kc_holder_resume(mnt, held_fuse, held_init, argc, argv, start_cwd, !cmd.foreground);
+	}
 	if (!restarted && check_overlap(o.backing, cmd.mountpoint) != 0)
 		goto out_args;
 
@@ -573,8 +599,8 @@ int main(int argc, char *argv[])
 	char real_mnt[PATH_MAX];
 	if (restarted)
 		mountpoint_path(cmd.mountpoint, real_mnt, sizeof(real_mnt));
-	else if (!realpath(cmd.mountpoint, real_mnt))
-		snprintf(real_mnt, sizeof(real_mnt), "%s", cmd.mountpoint);
+	else if (!realpath(cmd.mountpoint, real_mnt)) /* ENOTCONN: a dead mount there */
+		mountpoint_path(cmd.mountpoint, real_mnt, sizeof(real_mnt));
 	if (up_sock >= 0) {
 		/* Taken over: nothing below may touch the mount until the loop serves it. */
 		if (kc_upgrade_replay_init(up_sock, fs->se, &offer, why, sizeof(why)) != 0 ||
@@ -589,7 +615,14 @@ int main(int argc, char *argv[])
 			kc_log(KC_LOG_ERR, "restarted by the holder of %s: %s", real_mnt, why);
 			goto out_cfg;
 		}
-	} else if (kcachefs_mounted_on(real_mnt)) {
+	} else if (kcachefs_mounted_on(real_mnt) && kcachefs_mount_dead(real_mnt)) {
+		/* What a daemon that died without a holder left: nobody can use it. */
+		kc_log(KC_LOG_WARN, "%s has a dead kcachefs mount (Transport endpoint is not "
+		       "connected: its daemon died, and no holder kept it): unmounting it first",
+		       real_mnt);
+		unmount_adopted(real_mnt);
+	}
+	if (up_sock < 0 && !restarted && kcachefs_mounted_on(real_mnt)) {
 		fprintf(stderr, "kcachefs: %s already has a kcachefs mount, which this one would "
 			"hide: unmount it first (umount %s, or fusermount3 -u %s), or choose another "
 			"mountpoint\n", real_mnt, real_mnt, real_mnt);

@@ -422,8 +422,7 @@ void kc_upgrade_socket_path(const char *real_mnt, char *path, size_t len)
 	snprintf(path, len, "kcachefs-upgrade-%u-%.32s", (unsigned)geteuid(), hex);
 }
 
-/* The abstract address (no file: it goes with the process, even a killed one) of name. */
-static socklen_t abstract_addr(const char *name, struct sockaddr_un *a)
+socklen_t kc_abstract_addr(const char *name, struct sockaddr_un *a)
 {
 	size_t n = strlen(name);
 	memset(a, 0, sizeof(*a));
@@ -432,6 +431,17 @@ static socklen_t abstract_addr(const char *name, struct sockaddr_un *a)
 		n = sizeof(a->sun_path) - 1;
 	memcpy(a->sun_path + 1, name, n);
 	return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n);
+}
+
+int kc_abstract_answers(const char *name, int type)
+{
+	struct sockaddr_un a;
+	socklen_t al = kc_abstract_addr(name, &a);
+	int s = socket(AF_UNIX, type | SOCK_CLOEXEC, 0);
+	int ok = s >= 0 && connect(s, (struct sockaddr *)&a, al) == 0;
+	if (s >= 0)
+		close(s);
+	return ok;
 }
 
 /* The old side. */
@@ -637,7 +647,7 @@ int kc_upgrade_listen(struct kc_fs *fs, const char *real_mnt, int argc, char **a
 	srv.fs = fs;
 	kc_upgrade_socket_path(real_mnt, srv.path, sizeof(srv.path));
 	struct sockaddr_un a;
-	socklen_t al = abstract_addr(srv.path, &a);
+	socklen_t al = kc_abstract_addr(srv.path, &a);
 	srv.sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (srv.sock < 0)
 		return -errno;
@@ -683,7 +693,7 @@ int kc_upgrade_connect(const char *mnt, struct kc_handover_offer *offer, char *w
 	}
 	kc_upgrade_socket_path(real, path, sizeof(path));
 	struct sockaddr_un a;
-	socklen_t al = abstract_addr(path, &a);
+	socklen_t al = kc_abstract_addr(path, &a);
 	int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (s < 0 || connect(s, (struct sockaddr *)&a, al) != 0) {
 		snprintf(why, whylen, "no kcachefs daemon of uid %u serves %s that takes upgrades "

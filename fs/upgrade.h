@@ -26,7 +26,9 @@
 #define KC_UPGRADE_H
 
 #include <stddef.h>
+#include <sys/socket.h>
 #include <sys/types.h>
+#include <sys/un.h>
 
 #include "fs.h"
 #include "handover.h"
@@ -38,6 +40,13 @@
 /* The abstract socket name (without its leading NUL) of this user's daemon serving
  * real_mnt (a resolved path), into path (len bytes). */
 void kc_upgrade_socket_path(const char *real_mnt, char *path, size_t len);
+
+/* The abstract Unix address (no file: it goes with the process, even a killed one) of
+ * name, into a; returns its length. */
+socklen_t kc_abstract_addr(const char *name, struct sockaddr_un *a);
+/* Nonzero when a process listens on the abstract name (socket type type, e.g.
+ * SOCK_STREAM): a connection is made and closed at once. */
+int kc_abstract_answers(const char *name, int type);
 
 /* Put the session's I/O on fd (its /dev/fuse descriptor, made non-blocking). Returns 0 or
  * -errno. */

@@ -1,12 +1,16 @@
 """The service files in scripts/: the fstab line mounts through mount.fuse3, and the systemd
 unit's commands start, stop and restart the daemon, both with the same options, here with
 test paths in place of /var/cache/kcachefs and /mnt/kcache."""
+import array
 import os
 import re
 import shlex
+import socket
 import signal
 import subprocess
 import time
+
+import pytest
 
 from conftest import KCACHEFS, REPO, sample, entry_name
 
@@ -49,16 +53,19 @@ def to_test_paths(text, tmp_path):
             .replace("/mnt/kcache", str(tmp_path / "mnt")))
 
 
-def daemons_of(backing):
-    """Pids of kcachefs daemons serving backing."""
+def daemons_of(backing, comm="kcachefs"):
+    """Pids of kcachefs daemons whose command line names backing (or the mountpoint: a daemon
+    started by kcachefs --upgrade names only that); comm "kcachefs-holder": their holders."""
     pids = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open("/proc/%s/cmdline" % pid, "rb") as f:
                 argv = f.read().split(b"\0")
+            with open("/proc/%s/comm" % pid) as f:
+                name = f.read().strip()
         except OSError:
             continue
-        if argv[0].endswith(b"kcachefs") and str(backing).encode() in argv:
+        if argv[0].endswith(b"kcachefs") and str(backing).encode() in argv and name == comm:
             pids.append(int(pid))
     return pids
 
@@ -90,14 +97,14 @@ def test_the_fstab_line_mounts_through_mount_fuse3(tmp_path):
         line = [l for l in open("/proc/mounts") if " %s " % mnt in l][0]
         for opt in ("nosuid", "nodev", "allow_other", "default_permissions"):
             assert opt in line.split()[3].split(","), line
-        pids = daemons_of(backing)
-        assert len(pids) == 1, "one daemon, in the background"
+        assert len(daemons_of(backing)) == 1, "one daemon, in the background"
+        assert len(daemons_of(backing, "kcachefs-holder")) == 1, "and its holder"
         compile_one(mnt)
         assert "\nkcachefs_compiles_total 1\n" in (mnt / ".kcachefs" / "metrics.prom").read_text()
     finally:
         subprocess.run(["umount", str(mnt)], capture_output=True)
     deadline = time.monotonic() + 20
-    while daemons_of(backing):
+    while daemons_of(backing) or daemons_of(backing, "kcachefs-holder"):
         assert time.monotonic() < deadline, "the daemon did not exit after umount"
         time.sleep(0.05)
     assert not os.path.ismount(mnt)
@@ -118,15 +125,102 @@ def mount_table():
                 for line in f}
 
 
-def start_unit(tmp_path):
-    """systemd's start: ExecStartPre, ExecStart (the daemon, in the foreground), then
-    ExecStartPost, which returns once the mount is up."""
+def start_unit(tmp_path, manager=None):
+    """systemd's start: ExecStartPre, ExecStart (the holder and its daemon, in the
+    foreground), then ExecStartPost, which returns once the mount is up. With manager (a
+    FakeManager), the process gets its NOTIFY_SOCKET and the descriptors it stored."""
     run_unit_commands("ExecStartPre", tmp_path)
     log = open(tmp_path / "journal", "ab")
-    proc = subprocess.Popen(shlex.split(to_test_paths(unit_values("ExecStart")[0], tmp_path)),
-                            stdout=log, stderr=subprocess.STDOUT)
+    argv = shlex.split(to_test_paths(unit_values("ExecStart")[0], tmp_path))
+    proc = (manager.run(argv, log) if manager else
+            subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT))
     run_unit_commands("ExecStartPost", tmp_path)
     return proc
+
+
+def kill_the_rest(path):
+    """What systemd does to the processes left in the unit's cgroup once its main process
+    is gone (KillMode=mixed: SIGKILL): the daemons whose command line names path."""
+    for pid in daemons_of(path):
+        os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while daemons_of(path):
+        assert time.monotonic() < deadline, "a daemon survived SIGKILL"
+        time.sleep(0.02)
+
+
+class FakeManager:
+    """The part of systemd the unit's holder relies on, by the documented protocol: a
+    NOTIFY_SOCKET whose FDSTORE=1 messages (sd_notify(3), FDNAME=, descriptors in
+    SCM_RIGHTS) it keeps, FDSTOREREMOVE=1 drops, and a start that hands them back as
+    descriptors 3... with LISTEN_FDS, LISTEN_PID and LISTEN_FDNAMES (sd_listen_fds(3))."""
+
+    def __init__(self, tmp_path):
+        self.path = str(tmp_path / "notify")
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(self.path)
+        self.store = {}
+
+    def receive(self):
+        while True:
+            try:
+                data, anc, _, _ = self.sock.recvmsg(4096, socket.CMSG_SPACE(64 * 4),
+                                                    socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return
+            fds = array.array("i")
+            for level, kind, payload in anc:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
+            fields = dict(l.split("=", 1) for l in data.decode().splitlines() if "=" in l)
+            name = fields.get("FDNAME", "stored")
+            if fields.get("FDSTORE") == "1" and fds:
+                self.drop(name)
+                self.store[name] = fds[0]
+                for fd in fds[1:]:
+                    os.close(fd)
+            else:
+                for fd in fds:
+                    os.close(fd)
+            if fields.get("FDSTOREREMOVE") == "1":
+                self.drop(name)
+
+    def drop(self, name):
+        if name in self.store:
+            os.close(self.store.pop(name))
+
+    def run(self, argv, log):
+        self.receive()
+        env = dict(os.environ, NOTIFY_SOCKET=self.path)
+        names = list(self.store)
+        fds = [self.store[n] for n in names]
+        # Descriptors 3... as systemd passes them; LISTEN_PID is the process's own pid.
+
+        def move():
+            high = [os.dup(fd) for fd in fds]
+            for i, fd in enumerate(high):
+                os.dup2(fd, 3 + i)
+                os.close(fd)
+
+        script = ('export LISTEN_FDS=%d LISTEN_PID=$$ LISTEN_FDNAMES=%s; exec "$@"'
+                  % (len(fds), ":".join(names))) if fds else 'exec "$@"'
+        return subprocess.Popen(["/bin/sh", "-c", script, "sh"] + argv, env=env,
+                                preexec_fn=move, pass_fds=range(3, 3 + len(fds)),
+                                stdout=log, stderr=subprocess.STDOUT)
+
+    def wait_stored(self, names, timeout=30):
+        deadline = time.monotonic() + timeout
+        while not set(names) <= set(self.store):
+            assert time.monotonic() < deadline, ("not stored", names, list(self.store))
+            time.sleep(0.02)
+            self.receive()
+
+    def release(self):
+        """A stop: the store is closed."""
+        self.receive()
+        for name in list(self.store):
+            self.drop(name)
+        self.sock.close()
 
 
 def test_the_unit_starts_stops_and_restarts_after_a_crash(tmp_path):
@@ -136,16 +230,19 @@ def test_the_unit_starts_stops_and_restarts_after_a_crash(tmp_path):
         assert os.stat(tmp_path / "var").st_mode & 0o777 == 0o700
         assert os.path.ismount(mnt)
         compile_one(mnt)
-        # A crash leaves a dead mount; the restart's ExecStartPre clears it.
+        # A crash of the whole service (systemd kills what is left once the main process
+        # died) without a file descriptor store leaves a dead mount; the next start clears it.
         proc.send_signal(signal.SIGKILL)
         proc.wait()
+        kill_the_rest(tmp_path / "var" / "store")
         # A dead mount is still in the table; stat of it fails (ENOTCONN) once the kernel's
         # cached attributes expire, so os.path.ismount says False on a slow machine.
         assert str(mnt) in mount_table()
         proc = start_unit(tmp_path)
         assert os.path.ismount(mnt)
         assert (mnt / ".kcachefs" / "stats").read_text().startswith("kcachefs ")
-        # systemd's stop: SIGTERM, and the daemon unmounts and exits 0.
+        # systemd's stop: SIGTERM to the holder, which passes it on; the daemon unmounts,
+        # both exit 0.
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
         assert not os.path.ismount(mnt)
@@ -155,3 +252,62 @@ def test_the_unit_starts_stops_and_restarts_after_a_crash(tmp_path):
             proc.wait()
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
     assert "unmounting" in (tmp_path / "journal").read_text()
+
+
+def builds_with_the_fd_store():
+    out = subprocess.run([str(KCACHEFS), "--version"], capture_output=True, text=True).stdout
+    return "file descriptor store: yes" in out
+
+
+@pytest.mark.skipif(not builds_with_the_fd_store(), reason="built without libsystemd")
+def test_the_unit_keeps_the_mount_across_a_reload_and_a_crash_of_the_whole_service(tmp_path):
+    """systemctl reload (ExecReload: a live upgrade), then a crash that takes the holder and
+    the daemon (what systemd kills when the main process is gone): the next start takes the
+    mount back from the file descriptor store. Run with FakeManager in place of systemd."""
+    mnt = tmp_path / "mnt"
+    manager = FakeManager(tmp_path)
+    proc = start_unit(tmp_path, manager)
+    try:
+        manager.wait_stored(["kcachefs-fuse", "kcachefs-init"])
+        compile_one(mnt)
+        cubins = list(mnt.glob("cache/*/kernel.cubin"))
+        data = cubins[0].read_bytes()
+        dev = os.stat(mnt).st_dev
+        holder = daemons_of(mnt, "kcachefs-holder")
+        daemon = daemons_of(mnt)
+        assert holder == [proc.pid] and len(daemon) == 1
+        # systemctl reload: the upgrade returns once the new daemon serves; the holder, the
+        # main process, stays.
+        run_unit_commands("ExecReload", tmp_path)
+        assert daemons_of(mnt) not in ([], daemon)
+        assert daemons_of(mnt, "kcachefs-holder") == holder
+        assert cubins[0].read_bytes() == data and os.stat(mnt).st_dev == dev
+        # The holder and the daemon are killed; the mount stays (the store holds it) and
+        # the next start serves it again: the same st_dev, the same bytes.
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        kill_the_rest(mnt)
+        assert str(mnt) in mount_table()
+        proc = start_unit(tmp_path, manager)
+        assert os.stat(mnt).st_dev == dev
+        assert cubins[0].read_bytes() == data
+        src, flags = sample("vector_add")
+        entry = mnt / "cache" / entry_name("vector_add", src + b"//2", flags)
+        entry.mkdir()
+        (entry / "kernel.cu").write_bytes(src + b"//2")
+        (entry / "kernel.flags").write_bytes(flags)
+        assert (entry / "kernel.cubin").read_bytes()[:4] == b"\x7fELF"
+        assert "the service manager kept the mount" in (tmp_path / "journal").read_text()
+        # systemctl stop: SIGTERM to the holder; the mount goes, and the store is emptied.
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        assert not os.path.ismount(mnt)
+        manager.receive()
+        assert manager.store == {}
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        kill_the_rest(mnt)
+        manager.release()
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
