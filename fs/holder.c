@@ -275,9 +275,19 @@ static void let_go(void)
 		leave(0, "the mount is gone, and no daemon runs");
 }
 
+/* Exit, leaving the mount to the service manager's store. */
+_Noreturn static void keep_and_exit(void)
+{
+	kc_log(KC_LOG_INFO, "holder of %s: stopped; the mount stays in the service manager's "
+	       "store: a restart of the service serves it again, a stop unmounts it", h.mnt);
+	_exit(0);
+}
+
 /* The daemon is gone without a word: start another, unless they keep dying. */
 static void died(const char *how)
 {
+	if (h.stopping == 3)
+		keep_and_exit();
 	double t = now_s();
 	int recent = 0;
 	for (int i = 0; i < h.nrestarts; i++)
@@ -423,9 +433,21 @@ static void signalled(void)
 								 : "exited before it served");
 			continue;
 		}
+		pid_t d = h.current_pid ? h.current_pid : h.starting;
+		if (h.stored) {
+			/* Under a service manager that keeps the descriptor: a stop or a restart,
+			 * which it alone can tell apart. The mount is left to its store: the daemon
+			 * goes without unmounting (the requests it had read get ECONNABORTED); a
+			 * restart takes the mount back, a stop unmounts it (the unit's
+			 * ExecStopPost) and closes the store. */
+			h.stopping = 3;
+			if (!d)
+				keep_and_exit();
+			kill(d, SIGKILL);
+			continue;
+		}
 		/* A stop: the daemon stops (and says so); without one, the mount goes now. */
 		h.stopping = h.stopping ? h.stopping : 1;
-		pid_t d = h.current_pid ? h.current_pid : h.starting;
 		if (!d)
 			leave(0, "stopped with no daemon running: the mount goes");
 		kill(d, SIGTERM);

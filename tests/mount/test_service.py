@@ -110,11 +110,11 @@ def test_the_fstab_line_mounts_through_mount_fuse3(tmp_path):
     assert not os.path.ismount(mnt)
 
 
-def run_unit_commands(key, tmp_path):
+def run_unit_commands(key, tmp_path, env=None):
     for value in unit_values(key):
         ignore = value.startswith("-")
         r = subprocess.run(shlex.split(to_test_paths(value.lstrip("-"), tmp_path)),
-                           capture_output=True, text=True, timeout=60)
+                           capture_output=True, text=True, timeout=60, env=env)
         assert ignore or r.returncode == 0, (value, r.stderr)
 
 
@@ -217,6 +217,8 @@ class FakeManager:
 
     def release(self):
         """A stop: the store is closed."""
+        if self.sock.fileno() < 0:
+            return
         self.receive()
         for name in list(self.store):
             self.drop(name)
@@ -259,11 +261,27 @@ def builds_with_the_fd_store():
     return "file descriptor store: yes" in out
 
 
+def stop_post(tmp_path, result, restart_queued):
+    """The unit's ExecStopPost as systemd runs it ($SERVICE_RESULT), with a systemctl that
+    lists a restart job of the unit or none."""
+    bin_dir = tmp_path / "fake-bin"
+    bin_dir.mkdir(exist_ok=True)
+    fake = bin_dir / "systemctl"
+    fake.write_text("#!/bin/sh\n%s\n" % ("echo '42 kcachefs.service restart running'"
+                                          if restart_queued else "exit 0"))
+    fake.chmod(0o755)
+    env = dict(os.environ, SERVICE_RESULT=result,
+               PATH="%s:%s" % (bin_dir, os.environ["PATH"]))
+    run_unit_commands("ExecStopPost", tmp_path, env)
+
+
 @pytest.mark.skipif(not builds_with_the_fd_store(), reason="built without libsystemd")
-def test_the_unit_keeps_the_mount_across_a_reload_and_a_crash_of_the_whole_service(tmp_path):
-    """systemctl reload (ExecReload: a live upgrade), then a crash that takes the holder and
-    the daemon (what systemd kills when the main process is gone): the next start takes the
-    mount back from the file descriptor store. Run with FakeManager in place of systemd."""
+def test_the_unit_keeps_the_mount_across_reload_restart_and_crash(tmp_path):
+    """systemctl reload (ExecReload: a live upgrade), systemctl restart (a stop while a
+    restart job is queued, then a start), and a crash that takes the holder and the daemon
+    (what systemd kills when the main process is gone): each keeps the mount, the last two
+    through the file descriptor store; systemctl stop unmounts. Run with FakeManager in place
+    of systemd."""
     mnt = tmp_path / "mnt"
     manager = FakeManager(tmp_path)
     proc = start_unit(tmp_path, manager)
@@ -282,11 +300,23 @@ def test_the_unit_keeps_the_mount_across_a_reload_and_a_crash_of_the_whole_servi
         assert daemons_of(mnt) not in ([], daemon)
         assert daemons_of(mnt, "kcachefs-holder") == holder
         assert cubins[0].read_bytes() == data and os.stat(mnt).st_dev == dev
-        # The holder and the daemon are killed; the mount stays (the store holds it) and
-        # the next start serves it again: the same st_dev, the same bytes.
+
+        # systemctl restart: SIGTERM to the holder (KillMode=mixed), which ends the daemon
+        # and exits 0, leaving the mount to the store; ExecStopPost sees the restart job.
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        kill_the_rest(mnt)
+        stop_post(tmp_path, "success", restart_queued=True)
+        assert str(mnt) in mount_table()
+        proc = start_unit(tmp_path, manager)
+        assert os.stat(mnt).st_dev == dev and cubins[0].read_bytes() == data
+
+        # A crash: the holder and the daemon are killed; the store keeps the mount and the
+        # next start serves it again.
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         kill_the_rest(mnt)
+        stop_post(tmp_path, "signal", restart_queued=False)
         assert str(mnt) in mount_table()
         proc = start_unit(tmp_path, manager)
         assert os.stat(mnt).st_dev == dev
@@ -297,13 +327,17 @@ def test_the_unit_keeps_the_mount_across_a_reload_and_a_crash_of_the_whole_servi
         (entry / "kernel.cu").write_bytes(src + b"//2")
         (entry / "kernel.flags").write_bytes(flags)
         assert (entry / "kernel.cubin").read_bytes()[:4] == b"\x7fELF"
-        assert "the service manager kept the mount" in (tmp_path / "journal").read_text()
-        # systemctl stop: SIGTERM to the holder; the mount goes, and the store is emptied.
+        journal = (tmp_path / "journal").read_text()
+        assert journal.count("the service manager kept the mount") == 2, journal
+
+        # systemctl stop: the same SIGTERM, no restart job: ExecStopPost unmounts, and
+        # systemd closes the store.
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
-        assert not os.path.ismount(mnt)
-        manager.receive()
-        assert manager.store == {}
+        kill_the_rest(mnt)
+        stop_post(tmp_path, "success", restart_queued=False)
+        manager.release()
+        assert not os.path.ismount(mnt) and str(mnt) not in mount_table()
     finally:
         if proc.poll() is None:
             proc.kill()
