@@ -92,10 +92,32 @@ def test_sigkill_with_compiles_in_flight_keeps_the_mount(tmp_path, counting_nvcc
             wait_for("opens work again after the crash", opens, timeout=60)
             killed["recovered"] = time.monotonic() - killed["at"]
 
+        # Another client reads a published cubin and a plain file over and over meanwhile.
+        reads = []
+
+        def read_on():
+            while "recovered" not in killed and len(reads) < 100000:
+                for path, want in ((e0 / "kernel.cubin", first),
+                                   (m.mnt / "notes.txt", b"before the crash\n")):
+                    t = time.monotonic()
+                    try:
+                        with open(path, "rb") as f:
+                            got = f.read()
+                        reads.append((got == want, time.monotonic() - t))
+                    except OSError as err:
+                        reads.append((err.errno, time.monotonic() - t))
+
         th = threading.Thread(target=kill_when_compiling)
+        reader = threading.Thread(target=read_on)
         th.start()
+        reader.start()
         results = run_parallel(PROCS, open_all, entries, timeout=600)
         th.join(timeout=120)
+        reader.join(timeout=120)
+        assert not reader.is_alive(), "a read hung"
+        # Each read gave the right bytes or an error (one in hand at the crash), none other.
+        assert all(r[0] is True or r[0] in (errno.ECONNABORTED, errno.ESTALE)
+                   for r in reads), [r for r in reads if r[0] is not True]
         assert "recovered" in killed, (killed, m.daemon_log())
 
         # No client hung; each open got its cubin or an error (the requests the dead
@@ -146,8 +168,10 @@ def test_sigkill_with_compiles_in_flight_keeps_the_mount(tmp_path, counting_nvcc
         assert "of a daemon that died: Stale file handle" in log, log
         parked = [r for r in flat if r[1] == "err"]
         print("\nholder: opens worked again %.2f s after the SIGKILL; %d of %d opens got an "
-              "error (errnos %s), the others their cubin; longest open %.2f s"
-              % (killed["recovered"], len(parked), len(flat), errors, longest))
+              "error (errnos %s), the others their cubin; longest open %.2f s; a reader "
+              "alongside: %d reads, %d errors, longest %.2f s"
+              % (killed["recovered"], len(parked), len(flat), errors, longest, len(reads),
+                 sum(r[0] is not True for r in reads), max(r[1] for r in reads)))
     finally:
         for f in (held, notes):
             if f:
