@@ -584,6 +584,7 @@ int kc_holder_start(const char *real_mnt, int fuse_fd, int use_syslog)
 		init_fd = ifd;
 		return 0;
 	}
+	prctl(PR_SET_NAME, "kcachefs-holder", 0, 0, 0); /* in ps, at once */
 	close(clone);
 	holder_setup(real_mnt, fuse_fd, ifd, ls, use_syslog);
 	h.starting = pid; /* watched until it says it serves */

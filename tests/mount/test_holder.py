@@ -37,9 +37,10 @@ def wait_for(what, cond, timeout=120):
 
 
 def one_daemon(m):
-    pids = wait_for("one daemon serves %s" % m.mnt, lambda: daemons_of(m, "kcachefs"))
-    assert len(pids) == 1, pids
-    return pids[0]
+    """The daemon's pid, once there is exactly one (a holder just forked is named
+    kcachefs-holder a moment later)."""
+    return wait_for("one daemon serves %s" % m.mnt,
+                    lambda: len(pids := daemons_of(m, "kcachefs")) == 1 and pids[0])
 
 
 def right_cubin(data):
@@ -57,8 +58,8 @@ def test_sigkill_with_compiles_in_flight_keeps_the_mount(tmp_path, counting_nvcc
     held = notes = None
     try:
         holder = m.proc.pid
-        assert daemons_of(m, "kcachefs-holder") == [holder]
         dead = one_daemon(m)
+        assert daemons_of(m, "kcachefs-holder") == [holder]
         # A published cubin, held open and looked up before the crash.
         e0 = m.stage("vadd_pub", *variant(0))
         held = open(e0 / "kernel.cubin", "rb")
