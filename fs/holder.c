@@ -428,7 +428,7 @@ static void signalled(void)
 			int status;
 			pid_t pid;
 			while ((pid = waitpid(-1, &status, WNOHANG)) > 0)
-				if (pid == h.starting && (!WIFEXITED(status) || WEXITSTATUS(status)))
+				if (pid == h.starting) /* with the mount gone, died() exits */
 					died(WIFSIGNALED(status) ? "was killed before it served"
 								 : "exited before it served");
 			continue;
