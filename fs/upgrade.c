@@ -742,14 +742,16 @@ int kc_upgrade_replay(struct fuse_session *se, const unsigned char *init_in, siz
 	int placeholder = open("/dev/null", O_RDWR | O_CLOEXEC);
 	int err = placeholder < 0 ? -errno : kc_upgrade_io(se, placeholder);
 	io.placeholder = placeholder;
-	if (!err && (in_len < sizeof(struct fuse_in_header) || in_len > sizeof(io.init_in) ||
-		     out_len > sizeof(io.init_out) ||
-		     ((const struct fuse_in_header *)init_in)->opcode != FUSE_INIT)) {
+	struct fuse_in_header head = {0}; /* copied: init_in may be unaligned */
+	if (in_len >= sizeof(head))
+		memcpy(&head, init_in, sizeof(head));
+	if (!err && (in_len < sizeof(head) || in_len > sizeof(io.init_in) ||
+		     out_len > sizeof(io.init_out) || head.opcode != FUSE_INIT)) {
 		snprintf(why, whylen, "no FUSE_INIT of the mount to replay");
 		err = -EPROTO;
 	}
 	if (!err) {
-		unsigned char in[KC_HANDOVER_INIT_MAX];
+		_Alignas(8) unsigned char in[KC_HANDOVER_INIT_MAX]; /* libfuse reads a header from it */
 		memcpy(in, init_in, in_len);
 		struct fuse_buf buf = {.size = in_len, .mem = in};
 		io.swallow = 1;
@@ -772,7 +774,7 @@ int kc_upgrade_replay(struct fuse_session *se, const unsigned char *init_in, siz
 		io.init_in_len = in_len;
 		memcpy(io.init_out, init_out, out_len);
 		io.init_out_len = out_len;
-		io.init_unique = ((const struct fuse_in_header *)init_in)->unique;
+		io.init_unique = head.unique;
 	}
 	/* The placeholder stays the session's until kc_upgrade_adopt puts the real one there. */
 	return err;
