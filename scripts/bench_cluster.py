@@ -1,9 +1,9 @@
 """The cluster store's benchmarks (issue 14), run by scripts/bench.py (--only cluster,cluster64):
 simulated nodes (daemons with backing directories and mountpoints of their own) sharing one
 store, a dir: store in the run's temp directory or a redis-server the run starts on a Unix
-socket there. The nodes, the counting compilers and the Redis server are the mount tests'
-(tests/mount/test_remote.py's Cluster, test_remote_redis.py's RedisServer); every node and
-server is stopped on every way out.
+socket there. The nodes, the counting compilers and the Redis server are the mount tests' library's
+(tests/mount/kccluster.py's Cluster and RedisServer, which import no test module and no
+pytest); every node and server is stopped on every way out.
 
 cluster    4 nodes x 8 processes x 32 real nvcc kernels (the sample kernels, one symbol
            each), cold together: compiles in the cluster, the first node's cold time against
@@ -28,9 +28,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from kccluster import Cluster, RedisServer, lags_behind, read_all_kernels, stage_all
 from kcmount import KERNELS, NVCC, Mount, elf_symbols, run_parallel, write_script
-from test_remote import Cluster, lags_behind, read_all_kernels, stage_all
-from test_remote_redis import RedisServer
 
 UIDS = 0x7F000000  # cluster64's compile uid ranges: UIDS + node x 256
 SAMPLES = ("saxpy", "vector_add")  # the cheap sample kernels (block_sum takes seconds)
@@ -348,7 +347,7 @@ def header_tree(inc):
 
 
 def tree_digest(inc):
-    """src/tree.h's digest of the tree under inc (the shim's # include-root line)."""
+    """src/entry/tree.h's digest of the tree under inc (the shim's # include-root line)."""
     def field(b):
         return b"%d\n" % len(b) + b + b"\n"
     h = hashlib.sha256(b"kcachefs-tree-v1\n")

@@ -1,15 +1,18 @@
 """Mount-level test fixtures: mount the built kcachefs on temp directories, as libfuse's
-own test suite does, and always unmount, also when a test fails. The library they use is
-kcmount.py (no pytest in it), re-exported here for the tests.
+own test suite does, and always unmount, also when a test fails. The libraries they use are
+kcmount.py and kccluster.py (no pytest in them: tests and scripts import them, never a test
+module); kcmount's names are re-exported here for the tests.
 """
 import os
 import shutil
+import subprocess
 import tempfile
 from pathlib import Path
 
 import pytest
 
 import deepgemm
+from kccluster import make_template
 from kcmount import (BUILD, EM_CUDA, KCACHEFS, KERNELS, NVCC, OPENER, REPO, SHIM, Mount,  # noqa: F401
                      elf_machine, elf_symbols, entry_name, open_to_compiles, read_result,
                      run_parallel, sample, start_openers, write_script)
@@ -26,7 +29,7 @@ def pytest_configure(config):
 
 @pytest.fixture(autouse=True, scope="session")
 def shim_memo_in_a_temp_dir():
-    """The nvcc shim remembers file digests in $XDG_CACHE_HOME/kcachefs-nvcc (src/tree.h):
+    """The nvcc shim remembers file digests in $XDG_CACHE_HOME/kcachefs-nvcc (src/entry/tree.h):
     the suite's shims (and the DeepGEMM clients that run them) keep theirs in a temp dir of
     the session, removed at its end, not in the home directory."""
     d = tempfile.mkdtemp(prefix="kcachefs-xdg-")
@@ -110,3 +113,27 @@ def public_mount_factory():
             m.stop()
         assert not any(os.path.ismount(m.mnt) for m in mounts), "mount left behind"
         shutil.rmtree(root)
+
+
+@pytest.fixture
+def two_users():
+    """Two throwaway system users (alice, bob), removed afterwards: [(uid, gid), ...]."""
+    names = ["kcfs-alice-%d" % os.getpid(), "kcfs-bob-%d" % os.getpid()]
+    users = []
+    try:
+        for n in names:
+            subprocess.run(["useradd", "--system", "--no-create-home", "--shell",
+                            "/usr/sbin/nologin", n], check=True, capture_output=True)
+            ids = subprocess.run(["id", "-u", n], capture_output=True, text=True).stdout
+            gid = subprocess.run(["id", "-g", n], capture_output=True, text=True).stdout
+            users.append((int(ids), int(gid)))
+        yield users
+    finally:
+        for n in names:
+            subprocess.run(["userdel", n], capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory):
+    """A real cubin the cluster tests' fake compiler copies (kccluster.make_template)."""
+    return make_template(tmp_path_factory.mktemp("template"))

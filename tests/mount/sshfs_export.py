@@ -21,8 +21,9 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 from pathlib import Path
+
+from kcmount import wait_until
 
 SERVER_ADDR = "10.231.0.1"
 CLIENT_ADDR = "10.231.0.2"
@@ -125,11 +126,12 @@ class SshfsExport:
         self.sshd = subprocess.Popen(
             ["ip", "netns", "exec", self.srv, SSHD, "-D", "-e", "-f", str(self.config)],
             stdout=subprocess.DEVNULL, stderr=open(self.sshd_log, "ab"))
-        deadline = time.monotonic() + READY_WAIT
-        while "Server listening" not in self.sshd_log.read_text():
+
+        def listening():
             assert self.sshd.poll() is None, "sshd exited: " + self.sshd_log.read_text()
-            assert time.monotonic() < deadline, "sshd did not listen: " + self.sshd_log.read_text()
-            time.sleep(0.05)
+            return "Server listening" in self.sshd_log.read_text()
+        wait_until(listening, lambda: "sshd did not listen: " + self.sshd_log.read_text(),
+                   READY_WAIT)
 
     def mount(self):
         ssh = "ip netns exec %s ssh" % self.cli
@@ -143,11 +145,11 @@ class SshfsExport:
         self.sshfs = subprocess.Popen(
             ["sshfs", "-f", "-o", opts, "root@%s:%s" % (SERVER_ADDR, self.export),
              str(self.mnt)], stdout=subprocess.DEVNULL, stderr=open(self.sshfs_log, "ab"))
-        deadline = time.monotonic() + READY_WAIT
-        while not os.path.ismount(self.mnt):
+
+        def mounted():
             assert self.sshfs.poll() is None, "sshfs exited: " + self.sshfs_log.read_text()
-            assert time.monotonic() < deadline, "sshfs did not mount"
-            time.sleep(0.05)
+            return os.path.ismount(self.mnt)
+        wait_until(mounted, "sshfs did not mount", READY_WAIT)
 
     def server_pids(self):
         """Every process in the server namespace (sshd and its sessions)."""

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import BUILD, KCACHEFS, NVCC, Mount, write_script
+from kcmount import wait_until
 
 
 def run(*args):
@@ -233,10 +234,9 @@ def daemon_messages(tmp_path, options, work):
             work(m.mnt)
         finally:
             subprocess.run(["umount", str(m.mnt)], check=True)
-        deadline = time.monotonic() + 20
-        while subprocess.run(["pgrep", "-f", str(m.backing)], capture_output=True).returncode == 0:
-            assert time.monotonic() < deadline, "the daemon did not exit"
-            time.sleep(0.05)
+        wait_until(lambda: subprocess.run(["pgrep", "-f", str(m.backing)],
+                                          capture_output=True).returncode != 0,
+                   "the daemon did not exit", 20)
         messages = []
         while True:
             try:

@@ -1,4 +1,4 @@
-"""The compiler of record is the compiler on disk (src/compiler.h): a compiler replaced
+"""The compiler of record is the compiler on disk (src/compile/identity.h): a compiler replaced
 while mounted is noticed before the next compile, and nothing one compiler produced (a
 cubin, a remembered rejection) is served or remembered under another one's identity; and
 one binary has one identity, wherever it is installed."""

@@ -17,7 +17,7 @@ from conftest import BUILD, KCACHEFS, REPO
 
 MAN = REPO / "doc" / "kcachefs.1"
 DOCS = [REPO / "README.md"] + sorted((REPO / "doc").glob("*.md"))
-TOP_DIRS = ("scripts", "build", "tests", "python", "doc", "src", "fs")
+TOP_DIRS = ("scripts", "build", "tests", "python", "doc", "src")
 FENCE = re.compile(r"^\s*(```|~~~)")
 
 

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from conftest import EM_CUDA, sample, start_openers
-from test_waiters import slow_nvcc, wait_for_flight
+from kcmount import slow_nvcc, wait_for_flight, wait_until
 
 GRACE = 2.2  # seconds: KC_EVICT_GRACE (2) and a margin; entries used since are kept
 
@@ -41,10 +41,8 @@ def touch(entry):
 
 
 def wait_evictions(m, n, timeout=60):
-    deadline = time.monotonic() + timeout
-    while m.stats()["evictions_total"] < n:
-        assert time.monotonic() < deadline, "only %d evictions" % m.stats()["evictions_total"]
-        time.sleep(0.05)
+    wait_until(lambda: m.stats()["evictions_total"] >= n,
+               lambda: "only %d evictions" % m.stats()["evictions_total"], timeout)
     time.sleep(0.3)  # let the pass finish, then check nothing more goes
     return m.stats()
 
@@ -165,10 +163,7 @@ def test_the_index_and_last_use_survive_a_remount(mount_factory):
     used = [int(os.getxattr(m.backing / r, "user.kcachefs.used")) for r in rel[:2]]
     assert int(before) <= used[0] <= after and used[0] > used[1], (before, used, after)
     m.start()
-    deadline = time.monotonic() + 60
-    while m.stats()["entries"] != 3:
-        assert time.monotonic() < deadline, m.stats()
-        time.sleep(0.05)
+    wait_until(lambda: m.stats()["entries"] == 3, m.stats)
     assert m.stats()["stored_bytes"] == sum(
         f.stat().st_size for r in rel for f in (m.backing / r).iterdir())
 

@@ -12,6 +12,7 @@ import time
 import pytest
 
 from conftest import NVCC, run_parallel, elf_symbols, entry_name, read_result, sample, start_openers, write_script
+from kcmount import wait_until
 
 PART_A = b'extern "C" __global__ void part_a(float *x) { x[threadIdx.x] += 1.0f; }\n'
 PART_B = b'extern "C" __global__ void part_b(float *x) { x[threadIdx.x] *= 2.0f; }\n'
@@ -100,10 +101,7 @@ def test_cubin_damaged_on_disk_is_never_served(mount_factory, damage):
     assert m.stats()["corrupt_cubins_total"] >= 1
     # Rebuilt from the recipe once the kernel has dropped its entry (sent right after the
     # failed open): the bytes on disk and through the mount are a good cubin again.
-    deadline = time.monotonic() + 10
-    while read_result(entry / "kernel.cubin")[0] != "ok":
-        assert time.monotonic() < deadline, "not rebuilt"
-        time.sleep(0.05)
+    wait_until(lambda: read_result(entry / "kernel.cubin")[0] == "ok", "not rebuilt", 10)
     assert (entry / "kernel.cubin").read_bytes() == backing.read_bytes() == good
 
 
@@ -143,20 +141,12 @@ def watcher_of(m, at_most_one=False):
     return pids[0]
 
 
-def wait_for(cond, seconds, why):
-    """Poll cond() until it holds; fail with why after seconds."""
-    deadline = time.monotonic() + seconds
-    while not cond():
-        assert time.monotonic() < deadline, why
-        time.sleep(0.05)
-
-
 def hanging_compile(m, tag):
     """Open a staged kernel on m (its compiler hangs): returns the reader, once tag runs."""
     entry = m.stage("vector_add", *sample("vector_add"))
     reader = subprocess.Popen(["cat", str(entry / "kernel.cubin")], stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)
-    wait_for(lambda: tagged(tag), 30, "compiler did not start")
+    wait_until(lambda: tagged(tag), "compiler did not start", 30)
     return reader
 
 
@@ -181,7 +171,7 @@ def test_compiler_of_a_killed_daemon_is_killed_at_restart(mount_factory, tmp_pat
         reader.wait(timeout=30)
         assert tagged(tag)
         m2 = mount_factory(opts, name="m")
-        wait_for(lambda: not tagged(tag), 10, "orphaned compiler survived the restart")
+        wait_until(lambda: not tagged(tag), "orphaned compiler survived the restart", 10)
     finally:
         for pid in tagged(tag):
             os.kill(pid, signal.SIGKILL)
@@ -207,11 +197,11 @@ def test_a_killed_watcher_is_replaced(mount_factory, tmp_path):
         reader = hanging_compile(m, tag)
         first = watcher_of(m)
         os.kill(first, signal.SIGKILL)
-        wait_for(lambda: watcher_of(m, at_most_one=True) not in (None, first), 10,
-                 "no watcher took the killed one's place")
+        wait_until(lambda: watcher_of(m, at_most_one=True) not in (None, first),
+                   "no watcher took the killed one's place", 10)
         m.kill()
         reader.wait(timeout=30)
-        wait_for(lambda: not tagged(tag), 30, "a tool of a dead daemon's compile runs on")
+        wait_until(lambda: not tagged(tag), "a tool of a dead daemon's compile runs on", 30)
     finally:
         for pid in tagged(tag):
             os.kill(pid, signal.SIGKILL)
@@ -231,11 +221,11 @@ def test_compile_of_a_killed_daemon_ends_with_it(mount_factory, tmp_path, uids):
     try:
         reader = hanging_compile(m, tag)
         want = 5 if uids == "own" else 4  # nvcc, its sleep, sh and its sleep (, setsid's)
-        wait_for(lambda: len(tagged(tag)) >= want, 30, "the compiler's tools did not start")
+        wait_until(lambda: len(tagged(tag)) >= want, "the compiler's tools did not start", 30)
         m.kill()  # and the dead mount unmounted
         assert not os.path.ismount(m.mnt)
         reader.wait(timeout=30)  # the mount went with the daemon: nothing kept /dev/fuse
-        wait_for(lambda: not tagged(tag), 30, "a compiler process of a dead daemon runs on")
+        wait_until(lambda: not tagged(tag), "a compiler process of a dead daemon runs on", 30)
     finally:
         for pid in tagged(tag):
             os.kill(pid, signal.SIGKILL)
@@ -255,8 +245,8 @@ def test_real_nvccs_tools_end_with_a_killed_daemon(mount_factory, tmp_path):
         hanging_compile(m, tag)
         assert len(tagged(str(ccbin))) >= 2  # nvcc and the gcc
         m.kill()
-        wait_for(lambda: not tagged(tag) and not tagged(str(ccbin)), 30,
-                 "a tool of a dead daemon's nvcc runs on")
+        wait_until(lambda: not tagged(tag) and not tagged(str(ccbin)),
+                   "a tool of a dead daemon's nvcc runs on", 30)
     finally:
         for pid in tagged(tag) + tagged(str(ccbin)):
             os.kill(pid, signal.SIGKILL)
@@ -283,10 +273,8 @@ def test_new_flags_replace_an_autocompiled_cubin(mount_factory):
     plain = (entry / "kernel.cubin").read_bytes()
     os.stat(entry / "kernel.cubin")  # cached by the kernel for an hour
     (entry / "kernel.flags").write_bytes(b"-lineinfo\n")
-    deadline = time.monotonic() + 10
-    while (entry / "kernel.cubin").read_bytes() == plain:
-        assert time.monotonic() < deadline, "the cubin of the old recipe is still served"
-        time.sleep(0.05)
+    wait_until(lambda: (entry / "kernel.cubin").read_bytes() != plain,
+               "the cubin of the old recipe is still served", 10)
     assert m.stats()["compiles_total"] == 2
     assert "-lineinfo" in open(m.backing / entry.relative_to(m.mnt) / "kernel.flags").read()
 
@@ -299,10 +287,7 @@ def test_sigterm_during_compile_gives_every_waiter_eio(mount_factory, tmp_path):
     m = mount_factory(["nvcc=%s" % nvcc])
     entry = m.stage("vector_add", *sample("vector_add"))
     openers = start_openers(entry / "kernel.cubin", 4)
-    deadline = time.monotonic() + 30
-    while m.stats()["waits_total"] < 4:
-        assert time.monotonic() < deadline, m.stats()
-        time.sleep(0.05)
+    wait_until(lambda: m.stats()["waits_total"] >= 4, m.stats, 30)
     m.proc.send_signal(signal.SIGTERM)
     outs = [p.communicate(timeout=60)[0].split() for p in openers]
     assert outs == [["err", str(errno.EIO)]] * 4, outs

@@ -17,8 +17,7 @@ import time
 import pytest
 
 from conftest import KCACHEFS, Mount, elf_machine, elf_symbols, run_parallel
-from kcmount import EM_CUDA
-from test_upgrade import NS_HELPER, daemons_of, ns_read, open_all, variant
+from kcmount import EM_CUDA, NS_HELPER, daemons_of, ns_read, open_all, variant, wait_until
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="bind mounts in a namespace need root")
 
@@ -26,21 +25,11 @@ KERNELS = 6
 PROCS = 6
 
 
-def wait_for(what, cond, timeout=120):
-    deadline = time.monotonic() + timeout
-    while True:
-        v = cond()
-        if v:
-            return v
-        assert time.monotonic() < deadline, what
-        time.sleep(0.02)
-
-
 def one_daemon(m):
     """The daemon's pid, once there is exactly one (a holder just forked is named
     kcachefs-holder a moment later)."""
-    return wait_for("one daemon serves %s" % m.mnt,
-                    lambda: len(pids := daemons_of(m, "kcachefs")) == 1 and pids[0])
+    return wait_until(lambda: len(pids := daemons_of(m, "kcachefs")) == 1 and pids[0],
+                      "one daemon serves %s" % m.mnt, timeout=120)
 
 
 def right_cubin(data):
@@ -79,7 +68,7 @@ def test_sigkill_with_compiles_in_flight_keeps_the_mount(tmp_path, counting_nvcc
         killed = {}
 
         def kill_when_compiling():
-            wait_for("compiles started", lambda: calls() >= 2)
+            wait_until(lambda: calls() >= 2, "compiles started", timeout=120)
             os.kill(dead, signal.SIGKILL)
             killed["at"] = time.monotonic()
             # New opens work again: the held name's node id is the dead daemon's (ESTALE,
@@ -90,7 +79,7 @@ def test_sigkill_with_compiles_in_flight_keeps_the_mount(tmp_path, counting_nvcc
                         return f.read() == first
                 except OSError:
                     return False
-            wait_for("opens work again after the crash", opens, timeout=60)
+            wait_until(opens, "opens work again after the crash", timeout=60, step=0.02)
             killed["recovered"] = time.monotonic() - killed["at"]
 
         # Another client reads a published cubin and a plain file over and over meanwhile.
@@ -223,9 +212,10 @@ def test_an_upgrade_under_a_holder_makes_the_new_daemon_the_one_it_restarts(tmp_
         with open(m.log_path, "ab") as log:
             new = subprocess.Popen([str(KCACHEFS), "-f", "--upgrade", str(m.mnt)], stdout=log,
                                    stderr=subprocess.STDOUT)
-        wait_for("the upgrade's daemon serves",
-                 lambda: "pid %d serves, epoch 0" % new.pid in m.daemon_log())
-        wait_for("the old daemon is gone", lambda: old not in daemons_of(m, "kcachefs"))
+        wait_until(lambda: "pid %d serves, epoch 0" % new.pid in m.daemon_log(),
+                   "the upgrade's daemon serves", timeout=120)
+        wait_until(lambda: old not in daemons_of(m, "kcachefs"), "the old daemon is gone",
+                   timeout=120)
         assert daemons_of(m, "kcachefs") == [new.pid]
         log = m.daemon_log()
         assert "hands the mount to a new daemon" in log and "started the daemon again" not in log
@@ -233,7 +223,8 @@ def test_an_upgrade_under_a_holder_makes_the_new_daemon_the_one_it_restarts(tmp_
         # The upgrade's daemon dies: the holder starts another.
         new.send_signal(signal.SIGKILL)
         new.wait(timeout=60)
-        wait_for("a daemon is started again", lambda: "started the daemon again" in m.daemon_log())
+        wait_until(lambda: "started the daemon again" in m.daemon_log(),
+                   "a daemon is started again", timeout=120)
         restarted = one_daemon(m)
         assert restarted not in (old, new.pid)
         assert (e / "kernel.cubin").read_bytes() == cubin

@@ -11,7 +11,7 @@ import sys
 import time
 
 from conftest import EM_CUDA, read_result, run_parallel, sample, start_openers
-from test_waiters import slow_nvcc, wait_for_flight
+from kcmount import slow_nvcc, wait_for_flight, wait_until
 
 N = 600      # entries, each two inodes (its directory and its cubin) once touched
 MAX = 100    # -o max_inodes
@@ -124,10 +124,7 @@ def test_waiters_on_a_compile_survive_reliefs(mount_factory, tmp_path):
     openers = start_openers(e / "kernel.cubin", 8)
     try:
         wait_for_flight(m)
-        deadline = time.monotonic() + 60
-        while m.stats()["parked_requests"] < 8:  # all wait in the daemon
-            assert time.monotonic() < deadline, m.stats()
-            time.sleep(0.05)
+        wait_until(lambda: m.stats()["parked_requests"] >= 8, m.stats)  # all wait in the daemon
         before = m.stats()["inode_reliefs_total"]
         for i in range(N):  # push the table over the bound while they wait
             with open(entry(m, i) / "kernel.cubin", "rb") as f:
@@ -160,10 +157,7 @@ def test_a_stop_during_reliefs_does_not_hang(mount_factory):
     try:
         for p in procs:
             assert p.stdout.readline() == "ready\n"
-        deadline = time.monotonic() + 60
-        while m.stats()["inode_reliefs_total"] < 1:  # reliefs run, and go on
-            assert time.monotonic() < deadline, m.stats()
-            time.sleep(0.05)
+        wait_until(lambda: m.stats()["inode_reliefs_total"] >= 1, m.stats)  # reliefs run, and go on
         m.proc.send_signal(signal.SIGTERM)
         assert m.proc.wait(timeout=30) == 0
         for p in procs:

@@ -12,6 +12,7 @@ import pytest
 
 from conftest import (KCACHEFS, KERNELS, NVCC, EM_CUDA, elf_machine, elf_symbols, entry_name, read_result, run_parallel,
                       sample, write_script)
+from kcmount import wait_until
 
 
 def test_open_compiles_a_valid_cuda_elf(mount_factory):
@@ -192,10 +193,8 @@ def test_restaging_same_bytes_is_noop_other_bytes_eexist(mount_factory):
     os.rename(entry.parent / "other.cubin", entry / "kernel.cubin")
     assert not (entry.parent / "other.cubin").exists()
     # The kernel moved its entry to the renamed file; the daemon invalidates it right after.
-    deadline = time.monotonic() + 10
-    while (entry / "kernel.cubin").read_bytes() != cubin:
-        assert time.monotonic() < deadline, "the published cubin is not served again"
-        time.sleep(0.05)
+    wait_until(lambda: (entry / "kernel.cubin").read_bytes() == cubin,
+               "the published cubin is not served again", 10)
     assert (m.backing / entry.relative_to(m.mnt) / "kernel.cubin").read_bytes() == cubin
     assert m.stats()["compiles_total"] == 2
 
@@ -264,7 +263,7 @@ KC_IOC_GET_KEY = (2 << 30) | (64 << 16) | (ord("k") << 8) | 1  # _IOR('k', 1, ch
 
 
 def recipe_key(source, flags):
-    """src/key.h's key of a recipe, computed here independently."""
+    """src/entry/key.h's key of a recipe, computed here independently."""
     h = hashlib.sha256(b"kcachefs-key-v1\n")
     for field in (source, flags):
         h.update(b"%d\n" % len(field) + field + b"\n")

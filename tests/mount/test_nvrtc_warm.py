@@ -6,12 +6,11 @@ import errno
 import os
 import re
 import threading
-import time
 
 import pytest
 
 from conftest import KCACHEFS, KERNELS, read_result, sample
-from kcmount import open_to_compiles
+from kcmount import open_to_compiles, wait_until
 
 NVRTC = KCACHEFS.parent / "kcachefs-nvrtc"
 pytestmark = pytest.mark.skipif(not NVRTC.exists(), reason="built without libnvrtc")
@@ -67,14 +66,6 @@ def in_fifo(pid):
         return open("/proc/%d/wchan" % pid).read() == "wait_for_partner"
     except OSError:
         return False
-
-
-def wait_until(cond, what, limit=60):
-    """Wait for cond() (an event, not a time: the limit only ends a broken run)."""
-    deadline = time.monotonic() + limit
-    while not cond():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
 
 
 @pytest.fixture

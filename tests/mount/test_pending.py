@@ -7,6 +7,7 @@ import signal
 import time
 
 from conftest import entry_name, run_parallel, sample, start_openers, write_script
+from kcmount import wait_until
 
 
 def delayed_nvcc(tmp_path, seconds):
@@ -79,10 +80,7 @@ def test_waiter_killed_by_a_core_dumping_signal_goes_at_once(mount_factory, tmp_
         for sig in (signal.SIGQUIT, signal.SIGABRT):  # a shell's background job (`&`) runs
             signal.signal(sig, signal.SIG_DFL)        # with SIGQUIT ignored, and so would they
     victims = start_openers(entry / "kernel.cubin", 3, preexec_fn=no_core)
-    deadline = time.monotonic() + 30
-    while m.stats()["waits_total"] < 3:
-        assert time.monotonic() < deadline, m.stats()
-        time.sleep(0.05)
+    wait_until(lambda: m.stats()["waits_total"] >= 3, m.stats, 30)
     for p, sig in zip(victims, (signal.SIGQUIT, signal.SIGABRT, signal.SIGTERM)):
         p.send_signal(sig)
         started = time.monotonic()

@@ -8,153 +8,17 @@ lists a header of each -I directory. Every compile is logged in one file for the
 """
 import hashlib
 import os
-import random
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
-from conftest import KERNELS as SAMPLES, NVCC, Mount, read_result, run_parallel, write_script
-
-KERNELS = 8
-INC_HEADER = "kc_cluster.h"
-
-
-@pytest.fixture(scope="module")
-def template(tmp_path_factory):
-    """A real cubin the fake compiler copies."""
-    d = tmp_path_factory.mktemp("template")
-    src = d / "t.cu"
-    src.write_text('extern "C" __global__ void t(float *x) { x[0] = 1; }\n')
-    out = d / "t.cubin"
-    subprocess.run([str(NVCC), str(src), "-cubin", "-o", str(out), "-arch=sm_90a"], check=True,
-                   capture_output=True)
-    os.chmod(d, 0o755)
-    os.chmod(out, 0o644)
-    return out
-
-
-class Cluster:
-    """The fake compiler, a shared store (a dir: store in tmp_path unless url names
-    another, e.g. a Redis server of the test's or a dir: on sshfs), and nodes mounted on it."""
-
-    def __init__(self, tmp_path, template, url=None):
-        self.tmp = tmp_path
-        self.url = url or "dir:%s" % (tmp_path / "store")
-        self.store = Path(self.url[4:]) if self.url.startswith("dir:") else None
-        if self.store:
-            self.store.mkdir(exist_ok=True)  # the operator's: kcachefs never makes it
-        self.log = tmp_path / "compiles"
-        self.log.write_text("")
-        os.chmod(self.log, 0o666)  # compiles run as uids of their own
-        self.inc = tmp_path / "inc"
-        self.inc.mkdir()
-        os.chmod(self.inc, 0o755)
-        self.header = self.inc / INC_HEADER
-        self.header.write_text("#define KC_CLUSTER 1\n")
-        os.chmod(self.header, 0o644)
-        self.gate = tmp_path / "gate"
-        self.dep_gate = tmp_path / "dep-gate"  # while it exists, dependency passes wait
-        self.dep_log = tmp_path / "dep-passes"
-        self.dep_log.write_text("")
-        os.chmod(self.dep_log, 0o666)
-        self.nodes = []
-        self.fake = self.compiler(template)
-
-    def compiler(self, template):
-        # While the gate file exists, the first compile to claim it waits for its removal
-        # (one compiler for every node: its path is part of the compiler identity). A
-        # source that says KC_REJECT is rejected (an error, as nvcc's).
-        wait = ('[ -e %s ] && mkdir %s.claim 2>/dev/null && '
-                'while [ -e %s ]; do sleep 0.05; done\n' % (self.gate, self.gate, self.gate))
-        # The dependency pass (-M -MF FILE) lists a header of each -I directory, and waits
-        # while dep_gate exists.
-        return write_script(
-            self.tmp / "nvcc-fake",
-            'src="$1"; out="$4"\n'
-            'case "$*" in *-cubin*) ;; *) exec %s "$@";; esac\n'
-            'deps=""; incs=""; prev=""\n'
-            'for a in "$@"; do\n'
-            '  case "$prev" in -MF) deps="$a";; esac\n'
-            '  case "$a" in -I*) incs="$incs ${a#-I}/%s";; esac\n'
-            '  prev="$a"\n'
-            'done\n'
-            'writedeps() {\n'
-            '  while [ -e %s ]; do sleep 0.05; done\n'
-            '  if grep -q KC_NODEPS "$src"; then echo "$src: error: no deps" >&2; exit 1; fi\n'
-            '  printf "kernel.o : %%s%%s\\n" "$src" "$incs" > "$deps"\n'
-            '}\n'
-            'case " $* " in *" -M "*)\n'
-            '  sha256sum "$src" | cut -c1-64 >> %s; writedeps; exit 0;;\n'
-            'esac\n'
-            'h=$(sha256sum "$src" | cut -c1-64); echo "$h" >> %s\n'
-            '%s'
-            'if grep -q KC_REJECT "$src"; then echo "$src: error: rejected" >&2; exit 1; fi\n'
-            'cat %s > "$out"; printf "KCFAKE%%s-%%s" "$h" "$$$(od -An -N8 -tx8 /dev/urandom)" >> "$out"\n'
-            '[ -z "$deps" ] || writedeps\n'
-            % (NVCC, INC_HEADER, self.dep_gate, self.dep_log, self.log, wait, template))
-
-    def node(self, name, extra=()):
-        opts = ["remote=%s" % self.url, "nvcc=%s" % self.fake,
-                "remote_timeout=5000"] + list(extra)
-        root = self.tmp / name
-        root.mkdir(exist_ok=True)
-        m = Mount(root, opts)
-        self.nodes.append(m)
-        return m.start()
-
-    def shared(self, node, n, leases=0, timeout=60):
-        """Wait until node has stored n kernels (object and index each: the share runs after
-        the opener is answered) and at most leases leases or notes are
-        left."""
-        deadline = time.monotonic() + timeout
-        while (node.stats()["remote_puts_total"] < 2 * n or
-               len(self.lease_keys()) > leases):
-            assert time.monotonic() < deadline, node.daemon_log()
-            time.sleep(0.05)
-
-    def compiles(self):
-        return [l for l in self.log.read_text().splitlines() if l.strip()]
-
-    def stop(self):
-        for gate in (self.gate, self.dep_gate):
-            if gate.exists():
-                gate.unlink()
-        for m in self.nodes:
-            if m.proc is not None:
-                m.stop()
-        for m in self.nodes:
-            assert not os.path.ismount(m.mnt), "mount left behind"
-
-    def lease_keys(self):
-        """The keys that a lease or note stands on."""
-        return [p.name for p in (self.store / "leases").glob("*/*") if not p.name.startswith(".")]
-
-    def wipe(self):
-        """Remove every object, lease and note from the store."""
-        for area in ("objects", "leases"):
-            for p in (self.store / area).glob("*/*"):
-                if not p.name.startswith(".clock"):
-                    p.unlink()
-
-    def plant(self, key, record):
-        """Write record as the lease file of key, as anyone who can write the store can,
-        dated a day ahead (a file can claim any mtime)."""
-        d = self.store / "leases" / key[:2]
-        d.mkdir(parents=True, exist_ok=True)
-        (d / key).write_text(record + "\n")
-        os.utime(d / key, (time.time() + 86400, time.time() + 86400))
-
-    def objects(self, kind):
-        """Paths of the stored objects of kind (b"cubin" or b"index"); dir: store only."""
-        out = []
-        for p in sorted((self.store / "objects").glob("*/*")):
-            if p.name.startswith("."):
-                continue
-            if p.read_bytes()[19:19 + len(kind) + 1] == kind + b" ":
-                out.append(p)
-        return out
+from conftest import KERNELS as SAMPLES, Mount, read_result
+from kcmount import wait_until
+from kccluster import (INC_HEADER, KERNELS, Cluster, compiles_each_kernel_once,
+                       dead_holder_is_taken_over_within_seconds, holding_and_waiting,
+                       live_holder_keeps_its_lease, planted_record_is_ignored,
+                       run_parallel_background, source, stage_all, start_holding, waiter_lag)
 
 
 @pytest.fixture
@@ -164,57 +28,8 @@ def cluster(tmp_path, template):
     c.stop()
 
 
-def source(k):
-    return ('#include <%s>\nextern "C" __global__ void k%d(float *x) { x[0] = %d; }\n'
-            % (INC_HEADER, k, k)).encode()
-
-
-def stage_all(cluster, m, kernels=range(KERNELS)):
-    flags = ("-O3\n-I%s\n" % cluster.inc).encode()
-    return [m.stage("k%d" % k, source(k), flags) / "kernel.cubin" for k in kernels]
-
-
-def read_all_kernels(i, paths_by_node, per_node):
-    paths = list(paths_by_node[i // per_node])
-    random.Random(i).shuffle(paths)
-    return {str(p).rsplit("/", 2)[-2]: read_result(p) for p in paths}
-
-
-def total(nodes, key):
-    return sum(m.stats().get(key, 0) for m in nodes)
-
-
 def test_cluster_compiles_each_kernel_once(cluster):
-    nodes = [cluster.node("node%d" % i) for i in range(4)]
-    assert "without remote_key" in nodes[0].daemon_log()
-    paths = [stage_all(cluster, m) for m in nodes]
-    results = run_parallel(32, read_all_kernels, paths, 8, timeout=600)
-    assert len(cluster.compiles()) == KERNELS, cluster.compiles()
-    assert len(set(cluster.compiles())) == KERNELS
-    for entry in results[0]:
-        seen = {r[entry] for r in results}
-        assert len(seen) == 1 and next(iter(seen))[0] == "ok", (entry, seen)
-    assert total(nodes, "compiles_total") == KERNELS
-    assert total(nodes, "remote_hits_total") == 3 * KERNELS
-    assert total(nodes, "remote_misses_total") == KERNELS
-    # a cubin and an index each, and the one header list every kernel's compile read
-    assert total(nodes, "remote_puts_total") == 2 * KERNELS + 1
-    assert total(nodes, "remote_rejected_total") == 0
-    assert total(nodes, "remote_get_errors_total") == 0
-    assert all(m.stats()["remote_up"] == 1 for m in nodes)
-    assert len(cluster.objects(b"cubin")) == KERNELS
-    assert len(cluster.objects(b"index")) == KERNELS + 1
-    # a hit's kernel.log says where it came from
-    logs = [(p.parent / "kernel.log").read_text() for m in nodes for p in stage_all(cluster, m)]
-    assert sum("from the cluster store" in l for l in logs) == 3 * KERNELS
-
-    late = cluster.node("late")
-    late_paths = stage_all(cluster, late)
-    for p in late_paths:
-        r = read_result(p)
-        assert r == results[0][str(p).rsplit("/", 2)[-2]]
-    assert len(cluster.compiles()) == KERNELS, "a node mounted later compiled"
-    assert late.stats()["remote_hits_total"] == KERNELS
+    compiles_each_kernel_once(cluster)
 
 
 def poison_one(cluster, how):
@@ -301,17 +116,6 @@ def test_malformed_remote_is_a_usage_error(cluster, url, says):
     assert not os.path.ismount(m.mnt)
 
 
-def start_holding(cluster, a, path, **popen):
-    """Open path on node a, whose compile waits at the gate holding the lease; returns
-    the opener once the compile has started."""
-    opener = subprocess.Popen(["cat", str(path)], **popen)
-    deadline = time.monotonic() + 60
-    while not cluster.compiles():
-        assert time.monotonic() < deadline, a.daemon_log()
-        time.sleep(0.05)
-    return opener
-
-
 def test_waiting_for_another_node_takes_no_job_slot(cluster):
     """A node with one job slot whose compile waits for another node's lease still
     compiles a kernel nobody holds at once: waiting holds no slot (and no lease is taken
@@ -323,11 +127,8 @@ def test_waiting_for_another_node_takes_no_job_slot(cluster):
     pa = stage_all(cluster, a, [0])[0]
     pb0, pb1 = stage_all(cluster, b, [0, 1])
     opener_a = start_holding(cluster, a, pa, stdout=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
     waiter = run_parallel_background(pb0, 1)[0]
-    while b.stats()["remote_lease_waits_total"] < 1:
-        assert time.monotonic() < deadline, b.daemon_log()
-        time.sleep(0.05)
+    wait_until(lambda: b.stats()["remote_lease_waits_total"] >= 1, b.daemon_log)
     assert read_result(pb1)[0] == "ok"  # compiled by b while its k0 waits
     s = b.stats()
     assert s["compiles_total"] == 1 and s["remote_hedged_total"] == 0, s
@@ -340,23 +141,6 @@ def test_waiting_for_another_node_takes_no_job_slot(cluster):
     assert len(cluster.compiles()) == 2
 
 
-def holding_and_waiting(cluster, opts=(), readers=4):
-    """Node a holds kernel 0's lease, its compile stopped at the gate; node b's readers
-    wait on it. Returns a, b, a's opener and b's readers."""
-    cluster.gate.write_text("")
-    a = cluster.node("a", opts)
-    b = cluster.node("b", opts)
-    pa = stage_all(cluster, a, [0])[0]
-    pb = stage_all(cluster, b, [0])[0]
-    opener_a = start_holding(cluster, a, pa, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    waiting = run_parallel_background(pb, readers)
-    deadline = time.monotonic() + 60
-    while b.stats()["remote_lease_waits_total"] < 1:
-        assert time.monotonic() < deadline, b.daemon_log()
-        time.sleep(0.05)
-    return a, b, opener_a, waiting
-
-
 def test_lease_holder_killed_mid_compile(cluster):
     a, b, opener_a, readers = holding_and_waiting(cluster, ["remote_lease=2"])
     a.kill()
@@ -367,11 +151,6 @@ def test_lease_holder_killed_mid_compile(cluster):
     assert s["remote_takeovers_total"] == 1
     assert s["compiles_total"] == 1
     assert len(cluster.compiles()) == 2  # a's (killed) and b's
-
-
-def run_parallel_background(path, n):
-    return [subprocess.Popen(["sh", "-c", 'sha256sum "$1" >/dev/null && echo ok $?', "_",
-                              str(path)], stdout=subprocess.PIPE, text=True) for _ in range(n)]
 
 
 def test_read_only_node_never_writes(cluster):
@@ -488,10 +267,7 @@ def test_real_nvcc_manifest_has_nested_headers(mount_factory, tmp_path, counting
     flags = ("-O3\n-I%s\n" % inc).encode()
     ra = read_result(a.stage("k", src, flags) / "kernel.cubin")
     assert ra[0] == "ok", a.daemon_log()
-    deadline = time.monotonic() + 120
-    while " stored (" not in a.daemon_log():
-        assert time.monotonic() < deadline, a.daemon_log()
-        time.sleep(0.05)
+    wait_until(lambda: " stored (" in a.daemon_log(), a.daemon_log, 120)
     index = [p.read_bytes() for p in (tmp_path / "store" / "objects").glob("*/*")
              if p.read_bytes()[19:25] == b"index " and b" @headers\n" not in p.read_bytes()]
     assert len(index) == 1 and b"/kc_nest/inner.cuh\n" in index[0], index  # the header list
@@ -499,13 +275,6 @@ def test_real_nvcc_manifest_has_nested_headers(mount_factory, tmp_path, counting
     rb = read_result(b.stage("k", src, flags) / "kernel.cubin")
     assert rb[0] == "ok" and rb != ra
     assert calls() == 2 and b.stats()["remote_hits_total"] == 0
-
-
-def until(cond, what, timeout=60):
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, what()
-        time.sleep(0.05)
 
 
 def test_opener_answered_before_the_cluster_put(cluster):
@@ -523,11 +292,11 @@ def test_opener_answered_before_the_cluster_put(cluster):
     except subprocess.TimeoutExpired:
         pytest.fail("the opener waited for the cluster put:\n" + a.daemon_log())
     assert got[:4] == b"\x7fELF", got[:200]
-    until(lambda: cluster.dep_log.read_text(), a.daemon_log)
+    wait_until(lambda: cluster.dep_log.read_text(), a.daemon_log)
     assert cluster.objects(b"cubin") == [] and cluster.objects(b"index") == []
     assert len(cluster.lease_keys()) == 1, "the lease was not held for the put"
     waiter = run_parallel_background(pb, 1)[0]
-    until(lambda: b.stats()["remote_lease_waits_total"] >= 1, b.daemon_log)
+    wait_until(lambda: b.stats()["remote_lease_waits_total"] >= 1, b.daemon_log)
     assert waiter.poll() is None, "b did not wait for a's put"
     cluster.dep_gate.unlink()
     out = waiter.communicate(timeout=120)[0]
@@ -552,8 +321,8 @@ def test_failed_dependency_pass_only_means_not_shared(cluster):
     pa = a.stage("k0", src, flags) / "kernel.cubin"
     ra = read_result(pa)
     assert ra[0] == "ok", ra
-    until(lambda: "not shared: its dependency pass" in a.daemon_log(), a.daemon_log)
-    until(lambda: cluster.lease_keys() == [], lambda: str(cluster.lease_keys()))
+    wait_until(lambda: "not shared: its dependency pass" in a.daemon_log(), a.daemon_log)
+    wait_until(lambda: cluster.lease_keys() == [], lambda: str(cluster.lease_keys()))
     assert cluster.objects(b"cubin") == [] and cluster.objects(b"index") == []
     assert read_result(pa) == ra  # still served from the node's own store
     t0 = time.monotonic()
@@ -579,10 +348,7 @@ def test_rejected_compile_note_frees_waiters(cluster):
                              text=True)
     opener_b = subprocess.Popen(["cat", str(pb)], stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while b.stats()["remote_lease_waits_total"] < 1:
-        assert time.monotonic() < deadline, b.daemon_log()
-        time.sleep(0.05)
+    wait_until(lambda: b.stats()["remote_lease_waits_total"] >= 1, b.daemon_log)
     cluster.gate.unlink()
     for o in (opener_a, opener_b):
         _, err = o.communicate(timeout=300)  # far below remote_wait
@@ -617,12 +383,9 @@ def test_stop_while_waiting_for_another_node(cluster):
     pa = stage_all(cluster, a, [0])[0]
     pb = stage_all(cluster, b, [0])[0]
     opener_a = start_holding(cluster, a, pa, stdout=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
     reader = subprocess.Popen(["cat", str(pb)], stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE)
-    while b.stats()["remote_lease_waits_total"] < 1:
-        assert time.monotonic() < deadline, b.daemon_log()
-        time.sleep(0.05)
+    wait_until(lambda: b.stats()["remote_lease_waits_total"] >= 1, b.daemon_log)
     b.proc.terminate()
     assert b.proc.wait(timeout=60) == 0
     assert reader.wait(timeout=60) != 0
@@ -631,88 +394,6 @@ def test_stop_while_waiting_for_another_node(cluster):
     cluster.gate.unlink()
     opener_a.wait(timeout=120)
     assert read_result(pa)[0] == "ok"
-
-
-def key_opts(tmp_path):
-    key = tmp_path / "cluster.key"
-    key.write_bytes(os.urandom(32))
-    os.chmod(key, 0o600)
-    return ["remote_key=%s" % key]
-
-
-def manifest_key_of_kernel0(cluster, opts):
-    """The store key kernel 0's lease stands on: a node holds it at the gate and the store
-    names it; then the store is wiped, so that the kernel is nobody's again (later
-    compiles pass the gate, which only the first one waits at)."""
-    cluster.gate.write_text("")
-    a = cluster.node("discover", opts)
-    opener = start_holding(cluster, a, stage_all(cluster, a, [0])[0], stdout=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
-    while not cluster.lease_keys():
-        assert time.monotonic() < deadline, a.daemon_log()
-        time.sleep(0.05)
-    key = cluster.lease_keys()[0]
-    cluster.gate.unlink()
-    opener.wait(timeout=60)
-    a.stop()
-    cluster.wipe()
-    return key
-
-
-def planted_record_is_ignored(cluster, tmp_path, kind):
-    """Someone who can write the store but has not the key plants an unsigned lease or
-    failure note on a kernel's key, claiming no expiry (a huge ttl, a Redis key without a
-    TTL, a dir: file dated ahead): racing nodes with the key ignore it, and exactly one of
-    them compiles at once, far under remote_wait; the others get its object."""
-    opts = key_opts(tmp_path) + ["remote_wait=20"]
-    key = manifest_key_of_kernel0(cluster, opts)
-    cluster.plant(key, "%s %s 2000000000 -" % (kind, os.urandom(16).hex()))
-    nodes = [cluster.node("n%d" % i, opts) for i in range(3)]
-    paths = [stage_all(cluster, m, [0]) for m in nodes]
-    t0 = time.monotonic()
-    results = run_parallel(6, read_all_kernels, paths, 2, timeout=120)
-    took = time.monotonic() - t0
-    print("\nplanted %s: %.1f s to read the kernel on 3 nodes" % (kind, took))
-    assert took < 10, "the nodes waited on a planted %s (remote_wait=20)" % kind
-    assert len(cluster.compiles()) == 2, cluster.compiles()  # the discovery's and one
-    assert all(r == results[0] and next(iter(r.values()))[0] == "ok" for r in results), results
-    assert total(nodes, "compiles_total") == 1 and total(nodes, "remote_hits_total") == 2
-
-
-def dead_holder_is_taken_over_within_seconds(cluster):
-    """The lease holder is SIGKILLed mid-compile, with the default remote_lease: the node
-    waiting on it learns within seconds that it died (its renewals stop proving that it
-    lives) and takes over, not after the lease's 60 s."""
-    a, b, opener_a, readers = holding_and_waiting(cluster)
-    time.sleep(1.5)  # b has seen a renewal or two
-    killed = time.monotonic()
-    a.kill()
-    while len(cluster.compiles()) < 2 and time.monotonic() < killed + 120:
-        time.sleep(0.05)
-    took = time.monotonic() - killed
-    print("\ntakeover %.1f s after the holder's SIGKILL" % took)
-    opener_a.wait(timeout=60)
-    results = [r.communicate(timeout=120)[0] for r in readers]
-    assert all(r.startswith("ok ") for r in results), results
-    assert took < 15, "took over %.1f s after the holder died" % took
-    s = b.stats()
-    assert s["remote_takeovers_total"] == 1 and s["compiles_total"] == 1, s
-    assert len(cluster.compiles()) == 2  # a's (killed) and b's
-
-
-def live_holder_keeps_its_lease(cluster, hold_s=10):
-    """A live holder whose compile lasts several times KC_REMOTE_ALIVE_MS keeps its lease:
-    the waiting node takes nothing over and gets the holder's object."""
-    a, b, opener_a, readers = holding_and_waiting(cluster, readers=2)
-    time.sleep(hold_s)
-    assert len(cluster.compiles()) == 1, "b compiled while a's compile ran"
-    cluster.gate.unlink()
-    assert opener_a.wait(timeout=120) == 0
-    results = [r.communicate(timeout=120)[0] for r in readers]
-    assert all(r.startswith("ok ") for r in results), results
-    s = b.stats()
-    assert s["remote_takeovers_total"] == 0 and s["compiles_total"] == 0, s
-    assert s["remote_hits_total"] == 1 and len(cluster.compiles()) == 1
 
 
 @pytest.mark.parametrize("kind", ["held", "failed"])
@@ -729,65 +410,6 @@ def test_live_holder_of_a_long_compile_keeps_its_lease(cluster):
     live_holder_keeps_its_lease(cluster)
 
 
-OPEN_AT = ('import sys, time\nwith open(sys.argv[1], "rb") as f:\n    f.read()\n'
-           'print(time.monotonic())\n')
-
-
-def open_at(path):
-    """A process that reads path and prints the CLOCK_MONOTONIC second its read ended."""
-    return subprocess.Popen(["/usr/bin/python3", "-c", OPEN_AT, str(path)],
-                            stdout=subprocess.PIPE, text=True)
-
-
-def lags_behind(cluster, a, b, kernels, hold_s):
-    """Node b waits on node a's compile of each kernel of kernels, which ends hold_s(k)
-    seconds after b began to wait; returns b's lag behind a per kernel (seconds from a's
-    reader's return, once a has stored the kernel, to b's)."""
-    claim = Path(str(cluster.gate) + ".claim")
-    lags = []
-    for n, k in enumerate(kernels):
-        if claim.exists():
-            claim.rmdir()
-        cluster.gate.write_text("")
-        pa = stage_all(cluster, a, [k])[0]
-        pb = stage_all(cluster, b, [k])[0]
-        compiled, waits = len(cluster.compiles()), b.stats()["remote_lease_waits_total"]
-        holder = open_at(pa)
-        deadline = time.monotonic() + 60
-        while len(cluster.compiles()) <= compiled:
-            assert time.monotonic() < deadline, a.daemon_log()
-            time.sleep(0.02)
-        waiter = open_at(pb)
-        while b.stats()["remote_lease_waits_total"] <= waits:
-            assert time.monotonic() < deadline, b.daemon_log()
-            time.sleep(0.02)
-        time.sleep(hold_s(n))
-        cluster.gate.unlink()
-        stored = float(holder.communicate(timeout=120)[0])
-        served = float(waiter.communicate(timeout=120)[0])
-        assert holder.returncode == 0 and waiter.returncode == 0
-        lags.append(served - stored)
-    return lags
-
-
-def waiter_lag(cluster, kernels=3, after_s=2.6, bound_s=0.5):
-    """Node b waits on node a's compile of each kernel: b's reader gets the kernel within
-    bound_s of a's (a's reader returns once a has stored it), told by the store and not on
-    a polling grid. Each compile ends after_s after b began to wait: a grid of polls 50 ms
-    growing to 1 s would have looked last 0.05 s before and looks next ~0.95 s after.
-    Returns the lags (seconds)."""
-    a = cluster.node("a")
-    b = cluster.node("b")
-    lags = lags_behind(cluster, a, b, range(kernels), lambda n: after_s)
-    print("\nwaiter's lag behind the holder per kernel: %s s"
-          % " ".join("%.3f" % x for x in lags))
-    s = b.stats()
-    assert s["compiles_total"] == 0 and s["remote_hits_total"] == kernels, s
-    assert len(cluster.compiles()) == kernels
-    assert max(lags) < bound_s, "the waiter learned of the object late: %s" % lags
-    return lags
-
-
 def test_waiter_is_told_not_polled(cluster):
     waiter_lag(cluster)
 
@@ -802,7 +424,7 @@ def test_nodes_of_two_images_alternating_each_compile_once(cluster):
 
     def settled(node):  # every compile of node's is stored (a node whose headers are not
         # the index's compiles without a lease: shared() cannot see its put)
-        until(lambda: node.daemon_log().count(" stored (") >= node.stats()["compiles_total"],
+        wait_until(lambda: node.daemon_log().count(" stored (") >= node.stats()["compiles_total"],
               node.daemon_log)
 
     kernels = range(3)

@@ -7,10 +7,10 @@ import os
 import shutil
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 from conftest import KERNELS, NVCC, SHIM, elf_symbols
+from kcmount import wait_until
 
 TEMPLATE = """#include <kc_test/scale.cuh>
 extern "C" __global__ void scale_%d(const float *in, float *out, int n)
@@ -51,10 +51,7 @@ def compile_on(node, inc, i, tmp_path, extra=()):
 
 def stored(node, n, timeout=120):
     """Wait until node has stored n kernels (the share follows the publish)."""
-    deadline = time.monotonic() + timeout
-    while node.daemon_log().count(" stored (") < n:
-        assert time.monotonic() < deadline, node.daemon_log()
-        time.sleep(0.05)
+    wait_until(lambda: node.daemon_log().count(" stored (") >= n, node.daemon_log, timeout)
 
 
 def nodes(mount_factory, tmp_path, make_nvcc, *names):

@@ -1,7 +1,7 @@
 """The cluster store on Redis (-o remote=redis+unix://...): simulated nodes (several daemons,
 each with its own backing directory and mountpoint) share redis-servers that each test
 starts on Unix sockets in a temp directory and always stops. The nodes, the fake compiler
-and the cluster-wide compile log are test_remote.py's Cluster, with Redis as the store;
+and the cluster-wide compile log are kccluster.py's Cluster, with Redis as the store;
 the faults are the server's: stopped, SIGKILLed, restarted empty, paused, flushed, full.
 """
 import os
@@ -16,60 +16,11 @@ from pathlib import Path
 import pytest
 
 from conftest import read_result, run_parallel
-from test_remote import (KERNELS, Cluster, dead_holder_is_taken_over_within_seconds, open_at,
-                         live_holder_keeps_its_lease, planted_record_is_ignored,
-                         read_all_kernels, stage_all, template, waiter_lag,  # noqa: F401
-                         test_cluster_compiles_each_kernel_once as cluster_once, total)
-
-READY_WAIT = 30  # seconds for a redis-server to answer on a busy machine
-
-
-class RedisServer:
-    """One redis-server in the foreground on a Unix socket (no TCP, no persistence)."""
-
-    def __init__(self, directory, name):
-        self.dir = directory
-        self.sock = directory / (name + ".sock")
-        self.log = directory / (name + ".log")
-        self.proc = None
-
-    @property
-    def url(self):
-        return "redis+unix://%s" % self.sock
-
-    def start(self):
-        if self.sock.exists():
-            self.sock.unlink()
-        self.proc = subprocess.Popen(
-            ["redis-server", "--port", "0", "--unixsocket", str(self.sock), "--unixsocketperm",
-             "700", "--save", "", "--appendonly", "no", "--daemonize", "no", "--dir",
-             str(self.dir), "--logfile", str(self.log), "--enable-debug-command", "local"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + READY_WAIT
-        while True:
-            try:
-                if self.cli("PING", timeout=5) == b"PONG":
-                    return self
-            except subprocess.TimeoutExpired:
-                pass
-            assert self.proc.poll() is None, "redis-server exited: " + self.log.read_text()
-            assert time.monotonic() < deadline, "redis-server did not answer"
-            time.sleep(0.05)
-
-    def cli(self, *args, timeout=30):
-        """redis-cli's raw answer, without its final newline."""
-        r = subprocess.run(["redis-cli", "-s", str(self.sock), "--raw"] + list(args),
-                           capture_output=True, timeout=timeout)
-        return r.stdout[:-1] if r.stdout.endswith(b"\n") else r.stdout
-
-    def keys(self, pattern):
-        return [k for k in self.cli("--scan", "--pattern", pattern).split(b"\n") if k]
-
-    def stop(self, sig=signal.SIGKILL):
-        if self.proc is not None:
-            self.proc.send_signal(sig)
-            self.proc.wait()
-            self.proc = None
+from kcmount import wait_until
+from kccluster import (KERNELS, Cluster, FakeRedis, RedisCluster, RedisServer,
+                       compiles_each_kernel_once, dead_holder_is_taken_over_within_seconds,
+                       live_holder_keeps_its_lease, open_at, planted_record_is_ignored,
+                       read_all_kernels, stage_all, total, waiter_lag)
 
 
 @pytest.fixture
@@ -88,39 +39,6 @@ def redis_factory():
     for s in servers:
         s.stop()
     shutil.rmtree(d, ignore_errors=True)
-
-
-class RedisCluster(Cluster):
-    """test_remote.py's Cluster with Redis shards as its store."""
-
-    def __init__(self, tmp_path, template, servers):
-        super().__init__(tmp_path, template, "|".join(s.url for s in servers))
-        self.servers = servers
-
-    def lease_keys(self):
-        return [k.decode()[len("kcachefs:lease:"):] for s in self.servers if s.proc
-                for k in s.keys("kcachefs:lease:*")]
-
-    def wipe(self):
-        for s in self.servers:
-            if s.proc is not None:
-                assert s.cli("FLUSHALL") == b"OK"
-
-    def plant(self, key, record):
-        """SET the lease key with record and no TTL, on every shard (so on key's)."""
-        for s in self.servers:
-            assert s.cli("SET", "kcachefs:lease:" + key, record) == b"OK"
-
-    def objects(self, kind):
-        """Names of the stored objects of kind (b"cubin" or b"index"), on every live shard."""
-        out = []
-        for s in self.servers:
-            if s.proc is None:
-                continue
-            for k in s.keys("kcachefs:obj:*"):
-                if s.cli("GETRANGE", k, "19", str(19 + len(kind)))[:len(kind) + 1] == kind + b" ":
-                    out.append(k)
-        return out
 
 
 @pytest.fixture
@@ -148,12 +66,10 @@ def cold_run(cluster, nodes, per_node=8, kernels=range(KERNELS), shared=True):
 def test_redis_cluster_compiles_each_kernel_once(redis_cluster):
     """4 nodes x 8 processes x 8 kernels, cold: 8 compiles in the cluster (the dir: test,
     run on Redis), no lease left behind."""
-    cluster_once(redis_cluster)
+    compiles_each_kernel_once(redis_cluster)
     server = redis_cluster.servers[0]
-    deadline = time.monotonic() + 60  # a holder releases once its index is stored
-    while server.keys("kcachefs:lease:*") and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert server.keys("kcachefs:lease:*") == [], "a lease outlived its compile"
+    # a holder releases once its index is stored
+    wait_until(lambda: server.keys("kcachefs:lease:*") == [], "a lease outlived its compile")
     for k in server.keys("kcachefs:obj:*"):
         assert server.cli("PTTL", k) == b"-1", "objects carry no expiry (the server's LRU evicts)"
 
@@ -250,10 +166,9 @@ def test_redis_killed_mid_cold_run(redis_cluster):
         r=run_parallel(32, read_all_kernels, paths, 8, timeout=600)))
     runner.start()
     try:
-        deadline = time.monotonic() + 120
-        while not redis_cluster.compiles() or total(nodes, "remote_lease_waits_total") < 1:
-            assert time.monotonic() < deadline, (redis_cluster.compiles(), nodes[0].daemon_log())
-            time.sleep(0.05)
+        wait_until(lambda: redis_cluster.compiles() and
+                   total(nodes, "remote_lease_waits_total") >= 1,
+                   lambda: (redis_cluster.compiles(), nodes[0].daemon_log()), 120)
         redis_cluster.servers[0].stop()
     finally:
         redis_cluster.gate.unlink()
@@ -308,13 +223,14 @@ def test_redis_paused_longer_than_timeout(redis_cluster, how):
     else:
         sleeper = subprocess.Popen(["redis-cli", "-s", str(server.sock), "DEBUG", "SLEEP", "120"],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 30
-        while True:  # asleep once a PING goes unanswered
+
+        def asleep():  # once a PING goes unanswered
             try:
                 server.cli("PING", timeout=0.5)
             except subprocess.TimeoutExpired:
-                break
-            assert time.monotonic() < deadline, "DEBUG SLEEP did not start"
+                return True
+            return False
+        wait_until(asleep, "DEBUG SLEEP did not start", 30, step=0)
     try:
         got = {p.parent.name: read_result(p) for p in paths}
         assert all(r[0] == "ok" for r in got.values()), got
@@ -393,73 +309,6 @@ def test_redis_tiny_maxmemory(redis_cluster):
     assert any("No space left" in m.daemon_log() or "OOM" in m.daemon_log() for m in nodes)
 
 
-class FakeRedis:
-    """A Unix socket where a Redis server should be, which accepts connections and then
-    either never answers (hang) or answers every command with bytes that are no reply of
-    the command (garbage: a reply of the wrong type, a malformed one, an absurd array, a
-    half reply and a close). Runs in a thread until stop()."""
-
-    GARBAGE = [b"+OK\r\n", b"*2000000000\r\n", b"$5\r\nab", b":1\r\n:2\r\n", b"%%garbage\r\n",
-               b"$-7\r\n", b"-ERR unknown\r\n"]
-
-    def __init__(self, directory, how):
-        import socket
-        self.how = how
-        self.sock = directory / ("fake-%s.sock" % how)
-        self.srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.srv.bind(str(self.sock))
-        self.srv.listen(64)
-        self.srv.settimeout(0.2)
-        self.conns = []
-        self.accepted = 0
-        self.stopping = False
-        self.thread = threading.Thread(target=self.serve, daemon=True)
-        self.thread.start()
-
-    @property
-    def url(self):
-        return "redis+unix://%s" % self.sock
-
-    def serve(self):
-        import select
-        n = 0
-        while not self.stopping:
-            try:
-                c, _ = self.srv.accept()
-                self.conns.append(c)
-                self.accepted += 1
-            except OSError:
-                pass
-            live = [c for c in self.conns if c.fileno() >= 0]
-            if not live:
-                continue
-            ready, _, _ = select.select(live, [], [], 0)
-            for c in ready:
-                try:
-                    data = c.recv(65536)
-                except OSError:
-                    data = b""
-                if not data:
-                    c.close()
-                    continue
-                if self.how == "garbage":
-                    n += 1
-                    try:
-                        c.sendall(self.GARBAGE[n % len(self.GARBAGE)])
-                        if n % 3 == 0:
-                            c.close()
-                    except OSError:
-                        c.close()
-
-    def stop(self):
-        self.stopping = True
-        self.thread.join()
-        for c in self.conns:
-            c.close()
-        self.srv.close()
-        self.sock.unlink()
-
-
 @pytest.mark.parametrize("how", ["hang", "garbage"])
 def test_store_that_hangs_or_answers_garbage(tmp_path, template, how):
     """A store that accepts and never answers, or answers garbage: every read gets its
@@ -505,19 +354,13 @@ def test_holder_loses_store_mid_compile(redis_cluster):
         (("a", pa), ("b", pb))]
     runners[0].start()
     try:
-        deadline = time.monotonic() + 120
-        while not redis_cluster.compiles():  # a's compile has started: a holds the lease
-            assert time.monotonic() < deadline, a.daemon_log()
-            time.sleep(0.05)
+        # a's compile has started: a holds the lease
+        wait_until(redis_cluster.compiles, a.daemon_log, 120)
         runners[1].start()
-        while b.stats()["remote_lease_waits_total"] < 1:
-            assert time.monotonic() < deadline, b.daemon_log()
-            time.sleep(0.05)
+        wait_until(lambda: b.stats()["remote_lease_waits_total"] >= 1, b.daemon_log, 120)
         redis_cluster.servers[0].stop()
-        deadline = time.monotonic() + 120
-        while a.stats()["remote_lease_errors_total"] < 1:  # a renewal failed
-            assert time.monotonic() < deadline, a.daemon_log()
-            time.sleep(0.05)
+        # a renewal failed
+        wait_until(lambda: a.stats()["remote_lease_errors_total"] >= 1, a.daemon_log, 120)
     finally:
         redis_cluster.gate.unlink()
         for r in runners:
@@ -534,7 +377,7 @@ def test_holder_loses_store_mid_compile(redis_cluster):
 
 @pytest.mark.parametrize("case", ["planted-held", "planted-failed", "dead-holder"])
 def test_redis_lease_records_and_holders(redis_cluster, tmp_path, case):
-    """test_remote.py's planted lease and note, and SIGKILLed holder, on Redis."""
+    """The planted lease and note, and the SIGKILLed holder (kccluster.py), on Redis."""
     if case == "dead-holder":
         dead_holder_is_taken_over_within_seconds(redis_cluster)
     else:
@@ -547,7 +390,7 @@ def test_redis_live_holder_of_a_long_compile_keeps_its_lease(redis_cluster):
 
 
 def test_redis_waiter_is_told_not_polled(redis_cluster):
-    """test_remote.py's waiter lag, on Redis: the holder's PUBLISH wakes the waiter."""
+    """The waiter lag (kccluster.py), on Redis: the holder's PUBLISH wakes the waiter."""
     waiter_lag(redis_cluster)
 
 
@@ -561,15 +404,10 @@ def test_redis_planted_notice_serves_nothing(redis_cluster):
     pa = stage_all(redis_cluster, a, [0])[0]
     pb = stage_all(redis_cluster, b, [0])[0]
     holder = open_at(pa)
-    deadline = time.monotonic() + 60
-    while not redis_cluster.compiles():
-        assert time.monotonic() < deadline, a.daemon_log()
-        time.sleep(0.05)
+    wait_until(redis_cluster.compiles, a.daemon_log)
     waiter = open_at(pb)
     server = redis_cluster.servers[0]
-    while not server.cli("PUBSUB", "CHANNELS", "kcachefs:stored:*"):
-        assert time.monotonic() < deadline, b.daemon_log()
-        time.sleep(0.05)
+    wait_until(lambda: server.cli("PUBSUB", "CHANNELS", "kcachefs:stored:*"), b.daemon_log)
     channel = server.cli("PUBSUB", "CHANNELS", "kcachefs:stored:*").decode()
     for _ in range(20):
         assert int(server.cli("PUBLISH", channel, "planted")) >= 1

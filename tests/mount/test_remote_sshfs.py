@@ -1,6 +1,6 @@
 """The dir: cluster store on a real network filesystem: a directory exported over sshfs
 (attribute, entry and negative-lookup caching on) between two network namespaces of the
-test's own on a veth pair (sshfs_export.py), shared by simulated nodes (test_remote.py's
+test's own on a veth pair (sshfs_export.py), shared by simulated nodes (kccluster.py's
 Cluster). The same test as on a local directory, then the server lost mid-run: sshd and its
 sessions SIGKILLed (the mount returns errors) or SIGSTOPped (the mount hangs, and only
 remote_timeout bounds each store operation). scripts/remote-sshfs.sh runs this file.
@@ -9,16 +9,15 @@ import hashlib
 import os
 import signal
 import subprocess
-import time
 
 import pytest
 
 from conftest import read_result
+from kcmount import wait_until
 from sshfs_export import SshfsExport, missing_prerequisite
-from test_remote import (KERNELS, Cluster, dead_holder_is_taken_over_within_seconds,
-                         live_holder_keeps_its_lease, planted_record_is_ignored, source,
-                         stage_all, template,  # noqa: F401
-                         test_cluster_compiles_each_kernel_once as cluster_once, total)
+from kccluster import (KERNELS, Cluster, compiles_each_kernel_once,
+                       dead_holder_is_taken_over_within_seconds, live_holder_keeps_its_lease,
+                       planted_record_is_ignored, source, stage_all, total)
 
 MISSING = missing_prerequisite()
 pytestmark = [pytest.mark.skipif(MISSING is not None, reason=str(MISSING)), pytest.mark.heavy]
@@ -39,7 +38,7 @@ def sshfs_cluster(tmp_path, template, export):
 
 
 def test_cluster_on_sshfs(sshfs_cluster, export):
-    cluster_once(sshfs_cluster)
+    compiles_each_kernel_once(sshfs_cluster)
     print("\n4 nodes x 32 processes x %d kernels on sshfs: %d compiles, %d remote hits"
           % (KERNELS, len(sshfs_cluster.compiles()),
              total(sshfs_cluster.nodes, "remote_hits_total")))
@@ -58,11 +57,8 @@ def test_server_lost_mid_run(sshfs_cluster, export, how):
     readers = [subprocess.Popen(["sha256sum", str(p)], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
                for node_paths in paths for p in node_paths for _ in range(2)]
-    deadline = time.monotonic() + 120
     claim = cluster.gate.parent / (cluster.gate.name + ".claim")
-    while not claim.exists():
-        assert time.monotonic() < deadline, nodes[0].daemon_log() + nodes[1].daemon_log()
-        time.sleep(0.05)
+    wait_until(lambda: claim.exists(), lambda: nodes[0].daemon_log() + nodes[1].daemon_log(), 120)
     pids = export.server_pids()
     assert pids, "no sshd in the server namespace"
     for pid in pids:

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from conftest import KCACHEFS, Mount, sample
+from kcmount import wait_until
 
 SYSCTL = Path("/proc/sys/fs/fuse")
 DEFAULT = SYSCTL / "default_request_timeout"
@@ -83,10 +84,7 @@ def test_slow_compile_under_request_timeout(tmp_path, counting_nvcc):
                               stdout=subprocess.PIPE, text=True)
         # jobs=1: B's compile queues behind A's, so B's opener waits for more than the
         # compile timeout and is answered by the daemon's own deadline.
-        deadline = time.monotonic() + 30
-        while calls() < 1:
-            assert time.monotonic() < deadline, "the first compile did not start"
-            time.sleep(0.05)
+        wait_until(lambda: calls() >= 1, "the first compile did not start", 30)
         pb = subprocess.Popen([sys.executable, "-c", OPEN_TIMED, str(b / "kernel.cubin")],
                               stdout=subprocess.PIPE, text=True)
         # A live upgrade now would hold the requests the kernel queues for as long as these

@@ -1,4 +1,4 @@
-"""The compile sandbox (doc/security.md; src/sandbox.h): a daemon run as root
+"""The compile sandbox (doc/security.md; src/compile/sandbox.h): a daemon run as root
 compiles each kernel as a uid of its own (-o compile_uids), without groups, network or the
 daemon's descriptors, checks include directories as that uid, and leaves no process of it
 behind."""

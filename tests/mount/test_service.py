@@ -13,6 +13,7 @@ import time
 import pytest
 
 from conftest import KCACHEFS, REPO, sample, entry_name
+from kcmount import wait_until
 
 FSTAB = REPO / "scripts" / "kcachefs.fstab"
 UNIT = REPO / "scripts" / "kcachefs.service"
@@ -98,11 +99,9 @@ def test_the_fstab_line_mounts_through_mount_fuse3(tmp_path):
         for opt in ("nosuid", "nodev", "allow_other", "default_permissions"):
             assert opt in line.split()[3].split(","), line
         # One daemon, in the background, and its holder (named so once it has forked).
-        deadline = time.monotonic() + 30
-        while (len(daemons_of(backing)), len(daemons_of(backing, "kcachefs-holder"))) != (1, 1):
-            assert time.monotonic() < deadline, (daemons_of(backing),
-                                                 daemons_of(backing, "kcachefs-holder"))
-            time.sleep(0.02)
+        wait_until(lambda: (len(daemons_of(backing)),
+                            len(daemons_of(backing, "kcachefs-holder"))) == (1, 1),
+                   lambda: (daemons_of(backing), daemons_of(backing, "kcachefs-holder")))
         compile_one(mnt)
         assert "\nkcachefs_compiles_total 1\n" in (mnt / ".kcachefs" / "metrics.prom").read_text()
     finally:
@@ -147,10 +146,7 @@ def kill_the_rest(path):
     is gone (KillMode=mixed: SIGKILL): the daemons whose command line names path."""
     for pid in daemons_of(path):
         os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 30
-    while daemons_of(path):
-        assert time.monotonic() < deadline, "a daemon survived SIGKILL"
-        time.sleep(0.02)
+    wait_until(lambda: not daemons_of(path), "a daemon survived SIGKILL")
 
 
 class FakeManager:
@@ -213,11 +209,10 @@ class FakeManager:
                                 stdout=log, stderr=subprocess.STDOUT)
 
     def wait_stored(self, names, timeout=30):
-        deadline = time.monotonic() + timeout
-        while not set(names) <= set(self.store):
-            assert time.monotonic() < deadline, ("not stored", names, list(self.store))
-            time.sleep(0.02)
+        def stored():
             self.receive()
+            return set(names) <= set(self.store)
+        wait_until(stored, lambda: ("not stored", names, list(self.store)), timeout=timeout)
 
     def release(self):
         """A stop: the store is closed."""
@@ -296,10 +291,8 @@ def test_the_unit_keeps_the_mount_across_reload_restart_and_crash(tmp_path):
         data = cubins[0].read_bytes()
         dev = os.stat(mnt).st_dev
         holder = [proc.pid]
-        deadline = time.monotonic() + 30
-        while daemons_of(mnt, "kcachefs-holder") != holder or len(daemons_of(mnt)) != 1:
-            assert time.monotonic() < deadline, "no holder and daemon"
-            time.sleep(0.02)
+        wait_until(lambda: daemons_of(mnt, "kcachefs-holder") == holder and
+                   len(daemons_of(mnt)) == 1, "no holder and daemon")
         daemon = daemons_of(mnt)
         # systemctl reload: the upgrade returns once the new daemon serves; the holder, the
         # main process, stays.

@@ -24,7 +24,7 @@ import pytest
 
 import triton_harness
 from conftest import BUILD, REPO, run_parallel
-from test_users import as_user, two_users  # noqa: F401 (a fixture)
+from kcmount import as_user, wait_until
 
 triton_harness.install_standin()
 sys.path.insert(0, str(REPO / "python"))
@@ -318,14 +318,6 @@ def blocked_on(path):
     ident = "%02x:%02x:%d" % (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
     with open("/proc/locks") as f:
         return sum(1 for line in f if "->" in line.split() and ident in line.split())
-
-
-def wait_until(what, said, timeout=60):
-    """Wait for the event what() (checked every 10 ms); fails, saying said, after timeout."""
-    deadline = time.monotonic() + timeout
-    while not what():
-        assert time.monotonic() < deadline, "not in %d s: %s" % (timeout, said)
-        time.sleep(0.01)
 
 
 def test_a_waiter_is_woken_by_the_release_not_a_polling_grid(mount_factory, tmp_path):

@@ -5,47 +5,19 @@ import errno
 import hashlib
 import os
 import subprocess
-import sys
 
 import pytest
 
-from conftest import KERNELS, SHIM, sample
+from kcmount import KERNELS, SHIM, as_user, sample
 
 
 def key_of(source, flags):
-    """The key of src/key.h: SHA-256 over "kcachefs-key-v1\\n", then each file as a field
+    """The key of src/entry/key.h: SHA-256 over "kcachefs-key-v1\\n", then each file as a field
     (its decimal length, '\\n', the bytes, '\\n')."""
     h = hashlib.sha256(b"kcachefs-key-v1\n")
     for part in (source, flags):
         h.update(b"%d\n" % len(part) + part + b"\n")
     return h.hexdigest()
-
-
-@pytest.fixture
-def two_users():
-    """Two throwaway system users (alice, bob), removed afterwards: [(uid, gid), ...]."""
-    names = ["kcfs-alice-%d" % os.getpid(), "kcfs-bob-%d" % os.getpid()]
-    users = []
-    try:
-        for n in names:
-            subprocess.run(["useradd", "--system", "--no-create-home", "--shell",
-                            "/usr/sbin/nologin", n], check=True, capture_output=True)
-            ids = subprocess.run(["id", "-u", n], capture_output=True, text=True).stdout
-            gid = subprocess.run(["id", "-g", n], capture_output=True, text=True).stdout
-            users.append((int(ids), int(gid)))
-        yield users
-    finally:
-        for n in names:
-            subprocess.run(["userdel", n], capture_output=True)
-
-
-def as_user(user, code, *args):
-    """Run Python code as user; returns its stdout (code prints results)."""
-    uid, gid = user
-    r = subprocess.run([sys.executable, "-c", code, *map(str, args)], user=uid, group=gid,
-                       extra_groups=[], cwd="/", capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    return r.stdout.split()
 
 
 # Try an operation; print "ok" or the errno name.

@@ -5,15 +5,7 @@ import os
 import signal
 import time
 
-from conftest import entry_name, sample, start_openers, write_script
-
-
-def wait_for_flight(m, timeout=60):
-    """Return once a compile is in flight on mount m."""
-    deadline = time.monotonic() + timeout
-    while m.stats()["flights"] < 1:
-        assert time.monotonic() < deadline, "compile never started"
-        time.sleep(0.05)
+from kcmount import entry_name, sample, slow_nvcc, start_openers, wait_for_flight, wait_until
 
 
 def gated_openers(mount_factory, tmp_path, n):
@@ -26,14 +18,6 @@ def gated_openers(mount_factory, tmp_path, n):
     openers = start_openers(entry / "kernel.cubin", n)
     wait_for_flight(m)
     return m, entry, openers, release
-
-
-def slow_nvcc(tmp_path, release, gated="*-cubin*"):
-    """A compiler that blocks compiles whose arguments match the shell pattern gated (by
-    default every compile) until the file `release` exists, then runs nvcc."""
-    return write_script(tmp_path / "nvcc-gated",
-                        'case "$*" in %s) while [ ! -e %s ]; do sleep 0.05; done;; esac\n'
-                        'exec /usr/local/cuda/bin/nvcc "$@"\n' % (gated, release))
 
 
 def test_64_waiters_do_not_starve_the_mount(mount_factory, tmp_path):
@@ -52,10 +36,8 @@ def test_64_waiters_do_not_starve_the_mount(mount_factory, tmp_path):
     openers = start_openers(entry / "kernel.cubin", 64)
     try:
         wait_for_flight(m)
-        deadline = time.monotonic() + 120  # 64 Pythons start slowly on busy cores
-        while m.stats()["waits_total"] < 64:
-            assert time.monotonic() < deadline, m.stats()
-            time.sleep(0.05)
+        # 64 Pythons start slowly on busy cores
+        wait_until(lambda: m.stats()["waits_total"] >= 64, m.stats, 120)
         # While 64 openers wait, everything else answers, in the same entry too.
         for i in range(200):
             assert os.stat(entry / "kernel.cu").st_size == len(src)
@@ -86,10 +68,7 @@ def test_killed_waiters_leave_others_unaffected(mount_factory, tmp_path):
     m, entry, openers, release = gated_openers(mount_factory, tmp_path, 6)
     survivor, = start_openers(entry / "kernel.cubin", 1, HANDLER)
     try:
-        deadline = time.monotonic() + 30
-        while m.stats()["waits_total"] < 7:
-            assert time.monotonic() < deadline, m.stats()
-            time.sleep(0.05)
+        wait_until(lambda: m.stats()["waits_total"] >= 7, m.stats, 30)
         for victim in (openers[3], openers[0]):
             victim.send_signal(signal.SIGKILL)
             assert victim.wait(timeout=10) == -signal.SIGKILL
@@ -133,10 +112,8 @@ def test_unmount_during_compile_answers_waiters(mount_factory, tmp_path):
     stage.flush()
     assert list((m.backing / ".kcachefs" / "tmp").iterdir())
     assert compilers_running(tmp_path / "nvcc-gated")
-    deadline = time.monotonic() + 30
-    while m.stats()["parked_requests"] < 4:  # all four wait in the daemon, not the kernel
-        assert time.monotonic() < deadline, m.stats()
-        time.sleep(0.05)
+    # all four wait in the daemon, not the kernel
+    wait_until(lambda: m.stats()["parked_requests"] >= 4, m.stats, 30)
     m.proc.send_signal(signal.SIGTERM)
     outs = [p.communicate(timeout=60)[0].split() for p in openers]
     assert outs == [["err", str(errno.EIO)]] * 4, outs

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -558,6 +559,53 @@ static void test_shutdown(void)
 	run_done(&r);
 }
 
+/* The verdict on a run (kc_compile_classify), given what the run saw: no compiler runs. */
+static enum kc_compile_status verdict(int wait_err, int status, int low_space, const char *log,
+				      struct kc_compile_outcome *out)
+{
+	memset(out, 0, sizeof(*out));
+	out->status = KC_COMPILE_TRANSIENT;
+	out->log = (char *)log;
+	out->log_len = log ? strlen(log) : 0;
+	if (kc_compile_classify(wait_err, status, 30, low_space, out))
+		return KC_COMPILE_OK; /* exited 0: the output is checked next */
+	return out->status;
+}
+
+static void test_classify(void)
+{
+	struct kc_compile_outcome o;
+	const char *err_log = "kernel.cu(3): error: identifier \"x\" is undefined\n";
+
+	CHECK(verdict(-ETIMEDOUT, 0, 0, err_log, &o) == KC_COMPILE_TRANSIENT && o.timed_out &&
+		      strstr(o.why, "timed out after 30 s"), "classify: a timeout is transient");
+	CHECK(verdict(0, W_EXITCODE(0, SIGKILL), 0, err_log, &o) == KC_COMPILE_TRANSIENT &&
+		      !o.timed_out && strstr(o.why, "killed by signal 9"),
+	      "classify: killed by a signal is transient, whatever the log says");
+	CHECK(verdict(0, W_EXITCODE(1, 0), 0, err_log, &o) == KC_COMPILE_REJECTED &&
+		      strcmp(o.why, "compiler exited with status 1") == 0,
+	      "classify: exit 1 with an error reported: rejected");
+	CHECK(verdict(0, W_EXITCODE(1, 0), 0, "warning: nothing\n", &o) == KC_COMPILE_TRANSIENT &&
+		      strstr(o.why, "without reporting an error"),
+	      "classify: exit 1 without an error in the log: transient");
+	CHECK(verdict(0, W_EXITCODE(1, 0), 0, NULL, &o) == KC_COMPILE_TRANSIENT,
+	      "classify: exit 1 with no log at all: transient");
+	CHECK(verdict(0, W_EXITCODE(1, 0), 1, err_log, &o) == KC_COMPILE_TRANSIENT &&
+		      strstr(o.why, "out of disk space"),
+	      "classify: an error on a nearly full disk: transient");
+	CHECK(verdict(0, W_EXITCODE(2, 0), 0, "error: write failed: No space left on device\n",
+		      &o) == KC_COMPILE_TRANSIENT && strstr(o.why, "out of disk space"),
+	      "classify: an error saying the disk is full: transient");
+	CHECK(verdict(0, W_EXITCODE(1, 0), 0,
+		      "gcc: fatal error: Killed signal terminated program cc1plus\n", &o) ==
+			      KC_COMPILE_TRANSIENT && strstr(o.why, "was killed"),
+	      "classify: a tool killed (OOM) is transient though it says error");
+	CHECK(verdict(0, W_EXITCODE(1, 0), 0, "error: std::bad_alloc\n", &o) ==
+		      KC_COMPILE_TRANSIENT, "classify: out of memory is transient");
+	CHECK(verdict(0, W_EXITCODE(0, 0), 0, err_log, &o) == KC_COMPILE_OK && o.why[0] == 0,
+	      "classify: exit 0 is no verdict yet (the output is checked next)");
+}
+
 int main(void)
 {
 	const char *k = getenv("KC_TEST_KERNELS"), *f = getenv("KC_TEST_FAKES");
@@ -574,6 +622,7 @@ int main(void)
 		return 1;
 	}
 	snprintf(cubin_copy, sizeof(cubin_copy), "%s/vector_add.cubin", base);
+	test_classify();
 
 	int have_nvcc = access(NVCC, X_OK) == 0;
 	if (have_nvcc) {

@@ -1,4 +1,4 @@
-/* test_compiler.c - the compilers' identity (compiler.h): no install path in it, a binary
+/* test_compiler.c - the compilers' identity (identity.h): no install path in it, a binary
  * replaced on disk is noticed by a refresh and taken again, and concurrent readers never
  * see a torn identity. Fake compilers are shell scripts answering --version. */
 #define _GNU_SOURCE
@@ -10,7 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "compiler.h"
+#include "identity.h"
 #include "tap.h"
 
 static char base[64];

@@ -252,8 +252,8 @@ static void test_moves(struct kc_store *s)
 	usleep(2100000); /* past the grace of their publish */
 	pthread_mutex_lock(&e.lock);
 	e.max_entries = 1;
-	pthread_cond_signal(&e.wake);
 	pthread_mutex_unlock(&e.lock);
+	kc_ticker_wake(&e.cleaner);
 	for (int t = 0; t < 300; t++) {
 		kc_evict_sample(&e, &es);
 		if (es.scanned && es.entries <= 1)

@@ -36,6 +36,19 @@ static int recheck_value(void *arg)
 	return *(int *)arg;
 }
 
+/* Take w off its flight the way the waiter sweeper does (kc_flight_sweep with a predicate
+ * that picks w). Returns 1 if w was queued (and is now out), 0 if not. */
+static int is_w(struct kc_waiter *w, void *arg)
+{
+	return w == arg;
+}
+
+static int take(struct kc_flight_table *t, struct kc_waiter *w)
+{
+	struct kc_waiter *out = kc_flight_sweep(t, is_w, w);
+	return out == w && !out->next;
+}
+
 /* The three results are distinct: a recheck reporting "already done" must never read as
  * "joined" (the waiter would be believed queued and never answered). */
 static void test_done_is_not_joined(void)
@@ -51,7 +64,7 @@ static void test_done_is_not_joined(void)
 	      KC_FLIGHT_JOINED != KC_FLIGHT_LEADER, "join results are distinct");
 	CHECK(kc_flight_join(&t, &a, &w.w, recheck_value, &done) == KC_FLIGHT_DONE,
 	      "a recheck that finds the work done returns KC_FLIGHT_DONE");
-	CHECK(kc_flight_count(&t) == 0 && kc_flight_cancel(&t, &w.w) == 0,
+	CHECK(kc_flight_count(&t) == 0 && take(&t, &w.w) == 0,
 	      "and queues nothing");
 	kc_flight_table_destroy(&t);
 }
@@ -126,7 +139,7 @@ static void test_recheck(void)
 	CHECK(kc_flight_join(&t, &a, &w.w, recheck_value, &seven) == 7,
 	      "recheck's nonzero value is returned");
 	CHECK(kc_flight_count(&t) == 0, "no flight created when recheck says done");
-	CHECK(kc_flight_cancel(&t, &w.w) == 0, "waiter was not queued");
+	CHECK(take(&t, &w.w) == 0, "waiter was not queued");
 	CHECK(kc_flight_join(&t, &a, &w.w, recheck_value, &minus) == -ENOENT,
 	      "recheck's negative value is returned");
 	CHECK(kc_flight_count(&t) == 0, "still no flight");
@@ -140,7 +153,7 @@ static void test_recheck(void)
 	kc_flight_table_destroy(&t);
 }
 
-static void test_cancel(void)
+static void test_take_one(void)
 {
 	struct kc_flight_table t;
 	struct kc_flight_key a = {.dev = 4, .ino = 1}, b = {.dev = 4, .ino = 2};
@@ -149,30 +162,31 @@ static void test_cancel(void)
 	for (int i = 0; i < 5; i++)
 		tw_init(&w[i]);
 	kc_flight_table_init(&t);
-	CHECK(kc_flight_join(&t, &a, &w[0].w, NULL, NULL) == KC_FLIGHT_LEADER, "cancel: leader");
+	CHECK(kc_flight_join(&t, &a, &w[0].w, NULL, NULL) == KC_FLIGHT_LEADER, "sweep one: leader");
 	kc_flight_join(&t, &a, &w[1].w, NULL, NULL);
 	kc_flight_join(&t, &a, &w[2].w, NULL, NULL);
 	kc_flight_join(&t, &a, &w[3].w, NULL, NULL);
-	CHECK(kc_flight_join(&t, &b, &w[4].w, NULL, NULL) == KC_FLIGHT_LEADER, "cancel: other key");
+	CHECK(kc_flight_join(&t, &b, &w[4].w, NULL, NULL) == KC_FLIGHT_LEADER,
+	      "sweep one: other key");
 
-	CHECK(kc_flight_cancel(&t, &w[2].w) == 1, "cancel a waiter in the middle");
-	CHECK(kc_flight_cancel(&t, &w[2].w) == 0, "cancel it twice: 0");
-	CHECK(kc_flight_cancel(&t, &w[0].w) == 1, "cancel the first waiter");
-	CHECK(kc_flight_cancel(&t, &w[4].w) == 1, "cancel the only waiter of another flight");
-	CHECK(kc_flight_count(&t) == 2, "cancel does not end flights");
+	CHECK(take(&t, &w[2].w) == 1, "sweep out a waiter in the middle");
+	CHECK(take(&t, &w[2].w) == 0, "sweep it out twice: 0");
+	CHECK(take(&t, &w[0].w) == 1, "sweep out the first waiter");
+	CHECK(take(&t, &w[4].w) == 1, "sweep out the only waiter of another flight");
+	CHECK(kc_flight_count(&t) == 2, "a sweep does not end flights");
 
 	CHECK(kc_flight_finish(&t, &a, 5) == 2, "finish serves only the waiters left");
 	CHECK(w[1].calls == 1 && w[3].calls == 1 && w[1].result == 5 && w[3].result == 5,
 	      "remaining waiters called once with the result");
-	CHECK(w[0].calls == 0 && w[2].calls == 0, "cancelled waiters never called");
-	CHECK(kc_flight_cancel(&t, &w[1].w) == 0, "cancel after being served: 0");
+	CHECK(w[0].calls == 0 && w[2].calls == 0, "swept waiters never called");
+	CHECK(take(&t, &w[1].w) == 0, "sweep out after being served: 0");
 	CHECK(kc_flight_finish(&t, &b, 5) == 0 && w[4].calls == 0,
 	      "finishing a flight whose waiter left serves nobody");
-	CHECK(kc_flight_count(&t) == 0, "cancel: no flights left");
+	CHECK(kc_flight_count(&t) == 0, "sweep one: no flights left");
 
 	struct test_waiter never;
 	tw_init(&never);
-	CHECK(kc_flight_cancel(&t, &never.w) == 0, "cancel a waiter never queued: 0");
+	CHECK(take(&t, &never.w) == 0, "sweep out a waiter never queued: 0");
 	kc_flight_table_destroy(&t);
 }
 
@@ -336,7 +350,7 @@ int main(void)
 	test_basic();
 	test_done_is_not_joined();
 	test_recheck();
-	test_cancel();
+	test_take_one();
 	test_free_in_done();
 	test_threads();
 	return tap_done();

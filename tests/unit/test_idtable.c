@@ -1,4 +1,4 @@
-/* test_idtable.c - handle ids (src/idtable.h): generation-tagged slots, stale ids after a
+/* test_idtable.c - handle ids (src/util/idtable.h): generation-tagged slots, stale ids after a
  * remove, kinds kept apart, and a table rebuilt at the same ids (as a live upgrade does). */
 #include <errno.h>
 #include <stdint.h>

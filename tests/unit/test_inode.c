@@ -1,4 +1,4 @@
-/* test_inode.c - the node ids of the inode table (fs/inode.h): fixed ids for the root and
+/* test_inode.c - the node ids of the inode table (src/fs/inode.h): fixed ids for the root and
  * the virtual inodes, generation-tagged slots for the rest, stale ids known as such after
  * a forget, and lookup counts kept. On a temporary backing directory, without a mount. */
 #define _GNU_SOURCE

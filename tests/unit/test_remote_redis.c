@@ -2,6 +2,9 @@
  * each started here on a Unix socket (or a loopback port) in a temp directory, and
  * SIGKILLed on every way out: at exit, on SIGTERM/SIGINT, and by the kernel if this
  * process dies (PR_SET_PDEATHSIG). Also a fake server in a thread that answers garbage.
+ * The behaviour every backend owes is remote_contract.c's, run here on a server; what is
+ * tested here besides is Redis's own (URLs, sharding, auth, keys and expiries on the
+ * server, records, notices, faults).
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -28,6 +31,7 @@
 #include "remote.h"
 #include "remote_object.h"
 #include "remote_redis.h"
+#include "remote_contract.h"
 #include "tap.h"
 
 #define MAX_SERVERS 8
@@ -499,13 +503,22 @@ static void test_auth_file(void)
 
 /* ---- against a server ---- */
 
+/* The behaviour every backend owes (remote_contract.c), on a server. */
+static void test_contract(struct server *s)
+{
+	struct kc_remote_backend *b = open_server(s, NULL, 5000);
+	CHECK(b != NULL, "open a backend on the server");
+	if (b) {
+		remote_contract(b, "redis");
+		b->ops->destroy(b);
+	}
+}
+
+/* What is Redis's own in objects: where they are stored, and without expiry. */
 static void test_objects(struct server *s)
 {
 	struct kc_remote_backend *b = open_server(s, NULL, 5000);
-	char k1[65], k2[65], name[128], *data = NULL, *big;
-	size_t len = 0;
-	const size_t BIG = 4u << 20;
-	int rc;
+	char k1[65], name[128];
 
 	if (!b) {
 		CHECK(0, "open a backend on the server");
@@ -513,38 +526,21 @@ static void test_objects(struct server *s)
 	}
 	CHECK(strstr(b->ops->describe(b), "redis+unix://") != NULL, "describe names the socket");
 	key_of("obj", 1, k1);
-	key_of("obj", 2, k2);
-	CHECK(b->ops->get(b, k1, &data, &len) == -ENOENT && !data, "get of a missing key: -ENOENT");
 	CHECK(b->ops->put(b, k1, "hello\0world", 11) == 0, "put stores");
-	CHECK(b->ops->put(b, k1, "other", 5) == -EEXIST, "a second put of the key: -EEXIST");
-	rc = b->ops->get(b, k1, &data, &len);
-	CHECK(rc == 0 && len == 11 && !memcmp(data, "hello\0world", 11),
-	      "get returns the first put's bytes, NULs included");
-	free(data);
-	data = NULL;
 	snprintf(name, sizeof(name), "kcachefs:obj:%s", k1);
 	CHECK(cmd_int(s, "EXISTS %s", name) == 1, "the object is stored as kcachefs:obj:<key>");
 	CHECK(cmd_int(s, "PTTL %s", name) == -1, "objects have no expiry (the server's LRU evicts)");
-	big = malloc(BIG);
-	for (size_t i = 0; i < BIG; i++)
-		big[i] = (char)(i * 131 + (i >> 9));
-	CHECK(b->ops->put(b, k2, big, BIG) == 0, "put of 4 MiB");
-	rc = b->ops->get(b, k2, &data, &len);
-	CHECK(rc == 0 && len == BIG && !memcmp(data, big, BIG), "get of 4 MiB returns them exactly");
-	free(data);
-	free(big);
-	CHECK(b->ops->get(b, "ABC", &data, &len) == -EINVAL &&
-	      b->ops->put(b, "../../etc", "x", 1) == -EINVAL, "keys that are not 64 hex: -EINVAL");
 	b->ops->destroy(b);
 }
 
+/* What is Redis's own in leases: a key with an expiry that a renewal moves out, gone when
+ * released, and a failure note that expires after fail_ms. */
 static void test_leases(struct server *s)
 {
 	struct kc_remote_backend *b = open_server(s, NULL, 5000);
 	enum kc_lease_state st = KC_LEASE_NONE;
 	char k[65], name[128];
 	long long pttl;
-	int64_t until;
 
 	if (!b) {
 		CHECK(0, "open a backend on the server");
@@ -552,58 +548,19 @@ static void test_leases(struct server *s)
 	}
 	key_of("lease", 1, k);
 	snprintf(name, sizeof(name), "kcachefs:lease:%s", k);
-	CHECK(b->ops->lease_peek(b, k, &st) == 0 && st == KC_LEASE_NONE, "peek: nobody holds it");
 	CHECK(b->ops->lease_take(b, k, TOKA, 60000, &st) == 0, "A takes the lease");
 	pttl = cmd_int(s, "PTTL %s", name);
 	CHECK(pttl > 0 && pttl <= 60000, "the lease key expires (PX ttl)");
-	st = KC_LEASE_NONE;
-	CHECK(b->ops->lease_take(b, k, TOKB, 60000, &st) == -EBUSY && st == KC_LEASE_HELD,
-	      "B cannot take it: -EBUSY, held");
-	CHECK(b->ops->lease_take(b, k, TOKA, 60000, &st) == -EBUSY, "nor A again");
-	CHECK(b->ops->lease_peek(b, k, &st) == 0 && st == KC_LEASE_HELD, "peek: held");
-	CHECK(b->ops->lease_renew(b, k, TOKB, 60000) == -ENOLCK, "B cannot renew A's lease");
 	cmd_ok(s, "PEXPIRE %s 30000", name);
 	CHECK(b->ops->lease_renew(b, k, TOKA, 90000) == 0 && cmd_int(s, "PTTL %s", name) > 60000,
 	      "A renews it: the expiry moves out");
-	CHECK(b->ops->lease_release(b, k, TOKB, 0) == -ENOLCK, "B cannot release A's lease");
-	CHECK(b->ops->lease_peek(b, k, &st) == 0 && st == KC_LEASE_HELD, "which still stands");
-	CHECK(b->ops->lease_release(b, k, TOKA, 0) == 0, "A releases it");
-	CHECK(b->ops->lease_peek(b, k, &st) == 0 && st == KC_LEASE_NONE &&
-	      cmd_int(s, "EXISTS %s", name) == 0, "gone from the server");
-	CHECK(b->ops->lease_release(b, k, TOKA, 0) == -ENOLCK, "releasing it twice: -ENOLCK");
-
-	/* A failed compile: the note stands for fail_ms, then the key is free again. */
-	CHECK(b->ops->lease_take(b, k, TOKA, 60000, &st) == 0, "A takes it again");
-	CHECK(b->ops->lease_release(b, k, TOKA, 4000) == 0, "A releases it with a failure note");
+	CHECK(b->ops->lease_release(b, k, TOKA, 0) == 0 && cmd_int(s, "EXISTS %s", name) == 0,
+	      "released: gone from the server");
+	CHECK(b->ops->lease_take(b, k, TOKA, 60000, &st) == 0 &&
+		      b->ops->lease_release(b, k, TOKA, 4000) == 0,
+	      "A releases it with a failure note");
 	pttl = cmd_int(s, "PTTL %s", name);
 	CHECK(pttl > 0 && pttl <= 4000, "the note expires after fail_ms");
-	CHECK(b->ops->lease_peek(b, k, &st) == 0 && st == KC_LEASE_FAILED, "peek: failed");
-	CHECK(b->ops->lease_take(b, k, TOKB, 60000, &st) == -EBUSY && st == KC_LEASE_FAILED,
-	      "B cannot take it while the note stands: -EBUSY, failed");
-	CHECK(b->ops->lease_renew(b, k, TOKA, 60000) == -ENOLCK &&
-	      b->ops->lease_release(b, k, TOKA, 0) == -ENOLCK,
-	      "the note is nobody's lease: renew and release are -ENOLCK");
-	until = now_ms() + SLOW_BOUND_MS;
-	while (now_ms() < until && b->ops->lease_peek(b, k, &st) == 0 && st != KC_LEASE_NONE)
-		nap_ms(50);
-	CHECK(st == KC_LEASE_NONE, "the note expires");
-	CHECK(b->ops->lease_take(b, k, TOKB, 60000, &st) == 0, "then B takes the lease");
-
-	/* A holder that died: its lease expires, another takes over, the dead one's token no
-	 * longer acts. */
-	CHECK(b->ops->lease_release(b, k, TOKB, 0) == 0 &&
-	      b->ops->lease_take(b, k, TOKA, 300, &st) == 0, "A takes a 300 ms lease");
-	until = now_ms() + SLOW_BOUND_MS;
-	while (now_ms() < until && b->ops->lease_peek(b, k, &st) == 0 && st != KC_LEASE_NONE)
-		nap_ms(50);
-	CHECK(st == KC_LEASE_NONE, "it expires unrenewed");
-	CHECK(b->ops->lease_take(b, k, TOKB, 60000, &st) == 0, "B takes it over");
-	CHECK(b->ops->lease_renew(b, k, TOKA, 60000) == -ENOLCK &&
-	      b->ops->lease_release(b, k, TOKA, 5000) == -ENOLCK, "A's late renew and release: -ENOLCK");
-	CHECK(b->ops->lease_peek(b, k, &st) == 0 && st == KC_LEASE_HELD &&
-	      b->ops->lease_release(b, k, TOKB, 0) == 0, "B's lease was untouched");
-	CHECK(b->ops->lease_take(b, k, "short", 1000, &st) == -EINVAL &&
-	      b->ops->lease_take(b, k, TOKA, 0, &st) == -EINVAL, "a bad token or a zero ttl: -EINVAL");
 	b->ops->destroy(b);
 }
 
@@ -763,55 +720,6 @@ static void test_planted_alive(struct server *s)
 		check_set(r, "plant its liveness key");
 		check_taken_over(s, b, k, name);
 	}
-	b->ops->destroy(b);
-}
-
-struct thr_arg {
-	struct kc_remote_backend *b;
-	int id, fails;
-};
-
-static void *thr_main(void *p)
-{
-	struct thr_arg *t = p;
-	char key[65], tag[16], val[80], *data;
-	size_t len;
-
-	snprintf(tag, sizeof(tag), "thr%d", t->id);
-	for (int i = 0; i < 100; i++) {
-		key_of(tag, i, key);
-		snprintf(val, sizeof(val), "value %d %d", t->id, i);
-		if (t->b->ops->put(t->b, key, val, strlen(val)) != 0)
-			t->fails++;
-		data = NULL;
-		if (t->b->ops->get(t->b, key, &data, &len) != 0 || len != strlen(val) ||
-		    memcmp(data, val, len))
-			t->fails++;
-		free(data);
-	}
-	return NULL;
-}
-
-static void test_threads(struct server *s)
-{
-	struct kc_remote_backend *b = open_server(s, NULL, 5000);
-	struct thr_arg a[8];
-	pthread_t th[8];
-	int fails = 0;
-
-	if (!b) {
-		CHECK(0, "open a backend on the server");
-		return;
-	}
-	for (int i = 0; i < 8; i++) {
-		a[i] = (struct thr_arg){.b = b, .id = i};
-		pthread_create(&th[i], NULL, thr_main, &a[i]);
-	}
-	for (int i = 0; i < 8; i++) {
-		pthread_join(th[i], NULL);
-		fails += a[i].fails;
-	}
-	CHECK(fails == 0, "8 threads x 100 puts and gets on one backend: every one right");
 	b->ops->destroy(b);
 }
 
@@ -1474,11 +1382,11 @@ int main(void)
 		CHECK(0, "start redis-server (Debian's redis-server package)");
 		return tap_done();
 	}
+	test_contract(&main_srv);
 	test_objects(&main_srv);
 	test_leases(&main_srv);
 	test_lease_records(&main_srv);
 	test_planted_alive(&main_srv);
-	test_threads(&main_srv);
 	test_notices(&main_srv); /* stops it */
 	test_shards();
 	test_auth();

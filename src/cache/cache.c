@@ -1,0 +1,276 @@
+/* cache.c - see cache.h (and cache_i.h for what the hub's files share) */
+#define _GNU_SOURCE
+#include "cache_i.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <search.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "key.h"
+#include "log.h"
+
+/* Before a compile, and before its result is published or remembered: is the compiler on
+ * disk still the one whose identity recipes are hashed with? A changed one is taken again
+ * (identity.h), and every cubin is verified again at its next open, where one compiled
+ * under another identity is stale (check_published). Returns kc_compiler_refresh's. */
+int kc_cache_compiler_check(struct kc_cache *c)
+{
+	int r = kc_compiler_refresh(c->cfg->compiler);
+	if (r == 1) {
+		atomic_store(&c->compiler_changed, 1);
+		pthread_mutex_lock(&c->verified_lock);
+		tdestroy(c->verified, free);
+		c->verified = NULL;
+		pthread_mutex_unlock(&c->verified_lock);
+	}
+	return r;
+}
+
+/* The name of the entry directory behind entry_fd, whole (a label is cut for logs).
+ * Returns 0, or -ENAMETOOLONG when the kernel cannot give its path. */
+int kc_cache_entry_name(struct kc_cache *c, int entry_fd, char name[256])
+{
+	char rel[PATH_MAX];
+	if (kc_store_rel_path(c->store, entry_fd, rel, sizeof(rel)) != 0)
+		return -ENAMETOOLONG;
+	const char *slash = strrchr(rel, '/');
+	const char *base = slash ? slash + 1 : rel;
+	if (strlen(base) > 255)
+		return -ENAMETOOLONG;
+	memcpy(name, base, strlen(base) + 1);
+	return 0;
+}
+
+void kc_cache_entry_label(struct kc_cache *c, int entry_fd, char *buf, size_t len)
+{
+	char link[32], path[4096];
+	kc_fd_path(entry_fd, link);
+	ssize_t n = readlink(link, path, sizeof(path) - 1);
+	if (n < 0) {
+		snprintf(buf, len, "(unknown entry)");
+		return;
+	}
+	path[n] = '\0';
+	size_t rl = strlen(c->store->root_path);
+	const char *rel = strncmp(path, c->store->root_path, rl) == 0 ? path + rl : path;
+	snprintf(buf, len, "%.*s", (int)(len > 1 ? len - 1 : 0), *rel ? rel : "/");
+}
+
+
+int kc_cache_init(struct kc_cache *c, const struct kc_config *cfg, struct kc_store *store,
+		  struct kc_remote_tier *remote)
+{
+	memset(c, 0, sizeof(*c));
+	c->cfg = cfg;
+	c->store = store;
+	kc_flight_table_init(&c->flights);
+	pthread_mutex_init(&c->publish_lock, NULL);
+	pthread_mutex_init(&c->verified_lock, NULL);
+	pthread_mutex_init(&c->holdoff_lock, NULL);
+	c->remote = remote;
+	kc_slots_init(&c->slots, cfg->jobs);
+	c->tree_memo = kc_tree_memo_new(KC_TREE_MEMO_DAEMON);
+	c->pool = kc_pool_create(cfg->jobs + (remote ? KC_REMOTE_WAITERS : 0));
+	if (!c->pool)
+		return -errno;
+	if (remote && !(c->shares = kc_pool_create(cfg->jobs)))
+		return -errno;
+	/* at most one warm NVRTC worker per job slot: each serves one compile at a time */
+	if (cfg->nvrtc && !cfg->nvrtc_cold &&
+	    !(c->nvrtc = kc_nvrtc_pool_create(store, cfg->jobs ? cfg->jobs : 1,
+					      cfg->nvrtc_idle ? cfg->nvrtc_idle
+							      : KC_NVRTC_IDLE_DEFAULT)))
+		kc_log(KC_LOG_WARN, "no warm NVRTC workers (out of memory): a process per compile");
+	return 0;
+}
+
+unsigned kc_cache_settle(struct kc_cache *c, double timeout_s)
+{
+	return c->shares ? kc_pool_wait_idle(c->shares, timeout_s > 0 ? timeout_s : 0) : 0;
+}
+
+void kc_cache_shutdown(struct kc_cache *c)
+{
+	kc_compile_shutdown();
+	if (c->remote)
+		kc_remote_tier_stop(c->remote); /* compiles waiting on other nodes go on here */
+	if (c->pool)
+		kc_pool_destroy(c->pool);
+	c->pool = NULL;
+	if (c->shares)
+		kc_pool_destroy(c->shares); /* after the compiles, which queue shares */
+	c->shares = NULL;
+	kc_nvrtc_pool_destroy(c->nvrtc); /* after the compiles: none is busy now */
+	c->nvrtc = NULL;
+	kc_slots_destroy(&c->slots);
+	tdestroy(c->verified, free);
+	c->verified = NULL;
+	while (c->holdoffs) {
+		struct holdoff *h = c->holdoffs;
+		c->holdoffs = h->next;
+		free(h);
+	}
+	kc_flight_table_destroy(&c->flights);
+	kc_tree_memo_free(c->tree_memo);
+	c->tree_memo = NULL;
+}
+
+void kc_cache_write_log(struct kc_cache *c, int entry_fd, const char *head, const char *body,
+		      size_t body_len)
+{
+	size_t hl = strlen(head);
+	char *buf = malloc(hl + body_len + 1);
+	if (!buf)
+		return;
+	memcpy(buf, head, hl);
+	if (body_len)
+		memcpy(buf + hl, body, body_len);
+	int err = kc_store_write_atomic(c->store, entry_fd, KC_LOG_NAME, buf, hl + body_len);
+	if (err)
+		kc_log(KC_LOG_WARN, "cannot write kernel.log: %s", strerror(-err));
+	free(buf);
+}
+
+struct recheck_arg {
+	int entry_fd;
+};
+
+static int recheck_published(void *arg)
+{
+	struct recheck_arg *r = arg;
+	struct stat st;
+	return fstatat(r->entry_fd, KC_CUBIN_NAME, &st, AT_SYMLINK_NOFOLLOW) == 0 ? KC_FLIGHT_DONE
+										   : 0;
+}
+
+uint64_t kc_recipe_id(const char *recipe_hex)
+{
+	uint64_t id = 0;
+	for (int i = 0; i < 16 && recipe_hex[i]; i++) {
+		char ch = recipe_hex[i];
+		id = id << 4 | (uint64_t)(ch <= '9' ? ch - '0' : ch - 'a' + 10);
+	}
+	return id;
+}
+
+uint64_t kc_cache_cubin_recipe_id(int fd)
+{
+	struct kc_record rec;
+	if (kc_record_read(fd, &rec) != 0 || !rec.recipe[0])
+		return 0;
+	return kc_recipe_id(rec.recipe);
+}
+
+int kc_cache_lookup_cubin(struct kc_cache *c, int entry_fd, struct kc_waiter *w,
+			  uint64_t *recipe_id)
+{
+	struct stat est;
+	char label[512];
+
+	if (fstat(entry_fd, &est) != 0)
+		return -errno;
+	for (int attempt = 0; attempt < 4; attempt++) {
+		int err = kc_cache_check_published(c, entry_fd);
+		if (err == 0) {
+			atomic_fetch_add(&c->stats.hits, 1);
+			return 0;
+		}
+		if (kc_log_enabled(KC_LOG_DEBUG)) {
+			kc_cache_entry_label(c, entry_fd, label, sizeof(label));
+			kc_log(KC_LOG_DEBUG, "%s: kernel.cubin not published", label);
+		}
+		if (err != -ENOENT)
+			return err;
+
+		/* A stat of the compiler per miss: a replaced one is not taken for the one whose
+		 * rejections and cubins are recorded (its own are looked up instead). */
+		kc_cache_compiler_check(c);
+		struct compile_job *j = calloc(1, sizeof(*j));
+		if (!j)
+			return -ENOMEM;
+		j->share_fd = -1;
+		err = kc_recipe_load(entry_fd, c->cfg, &j->recipe);
+		if (err) {
+			free(j);
+			if (err == -ENOENT) /* a refusal since the last stage: kernel.log says why */
+				return kc_store_is_refused(entry_fd) ? -EIO : -ENOENT;
+			kc_cache_entry_label(c, entry_fd, label, sizeof(label));
+			kc_log(KC_LOG_WARN, "%s: cannot read recipe: %s", label, strerror(-err));
+			return -EIO;
+		}
+		if (c->cfg->verify_keys) { /* also what came in by a directory rename */
+			char why[400], name[256];
+			kc_cache_entry_label(c, entry_fd, label, sizeof(label));
+			int named = kc_cache_entry_name(c, entry_fd, name) == 0;
+			if (!named)
+				snprintf(why, sizeof(why), "its path is too long to check its key");
+			if (!named ||
+			    kc_key_names(name, j->recipe.source, j->recipe.source_len, j->recipe.flags,
+					 j->recipe.flags_len, why, sizeof(why)) != 1) {
+				kc_log(KC_LOG_WARN, "%s: not compiled: %s", label, why);
+				kc_recipe_free(&j->recipe);
+				free(j);
+				atomic_fetch_add(&c->stats.rejected_lookups, 1);
+				return -EIO;
+			}
+		}
+		struct kc_flight_key key = {est.st_dev, est.st_ino};
+		if (kc_store_is_rejected(entry_fd, j->recipe.hash) ||
+		    kc_cache_held_off(c, &key, j->recipe.hash)) {
+			kc_recipe_free(&j->recipe);
+			free(j);
+			atomic_fetch_add(&c->stats.rejected_lookups, 1);
+			return -EIO;
+		}
+		struct recheck_arg ra = {entry_fd};
+		int r = kc_flight_join(&c->flights, &key, w, recheck_published, &ra);
+		if (recipe_id && (r == KC_FLIGHT_JOINED || r == KC_FLIGHT_LEADER))
+			*recipe_id = kc_recipe_id(j->recipe.hash);
+		if (r != KC_FLIGHT_LEADER) {
+			kc_recipe_free(&j->recipe);
+			free(j);
+		}
+		if (r == KC_FLIGHT_JOINED) {
+			if (w)
+				atomic_fetch_add(&c->stats.waits, 1);
+			return KC_PENDING;
+		}
+		if (r < 0)
+			return r;
+		if (r != KC_FLIGHT_LEADER)
+			continue; /* published meanwhile: verify it */
+		atomic_fetch_add(&c->stats.misses, 1);
+		if (kc_log_enabled(KC_LOG_DEBUG)) {
+			kc_cache_entry_label(c, entry_fd, label, sizeof(label));
+			kc_log(KC_LOG_DEBUG, "%s: compile queued (recipe %.16s)", label, j->recipe.hash);
+		}
+		j->c = c;
+		j->key = key;
+		j->entry_fd = fcntl(entry_fd, F_DUPFD_CLOEXEC, 0);
+		if (j->entry_fd < 0 || kc_pool_submit(c->pool, kc_cache_compile_job, j) != 0) {
+			if (j->entry_fd >= 0)
+				close(j->entry_fd);
+			kc_recipe_free(&j->recipe);
+			free(j);
+			kc_flight_finish(&c->flights, &key, -EIO);
+		}
+		return KC_PENDING;
+	}
+	return -EIO;
+}
+
+void kc_cache_gauges(struct kc_cache *c, struct kc_stats_gauges *g)
+{
+	kc_pool_load(c->pool, &g->queued, &g->inflight);
+	if (kc_cache_job_slots(c)) { /* workers fetch and wait too: count compiles by their slots */
+		unsigned waiting;
+		kc_slots_load(kc_cache_job_slots(c), &waiting, &g->inflight);
+		g->queued += waiting;
+	}
+	g->flights = kc_flight_count(&c->flights);
+	g->remote_up = c->remote ? (unsigned)kc_remote_tier_up(c->remote) : 0;
+}

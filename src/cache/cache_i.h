@@ -1,0 +1,84 @@
+/* cache_i.h - what the files of the hub share, and nothing else includes: cache.c (init,
+ * lookup, the shared helpers), verify.c (published cubins checked before they are served),
+ * job.c (the compile job: fetch or compile, publish, share) and staging.c (staged files
+ * checked and committed). The shape is libfuse's fuse_i.h: one private header beside the
+ * public one (cache.h). */
+#ifndef KC_CACHE_I_H
+#define KC_CACHE_I_H
+
+#include "cache.h"
+#include "flags.h"
+#include "recipe.h"
+#include "remote_tier.h"
+
+/* One compile of an entry's recipe, queued by kc_cache_lookup_cubin for its leader. */
+struct compile_job {
+	struct kc_cache *c;
+	struct kc_flight_key key;
+	int entry_fd;
+	struct kc_recipe recipe;
+	int transient; /* set by run_compile: the failure had a passing cause */
+	/* Set by run_compile when a published compile is to be shared (share_fd >= 0): the
+	 * cluster's part, run by share_published in c->shares (queued as the single flight
+	 * is answered). */
+	struct kc_remote_job rj;
+	struct kc_argv args;  /* the compile's arguments (owned) */
+	const char *compiler; /* cfg's */
+	int share_fd;         /* the published cubin (owned), or -1 */
+	char label[512];
+};
+
+/* A recipe whose compile failed for a passing cause, held off until until (KC_RETRY_HOLDOFF). */
+struct holdoff {
+	struct holdoff *next;
+	struct kc_flight_key key;
+	char recipe[KC_SHA256_HEXLEN + 1];
+	double until; /* CLOCK_MONOTONIC seconds */
+};
+
+/* The slots that bound compiles, or NULL where the pool's size does (no cluster store). */
+static inline struct kc_slots *kc_cache_job_slots(struct kc_cache *c)
+{
+	return c->remote ? &c->slots : NULL;
+}
+
+/* cache.c */
+
+/* Before a compile, and before its result is published or remembered: is the compiler on
+ * disk still the one whose identity recipes are hashed with? A changed one is taken again
+ * (identity.h), and every cubin is verified again at its next open, where one compiled
+ * under another identity is stale (check_published). Returns kc_compiler_refresh's. */
+int kc_cache_compiler_check(struct kc_cache *c);
+
+/* The name of the entry directory behind entry_fd, whole (a label is cut for logs).
+ * Returns 0, or -ENAMETOOLONG when the kernel cannot give its path. */
+int kc_cache_entry_name(struct kc_cache *c, int entry_fd, char name[256]);
+
+/* Write kernel.log of the entry: head, then body_len bytes of body (may be NULL with 0),
+ * atomically (a failure is logged, not returned). */
+void kc_cache_write_log(struct kc_cache *c, int entry_fd, const char *head, const char *body,
+			size_t body_len);
+
+/* verify.c */
+
+/* Check the published cubin of an entry. Returns 0 (serve it), -ENOENT (none, or a bad or
+ * stale one was removed so that the recipe is compiled again), -EIO (bad, cannot rebuild). */
+int kc_cache_check_published(struct kc_cache *c, int entry_fd);
+
+/* Nonzero if the entry holds both kernel.cu and kernel.flags: a recipe the client staged
+ * for the mount to compile. (With -o autocompile a kernel.cu alone is a recipe too, but an
+ * entry like that holding a client's cubin is the older DeepGEMM sequence: the client's
+ * cubin, compiled with the client's own flags, is the one to serve.) */
+int kc_cache_staged_recipe(int entry_fd);
+
+/* job.c */
+
+/* Passing failures are held off briefly: the kernel queues concurrent lookups of one name
+ * and sends them one after another, and each would otherwise start its own compile.
+ * Nonzero if key's recipe is held off now. */
+int kc_cache_held_off(struct kc_cache *c, const struct kc_flight_key *key, const char *recipe);
+
+/* A worker's compile job (arg: a struct compile_job, owned: freed when done). */
+void kc_cache_compile_job(void *arg);
+
+#endif

@@ -1,0 +1,129 @@
+/* flight.c - see flight.h */
+#include "flight.h"
+
+#include <errno.h>
+#include <stdlib.h>
+
+struct kc_flight {
+	struct kc_flight *next;
+	struct kc_flight_key key;
+	struct kc_waiter *waiters;
+};
+
+void kc_flight_table_init(struct kc_flight_table *t)
+{
+	pthread_mutex_init(&t->lock, NULL);
+	t->head = NULL;
+	t->count = 0;
+}
+
+void kc_flight_table_destroy(struct kc_flight_table *t)
+{
+	pthread_mutex_destroy(&t->lock);
+}
+
+static struct kc_flight **find(struct kc_flight_table *t, const struct kc_flight_key *key)
+{
+	struct kc_flight **p = &t->head;
+	while (*p && ((*p)->key.dev != key->dev || (*p)->key.ino != key->ino))
+		p = &(*p)->next;
+	return p;
+}
+
+int kc_flight_join(struct kc_flight_table *t, const struct kc_flight_key *key,
+		   struct kc_waiter *w, int (*recheck)(void *arg), void *arg)
+{
+	int ret;
+
+	pthread_mutex_lock(&t->lock);
+	struct kc_flight **p = find(t, key);
+	if (*p) {
+		if (w) {
+			w->next = (*p)->waiters;
+			(*p)->waiters = w;
+		}
+		ret = KC_FLIGHT_JOINED;
+	} else if (recheck && (ret = recheck(arg)) != 0) {
+		/* already done: nothing queued */
+	} else {
+		struct kc_flight *f = malloc(sizeof(*f));
+		if (!f) {
+			ret = -ENOMEM;
+		} else {
+			f->key = *key;
+			f->next = t->head;
+			if (w)
+				w->next = NULL;
+			f->waiters = w;
+			t->head = f;
+			t->count++;
+			ret = KC_FLIGHT_LEADER;
+		}
+	}
+	pthread_mutex_unlock(&t->lock);
+	return ret;
+}
+
+unsigned kc_flight_finish(struct kc_flight_table *t, const struct kc_flight_key *key,
+			  int result)
+{
+	struct kc_waiter *w = NULL;
+	unsigned n = 0;
+
+	pthread_mutex_lock(&t->lock);
+	struct kc_flight **p = find(t, key);
+	struct kc_flight *f = *p;
+	if (f) {
+		*p = f->next;
+		w = f->waiters;
+		t->count--;
+	}
+	pthread_mutex_unlock(&t->lock);
+	free(f);
+	while (w) {
+		struct kc_waiter *next = w->next;
+		w->done(w, result);
+		w = next;
+		n++;
+	}
+	return n;
+}
+
+struct kc_waiter *kc_flight_sweep(struct kc_flight_table *t,
+				  int (*pred)(struct kc_waiter *w, void *arg), void *arg)
+{
+	struct kc_waiter *out = NULL;
+
+	pthread_mutex_lock(&t->lock);
+	for (struct kc_flight *f = t->head; f; f = f->next) {
+		for (struct kc_waiter **p = &f->waiters; *p;) {
+			struct kc_waiter *w = *p;
+			if (pred(w, arg)) {
+				*p = w->next;
+				w->next = out;
+				out = w;
+			} else {
+				p = &w->next;
+			}
+		}
+	}
+	pthread_mutex_unlock(&t->lock);
+	return out;
+}
+
+unsigned kc_flight_count(struct kc_flight_table *t)
+{
+	pthread_mutex_lock(&t->lock);
+	unsigned n = t->count;
+	pthread_mutex_unlock(&t->lock);
+	return n;
+}
+
+int kc_flight_run_if_idle(struct kc_flight_table *t, const struct kc_flight_key *key,
+			  int (*fn)(void *arg), void *arg)
+{
+	pthread_mutex_lock(&t->lock);
+	int ret = *find(t, key) ? -EBUSY : fn(arg);
+	pthread_mutex_unlock(&t->lock);
+	return ret;
+}

@@ -1,0 +1,436 @@
+/* job.c - the compile job: fetch from the cluster store or compile, publish, share (cache_i.h) */
+#define _GNU_SOURCE
+#include "cache_i.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "io.h"
+#include "key.h"
+#include "log.h"
+#include "reqtimeout.h"
+#include "util.h"
+
+/* Passing failures are held off briefly: the kernel queues concurrent lookups of one name
+ * and sends them one after another, and each would otherwise start its own compile. */
+int kc_cache_held_off(struct kc_cache *c, const struct kc_flight_key *key, const char *recipe)
+{
+	double now = kc_mono_s();
+	int found = 0;
+
+	pthread_mutex_lock(&c->holdoff_lock);
+	for (struct holdoff **p = &c->holdoffs; *p;) {
+		struct holdoff *h = *p;
+		if (h->until <= now) {
+			*p = h->next;
+			free(h);
+			continue;
+		}
+		if (h->key.dev == key->dev && h->key.ino == key->ino &&
+		    strcmp(h->recipe, recipe) == 0)
+			found = 1;
+		p = &h->next;
+	}
+	pthread_mutex_unlock(&c->holdoff_lock);
+	return found;
+}
+
+static void hold_off(struct kc_cache *c, const struct kc_flight_key *key, const char *recipe)
+{
+	struct holdoff *h = malloc(sizeof(*h));
+	if (!h)
+		return;
+	h->key = *key;
+	snprintf(h->recipe, sizeof(h->recipe), "%s", recipe);
+	h->until = kc_mono_s() + KC_RETRY_HOLDOFF;
+	pthread_mutex_lock(&c->holdoff_lock);
+	h->next = c->holdoffs;
+	c->holdoffs = h;
+	pthread_mutex_unlock(&c->holdoff_lock);
+}
+
+/* Publish a compiled, checked cubin (fd, the daemon's temporary tmp_name in tmp/) into the
+ * entry; durable: fsync it and the entry, so that a compile survives a power loss. A
+ * fetched cubin is published without (a fetch is cheap to repeat, and its fsyncs were
+ * half of a fetch's time): a power loss may lose it, or leave a torn one, which the record
+ * check at the first lookup after the start (check_published) removes, and it is fetched
+ * again. Returns 0, -EAGAIN (the recipe changed meanwhile: nothing published) or -EIO. */
+static int publish(struct compile_job *j, int fd, const char *tmp_name, const char *label,
+		   uint64_t *bytes, int durable)
+{
+	struct kc_cache *c = j->c;
+	struct kc_record rec = {.origin = KC_ORIGIN_COMPILED};
+	struct kc_recipe now;
+	char key[KC_SHA256_HEXLEN + 1];
+	int err = kc_sha256_fd(fd, rec.sha256, &rec.size);
+	strcpy(rec.recipe, j->recipe.hash);
+	if (!err)
+		err = kc_record_write(fd, &rec);
+	if (!err)
+		err = kc_key_compute(j->recipe.source, j->recipe.source_len, j->recipe.flags,
+				     j->recipe.flags_len, key);
+	if (!err)
+		err = kc_key_record_write(fd, key);
+	if (!err && (fchmod(fd, 0444) != 0 || (durable && fsync(fd) != 0)))
+		err = -errno;
+	if (err) {
+		kc_log(KC_LOG_ERR, "%s: cannot prepare cubin for publishing: %s", label,
+		       strerror(-err));
+		return -EIO;
+	}
+	*bytes = rec.size;
+	/* The compiler that ran must be the one the recipe was hashed with: swapped during
+	 * the compile, its output is not this recipe's (and is compiled again). */
+	int unsure = kc_cache_compiler_check(c) < 0;
+	pthread_mutex_lock(&c->publish_lock);
+	err = unsure ? -EAGAIN : kc_recipe_load(j->entry_fd, c->cfg, &now);
+	if (!err) {
+		if (strcmp(now.hash, j->recipe.hash) != 0)
+			err = -EAGAIN;
+		kc_recipe_free(&now);
+	} else {
+		err = -EAGAIN;
+	}
+	if (!err && renameat2(c->store->tmp_fd, tmp_name, j->entry_fd, KC_CUBIN_NAME,
+			      RENAME_NOREPLACE) != 0) {
+		err = errno == EEXIST ? 0 : -errno;
+		if (!err) /* a client published first: ours is not needed */
+			unlinkat(c->store->tmp_fd, tmp_name, 0);
+	}
+	pthread_mutex_unlock(&c->publish_lock);
+	if (err == -EAGAIN) {
+		kc_log(KC_LOG_INFO, "%s: recipe or compiler changed during the compile; result "
+		       "discarded", label);
+		return err;
+	}
+	if (err) {
+		kc_log(KC_LOG_ERR, "%s: cannot publish cubin: %s", label, strerror(-err));
+		return -EIO;
+	}
+	if (durable)
+		kc_store_sync_dir(j->entry_fd);
+	kc_store_clear_rejected(j->entry_fd);
+	return 0;
+}
+
+/* Publish a cubin fetched from the cluster store (rj, verified) through the temporary
+ * out_fd/out_name, as a compile's is published. Returns publish's result. */
+static int publish_fetched(struct compile_job *j, struct kc_remote_job *rj, int out_fd,
+			   const char *out_name, const char *label)
+{
+	char head[1024];
+	uint64_t bytes = 0;
+	int result = kc_write_all(out_fd, rj->obj.cubin, rj->obj.cubin_len) == 0
+			     ? publish(j, out_fd, out_name, label, &bytes, 0)
+			     : -EIO;
+	snprintf(head, sizeof(head), "kcachefs: compile %s: %s from the cluster store (%s), "
+		 "%zu bytes, not compiled here\n", label,
+		 result == 0 ? "fetched" : "fetched but not published", rj->where,
+		 rj->obj.cubin_len);
+	if (result != -EAGAIN)
+		kc_cache_write_log(j->c, j->entry_fd, head, NULL, 0);
+	kc_log(result == 0 ? KC_LOG_INFO : KC_LOG_WARN, "%.*s", (int)strlen(head) - 11, head + 10);
+	j->transient = result == -EIO;
+	return result;
+}
+
+/* A recipe the mount will not compile (its flags, or a backend it lacks): kernel.log says why
+ * (head, one line), the recipe is marked rejected, and the failure counted and logged. */
+static int refuse_recipe(struct compile_job *j, const char *label, const char *head)
+{
+	kc_cache_write_log(j->c, j->entry_fd, head, NULL, 0);
+	kc_store_mark_rejected(j->entry_fd, j->recipe.hash);
+	atomic_fetch_add(&j->c->stats.compile_failures, 1);
+	kc_log(KC_LOG_WARN, "compile %s: %.*s", label, (int)strlen(head) - 11, head + 10);
+	return -EIO;
+}
+
+/* The compile's arguments into args (empty on entry; the caller frees it): the mount's
+ * flags, the entry's kernel.flags, and the mount's architecture unless they name one; the
+ * backend the entry asks for (else the mount's, -o compiler=) is taken out of them into
+ * *nvrtc. Returns 0, or -EIO (refused with refuse_recipe, or out of memory). */
+static int compile_args(struct compile_job *j, const char *label, struct kc_argv *args,
+			int *nvrtc)
+{
+	const struct kc_config *cfg = j->c->cfg;
+	struct kc_argv eflags = {0};
+	char why[512], head[700];
+
+	if (kc_flags_parse(j->recipe.flags, j->recipe.flags_len, &eflags, why, sizeof(why))) {
+		snprintf(head, sizeof(head), "kcachefs: kernel.flags %s\n", why);
+		return refuse_recipe(j, label, head);
+	}
+	int err = kc_argv_extend(args, &cfg->mount_flags) || kc_argv_extend(args, &eflags) ||
+		  (!kc_flags_have_arch(args) &&
+		   (snprintf(why, sizeof(why), "--gpu-architecture=%s", cfg->arch),
+		    kc_argv_push(args, why)));
+	kc_argv_free(&eflags);
+	if (err)
+		return -EIO;
+	const char *backend = kc_flags_backend(args);
+	*nvrtc = backend ? strcmp(backend, "nvrtc") == 0 : cfg->backend_nvrtc;
+	if (*nvrtc && !cfg->nvrtc) {
+		snprintf(head, sizeof(head), "kcachefs: kernel.flags asks for NVRTC (%snvrtc), which "
+			 "this kcachefs was built without\n", KC_FLAG_BACKEND);
+		return refuse_recipe(j, label, head);
+	}
+	for (size_t i = 0; i < args->n;) { /* the choice is the mount's, not a compiler flag */
+		if (strncmp(args->v[i], KC_FLAG_BACKEND, strlen(KC_FLAG_BACKEND)) != 0) {
+			i++;
+			continue;
+		}
+		free(args->v[i]);
+		memmove(&args->v[i], &args->v[i + 1], (args->n - i) * sizeof(*args->v));
+		args->n--;
+	}
+	return 0;
+}
+
+/* Run the compiler of spec, after checking that the include roots the recipe names by
+ * content hold those bytes now: the key (key.h) is theirs, whatever the path (a tree changed
+ * since it was staged fails this compile as a transient one; a new stage names its new
+ * bytes). Fills out (the caller frees it). */
+static void compile_checked(struct compile_job *j, const char *label,
+			    const struct kc_compile_spec *spec, struct kc_compile_outcome *out)
+{
+	struct kc_cache *c = j->c;
+	char why[512];
+	int roots = kc_tree_check_roots(j->recipe.flags, j->recipe.flags_len, c->tree_memo, why,
+					 sizeof(why));
+	if (roots) {
+		memset(out, 0, sizeof(*out));
+		out->status = KC_COMPILE_TRANSIENT;
+		snprintf(out->why, sizeof(out->why), "%.255s", why);
+	} else if (kc_compile_run(spec, out) != 0) {
+		out->status = KC_COMPILE_TRANSIENT;
+		snprintf(out->why, sizeof(out->why), "out of memory");
+	}
+	if (!roots)
+		kc_stats_observe_compile(&c->stats, out->seconds);
+	if (out->timed_out)
+		atomic_fetch_add(&c->stats.compile_timeouts, 1);
+	kc_log(KC_LOG_DEBUG, "compile %s: compiler ran %.2f s: %s", label, out->seconds, out->why);
+}
+
+/* What a compile that ran comes to, in kernel.log (with the compiler's output) and the
+ * daemon's log: published, not published, rejected or failed, in how long, with which
+ * compiler and arch, and, where a kernel request timeout cut compile_timeout and the compile
+ * ran out of it, which sysctls to set. A rejection is remembered; -EAGAIN (the recipe or the
+ * compiler changed meanwhile) writes no kernel.log. */
+static void report_compile(struct compile_job *j, const char *label,
+			   const struct kc_compile_outcome *out, int result, const char *compiler,
+			   const char *arch)
+{
+	const struct kc_config *cfg = j->c->cfg;
+	char head[1536];
+	const char *kind = out->status == KC_COMPILE_OK
+				   ? (result == 0 ? "published" : "not published")
+				   : out->status == KC_COMPILE_REJECTED ? "rejected" : "failed";
+	snprintf(head, sizeof(head), "kcachefs: compile %s: %s (%s) in %.2f s with %s, arch %s\n",
+		 label, kind, out->why, out->seconds, compiler, arch);
+	if (out->timed_out && cfg->compile_timeout_asked) {
+		size_t hl = strlen(head);
+		snprintf(head + hl, sizeof(head) - hl, "kcachefs: the compile timeout is %u s, not "
+			 "compile_timeout=%u, because the kernel aborts this mount when a request "
+			 "waits %u s (sysctls fs.fuse.default_request_timeout and "
+			 "fs.fuse.max_request_timeout): set them to 0 (off) or to at least %u and "
+			 "remount, for compiles that long\n", cfg->compile_timeout,
+			 cfg->compile_timeout_asked, cfg->request_timeout,
+			 kc_reqtimeout_needed(cfg->compile_timeout_asked + 1));
+	}
+	if (result != -EAGAIN)
+		kc_cache_write_log(j->c, j->entry_fd, head, out->log, out->log_len);
+	if (out->status == KC_COMPILE_REJECTED && result != -EAGAIN)
+		kc_store_mark_rejected(j->entry_fd, j->recipe.hash);
+	kc_log(result == 0 ? KC_LOG_INFO : KC_LOG_WARN, "%.*s", (int)strlen(head) - 11, head + 10);
+}
+
+/* The job of a recipe's leader: fetch its cubin from the cluster store, or compile it, and
+ * publish it. Returns 0 (published), -EAGAIN (the recipe or compiler changed meanwhile: the
+ * waiters look again) or -EIO; j->transient says whether the failure may pass. */
+static int run_compile(struct compile_job *j)
+{
+	struct kc_cache *c = j->c;
+	const struct kc_config *cfg = c->cfg;
+	struct kc_argv args = {0};
+	struct kc_compile_outcome out;
+	char label[512], scratch[4200], arch[32];
+	uint64_t bytes = 0;
+	int result, nvrtc = 0;
+
+	kc_cache_entry_label(c, j->entry_fd, label, sizeof(label));
+	if (compile_args(j, label, &args, &nvrtc) != 0) {
+		kc_argv_free(&args);
+		return -EIO;
+	}
+	snprintf(arch, sizeof(arch), "%.31s", kc_flags_arch(&args));
+	const char *compiler = nvrtc ? cfg->nvrtc : cfg->nvcc;
+
+	char out_name[64];
+	int out_fd = kc_store_tmpfile(c->store, 0600, out_name);
+	if (out_fd < 0) {
+		kc_log(KC_LOG_ERR, "compile %s: cannot create the cubin's temporary: %s", label,
+		       strerror(-out_fd));
+		kc_argv_free(&args);
+		atomic_fetch_add(&c->stats.compile_failures, 1);
+		return -EIO;
+	}
+	struct kc_remote_job rj;
+	int scratch_fd = -1;
+	if (kc_remote_tier_fetch(c->remote, j->recipe.hash, !nvrtc, kc_cache_job_slots(c), &rj) == 1) {
+		kc_argv_free(&args);
+		result = publish_fetched(j, &rj, out_fd, out_name, label);
+		kc_remote_job_free(&rj);
+		goto done;
+	}
+	rj.flags = j->recipe.flags; /* its include roots stay out of the header list */
+	rj.flags_len = j->recipe.flags_len;
+	/* Holding a job slot from here on. The scratch directory only for a compile: a fetch
+	 * needs none. */
+	scratch_fd = kc_store_scratch(c->store, scratch, sizeof(scratch));
+	if (scratch_fd < 0) {
+		kc_log(KC_LOG_ERR, "compile %s: cannot create scratch directory: %s", label,
+		       strerror(-scratch_fd));
+		kc_remote_tier_finish(c->remote, &rj, 0, 0, out_fd, NULL, 0);
+		if (kc_cache_job_slots(c))
+			kc_slots_release(kc_cache_job_slots(c));
+		kc_argv_free(&args);
+		close(out_fd);
+		unlinkat(c->store->tmp_fd, out_name, 0);
+		atomic_fetch_add(&c->stats.compile_failures, 1);
+		return -EIO;
+	}
+	struct kc_compile_spec spec = {
+		.nvcc = compiler, .args = &args, .source = j->recipe.source,
+		.source_len = j->recipe.source_len, .scratch = scratch, .scratch_fd = scratch_fd,
+		.timeout_s = cfg->compile_timeout, .first_uid = cfg->compile_uids,
+		.ns_flags = cfg->ns_flags, .out_fd = out_fd, .pool = c->nvrtc, .warm = nvrtc,
+		.compiler_gen = j->recipe.compiler_gen,
+	};
+	compile_checked(j, label, &spec, &out);
+
+	result = -EIO;
+	if (out.status == KC_COMPILE_REJECTED &&
+	    (kc_cache_compiler_check(c) < 0 ||
+	     kc_compiler_generation(cfg->compiler) != j->recipe.compiler_gen)) {
+		/* A rejection is remembered for the compiler that gave it, and that one is gone:
+		 * the waiters look again and the compiler there now compiles. */
+		kc_log(KC_LOG_INFO, "compile %s: compiler changed during the compile; its "
+		       "rejection discarded", label);
+		result = -EAGAIN;
+	} else if (out.status == KC_COMPILE_OK) {
+		result = publish(j, out_fd, out_name, label, &bytes, 1);
+		if (result == 0) {
+			atomic_fetch_add(&c->stats.compiles, 1);
+			atomic_fetch_add(&c->stats.published_bytes, bytes);
+		}
+	}
+	if (result == 0 && kc_remote_tier_shares(c->remote, &rj) &&
+	    (j->share_fd = fcntl(out_fd, F_DUPFD_CLOEXEC, 0)) >= 0) {
+		/* shared after the openers have their cubin (share_published), the lease kept */
+		kc_remote_job_move(&j->rj, &rj); /* rj's frame ends before the share */
+		j->args = args;
+		args = (struct kc_argv){0};
+		j->compiler = compiler;
+		snprintf(j->label, sizeof(j->label), "%s", label);
+	} else {
+		kc_remote_tier_finish(c->remote, &rj, 0, out.status == KC_COMPILE_REJECTED,
+				      out_fd, NULL, 0);
+	}
+	kc_argv_free(&args);
+	if (kc_cache_job_slots(c))
+		kc_slots_release(kc_cache_job_slots(c));
+	if (result != 0 && result != -EAGAIN)
+		atomic_fetch_add(&c->stats.compile_failures, 1);
+	report_compile(j, label, &out, result, compiler, arch);
+	j->transient = out.status != KC_COMPILE_REJECTED && result == -EIO;
+	kc_compile_outcome_free(&out);
+done:
+	close(out_fd);
+	if (result != 0)
+		unlinkat(c->store->tmp_fd, out_name, 0);
+	if (scratch_fd >= 0) {
+		close(scratch_fd);
+		kc_store_remove_tree(scratch);
+	}
+	if (result == 0 && c->evict)
+		kc_evict_note_fd(c->evict, j->entry_fd);
+	return result;
+}
+
+/* The cluster's part of a published compile: nvcc's dependency pass (the same source and
+ * flags, sandboxed as a compile) gives the header list, then the object and index are put
+ * and the lease released. Runs in c->shares after the openers were answered and holds no
+ * job slot nor compile worker: the node's next compile need not wait for it. A pass that fails only means "not shared":
+ * the published cubin stays, the lease is released, so another node compiles. */
+static void share_published(struct compile_job *j)
+{
+	struct kc_cache *c = j->c;
+	const struct kc_config *cfg = c->cfg;
+	struct kc_compile_outcome out = {.status = KC_COMPILE_TRANSIENT};
+	char scratch[4200];
+	int scratch_fd = kc_store_scratch(c->store, scratch, sizeof(scratch));
+	struct kc_compile_spec spec = {
+		.nvcc = j->compiler, .args = &j->args, .source = j->recipe.source,
+		.source_len = j->recipe.source_len, .scratch = scratch, .scratch_fd = scratch_fd,
+		.timeout_s = cfg->compile_timeout, .first_uid = cfg->compile_uids,
+		.ns_flags = cfg->ns_flags, .out_fd = -1, .deps_only = 1, .pool = c->nvrtc,
+	};
+	if (scratch_fd < 0)
+		snprintf(out.why, sizeof(out.why), "no scratch directory: %s", strerror(-scratch_fd));
+	else if (kc_compile_run(&spec, &out) != 0)
+		snprintf(out.why, sizeof(out.why), "out of memory");
+	if (out.status == KC_COMPILE_OK)
+		kc_log(KC_LOG_DEBUG, "compile %s: dependency pass ran %.2f s", j->label, out.seconds);
+	else
+		kc_log(KC_LOG_WARN, "cluster store: %s not shared: its dependency pass %s",
+		       j->label, out.why);
+	kc_remote_tier_finish(c->remote, &j->rj, out.status == KC_COMPILE_OK, 0, j->share_fd,
+			      out.deps, out.deps_len);
+	kc_compile_outcome_free(&out);
+	if (scratch_fd >= 0) {
+		close(scratch_fd);
+		kc_store_remove_tree(scratch);
+	}
+	close(j->share_fd);
+	j->share_fd = -1;
+}
+
+static void job_free(struct compile_job *j)
+{
+	kc_argv_free(&j->args);
+	close(j->entry_fd);
+	kc_recipe_free(&j->recipe);
+	free(j);
+}
+
+static void share_job(void *arg)
+{
+	share_published(arg);
+	job_free(arg);
+}
+
+void kc_cache_compile_job(void *arg)
+{
+	struct compile_job *j = arg;
+	struct kc_cache *c = j->c;
+	struct kc_flight_key key = j->key;
+	int result = run_compile(j);
+	if (j->transient)
+		hold_off(c, &key, j->recipe.hash);
+	/* The share runs in a pool of its own, queued before the openers are answered: once
+	 * they are, kc_cache_settle sees it (a live upgrade waits for it). Run here when that
+	 * pool is stopping. */
+	if (j->share_fd >= 0 && kc_pool_submit(c->shares, share_job, j) == 0) {
+		kc_flight_finish(&c->flights, &key, result);
+		return;
+	}
+	kc_flight_finish(&c->flights, &key, result);
+	if (j->share_fd >= 0)
+		share_published(j);
+	job_free(j);
+}

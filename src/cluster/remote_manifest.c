@@ -1,0 +1,377 @@
+/* remote_manifest.c - see remote_manifest.h */
+#define _GNU_SOURCE
+#include "remote_manifest.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "flags.h"
+#include "hash.h"
+#include "tree.h"
+
+/* Add path (len bytes) to the list p, at most KC_MANIFEST_MAX_HEADERS. */
+static int paths_add(struct kc_argv *p, const char *path, size_t len)
+{
+	if (p->n == KC_MANIFEST_MAX_HEADERS)
+		return -EFBIG;
+	char *copy = strndup(path, len);
+	int err = copy ? kc_argv_push(p, copy) : -ENOMEM;
+	free(copy);
+	return err;
+}
+
+static int cmp_path(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Whether path is dir or below it (dir without a trailing slash). */
+static int under(const char *path, const char *dir)
+{
+	size_t n = strlen(dir);
+	return n && strncmp(path, dir, n) == 0 && (path[n] == '/' || path[n] == '\0');
+}
+
+/* The header hash memo (remote_manifest.h): direct-mapped on the path, a slot replaced
+ * by the next header that maps to it. */
+#define MEMO_SLOTS 4096
+struct memo_slot {
+	char *path; /* malloc'd; NULL when empty */
+	dev_t dev;
+	ino_t ino;
+	off_t size;
+	struct timespec mtim, ctim;
+	char hex[KC_SHA256_HEXLEN + 1];
+};
+static struct memo_slot memo[MEMO_SLOTS];
+static pthread_mutex_t memo_mu = PTHREAD_MUTEX_INITIALIZER;
+/* Held while a header of the slots that map to it is read and hashed: jobs that need the
+ * same header at once (a joining node fetches many objects together) read it once, and
+ * the others take the memo's hash. Striped, so that a header that hangs (a -I directory
+ * on a hung NFS) blocks only the jobs that need a header of its stripe. */
+#define HASHING_STRIPES 64
+static pthread_mutex_t hashing[HASHING_STRIPES];
+static pthread_once_t hashing_once = PTHREAD_ONCE_INIT;
+
+static void hashing_init(void)
+{
+	for (int i = 0; i < HASHING_STRIPES; i++)
+		pthread_mutex_init(&hashing[i], NULL);
+}
+
+static size_t memo_slot_of(const char *path)
+{
+	uint64_t h = 1469598103934665603ull; /* FNV-1a */
+	for (const unsigned char *c = (const unsigned char *)path; *c; c++)
+		h = (h ^ *c) * 1099511628211ull;
+	return (size_t)(h % MEMO_SLOTS);
+}
+
+static int same_time(const struct timespec *a, const struct timespec *b)
+{
+	return a->tv_sec == b->tv_sec && a->tv_nsec == b->tv_nsec;
+}
+
+static int memo_matches(const struct memo_slot *m, const char *path, const struct stat *st)
+{
+	return m->path && strcmp(m->path, path) == 0 && m->dev == st->st_dev &&
+	       m->ino == st->st_ino && m->size == st->st_size && same_time(&m->mtim, &st->st_mtim) &&
+	       same_time(&m->ctim, &st->st_ctim);
+}
+
+/* The memoized hash of path as st describes it into hex; 1 found, 0 not. */
+static int memo_get(const char *path, const struct stat *st, char hex[KC_SHA256_HEXLEN + 1])
+{
+	struct memo_slot *m = &memo[memo_slot_of(path)];
+	pthread_mutex_lock(&memo_mu);
+	int hit = memo_matches(m, path, st);
+	if (hit)
+		memcpy(hex, m->hex, KC_SHA256_HEXLEN + 1);
+	pthread_mutex_unlock(&memo_mu);
+	return hit;
+}
+
+/* Remember hex as the hash of path as st describes it (the caller checked with
+ * kc_tree_memoizable that those stamps cannot hide a change). */
+static void memo_put(const char *path, const struct stat *st, const char hex[KC_SHA256_HEXLEN + 1])
+{
+	char *copy = strdup(path);
+	if (!copy)
+		return;
+	struct memo_slot *m = &memo[memo_slot_of(path)];
+	pthread_mutex_lock(&memo_mu);
+	free(m->path);
+	*m = (struct memo_slot){.path = copy, .dev = st->st_dev, .ino = st->st_ino,
+				.size = st->st_size, .mtim = st->st_mtim, .ctim = st->st_ctim};
+	memcpy(m->hex, hex, KC_SHA256_HEXLEN + 1);
+	pthread_mutex_unlock(&memo_mu);
+}
+
+/* Whether a header st describes may be hashed, *total bytes hashed before it: 0, -EACCES
+ * or -EFBIG. */
+static int admit(const struct stat *st, uint64_t total)
+{
+	if (!S_ISREG(st->st_mode) || !(st->st_mode & S_IROTH))
+		return -EACCES;
+	if ((uint64_t)st->st_size > KC_MANIFEST_MAX_HEADER ||
+	    total + (uint64_t)st->st_size > KC_MANIFEST_MAX_TOTAL)
+		return -EFBIG;
+	return 0;
+}
+
+/* Hash one header as remote_manifest.h says, adding its size to *total. A memoized one is
+ * only stat'ed; any other is opened, checked again on its descriptor and read. Returns 0
+ * or -errno with why filled. */
+static int hash_header(const char *path, char hex[KC_SHA256_HEXLEN + 1], uint64_t *total,
+		       char *why, size_t whylen)
+{
+	struct stat st;
+	int fd = -1, pseudo = under(path, "/proc") || under(path, "/sys") || under(path, "/dev");
+	int err = pseudo ? -EACCES : stat(path, &st) != 0 ? -errno : admit(&st, *total);
+	if (!err && !memo_get(path, &st, hex)) {
+		pthread_mutex_t *stripe = &hashing[memo_slot_of(path) % HASHING_STRIPES];
+		pthread_once(&hashing_once, hashing_init);
+		pthread_mutex_lock(stripe);
+		if (!memo_get(path, &st, hex)) { /* nobody hashed it meanwhile */
+			fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+			err = fd < 0 ? -errno : fstat(fd, &st) != 0 ? -errno : admit(&st, *total);
+			struct timespec changed_before;
+			clock_gettime(CLOCK_REALTIME_COARSE, &changed_before);
+			if (!err && !(err = kc_sha256_fd(fd, hex, NULL)))
+				if (kc_tree_memoizable(fd, &st, &changed_before))
+					memo_put(path, &st, hex);
+			if (fd >= 0)
+				close(fd);
+		}
+		pthread_mutex_unlock(stripe);
+	}
+	if (!err)
+		*total += (uint64_t)st.st_size;
+	if (err)
+		snprintf(why, whylen, "header %s: %s", path,
+			 err == -EACCES ? "not a regular file readable by all" : strerror(-err));
+	return err;
+}
+
+/* Unless err (the result of listing the paths p): sort and deduplicate them, hash each,
+ * and write the manifest. Frees p; returns err or the result. */
+static int build(int err, struct kc_argv *p, char **manifest, size_t *mlen, char *why,
+		 size_t whylen)
+{
+	char *out = NULL;
+	size_t len = 0;
+	FILE *f = NULL;
+
+	if (err == -EFBIG)
+		snprintf(why, whylen, "more than %d headers", KC_MANIFEST_MAX_HEADERS);
+	if (err) {
+		kc_argv_free(p);
+		return err;
+	}
+	if (p->n)
+		qsort(p->v, p->n, sizeof(*p->v), cmp_path);
+	if (!(f = open_memstream(&out, &len))) {
+		kc_argv_free(p);
+		return -ENOMEM;
+	}
+	uint64_t total = 0;
+	for (size_t i = 0; i < p->n && !err; i++) {
+		char hex[KC_SHA256_HEXLEN + 1];
+		if (i && strcmp(p->v[i], p->v[i - 1]) == 0)
+			continue;
+		if (!(err = hash_header(p->v[i], hex, &total, why, whylen)))
+			fprintf(f, "%s %s\n", hex, p->v[i]);
+	}
+	if (fclose(f) != 0 && !err)
+		err = -ENOMEM;
+	kc_argv_free(p);
+	if (err) {
+		free(out);
+		return err;
+	}
+	*manifest = out;
+	*mlen = len;
+	return 0;
+}
+
+/* realpath of dir into root if it is laid out as a CUDA toolkit (include/cuda.h, or
+ * targets/ as the packages lay it out). Returns 0 or -ENOENT. */
+static int toolkit_at(const char *dir, char *root, size_t rootlen)
+{
+	char real[PATH_MAX], probe[PATH_MAX + 32];
+	struct stat st;
+	if (!realpath(dir, real))
+		return -ENOENT;
+	snprintf(probe, sizeof(probe), "%s/include/cuda.h", real);
+	int is = stat(probe, &st) == 0;
+	snprintf(probe, sizeof(probe), "%s/targets", real);
+	is = is || (stat(probe, &st) == 0 && S_ISDIR(st.st_mode));
+	if (!is || strlen(real) >= rootlen)
+		return -ENOENT;
+	strcpy(root, real);
+	return 0;
+}
+
+int kc_manifest_toolkit_root(const char *nvcc_path, const char *fallback, char *root,
+			     size_t rootlen)
+{
+	char real[PATH_MAX + 8];
+	if (realpath(nvcc_path, real)) {
+		for (int up = 0; up < 2; up++) {
+			char *slash = strrchr(real, '/');
+			if (slash && slash != real)
+				*slash = '\0';
+		}
+		if (toolkit_at(real, root, rootlen) == 0)
+			return 0;
+	}
+	return fallback ? toolkit_at(fallback, root, rootlen) : -ENOENT;
+}
+
+static int blank(char ch)
+{
+	return ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r';
+}
+
+/* The include roots that kernel.flags (flags, len bytes) names by content into roots. */
+static int root_dirs(const char *flags, size_t len, struct kc_argv *roots)
+{
+	for (size_t off = 0; flags && off < len;) {
+		const char *line = flags + off, *nl = memchr(line, '\n', len - off), *d, *dir;
+		size_t dl, ll = nl ? (size_t)(nl - line) : len - off;
+		off += ll + 1;
+		if (ll && line[ll - 1] == '\r')
+			ll--;
+		if (kc_tree_root_line(line, ll, &d, &dir, &dl)) {
+			while (dl > 1 && dir[dl - 1] == '/')
+				dl--;
+			char *copy = strndup(dir, dl);
+			int err = copy ? kc_argv_push(roots, copy) : -ENOMEM;
+			free(copy);
+			if (err)
+				return err;
+		}
+	}
+	return 0;
+}
+
+/* Add one prerequisite of the dependency file to p unless it is left out. */
+static int add_dep(struct kc_argv *p, const char *word, size_t wl, const char *skip_dir,
+		   const char *toolkit_root, const struct kc_argv *roots, char *why,
+		   size_t whylen)
+{
+	char real[PATH_MAX];
+	if (word[0] != '/') {
+		snprintf(why, whylen, "dependency %s is a relative path", word);
+		return -EINVAL;
+	}
+	for (size_t i = 0; i < roots->n; i++)
+		if (under(word, roots->v[i]))
+			return 0; /* its bytes are in the recipe's key (key.h) */
+	if ((skip_dir && under(word, skip_dir)) ||
+	    (toolkit_root && realpath(word, real) && under(real, toolkit_root)))
+		return 0;
+	return paths_add(p, word, wl);
+}
+
+int kc_manifest_from_deps(const char *deps, size_t len, const char *skip_dir,
+			  const char *toolkit_root, const char *flags, size_t flags_len,
+			  char **manifest, size_t *mlen, char *why, size_t whylen)
+{
+	struct kc_argv p = {0}, roots = {0};
+	char *word = malloc(len + 1);
+	size_t wl = 0, i = 0;
+	int err = word ? root_dirs(flags, flags_len, &roots) : -ENOMEM;
+
+	/* the first rule's colon: one followed by a blank or the end */
+	for (; i < len; i++) {
+		if (deps[i] == '\\' && i + 1 < len) {
+			i++;
+			continue;
+		}
+		if (deps[i] == ':' && (i + 1 == len || blank(deps[i + 1])))
+			break;
+	}
+	if (!err && i >= len) {
+		snprintf(why, whylen, "dependency output has no rule");
+		err = -EINVAL;
+	}
+	/* its prerequisites, up to the end of its (continued) line */
+	for (i++; i <= len && !err; i++) {
+		char ch = i < len ? deps[i] : '\n';
+		if (ch == '\\' && i + 1 < len && deps[i + 1] == '\n') {
+			i++;
+			ch = ' ';
+		} else if ((ch == '\\' && i + 1 < len && (deps[i + 1] == ' ' || deps[i + 1] == '#')) ||
+			   (ch == '$' && i + 1 < len && deps[i + 1] == '$')) {
+			word[wl++] = deps[++i];
+			continue;
+		}
+		if (!blank(ch)) {
+			word[wl++] = ch;
+			continue;
+		}
+		if (wl) {
+			word[wl] = '\0';
+			err = add_dep(&p, word, wl, skip_dir, toolkit_root, &roots, why, whylen);
+			wl = 0;
+		}
+		if (ch == '\n')
+			break;
+	}
+	free(word);
+	kc_argv_free(&roots);
+	return build(err, &p, manifest, mlen, why, whylen);
+}
+
+int kc_manifest_rehash(const char *index, size_t len, char **manifest, size_t *mlen,
+		       char *why, size_t whylen)
+{
+	struct kc_argv p = {0};
+	int err = 0;
+	for (size_t off = 0; off < len && !err;) {
+		const char *nl = memchr(index + off, '\n', len - off);
+		size_t ll = nl ? (size_t)(nl - (index + off)) : len - off;
+		if (ll <= KC_SHA256_HEXLEN + 1) {
+			snprintf(why, whylen, "malformed manifest line");
+			err = -EINVAL;
+			break;
+		}
+		err = paths_add(&p, index + off + KC_SHA256_HEXLEN + 1, ll - KC_SHA256_HEXLEN - 1);
+		off += ll + 1;
+	}
+	return build(err, &p, manifest, mlen, why, whylen);
+}
+
+int kc_manifest_compact(const char *full, size_t len, char out[KC_MANIFEST_COMPACT_MAX],
+			size_t *outlen)
+{
+	char hex[KC_SHA256_HEXLEN + 1];
+	if (kc_sha256_buf(full ? full : "", len, hex) != 0)
+		return -ENOMEM;
+	*outlen = (size_t)snprintf(out, KC_MANIFEST_COMPACT_MAX, "%s %s\n", hex,
+				   KC_MANIFEST_LIST_NAME);
+	return 0;
+}
+
+int kc_manifest_compact_list(const char *compact, size_t len, char hex[KC_SHA256_HEXLEN + 1])
+{
+	size_t nl = strlen(KC_MANIFEST_LIST_NAME);
+	if (!len)
+		return 0;
+	if (len != KC_SHA256_HEXLEN + 2 + nl || compact[KC_SHA256_HEXLEN] != ' ' ||
+	    memcmp(compact + KC_SHA256_HEXLEN + 1, KC_MANIFEST_LIST_NAME, nl) != 0 ||
+	    compact[len - 1] != '\n')
+		return -EBADMSG;
+	memcpy(hex, compact, KC_SHA256_HEXLEN);
+	hex[KC_SHA256_HEXLEN] = '\0';
+	return 1;
+}

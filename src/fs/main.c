@@ -1,0 +1,860 @@
+/* main.c - kcachefs [options] BACKING_DIR MOUNTPOINT
+ *
+ * Option parsing is libfuse's (fuse_opt_parse for the mount's -o options, then
+ * fuse_parse_cmdline for -f, -d, -s and the mountpoint), so the program is mountable from
+ * fstab through mount.fuse3. Exit status: 0 after a clean unmount, 1 on a start-up error,
+ * 2 on a usage error (a missing argument, an unknown option or a bad value).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <openssl/crypto.h>
+#include <openssl/opensslv.h>
+#include <signal.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <sys/stat.h>
+#include <sys/vfs.h>
+#include <unistd.h>
+
+#include "compile.h"
+#include "stage.h"
+#include "fs.h"
+#include "holder.h"
+#include "kc_build.h"
+#include "log.h"
+#include "remote_tier.h"
+#include "reqtimeout.h"
+#include "upgrade.h"
+
+struct kc_opts {
+	char *backing;
+	char *nvcc, *arch, *flags, *log_level, *compiler;
+	char *jobs, *compile_timeout, *max_source_size, *max_inodes; /* numbers, checked in main */
+	char *nvrtc_idle;
+	char *max_size, *max_entries, *compile_uids;
+	char *remote, *remote_auth, *remote_key, *remote_mode; /* the cluster store */
+	char *remote_lease, *remote_wait, *remote_timeout;
+	int autocompile, verify_keys, holder;
+};
+
+#define OPT(t, p) {t, offsetof(struct kc_opts, p), 1}
+static const struct fuse_opt kc_opt_spec[] = {
+	OPT("nvcc=%s", nvcc),
+	OPT("compiler=%s", compiler),
+	OPT("arch=%s", arch),
+	OPT("flags=%s", flags),
+	OPT("jobs=%s", jobs),
+	OPT("compile_timeout=%s", compile_timeout),
+	OPT("nvrtc_idle=%s", nvrtc_idle),
+	OPT("max_source_size=%s", max_source_size),
+	OPT("max_inodes=%s", max_inodes),
+	OPT("max_size=%s", max_size),
+	OPT("max_entries=%s", max_entries),
+	OPT("log_level=%s", log_level),
+	OPT("autocompile", autocompile),
+	OPT("verify_keys", verify_keys),
+	OPT("holder", holder),
+	OPT("compile_uids=%s", compile_uids),
+	OPT("remote=%s", remote),
+	OPT("remote_auth=%s", remote_auth),
+	OPT("remote_key=%s", remote_key),
+	OPT("remote_mode=%s", remote_mode),
+	OPT("remote_lease=%s", remote_lease),
+	OPT("remote_wait=%s", remote_wait),
+	OPT("remote_timeout=%s", remote_timeout),
+	FUSE_OPT_END,
+};
+
+static int opt_proc(void *data, const char *arg, int key, struct fuse_args *outargs)
+{
+	struct kc_opts *o = data;
+	(void)outargs;
+	if (key == FUSE_OPT_KEY_NONOPT && !o->backing) {
+		o->backing = strdup(arg);
+		return 0; /* consumed: the next non-option is the mountpoint */
+	}
+	return 1;
+}
+
+/* Users must reach the store only through the mount (its entries belong to their creators
+ * there too, so a user who can enter it could rewrite files and records behind the mount).
+ * Warn when no directory above the backing directory keeps other users out. */
+static void warn_if_reachable(const char *backing)
+{
+	char path[4096];
+	snprintf(path, sizeof(path), "%s", backing);
+	for (char *slash = strrchr(path, '/'); slash; slash = strrchr(path, '/')) {
+		if (slash == path)
+			slash[1] = '\0';
+		else
+			*slash = '\0';
+		struct stat st;
+		if (stat(path, &st) != 0 || !(st.st_mode & S_IXOTH))
+			return; /* this one keeps others out */
+		if (slash == path)
+			break;
+	}
+	kc_log(KC_LOG_WARN, "the backing directory %s can be reached by every user, who could "
+	       "change entries behind the mount; put it in a directory only root can enter "
+	       "(chmod 700 its parent)", backing);
+}
+
+/* An entry left the tree: the kernel must not keep showing it. */
+static void on_evicted(void *arg, const char *rel_path)
+{
+	struct kc_fs *fs = arg;
+	kc_notifier_inval_path(&fs->notifier, rel_path);
+}
+
+static void usage(const char *prog)
+{
+	printf("usage: %s [options] BACKING_DIR MOUNTPOINT\n"
+	       "       %s [-f] --upgrade MOUNTPOINT   take over a running daemon's mount\n\n"
+	       "A self-populating cache of compiled CUDA kernels: the first open of\n"
+	       "kernel.<name>.<hash>/kernel.cubin compiles the staged kernel.cu with the staged\n"
+	       "kernel.flags, once, while concurrent openers wait.\n\n"
+	       "kcachefs options:\n"
+	       "    -o nvcc=PATH           compiler (default $CUDA_HOME/bin/nvcc, nvcc on PATH,\n"
+	       "                           /usr/local/cuda/bin/nvcc)\n"
+	       "    -o compiler=nvcc|nvrtc compile backend for entries that do not choose one\n"
+	       "                           in kernel.flags (default nvcc)\n"
+	       "    -o arch=sm_XY[a]       target (default: the node's GPU, else %s)\n"
+	       "    -o flags='A B'         arguments added to every compile (blank separated;\n"
+	       "                           escape commas as \\,)\n"
+	       "    -o jobs=N              concurrent compiles, at most 256 (default: online CPUs)\n"
+	       "    -o compile_timeout=S   kill a compile after S seconds (default %d)\n"
+	       "    -o nvrtc_idle=S        stop a warm NVRTC worker idle for S seconds\n"
+	       "                           (default %d); 0: a process per NVRTC compile\n"
+	       "    -o autocompile         compile entries that have kernel.cu but no kernel.flags\n"
+	       "    -o compile_uids=N      run each compile as a uid of its own, N to N+255,\n"
+	       "                           which no user may have (default for a daemon run\n"
+	       "                           as root: the first range from %u that no other\n"
+	       "                           daemon holds); compile_uids=daemon: as the daemon\n"
+	       "    -o verify_keys         an entry's <hash> must be the key of its kernel.cu and\n"
+	       "                           kernel.flags (src/entry/key.h), or they are refused\n"
+	       "    -o holder              keep the mount's descriptor in a process of its own,\n"
+	       "                           which starts the daemon again when it dies: a\n"
+	       "                           crash costs the requests in flight, not the mount\n"
+	       "    -o max_source_size=B   largest kernel.cu/kernel.flags accepted (default %u)\n"
+	       "    -o max_size=SIZE       evict least recently used entries when their bytes\n"
+	       "                           exceed SIZE (K, M, G, T suffixes; default no bound)\n"
+	       "    -o max_entries=N       evict when more entries than N are published\n"
+	       "    -o max_inodes=N        inodes kept for the kernel before it is asked to\n"
+	       "                           forget the least recently used (default: a quarter\n"
+	       "                           of the open file limit)\n"
+	       "    -o remote=URL          share compiled cubins with the other nodes of a cluster\n"
+	       "                           through a store: dir:PATH (a shared filesystem),\n"
+	       "                           redis://HOST[:PORT][/DB], redis+unix:///PATH[?db=N],\n"
+	       "                           several redis URLs joined by | (shards)\n"
+	       "    -o remote_auth=FILE    Redis \"USER PASSWORD\" or \"PASSWORD\" (root's, mode 600)\n"
+	       "    -o remote_key=FILE     cluster secret (root's, mode 600): objects are signed\n"
+	       "                           (HMAC-SHA256) and unsigned ones refused\n"
+	       "    -o remote_mode=rw|ro   ro: use the store's objects, never write it (default rw)\n"
+	       "    -o remote_lease=S      a compile's lease on its key, renewed every second\n"
+	       "                           while it runs (a holder silent for 3 s is taken\n"
+	       "                           over); longer leases in the store are ignored\n"
+	       "                           (default %d)\n"
+	       "    -o remote_wait=S       wait at most S s for another node's compile, then\n"
+	       "                           compile here (default %d)\n"
+	       "    -o remote_timeout=MS   bound of each store operation (default %d)\n"
+	       "    -o log_level=LEVEL     error, warning, info (default) or debug\n\n",
+	       prog, prog, KC_DEFAULT_ARCH, KC_DEFAULT_COMPILE_TIMEOUT, KC_NVRTC_IDLE_DEFAULT,
+	       KC_DEFAULT_COMPILE_UIDS,
+	       KC_DEFAULT_MAX_SOURCE, KC_REMOTE_DEFAULT_LEASE, KC_REMOTE_DEFAULT_WAIT,
+	       KC_REMOTE_DEFAULT_TIMEOUT);
+	fuse_cmdline_help();
+	fuse_lowlevel_help();
+}
+
+static void version(void)
+{
+	printf("kcachefs %s\n", KC_VERSION);
+	printf("libfuse %s (built against %s)\n", fuse_pkgversion(), KC_FUSE_VERSION);
+	printf("OpenSSL %s (built against %s)\n", OpenSSL_version(OPENSSL_VERSION_STRING),
+	       OPENSSL_VERSION_TEXT);
+	printf("CUDA %s (built against %s)\n", KC_CUDA_VERSION, KC_CUDA_HOME);
+#ifdef KC_HAVE_LIBSYSTEMD
+	printf("systemd file descriptor store: yes (libsystemd)\n");
+#else
+	printf("systemd file descriptor store: no (built without libsystemd)\n");
+#endif
+}
+
+/* Refuse a mountpoint inside the backing directory or the reverse: the daemon would read
+ * its own mount (and wait on itself), or show its tree inside itself. */
+static int check_overlap(const char *backing, const char *mnt)
+{
+	char a[PATH_MAX], b[PATH_MAX];
+	if (!realpath(backing, a) || !realpath(mnt, b))
+		return 0; /* reported by whoever opens them */
+	size_t la = strlen(a), lb = strlen(b);
+	int nested = (strncmp(a, b, lb) == 0 && (a[lb] == '/' || a[lb] == '\0' || lb == 1)) ||
+		     (strncmp(a, b, la) == 0 && (b[la] == '/' || b[la] == '\0' || la == 1));
+	if (nested) {
+		fprintf(stderr, "kcachefs: backing directory %s and mountpoint %s overlap\n", a, b);
+		return -1;
+	}
+	return 0;
+}
+
+/* The resolved path of mountpoint mnt without a look inside it: a daemon started again on
+ * a mount whose daemon died must not stat it (the request would wait for itself). The
+ * directory above is resolved; the last name is taken as it is. */
+static void mountpoint_path(const char *mnt, char *out, size_t len)
+{
+	char dir[PATH_MAX], real[PATH_MAX] = "/";
+	snprintf(dir, sizeof(dir), "%s", mnt);
+	size_t n = strlen(dir);
+	while (n > 1 && dir[n - 1] == '/')
+		dir[--n] = '\0';
+	char *slash = strrchr(dir, '/');
+	const char *base = slash ? slash + 1 : dir;
+	if (slash && slash != dir)
+		*slash = '\0';
+	int resolved = slash == dir || realpath(slash ? dir : ".", real);
+	size_t rl = strlen(real), bl = strlen(base), sep = strcmp(real, "/") != 0;
+	if (!resolved || !*base || rl + sep + bl + 1 > len) {
+		snprintf(out, len, "%s", mnt);
+		return;
+	}
+	memcpy(out, real, rl);
+	out[rl] = '/';
+	memcpy(out + rl + sep, base, bl + 1);
+}
+
+/* Undo the octal escapes (\040 for a blank...) of a path in /proc/self/mountinfo. */
+static void unescape_mount_path(char *p)
+{
+	char *out = p;
+	for (; *p; p++) {
+		if (p[0] == '\\' && p[1] >= '0' && p[1] <= '3' && p[2] >= '0' && p[2] <= '7' &&
+		    p[3] >= '0' && p[3] <= '7') {
+			*out++ = (char)((p[1] - '0') << 6 | (p[2] - '0') << 3 | (p[3] - '0'));
+			p += 3;
+		} else {
+			*out++ = *p;
+		}
+	}
+	*out = '\0';
+}
+
+/* Nonzero if the mount visible at mnt (a resolved path) is a kcachefs mount: a second one
+ * would hide it, and its clients would silently lose it. */
+static int kcachefs_mounted_on(const char *mnt)
+{
+	FILE *f = fopen("/proc/self/mountinfo", "re");
+	char *line = NULL;
+	size_t cap = 0;
+	int found = 0;
+	if (!f)
+		return 0;
+	while (getline(&line, &cap, f) > 0) {
+		/* ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE ... */
+		char *save, *field = strtok_r(line, " ", &save), *point = NULL;
+		for (int i = 1; field && i < 5; i++)
+			point = field = strtok_r(NULL, " ", &save);
+		while (field && strcmp(field, "-") != 0)
+			field = strtok_r(NULL, " ", &save);
+		char *type = field ? strtok_r(NULL, " ", &save) : NULL;
+		if (!point || !type)
+			continue;
+		unescape_mount_path(point);
+		if (strcmp(point, mnt) == 0) /* the last one listed is the one on top */
+			found = strcmp(type, "fuse.kcachefs") == 0;
+	}
+	free(line);
+	fclose(f);
+	return found;
+}
+
+/* Nonzero when the kcachefs mount at mnt is dead: no daemon (its upgrade socket) nor holder
+ * answers for it, and the kernel answers ENOTCONN. */
+static int kcachefs_mount_dead(const char *mnt)
+{
+	char name[108];
+	kc_upgrade_socket_path(mnt, name, sizeof(name));
+	if (kc_abstract_answers(name, SOCK_STREAM) || kc_holder_listening(mnt))
+		return 0;
+	struct statfs sf; /* always a request (a stat may be answered from the kernel's cache) */
+	return statfs(mnt, &sf) != 0 && errno == ENOTCONN;
+}
+
+/* A daemon not run as root mounts through fusermount3 (setuid root), and needs /dev/fuse
+ * itself. Returns 0, or -1 after saying what is needed. */
+static int check_fuse_device(void)
+{
+	if (geteuid() == 0)
+		return 0;
+	int fd = open("/dev/fuse", O_RDWR | O_CLOEXEC);
+	if (fd >= 0) {
+		close(fd);
+		return 0;
+	}
+	fprintf(stderr, "kcachefs: cannot open /dev/fuse: %s: run kcachefs as root, or give "
+		"this user read and write access to /dev/fuse and install fusermount3 (package "
+		"fuse3) setuid root\n", strerror(errno));
+	return -1;
+}
+
+/* Parse a -o number in [min, max] into *out; absent (NULL) leaves *out. Returns 0, or -1
+ * after saying what is wrong. */
+static int parse_number(const char *name, const char *text, unsigned long min, unsigned long max,
+			unsigned long *out)
+{
+	char *end;
+	if (!text)
+		return 0;
+	errno = 0;
+	unsigned long v = strtoul(text, &end, 10);
+	if (errno || end == text || *end || text[0] == '-' || v < min || v > max) {
+		fprintf(stderr, "kcachefs: %s=%s: a whole number from %lu to %lu is needed\n", name,
+			text, min, max);
+		return -1;
+	}
+	*out = v;
+	return 0;
+}
+
+/* One O_PATH fd per known inode (two for staged files): allow as many as the system's
+ * per-process maximum (fs.nr_open) when privileged, else the hard limit. Returns the
+ * limit now in force. */
+static unsigned long raise_fd_limit(void)
+{
+	struct rlimit rl;
+	unsigned long nr_open = 0;
+	FILE *f = fopen("/proc/sys/fs/nr_open", "re");
+
+	if (f) {
+		if (fscanf(f, "%lu", &nr_open) != 1)
+			nr_open = 0;
+		fclose(f);
+	}
+	if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+		return 1024;
+	if (nr_open > rl.rlim_max) {
+		struct rlimit more = {nr_open, nr_open};
+		if (setrlimit(RLIMIT_NOFILE, &more) == 0)
+			return nr_open;
+	}
+	rl.rlim_cur = rl.rlim_max;
+	setrlimit(RLIMIT_NOFILE, &rl);
+	getrlimit(RLIMIT_NOFILE, &rl);
+	kc_log(KC_LOG_DEBUG, "open file limit %lu", (unsigned long)rl.rlim_cur);
+	return rl.rlim_cur == RLIM_INFINITY ? nr_open : (unsigned long)rl.rlim_cur;
+}
+
+/* Keep every wait of the mount under the kernel's request timeout rt (reqtimeout.h), which
+ * aborts the whole mount when one request waits that long: parked requests are answered
+ * ETIMEDOUT within its budget (waiter.c), compile_timeout and, with a cluster store
+ * (remote nonzero), remote_wait are capped below the budget. *remote_wait is the
+ * -o remote_wait= value (0: the default), lowered when capped. Describes the timeout in
+ * desc (len bytes) for the start-up line. libfuse 3.14 has no request_timeout option
+ * (3.18 adds one, sent to the kernel in the INIT reply): the sysctls alone decide. */
+static void fit_request_timeout(struct kc_fs *fs, const struct kc_reqtimeout *rt,
+				unsigned long *remote_wait, int remote, char *desc, size_t len)
+{
+	unsigned budget = kc_reqtimeout_budget(rt->effective_s);
+	fs->request_budget = budget;
+	fs->cfg.request_timeout = rt->effective_s;
+	if (!budget) {
+		snprintf(desc, len, "none%s", rt->present ? " (fs.fuse.default_request_timeout and "
+			 "max_request_timeout are 0)" : " (the kernel has none)");
+		return;
+	}
+	snprintf(desc, len, "%u s (fs.fuse.default_request_timeout=%u, max_request_timeout=%u): "
+		 "requests answered within %u s", rt->effective_s, rt->default_s, rt->max_s, budget);
+	unsigned cap = budget > 1 ? budget - 1 : 1;
+	if (fs->cfg.compile_timeout > cap) {
+		fs->cfg.compile_timeout_asked = fs->cfg.compile_timeout;
+		fs->cfg.compile_timeout = cap;
+		kc_log(KC_LOG_WARN, "compile_timeout %u s is capped at %u s: the kernel aborts this "
+		       "mount when a request waits %u s (sysctls fs.fuse.default_request_timeout=%u, "
+		       "fs.fuse.max_request_timeout=%u); set them to 0 (off) or to at least %u and "
+		       "remount, for compiles that long", fs->cfg.compile_timeout_asked, cap,
+		       rt->effective_s, rt->default_s, rt->max_s,
+		       kc_reqtimeout_needed(fs->cfg.compile_timeout_asked + 1));
+	}
+	unsigned long wait = *remote_wait ? *remote_wait : KC_REMOTE_DEFAULT_WAIT;
+	if (remote && wait > cap) {
+		kc_log(KC_LOG_WARN, "remote_wait %lu s is capped at %u s, under the kernel's request "
+		       "timeout of %u s", wait, cap, rt->effective_s);
+		*remote_wait = cap;
+	}
+}
+
+/* Unmount a mount this daemon took over (libfuse did not mount it, so it would not
+ * unmount it): lazily, as libfuse does. */
+static void unmount_adopted(const char *mnt)
+{
+	if (geteuid() == 0) {
+		if (umount2(mnt, MNT_DETACH) != 0 && errno != EINVAL && errno != ENOENT)
+			kc_log(KC_LOG_WARN, "cannot unmount %s: %s", mnt, strerror(errno));
+		return;
+	}
+	pid_t pid = fork();
+	if (pid == 0) {
+		execlp("fusermount3", "fusermount3", "-u", "-z", "--", mnt, (char *)NULL);
+		_exit(127);
+	}
+	if (pid > 0)
+		waitpid(pid, NULL, 0);
+}
+
+/* kcachefs [-f] [-d] --upgrade MOUNTPOINT: connect to the daemon of MOUNTPOINT and take its
+ * command line. On success *argc and *argv are the old daemon's command line (less -f)
+ * with this one's other arguments (-f, -d) added, the working directory is the old daemon's, *offer
+ * holds its offer; returns the connected socket. Returns -1 when there is no --upgrade,
+ * -2 after saying why the upgrade cannot start (usage), -3 (refused or no daemon). */
+static int upgrade_args(int *argc, char ***argv, struct kc_handover_offer *offer)
+{
+	int at = -1;
+	for (int i = 1; i < *argc; i++)
+		if (strcmp((*argv)[i], "--upgrade") == 0)
+			at = i;
+	if (at < 0)
+		return -1;
+	if (at + 1 >= *argc) {
+		fprintf(stderr, "usage: %s [-f] [-d] --upgrade MOUNTPOINT\n", (*argv)[0]);
+		return -2;
+	}
+	char why[1024];
+	int s = kc_upgrade_connect((*argv)[at + 1], offer, why, sizeof(why));
+	if (s < 0) {
+		fprintf(stderr, "kcachefs: upgrade of %s: %s\n", (*argv)[at + 1], why);
+		return -3;
+	}
+	size_t n = 1;
+	for (uint32_t i = 0; i < offer->args_len; i++)
+		n += offer->args[i] == '\0';
+	char **v = calloc(n + (size_t)*argc + 1, sizeof(*v));
+	if (!v) {
+		close(s);
+		return -3;
+	}
+	int k = 0;
+	v[k++] = (*argv)[0];
+	for (uint32_t i = 0; i < offer->args_len; i += (uint32_t)strlen(offer->args + i) + 1)
+		if (strcmp(offer->args + i, "-f") != 0) /* this command's own -f decides */
+			v[k++] = offer->args + i;
+	for (int i = 1; i < *argc; i++)
+		if (i != at && i != at + 1)
+			v[k++] = (*argv)[i];
+	if (chdir(offer->cwd) != 0)
+		fprintf(stderr, "kcachefs: the running daemon's directory %s: %s\n", offer->cwd,
+			strerror(errno));
+	*argc = k;
+	*argv = v;
+	return s;
+}
+
+int main(int argc, char *argv[])
+{
+	char start_cwd[PATH_MAX];
+	if (!getcwd(start_cwd, sizeof(start_cwd)))
+		snprintf(start_cwd, sizeof(start_cwd), "/");
+	struct kc_handover_offer offer = {0};
+	char **up_argv = NULL;
+	/* Started again by the holder after a daemon died (holder.h)? */
+	struct kc_holder_restart hr;
+	int restarted = kc_holder_restarted(&hr);
+	if (restarted < 0)
+		return 1;
+	int up_sock = restarted ? -1 : upgrade_args(&argc, &argv, &offer);
+	if (up_sock == -2 || up_sock == -3)
+		return up_sock == -2 ? 2 : 1;
+	if (up_sock >= 0) {
+		up_argv = argv;
+		if (!getcwd(start_cwd, sizeof(start_cwd)))
+			snprintf(start_cwd, sizeof(start_cwd), "%s", offer.cwd);
+	}
+	unsigned char *up_state = NULL;
+	size_t up_len = 0, up_nfds = 0;
+	int *up_fds = NULL, up_fuse_fd = -1;
+	struct fuse_args args = FUSE_ARGS_INIT(argc, argv);
+	struct fuse_cmdline_opts cmd = {0};
+	struct kc_opts o = {0};
+	struct kc_fs *fs = NULL;
+	struct kc_remote_tier *remote = NULL;
+	enum kc_log_level level = KC_LOG_INFO;
+	char why[1024];
+	int ret = 1;
+
+	if (fuse_opt_parse(&args, &o, kc_opt_spec, opt_proc) != 0 ||
+	    fuse_parse_cmdline(&args, &cmd) != 0) {
+		ret = 2;
+		goto out_args;
+	}
+	if (cmd.show_help) {
+		usage(argv[0]);
+		ret = 0;
+		goto out_args;
+	}
+	if (cmd.show_version) {
+		version();
+		ret = 0;
+		goto out_args;
+	}
+	if (!o.backing || !cmd.mountpoint) {
+		fprintf(stderr, "usage: %s [options] BACKING_DIR MOUNTPOINT (see --help)\n", argv[0]);
+		ret = 2;
+		goto out_args;
+	}
+	if (o.log_level && kc_log_level_parse(o.log_level, &level) != 0) {
+		fprintf(stderr, "kcachefs: log_level=%s: use error, warning, info or debug\n",
+			o.log_level);
+		ret = 2;
+		goto out_args;
+	}
+	kc_log_init(restarted && hr.use_syslog, cmd.debug ? KC_LOG_DEBUG : level);
+	if (restarted)
+		cmd.foreground = 1; /* the holder's child, which it waits for */
+	/* Started by a service manager that kept the mount of a holder that died (holder.h):
+	 * hold it again and start a daemon on it. */
+	int held_fuse, held_init;
+	if (o.holder && !restarted && up_sock < 0 && kc_holder_stored(&held_fuse, &held_init)) {
+		char mnt[PATH_MAX];
+		mountpoint_path(cmd.mountpoint, mnt, sizeof(mnt));
+		kc_holder_resume(mnt, held_fuse, held_init, argc, argv, start_cwd, !cmd.foreground);
+	}
+	if (!restarted && check_overlap(o.backing, cmd.mountpoint) != 0)
+		goto out_args;
+
+	fs = calloc(1, sizeof(*fs));
+	if (!fs)
+		goto out_args;
+	clock_gettime(CLOCK_REALTIME, &fs->started);
+	kc_idtable_init(&fs->handles);
+	unsigned long jobs = 0, timeout = 0, max_source = 0, max_inodes = 0, max_entries = 0;
+	unsigned long nvrtc_idle = KC_NVRTC_IDLE_DEFAULT;
+	unsigned long remote_lease = 0, remote_wait = 0, remote_timeout = 0;
+	uint64_t max_size = 0;
+	if (parse_number("jobs", o.jobs, 1, KC_COMPILE_SLOTS, &jobs) ||
+	    parse_number("compile_timeout", o.compile_timeout, 1, 7 * 86400, &timeout) ||
+	    parse_number("nvrtc_idle", o.nvrtc_idle, 0, 86400, &nvrtc_idle) ||
+	    parse_number("max_source_size", o.max_source_size, 1, 1ul << 30, &max_source) ||
+	    parse_number("max_inodes", o.max_inodes, 16, 1ul << 30, &max_inodes) ||
+	    parse_number("max_entries", o.max_entries, 1, 1ul << 40, &max_entries) ||
+	    parse_number("remote_lease", o.remote_lease, 1, 86400, &remote_lease) ||
+	    parse_number("remote_wait", o.remote_wait, 1, 7 * 86400, &remote_wait) ||
+	    parse_number("remote_timeout", o.remote_timeout, 1, 600000, &remote_timeout)) {
+		ret = 2;
+		goto out_cfg;
+	}
+	if (o.remote_mode && strcmp(o.remote_mode, "rw") != 0 && strcmp(o.remote_mode, "ro") != 0) {
+		fprintf(stderr, "kcachefs: remote_mode=%s: must be rw or ro\n", o.remote_mode);
+		ret = 2;
+		goto out_cfg;
+	}
+	if (!o.remote && (o.remote_auth || o.remote_key || o.remote_mode || o.remote_lease ||
+			  o.remote_wait || o.remote_timeout)) {
+		fprintf(stderr, "kcachefs: remote_* options need -o remote=URL\n");
+		ret = 2;
+		goto out_cfg;
+	}
+	if (o.max_size && kc_parse_size(o.max_size, &max_size) != 0) {
+		fprintf(stderr, "kcachefs: max_size=%s: a size in bytes is needed, with an optional "
+			"K, M, G or T suffix (e.g. 20G)\n", o.max_size);
+		ret = 2;
+		goto out_cfg;
+	}
+	if (o.compiler && strcmp(o.compiler, "nvcc") != 0 && strcmp(o.compiler, "nvrtc") != 0) {
+		fprintf(stderr, "kcachefs: compiler=%s: must be nvcc or nvrtc\n", o.compiler);
+		ret = 2;
+		goto out_cfg;
+	}
+	fs->cfg.backend_nvrtc = o.compiler && strcmp(o.compiler, "nvrtc") == 0;
+	fs->cfg.nvcc = o.nvcc;
+	fs->cfg.arch = o.arch;
+	fs->cfg.flags = o.flags;
+	fs->cfg.jobs = (unsigned)jobs;
+	fs->cfg.compile_timeout = (unsigned)timeout;
+	fs->cfg.nvrtc_idle = (unsigned)nvrtc_idle;
+	fs->cfg.nvrtc_cold = nvrtc_idle == 0;
+	fs->cfg.autocompile = o.autocompile;
+	fs->cfg.verify_keys = o.verify_keys;
+	fs->cfg.compile_uids_opt = o.compile_uids;
+	o.compile_uids = NULL;
+	fs->cfg.max_source_size = max_source;
+	o.nvcc = o.arch = o.flags = NULL;
+	/* The kernel has applied the client's umask to every mode a request carries; the
+	 * daemon's own would take bits away a second time (a group's 0660 stored as 0640). */
+	umask(0);
+	/* libfuse's options are checked here, before anything can warn: a typo is the first
+	 * thing said. The kernel checks permissions against the owners and modes we store. */
+	fuse_opt_add_arg(&args, "-odefault_permissions");
+	fs->se = fuse_session_new(&args, &kc_fs_ops, sizeof(kc_fs_ops), fs);
+	if (!fs->se) {
+		ret = 2; /* libfuse said why: an option neither it nor kcachefs knows */
+		goto out_cfg;
+	}
+	/* Resolved before mounting: afterwards, a stat of the mountpoint would wait on us. */
+	char real_mnt[PATH_MAX];
+	if (restarted)
+		mountpoint_path(cmd.mountpoint, real_mnt, sizeof(real_mnt));
+	else if (!realpath(cmd.mountpoint, real_mnt)) /* ENOTCONN: a dead mount there */
+		mountpoint_path(cmd.mountpoint, real_mnt, sizeof(real_mnt));
+	if (up_sock >= 0) {
+		/* Taken over: nothing below may touch the mount until the loop serves it. */
+		if (kc_upgrade_replay_init(up_sock, fs->se, &offer, why, sizeof(why)) != 0 ||
+		    kc_upgrade_receive(up_sock, offer.pid, &up_state, &up_len, &up_fds, &up_nfds, why,
+				       sizeof(why)) != 0) {
+			fprintf(stderr, "kcachefs: upgrade of %s: %s\n", real_mnt, why);
+			goto out_cfg;
+		}
+	} else if (restarted) {
+		if (kc_upgrade_replay(fs->se, hr.init_in, hr.init_in_len, hr.init_out,
+				      hr.init_out_len, why, sizeof(why)) != 0) {
+			kc_log(KC_LOG_ERR, "restarted by the holder of %s: %s", real_mnt, why);
+			goto out_cfg;
+		}
+	} else if (kcachefs_mounted_on(real_mnt) && kcachefs_mount_dead(real_mnt)) {
+		/* What a daemon that died without a holder left: nobody can use it. */
+		kc_log(KC_LOG_WARN, "%s has a dead kcachefs mount (Transport endpoint is not "
+		       "connected: its daemon died, and no holder kept it): unmounting it first",
+		       real_mnt);
+		unmount_adopted(real_mnt);
+	}
+	if (up_sock < 0 && !restarted && kcachefs_mounted_on(real_mnt)) {
+		fprintf(stderr, "kcachefs: %s already has a kcachefs mount, which this one would "
+			"hide: unmount it first (umount %s, or fusermount3 -u %s), or choose another "
+			"mountpoint\n", real_mnt, real_mnt, real_mnt);
+		goto out_cfg;
+	}
+	if (check_fuse_device() != 0)
+		goto out_cfg;
+	if (kc_config_resolve(&fs->cfg, why, sizeof(why)) != 0) {
+		fprintf(stderr, "kcachefs: %s\n", why);
+		goto out_cfg;
+	}
+	if (kc_store_open(&fs->store, o.backing, why, sizeof(why)) != 0) {
+		fprintf(stderr, "kcachefs: %s\n", why);
+		goto out_cfg;
+	}
+	warn_if_reachable(fs->store.root_path);
+	/* Read before mounting: the kernel fixes a connection's timeout when FUSE_INIT is
+	 * answered, from the sysctls of that moment. */
+	struct kc_reqtimeout rt;
+	char rt_desc[256];
+	int rterr = kc_reqtimeout_read(KC_REQTIMEOUT_SYSCTL_DIR, &rt);
+	if (rterr)
+		kc_log(KC_LOG_WARN, "cannot read the kernel's FUSE request timeout from %s: %s; "
+		       "assuming none", KC_REQTIMEOUT_SYSCTL_DIR, strerror(-rterr));
+	fit_request_timeout(fs, &rt, &remote_wait, o.remote != NULL, rt_desc, sizeof(rt_desc));
+	if (o.remote) {
+		struct kc_remote_opts ro = {
+			.url = o.remote, .auth_file = o.remote_auth, .key_file = o.remote_key,
+			.read_only = o.remote_mode && strcmp(o.remote_mode, "ro") == 0,
+			.lease_s = (unsigned)remote_lease, .wait_s = (unsigned)remote_wait,
+			.timeout_ms = (unsigned)remote_timeout,
+		};
+		int err = kc_remote_tier_open(&ro, fs->cfg.nvcc, &fs->cache.stats, &remote, why,
+					      sizeof(why));
+		if (err) {
+			fprintf(stderr, "kcachefs: %s\n", why);
+			if (err == -EINVAL)
+				ret = 2; /* the option's value: a usage error */
+			goto out_store;
+		}
+	}
+	unsigned long fd_limit = raise_fd_limit();
+	if (kc_inode_table_init(&fs->inodes, fs->store.root_fd) != 0)
+		goto out_store;
+	kc_evict_init(&fs->evict, &fs->store, &fs->cache.flights, &fs->cache.stats, max_size,
+		      max_entries);
+	fs->evict.evicted = on_evicted;
+	fs->evict.arg = fs;
+	/* A quarter of the descriptors for inodes (one each, two for staged files) leaves the
+	 * rest for open files, compiles and the kernel's lag in forgetting. */
+	fs->inodes.max = max_inodes ? max_inodes : fd_limit / 4;
+	if (max_inodes && max_inodes > fd_limit / 2)
+		kc_log(KC_LOG_WARN, "max_inodes=%lu is over half the open file limit %lu: lookups "
+		       "may fail with EMFILE", max_inodes, fd_limit);
+	if (up_state) {
+		why[0] = '\0';
+		int err = kc_handover_state_restore(fs, up_state, up_len, up_fds, up_nfds,
+						    &up_fuse_fd, why, sizeof(why));
+		if (err) {
+			kc_log(KC_LOG_ERR, "upgrade: the state of pid %d cannot be taken: %s", offer.pid,
+			       why);
+			goto out_session;
+		}
+	}
+
+	if (fuse_set_signal_handlers(fs->se) != 0)
+		goto out_session;
+	if (up_fuse_fd >= 0) {
+		if (kc_upgrade_adopt(up_fuse_fd) != 0) {
+			kc_log(KC_LOG_ERR, "upgrade: cannot serve the descriptor handed over");
+			goto out_signals;
+		}
+		up_fuse_fd = -1; /* the session's */
+	} else if (restarted) {
+		int c = kc_holder_clone(hr.fuse_fd);
+		close(hr.fuse_fd);
+		if (c < 0 || kc_upgrade_adopt(c) != 0) {
+			kc_log(KC_LOG_ERR, "restarted by the holder: cannot serve a clone of its "
+			       "descriptor: %s", strerror(c < 0 ? -c : errno));
+			if (c >= 0)
+				close(c);
+			goto out_signals;
+		}
+	} else if (fuse_session_mount(fs->se, cmd.mountpoint) != 0) {
+		if (geteuid() != 0)
+			fprintf(stderr, "kcachefs: a mount by uid %u goes through fusermount3 (package "
+				"fuse3, installed setuid root); or run kcachefs as root\n",
+				(unsigned)geteuid());
+		goto out_signals;
+	} else if (kc_upgrade_io(fs->se, fuse_session_fd(fs->se)) != 0) {
+		kc_log(KC_LOG_ERR, "cannot set up the session's I/O");
+		goto out_unmount;
+	}
+	kc_notifier_note_connection(&fs->notifier, real_mnt);
+	char compiler[KC_COMPILER_ID_MAX];
+	kc_config_compiler_id(&fs->cfg, compiler);
+	kc_log(KC_LOG_INFO, "serving %s on %s: compiler %s (%s), arch %s%s, jobs %u, timeout %u s, "
+	       "max_size %llu, max_entries %llu (0: no bound), compiles run as %s%u%s%s; kernel "
+	       "request timeout %s%s",
+	       fs->store.root_path, cmd.mountpoint, fs->cfg.nvcc, compiler, fs->cfg.arch,
+	       fs->cfg.arch_detected ? " (detected)" : "", fs->cfg.jobs, fs->cfg.compile_timeout,
+	       (unsigned long long)max_size, (unsigned long long)max_entries,
+	       fs->cfg.compile_uids ? "uids " : "the daemon, uid ",
+	       fs->cfg.compile_uids ? fs->cfg.compile_uids : (unsigned)geteuid(),
+	       fs->cfg.compile_uids ? "+" : "",
+	       fs->cfg.ns_flags ? " in namespaces of their own" : "", rt_desc,
+	       up_state ? "; taken over from the running daemon"
+			: restarted ? "; started again by the holder after the daemon died" : "");
+	if (up_state)
+		kc_log(KC_LOG_INFO, "upgrade: serving %s after pid %d, %llu inodes and every open "
+		       "handle taken over", real_mnt, offer.pid,
+		       (unsigned long long)kc_inode_count(&fs->inodes));
+	if (fuse_daemonize(cmd.foreground) != 0)
+		goto out_unmount;
+	if (!cmd.foreground)
+		kc_log_init(1, cmd.debug ? KC_LOG_DEBUG : level);
+	/* Before any thread: the holder is a fork of this process. */
+	if (o.holder && up_sock < 0 && !restarted) {
+		int herr = kc_holder_start(real_mnt, fuse_session_fd(fs->se),
+					   !cmd.foreground);
+		if (herr)
+			kc_log(KC_LOG_WARN, "no holder for %s (%s): a crash of the daemon costs the "
+			       "mount", real_mnt, strerror(-herr));
+	}
+	/* The watcher too: it waits for this process, not for the one that daemonized. */
+	int werr = kc_compile_watch(fs->cfg.compile_uids,
+				    fs->cfg.uids_lock_fd > 0 ? fs->cfg.uids_lock_fd : -1);
+	if (werr)
+		kc_log(KC_LOG_WARN, "cannot start the watcher of the compiles (%s): a compile "
+		       "outlives a daemon that dies, until the next start", strerror(-werr));
+	/* Threads start after daemonizing (fork keeps only the calling thread). */
+	int started = kc_cache_init(&fs->cache, &fs->cfg, &fs->store, remote) == 0;
+	fs->cache.evict = &fs->evict; /* every publish is told to the index */
+	if (started && remote)
+		kc_remote_tier_probe(remote); /* counted: the cache's counters are set up */
+	if (!started || kc_notifier_start(&fs->notifier, fs->se, &fs->inodes, &fs->store) != 0 ||
+	    kc_sweeper_start(fs) != 0 || kc_evict_start(&fs->evict) != 0) {
+		kc_log(KC_LOG_ERR, "cannot start worker threads");
+		goto out_cache;
+	}
+	int lerr = kc_upgrade_listen(fs, real_mnt, argc, argv, start_cwd);
+	if (lerr)
+		kc_log(KC_LOG_WARN, "no live upgrade for this mount (kcachefs --upgrade): %s",
+		       strerror(-lerr));
+
+	/* The ids this daemon hands out carry the holder's epoch: never one a dead daemon's. */
+	uint32_t epoch = kc_holder_register(real_mnt, argc, argv, start_cwd);
+	if (restarted && !epoch)
+		epoch = hr.epoch;
+	fs->inodes.epoch = fs->handles.epoch = epoch;
+	__atomic_store_n(&fs->stale_ids, epoch != 0, __ATOMIC_SEQ_CST);
+
+	if (cmd.singlethread) {
+		ret = fuse_session_loop(fs->se);
+	} else {
+		struct fuse_loop_config *lc = fuse_loop_cfg_create();
+		fuse_loop_cfg_set_clone_fd(lc, (unsigned)cmd.clone_fd);
+		if (cmd.max_idle_threads != UINT_MAX) /* UINT_MAX: not given, keep libfuse's */
+			fuse_loop_cfg_set_idle_threads(lc, cmd.max_idle_threads);
+		fuse_loop_cfg_set_max_threads(lc, cmd.max_threads);
+		ret = fuse_session_loop_mt(fs->se, lc);
+		fuse_loop_cfg_destroy(lc);
+	}
+	/* libfuse reports the signal that ended the loop; a stop by SIGTERM, SIGINT or SIGHUP
+	 * (systemd, Ctrl-C) is a clean exit. */
+	ret = (ret == 0 || ret == SIGTERM || ret == SIGINT || ret == SIGHUP) ? 0 : 1;
+	kc_log(KC_LOG_INFO, "unmounting %s", cmd.mountpoint);
+
+out_cache:
+	/* In-flight compilers are killed; their waiters are answered EIO. Then the unmount
+	 * aborts what the kernel still queues, which also frees a notification that waits on
+	 * a directory lock held by such a request; only then is the notifier joined. */
+	kc_upgrade_stop();
+	kc_holder_stop(); /* a clean stop: the holder lets the descriptor go */
+	kc_sweeper_stop(fs);
+	kc_evict_stop(&fs->evict);
+	kc_cache_shutdown(&fs->cache);
+	fuse_session_unmount(fs->se);
+	if (up_state || restarted)
+		unmount_adopted(real_mnt);
+	kc_notifier_stop(&fs->notifier);
+	kc_fh_free_all(fs); /* files still open at the stop: the kernel releases none now */
+	goto out_signals;
+out_unmount:
+	fuse_session_unmount(fs->se);
+	if (up_state || restarted)
+		unmount_adopted(real_mnt);
+out_signals:
+	fuse_remove_signal_handlers(fs->se);
+out_session:
+	kc_evict_destroy(&fs->evict);
+	kc_inode_table_destroy(&fs->inodes);
+out_store:
+	kc_remote_tier_close(remote);
+	kc_store_close(&fs->store);
+out_cfg:
+	if (fs->se)
+		fuse_session_destroy(fs->se);
+	kc_config_free(&fs->cfg);
+	kc_idtable_destroy(&fs->handles);
+	free(fs);
+out_args:
+	free(cmd.mountpoint);
+	free(o.backing);
+	free(o.nvcc);
+	free(o.arch);
+	free(o.flags);
+	free(o.log_level);
+	free(o.jobs);
+	free(o.compiler);
+	free(o.compile_timeout);
+	free(o.nvrtc_idle);
+	free(o.max_source_size);
+	free(o.max_inodes);
+	free(o.max_size);
+	free(o.max_entries);
+	free(o.compile_uids);
+	free(o.remote);
+	free(o.remote_auth);
+	free(o.remote_key);
+	free(o.remote_mode);
+	free(o.remote_lease);
+	free(o.remote_wait);
+	free(o.remote_timeout);
+	fuse_opt_free_args(&args);
+	if (up_sock >= 0)
+		close(up_sock);
+	if (up_fuse_fd >= 0)
+		close(up_fuse_fd);
+	free(up_state);
+	free(up_fds);
+	free(up_argv);
+	kc_handover_offer_free(&offer);
+	return ret;
+}
