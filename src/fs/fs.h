@@ -36,6 +36,8 @@ struct kc_fs {
 	/* waiter.c: the sweeper of waiters interrupted by a signal their process survived */
 	struct kc_ticker sweeper;
 	unsigned parked; /* requests parked in waiter.c and not yet answered (atomic) */
+	int stale_ids;   /* the kernel may hold ids of a daemon that died here (stale.h): set
+			  * before the first request is read */
 	unsigned request_budget; /* seconds a parked request may wait before it is answered
 				  * ETIMEDOUT, under the kernel's request timeout (reqtimeout.h);
 				  * 0: no bound */

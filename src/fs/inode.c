@@ -1,6 +1,7 @@
 /* inode.c - see inode.h */
 #define _GNU_SOURCE
 #include "inode.h"
+#include "idtable.h"
 #include "store.h"
 #include "util.h"
 
@@ -62,7 +63,7 @@ static int slot_take(struct kc_inode_table *t, struct kc_inode *in)
 		return -ENOMEM;
 	}
 	in->slot = slot;
-	in->gen = cell->gen + 1 ? cell->gen + 1 : 1; /* never 0: that is the fixed ids' */
+	in->gen = kc_gen_next(cell->gen, t->epoch); /* never 0: that is the fixed ids' */
 	__atomic_store_n(&cell->gen, in->gen, __ATOMIC_RELAXED);
 	__atomic_store_n(&cell->in, in, __ATOMIC_RELEASE);
 	return 0;

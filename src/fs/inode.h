@@ -71,6 +71,8 @@ struct kc_inode_slot {
 
 struct kc_inode_table {
 	pthread_mutex_t lock;
+	uint32_t epoch;      /* of the generations it hands out (idtable.h's kc_gen_next): a
+			      * daemon restarted on a held mount takes the holder's (holder.h) */
 	struct kc_inode_slot **chunks; /* KC_INODE_CHUNKS pointers; a chunk is never moved or
 					* freed before the table, so lookups need no lock */
 	uint32_t next_slot;  /* slots below it have been used */

@@ -21,11 +21,13 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include "compile.h"
 #include "stage.h"
 #include "fs.h"
+#include "holder.h"
 #include "kc_build.h"
 #include "log.h"
 #include "remote_tier.h"
@@ -40,7 +42,7 @@ struct kc_opts {
 	char *max_size, *max_entries, *compile_uids;
 	char *remote, *remote_auth, *remote_key, *remote_mode; /* the cluster store */
 	char *remote_lease, *remote_wait, *remote_timeout;
-	int autocompile, verify_keys;
+	int autocompile, verify_keys, holder;
 };
 
 #define OPT(t, p) {t, offsetof(struct kc_opts, p), 1}
@@ -59,6 +61,7 @@ static const struct fuse_opt kc_opt_spec[] = {
 	OPT("log_level=%s", log_level),
 	OPT("autocompile", autocompile),
 	OPT("verify_keys", verify_keys),
+	OPT("holder", holder),
 	OPT("compile_uids=%s", compile_uids),
 	OPT("remote=%s", remote),
 	OPT("remote_auth=%s", remote_auth),
@@ -137,6 +140,9 @@ static void usage(const char *prog)
 	       "                           daemon holds); compile_uids=daemon: as the daemon\n"
 	       "    -o verify_keys         an entry's <hash> must be the key of its kernel.cu and\n"
 	       "                           kernel.flags (src/entry/key.h), or they are refused\n"
+	       "    -o holder              keep the mount's descriptor in a process of its own,\n"
+	       "                           which starts the daemon again when it dies: a\n"
+	       "                           crash costs the requests in flight, not the mount\n"
 	       "    -o max_source_size=B   largest kernel.cu/kernel.flags accepted (default %u)\n"
 	       "    -o max_size=SIZE       evict least recently used entries when their bytes\n"
 	       "                           exceed SIZE (K, M, G, T suffixes; default no bound)\n"
@@ -175,6 +181,11 @@ static void version(void)
 	printf("OpenSSL %s (built against %s)\n", OpenSSL_version(OPENSSL_VERSION_STRING),
 	       OPENSSL_VERSION_TEXT);
 	printf("CUDA %s (built against %s)\n", KC_CUDA_VERSION, KC_CUDA_HOME);
+#ifdef KC_HAVE_LIBSYSTEMD
+	printf("systemd file descriptor store: yes (libsystemd)\n");
+#else
+	printf("systemd file descriptor store: no (built without libsystemd)\n");
+#endif
 }
 
 /* Refuse a mountpoint inside the backing directory or the reverse: the daemon would read
@@ -192,6 +203,31 @@ static int check_overlap(const char *backing, const char *mnt)
 		return -1;
 	}
 	return 0;
+}
+
+/* The resolved path of mountpoint mnt without a look inside it: a daemon started again on
+ * a mount whose daemon died must not stat it (the request would wait for itself). The
+ * directory above is resolved; the last name is taken as it is. */
+static void mountpoint_path(const char *mnt, char *out, size_t len)
+{
+	char dir[PATH_MAX], real[PATH_MAX] = "/";
+	snprintf(dir, sizeof(dir), "%s", mnt);
+	size_t n = strlen(dir);
+	while (n > 1 && dir[n - 1] == '/')
+		dir[--n] = '\0';
+	char *slash = strrchr(dir, '/');
+	const char *base = slash ? slash + 1 : dir;
+	if (slash && slash != dir)
+		*slash = '\0';
+	int resolved = slash == dir || realpath(slash ? dir : ".", real);
+	size_t rl = strlen(real), bl = strlen(base), sep = strcmp(real, "/") != 0;
+	if (!resolved || !*base || rl + sep + bl + 1 > len) {
+		snprintf(out, len, "%s", mnt);
+		return;
+	}
+	memcpy(out, real, rl);
+	out[rl] = '/';
+	memcpy(out + rl + sep, base, bl + 1);
 }
 
 /* Undo the octal escapes (\040 for a blank...) of a path in /proc/self/mountinfo. */
@@ -237,6 +273,18 @@ static int kcachefs_mounted_on(const char *mnt)
 	free(line);
 	fclose(f);
 	return found;
+}
+
+/* Nonzero when the kcachefs mount at mnt is dead: no daemon (its upgrade socket) nor holder
+ * answers for it, and the kernel answers ENOTCONN. */
+static int kcachefs_mount_dead(const char *mnt)
+{
+	char name[108];
+	kc_upgrade_socket_path(mnt, name, sizeof(name));
+	if (kc_abstract_answers(name, SOCK_STREAM) || kc_holder_listening(mnt))
+		return 0;
+	struct statfs sf; /* always a request (a stat may be answered from the kernel's cache) */
+	return statfs(mnt, &sf) != 0 && errno == ENOTCONN;
 }
 
 /* A daemon not run as root mounts through fusermount3 (setuid root), and needs /dev/fuse
@@ -414,7 +462,12 @@ int main(int argc, char *argv[])
 		snprintf(start_cwd, sizeof(start_cwd), "/");
 	struct kc_handover_offer offer = {0};
 	char **up_argv = NULL;
-	int up_sock = upgrade_args(&argc, &argv, &offer);
+	/* Started again by the holder after a daemon died (holder.h)? */
+	struct kc_holder_restart hr;
+	int restarted = kc_holder_restarted(&hr);
+	if (restarted < 0)
+		return 1;
+	int up_sock = restarted ? -1 : upgrade_args(&argc, &argv, &offer);
 	if (up_sock == -2 || up_sock == -3)
 		return up_sock == -2 ? 2 : 1;
 	if (up_sock >= 0) {
@@ -460,8 +513,18 @@ int main(int argc, char *argv[])
 		ret = 2;
 		goto out_args;
 	}
-	kc_log_init(0, cmd.debug ? KC_LOG_DEBUG : level);
-	if (check_overlap(o.backing, cmd.mountpoint) != 0)
+	kc_log_init(restarted && hr.use_syslog, cmd.debug ? KC_LOG_DEBUG : level);
+	if (restarted)
+		cmd.foreground = 1; /* the holder's child, which it waits for */
+	/* Started by a service manager that kept the mount of a holder that died (holder.h):
+	 * hold it again and start a daemon on it. */
+	int held_fuse, held_init;
+	if (o.holder && !restarted && up_sock < 0 && kc_holder_stored(&held_fuse, &held_init)) {
+		char mnt[PATH_MAX];
+		mountpoint_path(cmd.mountpoint, mnt, sizeof(mnt));
+		kc_holder_resume(mnt, held_fuse, held_init, argc, argv, start_cwd, !cmd.foreground);
+	}
+	if (!restarted && check_overlap(o.backing, cmd.mountpoint) != 0)
 		goto out_args;
 
 	fs = calloc(1, sizeof(*fs));
@@ -534,8 +597,10 @@ int main(int argc, char *argv[])
 	}
 	/* Resolved before mounting: afterwards, a stat of the mountpoint would wait on us. */
 	char real_mnt[PATH_MAX];
-	if (!realpath(cmd.mountpoint, real_mnt))
-		snprintf(real_mnt, sizeof(real_mnt), "%s", cmd.mountpoint);
+	if (restarted)
+		mountpoint_path(cmd.mountpoint, real_mnt, sizeof(real_mnt));
+	else if (!realpath(cmd.mountpoint, real_mnt)) /* ENOTCONN: a dead mount there */
+		mountpoint_path(cmd.mountpoint, real_mnt, sizeof(real_mnt));
 	if (up_sock >= 0) {
 		/* Taken over: nothing below may touch the mount until the loop serves it. */
 		if (kc_upgrade_replay_init(up_sock, fs->se, &offer, why, sizeof(why)) != 0 ||
@@ -544,7 +609,20 @@ int main(int argc, char *argv[])
 			fprintf(stderr, "kcachefs: upgrade of %s: %s\n", real_mnt, why);
 			goto out_cfg;
 		}
-	} else if (kcachefs_mounted_on(real_mnt)) {
+	} else if (restarted) {
+		if (kc_upgrade_replay(fs->se, hr.init_in, hr.init_in_len, hr.init_out,
+				      hr.init_out_len, why, sizeof(why)) != 0) {
+			kc_log(KC_LOG_ERR, "restarted by the holder of %s: %s", real_mnt, why);
+			goto out_cfg;
+		}
+	} else if (kcachefs_mounted_on(real_mnt) && kcachefs_mount_dead(real_mnt)) {
+		/* What a daemon that died without a holder left: nobody can use it. */
+		kc_log(KC_LOG_WARN, "%s has a dead kcachefs mount (Transport endpoint is not "
+		       "connected: its daemon died, and no holder kept it): unmounting it first",
+		       real_mnt);
+		unmount_adopted(real_mnt);
+	}
+	if (up_sock < 0 && !restarted && kcachefs_mounted_on(real_mnt)) {
 		fprintf(stderr, "kcachefs: %s already has a kcachefs mount, which this one would "
 			"hide: unmount it first (umount %s, or fusermount3 -u %s), or choose another "
 			"mountpoint\n", real_mnt, real_mnt, real_mnt);
@@ -618,6 +696,16 @@ int main(int argc, char *argv[])
 			goto out_signals;
 		}
 		up_fuse_fd = -1; /* the session's */
+	} else if (restarted) {
+		int c = kc_holder_clone(hr.fuse_fd);
+		close(hr.fuse_fd);
+		if (c < 0 || kc_upgrade_adopt(c) != 0) {
+			kc_log(KC_LOG_ERR, "restarted by the holder: cannot serve a clone of its "
+			       "descriptor: %s", strerror(c < 0 ? -c : errno));
+			if (c >= 0)
+				close(c);
+			goto out_signals;
+		}
 	} else if (fuse_session_mount(fs->se, cmd.mountpoint) != 0) {
 		if (geteuid() != 0)
 			fprintf(stderr, "kcachefs: a mount by uid %u goes through fusermount3 (package "
@@ -641,7 +729,8 @@ int main(int argc, char *argv[])
 	       fs->cfg.compile_uids ? fs->cfg.compile_uids : (unsigned)geteuid(),
 	       fs->cfg.compile_uids ? "+" : "",
 	       fs->cfg.ns_flags ? " in namespaces of their own" : "", rt_desc,
-	       up_state ? "; taken over from the running daemon" : "");
+	       up_state ? "; taken over from the running daemon"
+			: restarted ? "; started again by the holder after the daemon died" : "");
 	if (up_state)
 		kc_log(KC_LOG_INFO, "upgrade: serving %s after pid %d, %llu inodes and every open "
 		       "handle taken over", real_mnt, offer.pid,
@@ -650,6 +739,14 @@ int main(int argc, char *argv[])
 		goto out_unmount;
 	if (!cmd.foreground)
 		kc_log_init(1, cmd.debug ? KC_LOG_DEBUG : level);
+	/* Before any thread: the holder is a fork of this process. */
+	if (o.holder && up_sock < 0 && !restarted) {
+		int herr = kc_holder_start(real_mnt, fuse_session_fd(fs->se),
+					   !cmd.foreground);
+		if (herr)
+			kc_log(KC_LOG_WARN, "no holder for %s (%s): a crash of the daemon costs the "
+			       "mount", real_mnt, strerror(-herr));
+	}
 	/* The watcher too: it waits for this process, not for the one that daemonized. */
 	int werr = kc_compile_watch(fs->cfg.compile_uids,
 				    fs->cfg.uids_lock_fd > 0 ? fs->cfg.uids_lock_fd : -1);
@@ -670,6 +767,13 @@ int main(int argc, char *argv[])
 	if (lerr)
 		kc_log(KC_LOG_WARN, "no live upgrade for this mount (kcachefs --upgrade): %s",
 		       strerror(-lerr));
+
+	/* The ids this daemon hands out carry the holder's epoch: never one a dead daemon's. */
+	uint32_t epoch = kc_holder_register(real_mnt, argc, argv, start_cwd);
+	if (restarted && !epoch)
+		epoch = hr.epoch;
+	fs->inodes.epoch = fs->handles.epoch = epoch;
+	__atomic_store_n(&fs->stale_ids, epoch != 0, __ATOMIC_SEQ_CST);
 
 	if (cmd.singlethread) {
 		ret = fuse_session_loop(fs->se);
@@ -692,18 +796,19 @@ out_cache:
 	 * aborts what the kernel still queues, which also frees a notification that waits on
 	 * a directory lock held by such a request; only then is the notifier joined. */
 	kc_upgrade_stop();
+	kc_holder_stop(); /* a clean stop: the holder lets the descriptor go */
 	kc_sweeper_stop(fs);
 	kc_evict_stop(&fs->evict);
 	kc_cache_shutdown(&fs->cache);
 	fuse_session_unmount(fs->se);
-	if (up_state)
+	if (up_state || restarted)
 		unmount_adopted(real_mnt);
 	kc_notifier_stop(&fs->notifier);
 	kc_fh_free_all(fs); /* files still open at the stop: the kernel releases none now */
 	goto out_signals;
 out_unmount:
 	fuse_session_unmount(fs->se);
-	if (up_state)
+	if (up_state || restarted)
 		unmount_adopted(real_mnt);
 out_signals:
 	fuse_remove_signal_handlers(fs->se);

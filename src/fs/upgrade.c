@@ -23,7 +23,9 @@
 
 #include "hash.h"
 #include "pool.h"
+#include "holder.h"
 #include "log.h"
+#include "stale.h"
 
 enum { MSG_HELLO = 1, MSG_OFFER, MSG_REFUSE, MSG_GO, MSG_ABORT, MSG_STATE, MSG_FAIL, MSG_ACK };
 #define FDS_PER_MSG 250
@@ -110,8 +112,8 @@ static int thread_epoll(int fd)
 }
 
 /* One wait for a request: the request's length, or -1 with *err (EAGAIN: none now, or the
- * gate is closing). */
-static ssize_t poll_read(int fd, void *buf, size_t len, int *err)
+ * gate is closing, or the request was one of a dead daemon's ids, answered here). */
+static ssize_t poll_read(int fd, void *buf, size_t len, int *err, struct kc_fs *fs)
 {
 	int ep = thread_epoll(fd), ready = 0;
 	*err = EAGAIN;
@@ -137,6 +139,10 @@ static ssize_t poll_read(int fd, void *buf, size_t len, int *err)
 		return -1;
 	ssize_t n = read(fd, buf, len);
 	*err = errno;
+	if (n > 0 && fs && !(n = (ssize_t)kc_stale_filter(fs, fd, buf, (size_t)n))) {
+		*err = EAGAIN;
+		return -1;
+	}
 	if (n > 0)
 		note_request(buf, (size_t)n);
 	return n;
@@ -144,7 +150,6 @@ static ssize_t poll_read(int fd, void *buf, size_t len, int *err)
 
 static ssize_t io_read(int fd, void *buf, size_t len, void *userdata)
 {
-	(void)userdata;
 	/* libfuse cancels its workers when the loop ends, in this read: no lock is held across
 	 * a cancellation point, and no cleanup handler is pushed (their longjmp trips
 	 * AddressSanitizer); a reader cancelled while counted is only one at the very end. */
@@ -160,7 +165,7 @@ static ssize_t io_read(int fd, void *buf, size_t len, void *userdata)
 			continue;
 
 		int err;
-		ssize_t n = poll_read(fd, buf, len, &err);
+		ssize_t n = poll_read(fd, buf, len, &err, userdata);
 		reader_gone(NULL);
 		if (n >= 0)
 			return n;
@@ -197,6 +202,7 @@ static ssize_t io_writev(int fd, struct iovec *iov, int count, void *userdata)
 			memcpy(io.init_out + io.init_out_len, iov[i].iov_base, iov[i].iov_len);
 			io.init_out_len += iov[i].iov_len;
 		}
+		kc_holder_note_init(io.init_in, io.init_in_len, io.init_out, io.init_out_len);
 	}
 	ssize_t r = writev(fd, iov, count);
 	int err = errno;
@@ -416,8 +422,7 @@ void kc_upgrade_socket_path(const char *real_mnt, char *path, size_t len)
 	snprintf(path, len, "kcachefs-upgrade-%u-%.32s", (unsigned)geteuid(), hex);
 }
 
-/* The abstract address (no file: it goes with the process, even a killed one) of name. */
-static socklen_t abstract_addr(const char *name, struct sockaddr_un *a)
+socklen_t kc_abstract_addr(const char *name, struct sockaddr_un *a)
 {
 	size_t n = strlen(name);
 	memset(a, 0, sizeof(*a));
@@ -426,6 +431,17 @@ static socklen_t abstract_addr(const char *name, struct sockaddr_un *a)
 		n = sizeof(a->sun_path) - 1;
 	memcpy(a->sun_path + 1, name, n);
 	return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n);
+}
+
+int kc_abstract_answers(const char *name, int type)
+{
+	struct sockaddr_un a;
+	socklen_t al = kc_abstract_addr(name, &a);
+	int s = socket(AF_UNIX, type | SOCK_CLOEXEC, 0);
+	int ok = s >= 0 && connect(s, (struct sockaddr *)&a, al) == 0;
+	if (s >= 0)
+		close(s);
+	return ok;
 }
 
 /* The old side. */
@@ -596,6 +612,7 @@ static void serve(int c)
 	}
 	kc_log(KC_LOG_INFO, "upgrade: the mount is pid %d's now (%ld requests answered during "
 	       "the handover, %.2f s): exiting", (int)cred.pid, held, mono_now() - begun);
+	kc_holder_handover(); /* the holder (if any) waits for the new daemon, restarts none */
 	/* No unmount, no cleanup of the store: both are the new daemon's now. */
 	_exit(0);
 }
@@ -630,7 +647,7 @@ int kc_upgrade_listen(struct kc_fs *fs, const char *real_mnt, int argc, char **a
 	srv.fs = fs;
 	kc_upgrade_socket_path(real_mnt, srv.path, sizeof(srv.path));
 	struct sockaddr_un a;
-	socklen_t al = abstract_addr(srv.path, &a);
+	socklen_t al = kc_abstract_addr(srv.path, &a);
 	srv.sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (srv.sock < 0)
 		return -errno;
@@ -676,7 +693,7 @@ int kc_upgrade_connect(const char *mnt, struct kc_handover_offer *offer, char *w
 	}
 	kc_upgrade_socket_path(real, path, sizeof(path));
 	struct sockaddr_un a;
-	socklen_t al = abstract_addr(path, &a);
+	socklen_t al = kc_abstract_addr(path, &a);
 	int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (s < 0 || connect(s, (struct sockaddr *)&a, al) != 0) {
 		snprintf(why, whylen, "no kcachefs daemon of uid %u serves %s that takes upgrades "
@@ -719,30 +736,33 @@ int kc_upgrade_connect(const char *mnt, struct kc_handover_offer *offer, char *w
 	return s;
 }
 
-int kc_upgrade_replay_init(int sock, struct fuse_session *se, const struct kc_handover_offer *o,
-			   char *why, size_t whylen)
+int kc_upgrade_replay(struct fuse_session *se, const unsigned char *init_in, size_t in_len,
+		      const unsigned char *init_out, size_t out_len, char *why, size_t whylen)
 {
 	int placeholder = open("/dev/null", O_RDWR | O_CLOEXEC);
 	int err = placeholder < 0 ? -errno : kc_upgrade_io(se, placeholder);
 	io.placeholder = placeholder;
-	if (!err && (o->init_in_len < sizeof(struct fuse_in_header) ||
-		     ((const struct fuse_in_header *)o->init_in)->opcode != FUSE_INIT)) {
-		snprintf(why, whylen, "the offer holds no FUSE_INIT");
+	struct fuse_in_header head = {0}; /* copied: init_in may be unaligned */
+	if (in_len >= sizeof(head))
+		memcpy(&head, init_in, sizeof(head));
+	if (!err && (in_len < sizeof(head) || in_len > sizeof(io.init_in) ||
+		     out_len > sizeof(io.init_out) || head.opcode != FUSE_INIT)) {
+		snprintf(why, whylen, "no FUSE_INIT of the mount to replay");
 		err = -EPROTO;
 	}
 	if (!err) {
-		unsigned char in[KC_HANDOVER_INIT_MAX];
-		memcpy(in, o->init_in, o->init_in_len);
-		struct fuse_buf buf = {.size = o->init_in_len, .mem = in};
+		_Alignas(8) unsigned char in[KC_HANDOVER_INIT_MAX]; /* libfuse reads a header from it */
+		memcpy(in, init_in, in_len);
+		struct fuse_buf buf = {.size = in_len, .mem = in};
 		io.swallow = 1;
 		io.swallowed_len = 0;
 		fuse_session_process_buf(se, &buf);
 		io.swallow = 0;
 		/* The same reply, less the unique id (bytes 8-15 of the header). */
 		const size_t uo = offsetof(struct fuse_out_header, unique);
-		if (io.swallowed_len != o->init_out_len || o->init_out_len < sizeof(struct fuse_out_header) ||
-		    memcmp(io.swallowed, o->init_out, uo) != 0 ||
-		    memcmp(io.swallowed + uo + 8, o->init_out + uo + 8, o->init_out_len - uo - 8) != 0) {
+		if (io.swallowed_len != out_len || out_len < sizeof(struct fuse_out_header) ||
+		    memcmp(io.swallowed, init_out, uo) != 0 ||
+		    memcmp(io.swallowed + uo + 8, init_out + uo + 8, out_len - uo - 8) != 0) {
 			snprintf(why, whylen, "this build answers the mount's FUSE_INIT otherwise than "
 				 "the running daemon (protocol, flags or sizes): the kernel would use "
 				 "what the running one negotiated");
@@ -750,18 +770,28 @@ int kc_upgrade_replay_init(int sock, struct fuse_session *se, const struct kc_ha
 		}
 	}
 	if (!err) {
-		memcpy(io.init_in, o->init_in, o->init_in_len);
-		io.init_in_len = o->init_in_len;
-		memcpy(io.init_out, o->init_out, o->init_out_len);
-		io.init_out_len = o->init_out_len;
-		io.init_unique = ((const struct fuse_in_header *)o->init_in)->unique;
+		memcpy(io.init_in, init_in, in_len);
+		io.init_in_len = in_len;
+		memcpy(io.init_out, init_out, out_len);
+		io.init_out_len = out_len;
+		io.init_unique = head.unique;
+	}
+	/* The placeholder stays the session's until kc_upgrade_adopt puts the real one there. */
+	return err;
+}
+
+int kc_upgrade_replay_init(int sock, struct fuse_session *se, const struct kc_handover_offer *o,
+			   char *why, size_t whylen)
+{
+	int err = kc_upgrade_replay(se, o->init_in, o->init_in_len, o->init_out, o->init_out_len,
+				    why, whylen);
+	if (!err) {
 		err = send_msg(sock, MSG_GO, NULL, 0);
 		if (err)
 			snprintf(why, whylen, "the running daemon is gone: %s", strerror(-err));
 	} else {
 		send_msg(sock, MSG_ABORT, why, strlen(why) + 1);
 	}
-	/* The placeholder stays the session's until kc_upgrade_adopt puts the real one there. */
 	return err;
 }
 

@@ -26,7 +26,9 @@
 #define KC_UPGRADE_H
 
 #include <stddef.h>
+#include <sys/socket.h>
 #include <sys/types.h>
+#include <sys/un.h>
 
 #include "fs.h"
 #include "handover.h"
@@ -38,6 +40,13 @@
 /* The abstract socket name (without its leading NUL) of this user's daemon serving
  * real_mnt (a resolved path), into path (len bytes). */
 void kc_upgrade_socket_path(const char *real_mnt, char *path, size_t len);
+
+/* The abstract Unix address (no file: it goes with the process, even a killed one) of
+ * name, into a; returns its length. */
+socklen_t kc_abstract_addr(const char *name, struct sockaddr_un *a);
+/* Nonzero when a process listens on the abstract name (socket type type, e.g.
+ * SOCK_STREAM): a connection is made and closed at once. */
+int kc_abstract_answers(const char *name, int type);
 
 /* Put the session's I/O on fd (its /dev/fuse descriptor, made non-blocking). Returns 0 or
  * -errno. */
@@ -59,6 +68,13 @@ int kc_upgrade_connect(const char *mnt, struct kc_handover_offer *offer, char *w
  * serving (-EPROTO, why filled). */
 int kc_upgrade_replay_init(int sock, struct fuse_session *se, const struct kc_handover_offer *o,
 			   char *why, size_t whylen);
+/* Put the session's I/O on a placeholder descriptor and replay init_in (in_len bytes, the
+ * mount's FUSE_INIT as the kernel sent it) on se, checking that se answers it with exactly
+ * init_out (out_len bytes, the reply the kernel took, unique id aside): se starts as already
+ * initialized. Returns 0, or -EPROTO with why filled. Used by the upgrade and by a daemon
+ * restarted by the holder (holder.h). */
+int kc_upgrade_replay(struct fuse_session *se, const unsigned char *init_in, size_t in_len,
+		      const unsigned char *init_out, size_t out_len, char *why, size_t whylen);
 /* Make the session set up by kc_upgrade_replay_init serve fd (the /dev/fuse descriptor
  * handed over; consumed on success): it takes the placeholder's number, so libfuse's session
  * needs no second setup. Returns 0 or -errno. */

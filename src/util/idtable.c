@@ -65,7 +65,7 @@ uint64_t kc_idtable_add(struct kc_idtable *t, void *p, int kind)
 		slot = t->n++;
 	}
 	struct kc_idslot *s = &t->v[slot];
-	s->gen = s->gen + 1 ? s->gen + 1 : 1;
+	s->gen = kc_gen_next(s->gen, t->epoch);
 	s->p = p;
 	s->kind = kind;
 	uint64_t id = (uint64_t)s->gen << 32 | slot;
@@ -73,15 +73,27 @@ uint64_t kc_idtable_add(struct kc_idtable *t, void *p, int kind)
 	return id;
 }
 
-void *kc_idtable_get(struct kc_idtable *t, uint64_t id, int kind)
+/* The object of id with kind (any kind: -1), or NULL. */
+static void *lookup(struct kc_idtable *t, uint64_t id, int kind)
 {
 	uint32_t slot = (uint32_t)id, gen = (uint32_t)(id >> 32);
 	void *p = NULL;
 	pthread_mutex_lock(&t->lock);
-	if (slot && slot < t->n && t->v[slot].p && t->v[slot].gen == gen && t->v[slot].kind == kind)
+	if (slot && slot < t->n && t->v[slot].p && t->v[slot].gen == gen &&
+	    (kind < 0 || t->v[slot].kind == kind))
 		p = t->v[slot].p;
 	pthread_mutex_unlock(&t->lock);
 	return p;
+}
+
+void *kc_idtable_get(struct kc_idtable *t, uint64_t id, int kind)
+{
+	return kind < 0 ? NULL : lookup(t, id, kind);
+}
+
+int kc_idtable_has(struct kc_idtable *t, uint64_t id)
+{
+	return lookup(t, id, -1) != NULL;
 }
 
 void kc_idtable_remove(struct kc_idtable *t, uint64_t id)

@@ -9,6 +9,7 @@ import atexit
 import hashlib
 import multiprocessing
 import os
+import random
 import shutil
 import signal
 import struct
@@ -295,3 +296,72 @@ def as_user(user, code, *args):
                        extra_groups=[], cwd="/", capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     return r.stdout.split()
+
+
+# Clients of a mount whose daemon is replaced (a live upgrade) or dies (a holder's restart).
+
+# Runs in a mount namespace of its own (unshare -m, as a container's): bind-mounts the
+# mountpoint, then reads the files named on stdin through the bind mount.
+NS_HELPER = r"""
+import hashlib, os, subprocess, sys
+mnt, bind = sys.argv[1], sys.argv[2]
+subprocess.run(["mount", "--bind", mnt, bind], check=True)
+print("ready", flush=True)
+for line in sys.stdin:
+    path = os.path.join(bind, line.strip())
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+        print("ok", hashlib.sha256(data).hexdigest(), os.stat(path).st_dev, flush=True)
+    except OSError as e:
+        print("err", e.errno, flush=True)
+"""
+
+
+def variant(i):
+    src, flags = sample("vector_add")
+    return src + b"\n// variant %d\n" % i, flags
+
+
+def open_all(index, entries):
+    """One client: opens every kernel.cubin in its own order; (name, sha256, size, seconds)
+    or (name, 'err', errno, seconds) for each."""
+    order = list(entries)
+    random.Random(index).shuffle(order)
+    out = []
+    for e in order:
+        t = time.monotonic()
+        try:
+            with open(os.path.join(e, "kernel.cubin"), "rb") as f:
+                data = f.read()
+            out.append((e, hashlib.sha256(data).hexdigest(), len(data), time.monotonic() - t))
+        except OSError as err:
+            out.append((e, "err", err.errno, time.monotonic() - t))
+    return out
+
+
+def daemons_of(m, comm=None):
+    """Pids of the kcachefs processes whose command line names m's mountpoint and that hold
+    /dev/fuse: its daemons (a watcher, forked from a daemon, closes it at once), and its
+    holder (-o holder); only those named comm (/proc/PID/comm: "kcachefs" for daemons,
+    "kcachefs-holder") when it is given."""
+    pids = []
+    for d in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = open("/proc/%s/cmdline" % d, "rb").read().split(b"\0")
+            if not (argv[0].endswith(b"kcachefs") and str(m.mnt).encode() in argv):
+                continue
+            if comm and open("/proc/%s/comm" % d).read().strip() != comm:
+                continue
+            fds = os.listdir("/proc/%s/fd" % d)
+            if any(os.readlink("/proc/%s/fd/%s" % (d, f)) == "/dev/fuse" for f in fds):
+                pids.append(int(d))
+        except OSError:
+            continue
+    return pids
+
+
+def ns_read(helper, rel):
+    helper.stdin.write(rel + "\n")
+    helper.stdin.flush()
+    return helper.stdout.readline().split()

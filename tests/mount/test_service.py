@@ -1,14 +1,19 @@
 """The service files in scripts/: the fstab line mounts through mount.fuse3, and the systemd
 unit's commands start, stop and restart the daemon, both with the same options, here with
 test paths in place of /var/cache/kcachefs and /mnt/kcache."""
+import array
 import os
 import re
 import shlex
+import socket
 import signal
 import subprocess
 import time
 
+import pytest
+
 from conftest import KCACHEFS, REPO, sample, entry_name
+from kcmount import wait_until
 
 FSTAB = REPO / "scripts" / "kcachefs.fstab"
 UNIT = REPO / "scripts" / "kcachefs.service"
@@ -49,16 +54,19 @@ def to_test_paths(text, tmp_path):
             .replace("/mnt/kcache", str(tmp_path / "mnt")))
 
 
-def daemons_of(backing):
-    """Pids of kcachefs daemons serving backing."""
+def daemons_of(backing, comm="kcachefs"):
+    """Pids of kcachefs daemons whose command line names backing (or the mountpoint: a daemon
+    started by kcachefs --upgrade names only that); comm "kcachefs-holder": their holders."""
     pids = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open("/proc/%s/cmdline" % pid, "rb") as f:
                 argv = f.read().split(b"\0")
+            with open("/proc/%s/comm" % pid) as f:
+                name = f.read().strip()
         except OSError:
             continue
-        if argv[0].endswith(b"kcachefs") and str(backing).encode() in argv:
+        if argv[0].endswith(b"kcachefs") and str(backing).encode() in argv and name == comm:
             pids.append(int(pid))
     return pids
 
@@ -90,24 +98,26 @@ def test_the_fstab_line_mounts_through_mount_fuse3(tmp_path):
         line = [l for l in open("/proc/mounts") if " %s " % mnt in l][0]
         for opt in ("nosuid", "nodev", "allow_other", "default_permissions"):
             assert opt in line.split()[3].split(","), line
-        pids = daemons_of(backing)
-        assert len(pids) == 1, "one daemon, in the background"
+        # One daemon, in the background, and its holder (named so once it has forked).
+        wait_until(lambda: (len(daemons_of(backing)),
+                            len(daemons_of(backing, "kcachefs-holder"))) == (1, 1),
+                   lambda: (daemons_of(backing), daemons_of(backing, "kcachefs-holder")))
         compile_one(mnt)
         assert "\nkcachefs_compiles_total 1\n" in (mnt / ".kcachefs" / "metrics.prom").read_text()
     finally:
         subprocess.run(["umount", str(mnt)], capture_output=True)
     deadline = time.monotonic() + 20
-    while daemons_of(backing):
+    while daemons_of(backing) or daemons_of(backing, "kcachefs-holder"):
         assert time.monotonic() < deadline, "the daemon did not exit after umount"
         time.sleep(0.05)
     assert not os.path.ismount(mnt)
 
 
-def run_unit_commands(key, tmp_path):
+def run_unit_commands(key, tmp_path, env=None):
     for value in unit_values(key):
         ignore = value.startswith("-")
         r = subprocess.run(shlex.split(to_test_paths(value.lstrip("-"), tmp_path)),
-                           capture_output=True, text=True, timeout=60)
+                           capture_output=True, text=True, timeout=60, env=env)
         assert ignore or r.returncode == 0, (value, r.stderr)
 
 
@@ -118,15 +128,100 @@ def mount_table():
                 for line in f}
 
 
-def start_unit(tmp_path):
-    """systemd's start: ExecStartPre, ExecStart (the daemon, in the foreground), then
-    ExecStartPost, which returns once the mount is up."""
+def start_unit(tmp_path, manager=None):
+    """systemd's start: ExecStartPre, ExecStart (the holder and its daemon, in the
+    foreground), then ExecStartPost, which returns once the mount is up. With manager (a
+    FakeManager), the process gets its NOTIFY_SOCKET and the descriptors it stored."""
     run_unit_commands("ExecStartPre", tmp_path)
     log = open(tmp_path / "journal", "ab")
-    proc = subprocess.Popen(shlex.split(to_test_paths(unit_values("ExecStart")[0], tmp_path)),
-                            stdout=log, stderr=subprocess.STDOUT)
+    argv = shlex.split(to_test_paths(unit_values("ExecStart")[0], tmp_path))
+    proc = (manager.run(argv, log) if manager else
+            subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT))
     run_unit_commands("ExecStartPost", tmp_path)
     return proc
+
+
+def kill_the_rest(path):
+    """What systemd does to the processes left in the unit's cgroup once its main process
+    is gone (KillMode=mixed: SIGKILL): the daemons whose command line names path."""
+    for pid in daemons_of(path):
+        os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: not daemons_of(path), "a daemon survived SIGKILL")
+
+
+class FakeManager:
+    """The part of systemd the unit's holder relies on, by the documented protocol: a
+    NOTIFY_SOCKET whose FDSTORE=1 messages (sd_notify(3), FDNAME=, descriptors in
+    SCM_RIGHTS) it keeps, FDSTOREREMOVE=1 drops, and a start that hands them back as
+    descriptors 3... with LISTEN_FDS, LISTEN_PID and LISTEN_FDNAMES (sd_listen_fds(3))."""
+
+    def __init__(self, tmp_path):
+        self.path = str(tmp_path / "notify")
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(self.path)
+        self.store = {}
+
+    def receive(self):
+        while True:
+            try:
+                data, anc, _, _ = self.sock.recvmsg(4096, socket.CMSG_SPACE(64 * 4),
+                                                    socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return
+            fds = array.array("i")
+            for level, kind, payload in anc:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
+            fields = dict(l.split("=", 1) for l in data.decode().splitlines() if "=" in l)
+            name = fields.get("FDNAME", "stored")
+            if fields.get("FDSTORE") == "1" and fds:
+                self.drop(name)
+                self.store[name] = fds[0]
+                for fd in fds[1:]:
+                    os.close(fd)
+            else:
+                for fd in fds:
+                    os.close(fd)
+            if fields.get("FDSTOREREMOVE") == "1":
+                self.drop(name)
+
+    def drop(self, name):
+        if name in self.store:
+            os.close(self.store.pop(name))
+
+    def run(self, argv, log):
+        self.receive()
+        env = dict(os.environ, NOTIFY_SOCKET=self.path)
+        names = list(self.store)
+        fds = [self.store[n] for n in names]
+        # Descriptors 3... as systemd passes them; LISTEN_PID is the process's own pid.
+
+        def move():
+            high = [os.dup(fd) for fd in fds]
+            for i, fd in enumerate(high):
+                os.dup2(fd, 3 + i)
+                os.close(fd)
+
+        script = ('export LISTEN_FDS=%d LISTEN_PID=$$ LISTEN_FDNAMES=%s; exec "$@"'
+                  % (len(fds), ":".join(names))) if fds else 'exec "$@"'
+        return subprocess.Popen(["/bin/sh", "-c", script, "sh"] + argv, env=env,
+                                preexec_fn=move, pass_fds=range(3, 3 + len(fds)),
+                                stdout=log, stderr=subprocess.STDOUT)
+
+    def wait_stored(self, names, timeout=30):
+        def stored():
+            self.receive()
+            return set(names) <= set(self.store)
+        wait_until(stored, lambda: ("not stored", names, list(self.store)), timeout=timeout)
+
+    def release(self):
+        """A stop: the store is closed."""
+        if self.sock.fileno() < 0:
+            return
+        self.receive()
+        for name in list(self.store):
+            self.drop(name)
+        self.sock.close()
 
 
 def test_the_unit_starts_stops_and_restarts_after_a_crash(tmp_path):
@@ -136,16 +231,19 @@ def test_the_unit_starts_stops_and_restarts_after_a_crash(tmp_path):
         assert os.stat(tmp_path / "var").st_mode & 0o777 == 0o700
         assert os.path.ismount(mnt)
         compile_one(mnt)
-        # A crash leaves a dead mount; the restart's ExecStartPre clears it.
+        # A crash of the whole service (systemd kills what is left once the main process
+        # died) without a file descriptor store leaves a dead mount; the next start clears it.
         proc.send_signal(signal.SIGKILL)
         proc.wait()
+        kill_the_rest(tmp_path / "var" / "store")
         # A dead mount is still in the table; stat of it fails (ENOTCONN) once the kernel's
         # cached attributes expire, so os.path.ismount says False on a slow machine.
         assert str(mnt) in mount_table()
         proc = start_unit(tmp_path)
         assert os.path.ismount(mnt)
         assert (mnt / ".kcachefs" / "stats").read_text().startswith("kcachefs ")
-        # systemd's stop: SIGTERM, and the daemon unmounts and exits 0.
+        # systemd's stop: SIGTERM to the holder, which passes it on; the daemon unmounts,
+        # both exit 0.
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
         assert not os.path.ismount(mnt)
@@ -155,3 +253,95 @@ def test_the_unit_starts_stops_and_restarts_after_a_crash(tmp_path):
             proc.wait()
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
     assert "unmounting" in (tmp_path / "journal").read_text()
+
+
+def builds_with_the_fd_store():
+    out = subprocess.run([str(KCACHEFS), "--version"], capture_output=True, text=True).stdout
+    return "file descriptor store: yes" in out
+
+
+def stop_post(tmp_path, result, restart_queued):
+    """The unit's ExecStopPost as systemd runs it ($SERVICE_RESULT), with a systemctl that
+    lists a restart job of the unit or none."""
+    bin_dir = tmp_path / "fake-bin"
+    bin_dir.mkdir(exist_ok=True)
+    fake = bin_dir / "systemctl"
+    fake.write_text("#!/bin/sh\n%s\n" % ("echo '42 kcachefs.service restart running'"
+                                          if restart_queued else "exit 0"))
+    fake.chmod(0o755)
+    env = dict(os.environ, SERVICE_RESULT=result,
+               PATH="%s:%s" % (bin_dir, os.environ["PATH"]))
+    run_unit_commands("ExecStopPost", tmp_path, env)
+
+
+@pytest.mark.skipif(not builds_with_the_fd_store(), reason="built without libsystemd")
+def test_the_unit_keeps_the_mount_across_reload_restart_and_crash(tmp_path):
+    """systemctl reload (ExecReload: a live upgrade), systemctl restart (a stop while a
+    restart job is queued, then a start), and a crash that takes the holder and the daemon
+    (what systemd kills when the main process is gone): each keeps the mount, the last two
+    through the file descriptor store; systemctl stop unmounts. Run with FakeManager in place
+    of systemd."""
+    mnt = tmp_path / "mnt"
+    manager = FakeManager(tmp_path)
+    proc = start_unit(tmp_path, manager)
+    try:
+        manager.wait_stored(["kcachefs-fuse", "kcachefs-init"])
+        compile_one(mnt)
+        cubins = list(mnt.glob("cache/*/kernel.cubin"))
+        data = cubins[0].read_bytes()
+        dev = os.stat(mnt).st_dev
+        holder = [proc.pid]
+        wait_until(lambda: daemons_of(mnt, "kcachefs-holder") == holder and
+                   len(daemons_of(mnt)) == 1, "no holder and daemon")
+        daemon = daemons_of(mnt)
+        # systemctl reload: the upgrade returns once the new daemon serves; the holder, the
+        # main process, stays.
+        run_unit_commands("ExecReload", tmp_path)
+        assert daemons_of(mnt) not in ([], daemon)
+        assert daemons_of(mnt, "kcachefs-holder") == holder
+        assert cubins[0].read_bytes() == data and os.stat(mnt).st_dev == dev
+
+        # systemctl restart: SIGTERM to the holder (KillMode=mixed), which ends the daemon
+        # and exits 0, leaving the mount to the store; ExecStopPost sees the restart job.
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        kill_the_rest(mnt)
+        stop_post(tmp_path, "success", restart_queued=True)
+        assert str(mnt) in mount_table()
+        proc = start_unit(tmp_path, manager)
+        assert os.stat(mnt).st_dev == dev and cubins[0].read_bytes() == data
+
+        # A crash: the holder and the daemon are killed; the store keeps the mount and the
+        # next start serves it again.
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        kill_the_rest(mnt)
+        stop_post(tmp_path, "signal", restart_queued=False)
+        assert str(mnt) in mount_table()
+        proc = start_unit(tmp_path, manager)
+        assert os.stat(mnt).st_dev == dev
+        assert cubins[0].read_bytes() == data
+        src, flags = sample("vector_add")
+        entry = mnt / "cache" / entry_name("vector_add", src + b"//2", flags)
+        entry.mkdir()
+        (entry / "kernel.cu").write_bytes(src + b"//2")
+        (entry / "kernel.flags").write_bytes(flags)
+        assert (entry / "kernel.cubin").read_bytes()[:4] == b"\x7fELF"
+        journal = (tmp_path / "journal").read_text()
+        assert journal.count("the service manager kept the mount") == 2, journal
+
+        # systemctl stop: the same SIGTERM, no restart job: ExecStopPost unmounts, and
+        # systemd closes the store.
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        kill_the_rest(mnt)
+        stop_post(tmp_path, "success", restart_queued=False)
+        manager.release()
+        assert not os.path.ismount(mnt) and str(mnt) not in mount_table()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        kill_the_rest(mnt)
+        manager.release()
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)

@@ -47,6 +47,23 @@ int main(void)
 	int n = 0;
 	kc_idtable_foreach(&u, count_one, &n);
 	CHECK(n == 3, "foreach visits every object");
+
+	/* A table of a daemon started again (another epoch) never hands out an id of the
+	 * dead one's, which it does not know: those read as unknown. */
+	struct kc_idtable v;
+	kc_idtable_init(&v);
+	v.epoch = 1;
+	uint64_t iv = kc_idtable_add(&v, &a, 1);
+	CHECK((uint32_t)iv == (uint32_t)ia && iv != ia && iv != ic && kc_idtable_has(&v, iv) &&
+	      !kc_idtable_has(&v, ia) && !kc_idtable_has(&v, ic),
+	      "another epoch: the same slot, another id; the old ids unknown");
+	CHECK(iv >> 32 >> KC_GEN_COUNT_BITS == 1, "the epoch is in the generation's high bits");
+	CHECK(kc_gen_next(0, 0) == 1 && kc_gen_next(1, 0) == 2 &&
+	      kc_gen_next((1u << KC_GEN_COUNT_BITS) - 1, 0) == 1 &&
+	      kc_gen_next(5, 2) == (2u << KC_GEN_COUNT_BITS | 1) &&
+	      kc_gen_next(0, KC_EPOCH_MASK + 1) == 1,
+	      "generations count within an epoch, never 0, and start again at 1 in another");
+	kc_idtable_destroy(&v);
 	kc_idtable_destroy(&u);
 	kc_idtable_destroy(&t);
 	return tap_done();

@@ -70,6 +70,24 @@ int main(void)
 	      "the old id stays stale, the new one resolves");
 	CHECK(kc_inode_count(&t) == 2, "two inodes counted");
 
+	/* A daemon started again on the mount (holder.h): a fresh table in another epoch
+	 * knows none of the ids the kernel holds from the dead one, and hands out none of
+	 * them, though its slots start over; the fixed ids are the same. */
+	struct kc_inode_table u;
+	CHECK(kc_inode_table_init(&u, root) == 0, "a second table");
+	u.epoch = 1;
+	CHECK(kc_inode_get(&u, ib) == NULL && kc_inode_get(&u, ic) == NULL &&
+	      kc_inode_get(&u, FUSE_ROOT_ID) == &u.root, "the dead table's ids are stale there");
+	struct stat sd;
+	struct kc_inode *d = kc_inode_ref(&u, object(root, "a", &sd), &sd, &err);
+	fuse_ino_t id = d ? kc_inode_ino(&u, d) : 0;
+	CHECK(d && id != ia && id != ib && id != ic && (uint32_t)id == (uint32_t)ia &&
+	      kc_inode_get(&u, id) == d && kc_inode_get(&u, ia) == NULL,
+	      "its first slot gets an id of its own epoch");
+	if (d)
+		kc_inode_forget(&u, d, 1);
+	kc_inode_table_destroy(&u);
+
 	kc_inode_forget(&t, b, 1);
 	kc_inode_forget(&t, c, 1);
 	CHECK(kc_inode_count(&t) == 0, "all forgotten");

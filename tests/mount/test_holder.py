@@ -1,0 +1,238 @@
+"""The holder (-o holder, fs/holder.h): a daemon killed (SIGKILL, a crash) with compiles in
+flight costs the requests it had read, not the mount: the holder starts it again on the same
+mount, which keeps working through its bind mount in another mount namespace; the dead
+daemon's node ids and handles are answered ESTALE / EBADF (fs/stale.h), never another
+file's bytes. A daemon that dies at once again and again is not restarted forever; a live
+upgrade under a holder makes the new daemon the one it watches.
+"""
+import errno
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from conftest import KCACHEFS, Mount, elf_machine, elf_symbols, run_parallel
+from kcmount import EM_CUDA, NS_HELPER, daemons_of, ns_read, open_all, variant, wait_until
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="bind mounts in a namespace need root")
+
+KERNELS = 6
+PROCS = 6
+
+
+def one_daemon(m):
+    """The daemon's pid, once there is exactly one (a holder just forked is named
+    kcachefs-holder a moment later)."""
+    return wait_until(lambda: len(pids := daemons_of(m, "kcachefs")) == 1 and pids[0],
+                      "one daemon serves %s" % m.mnt, timeout=120)
+
+
+def right_cubin(data):
+    return elf_machine(data) == EM_CUDA and any("vector_add" in s for s in elf_symbols(data))
+
+
+def test_sigkill_with_compiles_in_flight_keeps_the_mount(tmp_path, counting_nvcc):
+    make, calls = counting_nvcc
+    nvcc = make(delay=3)
+    (tmp_path / "m").mkdir()
+    m = Mount(tmp_path / "m", ["nvcc=%s" % nvcc, "jobs=2", "holder", "log_level=debug"]).start()
+    bind = tmp_path / "bind"
+    bind.mkdir()
+    helper = None
+    held = notes = None
+    try:
+        holder = m.proc.pid
+        dead = one_daemon(m)
+        assert daemons_of(m, "kcachefs-holder") == [holder]
+        # A published cubin, held open and looked up before the crash.
+        e0 = m.stage("vadd_pub", *variant(0))
+        held = open(e0 / "kernel.cubin", "rb")
+        first = held.read()
+        assert right_cubin(first)
+        (m.mnt / "notes.txt").write_bytes(b"before the crash\n")
+        notes = open(m.mnt / "notes.txt", "r+b")
+        mnt_dev = os.stat(m.mnt).st_dev
+        helper = subprocess.Popen(["unshare", "-m", sys.executable, "-c", NS_HELPER,
+                                   str(m.mnt), str(bind)],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert helper.stdout.readline().strip() == "ready"
+        rel0 = os.path.relpath(e0 / "kernel.cubin", m.mnt)
+        assert ns_read(helper, rel0)[:2] == ["ok", hashlib.sha256(first).hexdigest()]
+
+        entries = [str(m.stage("vadd%d" % i, *variant(i))) for i in range(1, KERNELS + 1)]
+        killed = {}
+
+        def kill_when_compiling():
+            wait_until(lambda: calls() >= 2, "compiles started", timeout=120)
+            os.kill(dead, signal.SIGKILL)
+            killed["at"] = time.monotonic()
+            # New opens work again: the held name's node id is the dead daemon's (ESTALE,
+            # then looked up again) and its cubin is published.
+            def opens():
+                try:
+                    with open(e0 / "kernel.cubin", "rb") as f:
+                        return f.read() == first
+                except OSError:
+                    return False
+            wait_until(opens, "opens work again after the crash", timeout=60, step=0.02)
+            killed["recovered"] = time.monotonic() - killed["at"]
+
+        # Another client reads a published cubin and a plain file over and over meanwhile.
+        reads = []
+
+        def read_on():
+            while "recovered" not in killed and len(reads) < 100000:
+                for path, want in ((e0 / "kernel.cubin", first),
+                                   (m.mnt / "notes.txt", b"before the crash\n")):
+                    t = time.monotonic()
+                    try:
+                        with open(path, "rb") as f:
+                            got = f.read()
+                        reads.append((got == want, time.monotonic() - t))
+                    except OSError as err:
+                        reads.append((err.errno, time.monotonic() - t))
+
+        th = threading.Thread(target=kill_when_compiling)
+        reader = threading.Thread(target=read_on)
+        th.start()
+        reader.start()
+        results = run_parallel(PROCS, open_all, entries, timeout=600)
+        th.join(timeout=120)
+        reader.join(timeout=120)
+        assert not reader.is_alive(), "a read hung"
+        # Each read gave the right bytes or an error (one in hand at the crash), none other.
+        assert all(r[0] is True or r[0] in (errno.ECONNABORTED, errno.ESTALE)
+                   for r in reads), [r for r in reads if r[0] is not True]
+        assert "recovered" in killed, (killed, m.daemon_log())
+
+        # No client hung; each open got its cubin or an error (the requests the dead
+        # daemon had read); every cubin right and the same in every client.
+        flat = [r for res in results for r in res]
+        assert all(r[0] != "exception" for r in flat), flat
+        longest = max(r[3] for r in flat)
+        assert longest < 300, flat
+        errors = sorted({r[2] for r in flat if r[1] == "err"})
+        assert set(errors) <= {errno.ECONNABORTED, errno.EIO, errno.ESTALE, errno.EINTR}, flat
+        shas = {}
+        for e, sha, size, _ in flat:
+            if sha != "err":
+                shas.setdefault(e, set()).add(sha)
+        assert all(len(v) == 1 for v in shas.values()), shas
+        for e in entries:  # through the restarted daemon: each opens, right
+            data = open(os.path.join(e, "kernel.cubin"), "rb").read()
+            assert right_cubin(data), e
+            assert shas.get(e, {hashlib.sha256(data).hexdigest()}) == {hashlib.sha256(data).hexdigest()}
+
+        # The same mount: st_dev, the holder; another daemon; the bind mount in the other
+        # namespace reads through it.
+        assert os.stat(m.mnt).st_dev == mnt_dev
+        assert daemons_of(m, "kcachefs-holder") == [holder] and m.proc.poll() is None
+        new = one_daemon(m)
+        assert new != dead
+        for rel in [rel0] + [os.path.relpath(os.path.join(e, "kernel.cubin"), m.mnt)
+                             for e in entries]:
+            r = ns_read(helper, rel)
+            assert r[0] == "ok" and int(r[2]) == mnt_dev, r
+        # Handles of the dead daemon: the cubin's reads are its own bytes (the kernel's
+        # page cache) or an error, never another file's; a write is refused.
+        try:
+            assert os.pread(held.fileno(), len(first) + 1, 0) == first
+        except OSError as err:
+            assert err.errno in (errno.ESTALE, errno.EBADF), err
+        with pytest.raises(OSError) as err:
+            os.pwrite(notes.fileno(), b"after", 0)
+        assert err.value.errno in (errno.ESTALE, errno.EBADF)
+        assert (m.mnt / "notes.txt").read_bytes() == b"before the crash\n"
+        # A new kernel compiles through the restarted daemon.
+        e = m.stage("vadd_after", *variant(100))
+        assert right_cubin((e / "kernel.cubin").read_bytes())
+
+        log = m.daemon_log()
+        assert "the daemon (pid %d) died" % dead in log, log
+        assert "started again by the holder after the daemon died" in log, log
+        assert "of a daemon that died: Stale file handle" in log, log
+        parked = [r for r in flat if r[1] == "err"]
+        print("\nholder: opens worked again %.2f s after the SIGKILL; %d of %d opens got an "
+              "error (errnos %s), the others their cubin; longest open %.2f s; a reader "
+              "alongside: %d reads, %d errors, longest %.2f s"
+              % (killed["recovered"], len(parked), len(flat), errors, longest, len(reads),
+                 sum(r[0] is not True for r in reads), max(r[1] for r in reads)))
+    finally:
+        for f in (held, notes):
+            if f:
+                try:
+                    f.close()
+                except OSError:
+                    pass
+        if helper:
+            helper.stdin.close()
+            helper.wait(timeout=30)
+        rc = m.stop()
+    assert rc == 0 and not os.path.ismount(m.mnt)
+    assert not daemons_of(m, "kcachefs") and not daemons_of(m, "kcachefs-holder")
+
+
+def test_a_daemon_that_keeps_dying_is_not_restarted_forever(tmp_path):
+    (tmp_path / "m").mkdir()
+    m = Mount(tmp_path / "m", ["holder"]).start()
+    try:
+        dead = one_daemon(m)
+        # Every daemon started from here fails at once: its backing directory is gone.
+        os.rename(m.backing, tmp_path / "m" / "moved")
+        os.kill(dead, signal.SIGKILL)
+        rc = m.proc.wait(timeout=120)
+        log = m.daemon_log()
+        assert rc == 1, log
+        assert log.count("started the daemon again") == 5, log
+        assert "after 5 restarts within 60 s: giving up" in log, log
+        # The mount is let go as a crash without a holder leaves it: dead, not hanging.
+        with pytest.raises(OSError) as err:
+            os.stat(m.mnt / "cache")
+        assert err.value.errno in (errno.ENOTCONN, errno.ECONNABORTED)
+    finally:
+        m.stop()
+        if (tmp_path / "m" / "moved").exists():
+            os.rename(tmp_path / "m" / "moved", m.backing)
+
+
+def test_an_upgrade_under_a_holder_makes_the_new_daemon_the_one_it_restarts(tmp_path):
+    (tmp_path / "m").mkdir()
+    m = Mount(tmp_path / "m", ["holder", "log_level=debug"]).start()
+    new = None
+    try:
+        old = one_daemon(m)
+        e = m.stage("vadd_up", *variant(1))
+        cubin = (e / "kernel.cubin").read_bytes()
+        assert right_cubin(cubin)
+        with open(m.log_path, "ab") as log:
+            new = subprocess.Popen([str(KCACHEFS), "-f", "--upgrade", str(m.mnt)], stdout=log,
+                                   stderr=subprocess.STDOUT)
+        wait_until(lambda: "pid %d serves, epoch 0" % new.pid in m.daemon_log(),
+                   "the upgrade's daemon serves", timeout=120)
+        wait_until(lambda: old not in daemons_of(m, "kcachefs"), "the old daemon is gone",
+                   timeout=120)
+        assert daemons_of(m, "kcachefs") == [new.pid]
+        log = m.daemon_log()
+        assert "hands the mount to a new daemon" in log and "started the daemon again" not in log
+        assert (e / "kernel.cubin").read_bytes() == cubin
+        # The upgrade's daemon dies: the holder starts another.
+        new.send_signal(signal.SIGKILL)
+        new.wait(timeout=60)
+        wait_until(lambda: "started the daemon again" in m.daemon_log(),
+                   "a daemon is started again", timeout=120)
+        restarted = one_daemon(m)
+        assert restarted not in (old, new.pid)
+        assert (e / "kernel.cubin").read_bytes() == cubin
+        e2 = m.stage("vadd_up2", *variant(2))
+        assert right_cubin((e2 / "kernel.cubin").read_bytes())
+    finally:
+        if new and new.poll() is None:
+            new.kill()
+            new.wait()
+        rc = m.stop()
+    assert rc == 0 and not os.path.ismount(m.mnt)
