@@ -455,76 +455,378 @@ static int upgrade_args(int *argc, char ***argv, struct kc_handover_offer *offer
 	return s;
 }
 
+/* How this process came to run, and what main() gathers before the session serves. */
+struct start {
+	struct kc_opts o;
+	struct fuse_cmdline_opts cmd;
+	enum kc_log_level level;
+	char cwd[PATH_MAX];          /* the directory it was started in (or the running daemon's) */
+	char mnt[PATH_MAX];          /* the mountpoint, resolved without looking inside it */
+	int restarted;               /* started again by the holder after a daemon died (hr) */
+	struct kc_holder_restart hr;
+	int up_sock;                 /* a live upgrade: the socket to the running daemon, else -1 */
+	struct kc_handover_offer offer;
+	char **up_argv;              /* a live upgrade: the command line built from the offer */
+	unsigned char *up_state;     /* a live upgrade: the running daemon's state, up_len bytes */
+	size_t up_len, up_nfds;
+	int *up_fds, up_fuse_fd;     /* ... its descriptors, and the /dev/fuse one among them */
+	uint64_t max_size;           /* the numbers of options that the core's config does not hold */
+	unsigned long max_inodes, max_entries, remote_lease, remote_wait, remote_timeout;
+};
+
+/* Read the command line into s with libfuse's parsers. Returns -1 to go on, else the exit
+ * status: 0 after --help or --version, 2 for a usage error (said). */
+static int parse_args(struct start *s, struct fuse_args *args, const char *prog)
+{
+	if (fuse_opt_parse(args, &s->o, kc_opt_spec, opt_proc) != 0 ||
+	    fuse_parse_cmdline(args, &s->cmd) != 0)
+		return 2;
+	if (s->cmd.show_help) {
+		usage(prog);
+		return 0;
+	}
+	if (s->cmd.show_version) {
+		version();
+		return 0;
+	}
+	if (!s->o.backing || !s->cmd.mountpoint) {
+		fprintf(stderr, "usage: %s [options] BACKING_DIR MOUNTPOINT (see --help)\n", prog);
+		return 2;
+	}
+	if (s->o.log_level && kc_log_level_parse(s->o.log_level, &s->level) != 0) {
+		fprintf(stderr, "kcachefs: log_level=%s: use error, warning, info or debug\n",
+			s->o.log_level);
+		return 2;
+	}
+	return -1;
+}
+
+/* The options' values, each checked, into fs->cfg (which takes over the strings it keeps)
+ * and s's numbers. Returns 0, or -1 for a usage error (said). */
+static int configure(struct start *s, struct kc_fs *fs)
+{
+	struct kc_opts *o = &s->o;
+	unsigned long jobs = 0, timeout = 0, max_source = 0;
+	unsigned long nvrtc_idle = KC_NVRTC_IDLE_DEFAULT;
+	if (parse_number("jobs", o->jobs, 1, KC_COMPILE_SLOTS, &jobs) ||
+	    parse_number("compile_timeout", o->compile_timeout, 1, 7 * 86400, &timeout) ||
+	    parse_number("nvrtc_idle", o->nvrtc_idle, 0, 86400, &nvrtc_idle) ||
+	    parse_number("max_source_size", o->max_source_size, 1, 1ul << 30, &max_source) ||
+	    parse_number("max_inodes", o->max_inodes, 16, 1ul << 30, &s->max_inodes) ||
+	    parse_number("max_entries", o->max_entries, 1, 1ul << 40, &s->max_entries) ||
+	    parse_number("remote_lease", o->remote_lease, 1, 86400, &s->remote_lease) ||
+	    parse_number("remote_wait", o->remote_wait, 1, 7 * 86400, &s->remote_wait) ||
+	    parse_number("remote_timeout", o->remote_timeout, 1, 600000, &s->remote_timeout))
+		return -1;
+	if (o->remote_mode && strcmp(o->remote_mode, "rw") != 0 &&
+	    strcmp(o->remote_mode, "ro") != 0) {
+		fprintf(stderr, "kcachefs: remote_mode=%s: must be rw or ro\n", o->remote_mode);
+		return -1;
+	}
+	if (!o->remote && (o->remote_auth || o->remote_key || o->remote_mode || o->remote_lease ||
+			   o->remote_wait || o->remote_timeout)) {
+		fprintf(stderr, "kcachefs: remote_* options need -o remote=URL\n");
+		return -1;
+	}
+	if (o->max_size && kc_parse_size(o->max_size, &s->max_size) != 0) {
+		fprintf(stderr, "kcachefs: max_size=%s: a size in bytes is needed, with an optional "
+			"K, M, G or T suffix (e.g. 20G)\n", o->max_size);
+		return -1;
+	}
+	if (o->compiler && strcmp(o->compiler, "nvcc") != 0 && strcmp(o->compiler, "nvrtc") != 0) {
+		fprintf(stderr, "kcachefs: compiler=%s: must be nvcc or nvrtc\n", o->compiler);
+		return -1;
+	}
+	fs->cfg.backend_nvrtc = o->compiler && strcmp(o->compiler, "nvrtc") == 0;
+	fs->cfg.nvcc = o->nvcc;
+	fs->cfg.arch = o->arch;
+	fs->cfg.flags = o->flags;
+	fs->cfg.jobs = (unsigned)jobs;
+	fs->cfg.compile_timeout = (unsigned)timeout;
+	fs->cfg.nvrtc_idle = (unsigned)nvrtc_idle;
+	fs->cfg.nvrtc_cold = nvrtc_idle == 0;
+	fs->cfg.autocompile = o->autocompile;
+	fs->cfg.verify_keys = o->verify_keys;
+	fs->cfg.compile_uids_opt = o->compile_uids;
+	fs->cfg.max_source_size = max_source;
+	o->compile_uids = o->nvcc = o->arch = o->flags = NULL; /* fs->cfg's now */
+	return 0;
+}
+
+/* Take the mountpoint before anything touches the mount: the running daemon's in a live
+ * upgrade (its FUSE_INIT replayed, its state received into s), the holder's after a crash
+ * (FUSE_INIT replayed), or a fresh one (a dead kcachefs mount there is unmounted first, a
+ * live one refused). Returns 0, or -1 (said). */
+static int take_mountpoint(struct start *s, struct kc_fs *fs, char *why, size_t whylen)
+{
+	/* Resolved before mounting: afterwards, a stat of the mountpoint would wait on us. */
+	if (s->restarted || !realpath(s->cmd.mountpoint, s->mnt)) /* ENOTCONN: a dead mount */
+		mountpoint_path(s->cmd.mountpoint, s->mnt, sizeof(s->mnt));
+	if (s->up_sock >= 0) {
+		/* Taken over: nothing below may touch the mount until the loop serves it. */
+		if (kc_upgrade_replay_init(s->up_sock, fs->se, &s->offer, why, whylen) != 0 ||
+		    kc_upgrade_receive(s->up_sock, s->offer.pid, &s->up_state, &s->up_len,
+				       &s->up_fds, &s->up_nfds, why, whylen) != 0) {
+			fprintf(stderr, "kcachefs: upgrade of %s: %s\n", s->mnt, why);
+			return -1;
+		}
+		return 0;
+	}
+	if (s->restarted) {
+		if (kc_upgrade_replay(fs->se, s->hr.init_in, s->hr.init_in_len, s->hr.init_out,
+				      s->hr.init_out_len, why, whylen) != 0) {
+			kc_log(KC_LOG_ERR, "restarted by the holder of %s: %s", s->mnt, why);
+			return -1;
+		}
+		return 0;
+	}
+	if (kcachefs_mounted_on(s->mnt) && kcachefs_mount_dead(s->mnt)) {
+		/* What a daemon that died without a holder left: nobody can use it. */
+		kc_log(KC_LOG_WARN, "%s has a dead kcachefs mount (Transport endpoint is not "
+		       "connected: its daemon died, and no holder kept it): unmounting it first",
+		       s->mnt);
+		unmount_adopted(s->mnt);
+	}
+	if (kcachefs_mounted_on(s->mnt)) {
+		fprintf(stderr, "kcachefs: %s already has a kcachefs mount, which this one would "
+			"hide: unmount it first (umount %s, or fusermount3 -u %s), or choose another "
+			"mountpoint\n", s->mnt, s->mnt, s->mnt);
+		return -1;
+	}
+	return 0;
+}
+
+/* The kernel's request timeout (read before mounting: the kernel fixes a connection's
+ * timeout when FUSE_INIT is answered, from the sysctls of that moment) fitted to the
+ * compiles, described in desc; then the cluster store, when -o remote= names one (*remote,
+ * else NULL). Returns 0, or the exit status 1 or 2 (a usage error) with why said. */
+static int open_remote(struct start *s, struct kc_fs *fs, struct kc_remote_tier **remote,
+		       char *desc, size_t desclen, char *why, size_t whylen)
+{
+	struct kc_reqtimeout rt;
+	int rterr = kc_reqtimeout_read(KC_REQTIMEOUT_SYSCTL_DIR, &rt);
+	if (rterr)
+		kc_log(KC_LOG_WARN, "cannot read the kernel's FUSE request timeout from %s: %s; "
+		       "assuming none", KC_REQTIMEOUT_SYSCTL_DIR, strerror(-rterr));
+	fit_request_timeout(fs, &rt, &s->remote_wait, s->o.remote != NULL, desc, desclen);
+	*remote = NULL;
+	if (!s->o.remote)
+		return 0;
+	struct kc_remote_opts ro = {
+		.url = s->o.remote, .auth_file = s->o.remote_auth, .key_file = s->o.remote_key,
+		.read_only = s->o.remote_mode && strcmp(s->o.remote_mode, "ro") == 0,
+		.lease_s = (unsigned)s->remote_lease, .wait_s = (unsigned)s->remote_wait,
+		.timeout_ms = (unsigned)s->remote_timeout,
+	};
+	int err = kc_remote_tier_open(&ro, fs->cfg.nvcc, &fs->cache.stats, remote, why, whylen);
+	if (!err)
+		return 0;
+	fprintf(stderr, "kcachefs: %s\n", why);
+	return err == -EINVAL ? 2 : 1; /* the option's value: a usage error */
+}
+
+/* The inode table (its bound from -o max_inodes or the descriptor limit) and the eviction
+ * index. Returns 0 or -1 (said). */
+static int open_tables(struct start *s, struct kc_fs *fs)
+{
+	unsigned long fd_limit = raise_fd_limit();
+	if (kc_inode_table_init(&fs->inodes, fs->store.root_fd) != 0)
+		return -1;
+	kc_evict_init(&fs->evict, &fs->store, &fs->cache.flights, &fs->cache.stats, s->max_size,
+		      s->max_entries);
+	fs->evict.evicted = on_evicted;
+	fs->evict.arg = fs;
+	/* A quarter of the descriptors for inodes (one each, two for staged files) leaves the
+	 * rest for open files, compiles and the kernel's lag in forgetting. */
+	fs->inodes.max = s->max_inodes ? s->max_inodes : fd_limit / 4;
+	if (s->max_inodes && s->max_inodes > fd_limit / 2)
+		kc_log(KC_LOG_WARN, "max_inodes=%lu is over half the open file limit %lu: lookups "
+		       "may fail with EMFILE", s->max_inodes, fd_limit);
+	return 0;
+}
+
+/* Connect the session to the kernel: the descriptor a live upgrade handed over, a clone of
+ * the holder's after a crash, or a new mount. Returns 0; -1 before anything is mounted,
+ * -2 after (the caller unmounts); said. */
+static int attach_session(struct start *s, struct kc_fs *fs)
+{
+	if (s->up_fuse_fd >= 0) {
+		if (kc_upgrade_adopt(s->up_fuse_fd) != 0) {
+			kc_log(KC_LOG_ERR, "upgrade: cannot serve the descriptor handed over");
+			return -1;
+		}
+		s->up_fuse_fd = -1; /* the session's */
+		return 0;
+	}
+	if (s->restarted) {
+		int c = kc_holder_clone(s->hr.fuse_fd);
+		close(s->hr.fuse_fd);
+		if (c < 0 || kc_upgrade_adopt(c) != 0) {
+			kc_log(KC_LOG_ERR, "restarted by the holder: cannot serve a clone of its "
+			       "descriptor: %s", strerror(c < 0 ? -c : errno));
+			if (c >= 0)
+				close(c);
+			return -1;
+		}
+		return 0;
+	}
+	if (fuse_session_mount(fs->se, s->cmd.mountpoint) != 0) {
+		if (geteuid() != 0)
+			fprintf(stderr, "kcachefs: a mount by uid %u goes through fusermount3 (package "
+				"fuse3, installed setuid root); or run kcachefs as root\n",
+				(unsigned)geteuid());
+		return -1;
+	}
+	if (kc_upgrade_io(fs->se, fuse_session_fd(fs->se)) != 0) {
+		kc_log(KC_LOG_ERR, "cannot set up the session's I/O");
+		return -2;
+	}
+	return 0;
+}
+
+/* The start-up line: what is served, how, and under which request timeout (rt_desc). */
+static void log_serving(const struct start *s, struct kc_fs *fs, const char *rt_desc)
+{
+	char compiler[KC_COMPILER_ID_MAX];
+	kc_config_compiler_id(&fs->cfg, compiler);
+	kc_log(KC_LOG_INFO, "serving %s on %s: compiler %s (%s), arch %s%s, jobs %u, timeout %u s, "
+	       "max_size %llu, max_entries %llu (0: no bound), compiles run as %s%u%s%s; kernel "
+	       "request timeout %s%s",
+	       fs->store.root_path, s->cmd.mountpoint, fs->cfg.nvcc, compiler, fs->cfg.arch,
+	       fs->cfg.arch_detected ? " (detected)" : "", fs->cfg.jobs, fs->cfg.compile_timeout,
+	       (unsigned long long)s->max_size, (unsigned long long)s->max_entries,
+	       fs->cfg.compile_uids ? "uids " : "the daemon, uid ",
+	       fs->cfg.compile_uids ? fs->cfg.compile_uids : (unsigned)geteuid(),
+	       fs->cfg.compile_uids ? "+" : "",
+	       fs->cfg.ns_flags ? " in namespaces of their own" : "", rt_desc,
+	       s->up_state ? "; taken over from the running daemon"
+			   : s->restarted ? "; started again by the holder after the daemon died" : "");
+	if (s->up_state)
+		kc_log(KC_LOG_INFO, "upgrade: serving %s after pid %d, %llu inodes and every open "
+		       "handle taken over", s->mnt, s->offer.pid,
+		       (unsigned long long)kc_inode_count(&fs->inodes));
+}
+
+/* After daemonizing (fork keeps only the calling thread): the holder (a fork, so before
+ * any thread), the compiles' watcher, the cache's workers, the notifier, the sweeper, the
+ * cleaner, the live upgrade's listener, and the holder's epoch for the ids handed out.
+ * Returns 0, or -1 when a worker thread cannot start (said). */
+static int start_threads(struct start *s, struct kc_fs *fs, struct kc_remote_tier *remote,
+			 int argc, char *argv[])
+{
+	if (s->o.holder && s->up_sock < 0 && !s->restarted) {
+		int herr = kc_holder_start(s->mnt, fuse_session_fd(fs->se), !s->cmd.foreground);
+		if (herr)
+			kc_log(KC_LOG_WARN, "no holder for %s (%s): a crash of the daemon costs the "
+			       "mount", s->mnt, strerror(-herr));
+	}
+	/* The watcher too: it waits for this process, not for the one that daemonized. */
+	int werr = kc_compile_watch(fs->cfg.compile_uids,
+				    fs->cfg.uids_lock_fd > 0 ? fs->cfg.uids_lock_fd : -1);
+	if (werr)
+		kc_log(KC_LOG_WARN, "cannot start the watcher of the compiles (%s): a compile "
+		       "outlives a daemon that dies, until the next start", strerror(-werr));
+	int started = kc_cache_init(&fs->cache, &fs->cfg, &fs->store, remote) == 0;
+	fs->cache.evict = &fs->evict; /* every publish is told to the index */
+	if (started && remote)
+		kc_remote_tier_probe(remote); /* counted: the cache's counters are set up */
+	if (!started || kc_notifier_start(&fs->notifier, fs->se, &fs->inodes, &fs->store) != 0 ||
+	    kc_sweeper_start(fs) != 0 || kc_evict_start(&fs->evict) != 0) {
+		kc_log(KC_LOG_ERR, "cannot start worker threads");
+		return -1;
+	}
+	int lerr = kc_upgrade_listen(fs, s->mnt, argc, argv, s->cwd);
+	if (lerr)
+		kc_log(KC_LOG_WARN, "no live upgrade for this mount (kcachefs --upgrade): %s",
+		       strerror(-lerr));
+	/* The ids this daemon hands out carry the holder's epoch: never one a dead daemon's. */
+	uint32_t epoch = kc_holder_register(s->mnt, argc, argv, s->cwd);
+	if (s->restarted && !epoch)
+		epoch = s->hr.epoch;
+	fs->inodes.epoch = fs->handles.epoch = epoch;
+	__atomic_store_n(&fs->stale_ids, epoch != 0, __ATOMIC_SEQ_CST);
+	return 0;
+}
+
+/* Serve until the session ends. Returns the exit status: 0 for a stop by SIGTERM, SIGINT
+ * or SIGHUP (systemd, Ctrl-C), which libfuse reports as the signal that ended the loop. */
+static int serve(struct start *s, struct kc_fs *fs)
+{
+	int ret;
+	if (s->cmd.singlethread) {
+		ret = fuse_session_loop(fs->se);
+	} else {
+		struct fuse_loop_config *lc = fuse_loop_cfg_create();
+		fuse_loop_cfg_set_clone_fd(lc, (unsigned)s->cmd.clone_fd);
+		if (s->cmd.max_idle_threads != UINT_MAX) /* UINT_MAX: not given, keep libfuse's */
+			fuse_loop_cfg_set_idle_threads(lc, s->cmd.max_idle_threads);
+		fuse_loop_cfg_set_max_threads(lc, s->cmd.max_threads);
+		ret = fuse_session_loop_mt(fs->se, lc);
+		fuse_loop_cfg_destroy(lc);
+	}
+	return (ret == 0 || ret == SIGTERM || ret == SIGINT || ret == SIGHUP) ? 0 : 1;
+}
+
+static void start_free(struct start *s)
+{
+	char **strings[] = {
+		&s->cmd.mountpoint, &s->o.backing, &s->o.nvcc, &s->o.arch, &s->o.flags,
+		&s->o.log_level, &s->o.jobs, &s->o.compiler, &s->o.compile_timeout,
+		&s->o.nvrtc_idle, &s->o.max_source_size, &s->o.max_inodes, &s->o.max_size,
+		&s->o.max_entries, &s->o.compile_uids, &s->o.remote, &s->o.remote_auth,
+		&s->o.remote_key, &s->o.remote_mode, &s->o.remote_lease, &s->o.remote_wait,
+		&s->o.remote_timeout,
+	};
+	for (size_t i = 0; i < sizeof(strings) / sizeof(*strings); i++)
+		free(*strings[i]);
+	if (s->up_sock >= 0)
+		close(s->up_sock);
+	if (s->up_fuse_fd >= 0)
+		close(s->up_fuse_fd);
+	free(s->up_state);
+	free(s->up_fds);
+	free(s->up_argv);
+	kc_handover_offer_free(&s->offer);
+}
+
 int main(int argc, char *argv[])
 {
-	char start_cwd[PATH_MAX];
-	if (!getcwd(start_cwd, sizeof(start_cwd)))
-		snprintf(start_cwd, sizeof(start_cwd), "/");
-	struct kc_handover_offer offer = {0};
-	char **up_argv = NULL;
+	struct start s = {.level = KC_LOG_INFO, .up_sock = -1, .up_fuse_fd = -1};
+	if (!getcwd(s.cwd, sizeof(s.cwd)))
+		snprintf(s.cwd, sizeof(s.cwd), "/");
 	/* Started again by the holder after a daemon died (holder.h)? */
-	struct kc_holder_restart hr;
-	int restarted = kc_holder_restarted(&hr);
-	if (restarted < 0)
+	s.restarted = kc_holder_restarted(&s.hr);
+	if (s.restarted < 0)
 		return 1;
-	int up_sock = restarted ? -1 : upgrade_args(&argc, &argv, &offer);
-	if (up_sock == -2 || up_sock == -3)
-		return up_sock == -2 ? 2 : 1;
-	if (up_sock >= 0) {
-		up_argv = argv;
-		if (!getcwd(start_cwd, sizeof(start_cwd)))
-			snprintf(start_cwd, sizeof(start_cwd), "%s", offer.cwd);
+	if (!s.restarted)
+		s.up_sock = upgrade_args(&argc, &argv, &s.offer);
+	if (s.up_sock == -2 || s.up_sock == -3)
+		return s.up_sock == -2 ? 2 : 1;
+	if (s.up_sock >= 0) {
+		s.up_argv = argv;
+		if (!getcwd(s.cwd, sizeof(s.cwd)))
+			snprintf(s.cwd, sizeof(s.cwd), "%s", s.offer.cwd);
 	}
-	unsigned char *up_state = NULL;
-	size_t up_len = 0, up_nfds = 0;
-	int *up_fds = NULL, up_fuse_fd = -1;
 	struct fuse_args args = FUSE_ARGS_INIT(argc, argv);
-	struct fuse_cmdline_opts cmd = {0};
-	struct kc_opts o = {0};
 	struct kc_fs *fs = NULL;
 	struct kc_remote_tier *remote = NULL;
-	enum kc_log_level level = KC_LOG_INFO;
-	char why[1024];
-	int ret = 1;
-
-	if (fuse_opt_parse(&args, &o, kc_opt_spec, opt_proc) != 0 ||
-	    fuse_parse_cmdline(&args, &cmd) != 0) {
-		ret = 2;
+	char why[1024], rt_desc[256];
+	int ret = parse_args(&s, &args, argv[0]);
+	if (ret >= 0)
 		goto out_args;
-	}
-	if (cmd.show_help) {
-		usage(argv[0]);
-		ret = 0;
-		goto out_args;
-	}
-	if (cmd.show_version) {
-		version();
-		ret = 0;
-		goto out_args;
-	}
-	if (!o.backing || !cmd.mountpoint) {
-		fprintf(stderr, "usage: %s [options] BACKING_DIR MOUNTPOINT (see --help)\n", argv[0]);
-		ret = 2;
-		goto out_args;
-	}
-	if (o.log_level && kc_log_level_parse(o.log_level, &level) != 0) {
-		fprintf(stderr, "kcachefs: log_level=%s: use error, warning, info or debug\n",
-			o.log_level);
-		ret = 2;
-		goto out_args;
-	}
-	kc_log_init(restarted && hr.use_syslog, cmd.debug ? KC_LOG_DEBUG : level);
-	if (restarted)
-		cmd.foreground = 1; /* the holder's child, which it waits for */
+	ret = 1;
+	kc_log_init(s.restarted && s.hr.use_syslog, s.cmd.debug ? KC_LOG_DEBUG : s.level);
+	if (s.restarted)
+		s.cmd.foreground = 1; /* the holder's child, which it waits for */
 	/* Started by a service manager that kept the mount of a holder that died (holder.h):
 	 * hold it again and start a daemon on it. */
 	int held_fuse, held_init;
-	if (o.holder && !restarted && up_sock < 0 && kc_holder_stored(&held_fuse, &held_init)) {
-		char mnt[PATH_MAX];
-		mountpoint_path(cmd.mountpoint, mnt, sizeof(mnt));
-		kc_holder_resume(mnt, held_fuse, held_init, argc, argv, start_cwd, !cmd.foreground);
+	if (s.o.holder && !s.restarted && s.up_sock < 0 &&
+	    kc_holder_stored(&held_fuse, &held_init)) {
+		mountpoint_path(s.cmd.mountpoint, s.mnt, sizeof(s.mnt));
+		kc_holder_resume(s.mnt, held_fuse, held_init, argc, argv, s.cwd, !s.cmd.foreground);
 	}
-	if (!restarted && check_overlap(o.backing, cmd.mountpoint) != 0)
+	if (!s.restarted && check_overlap(s.o.backing, s.cmd.mountpoint) != 0)
 		goto out_args;
 
 	fs = calloc(1, sizeof(*fs));
@@ -532,58 +834,10 @@ int main(int argc, char *argv[])
 		goto out_args;
 	clock_gettime(CLOCK_REALTIME, &fs->started);
 	kc_idtable_init(&fs->handles);
-	unsigned long jobs = 0, timeout = 0, max_source = 0, max_inodes = 0, max_entries = 0;
-	unsigned long nvrtc_idle = KC_NVRTC_IDLE_DEFAULT;
-	unsigned long remote_lease = 0, remote_wait = 0, remote_timeout = 0;
-	uint64_t max_size = 0;
-	if (parse_number("jobs", o.jobs, 1, KC_COMPILE_SLOTS, &jobs) ||
-	    parse_number("compile_timeout", o.compile_timeout, 1, 7 * 86400, &timeout) ||
-	    parse_number("nvrtc_idle", o.nvrtc_idle, 0, 86400, &nvrtc_idle) ||
-	    parse_number("max_source_size", o.max_source_size, 1, 1ul << 30, &max_source) ||
-	    parse_number("max_inodes", o.max_inodes, 16, 1ul << 30, &max_inodes) ||
-	    parse_number("max_entries", o.max_entries, 1, 1ul << 40, &max_entries) ||
-	    parse_number("remote_lease", o.remote_lease, 1, 86400, &remote_lease) ||
-	    parse_number("remote_wait", o.remote_wait, 1, 7 * 86400, &remote_wait) ||
-	    parse_number("remote_timeout", o.remote_timeout, 1, 600000, &remote_timeout)) {
+	if (configure(&s, fs) != 0) {
 		ret = 2;
 		goto out_cfg;
 	}
-	if (o.remote_mode && strcmp(o.remote_mode, "rw") != 0 && strcmp(o.remote_mode, "ro") != 0) {
-		fprintf(stderr, "kcachefs: remote_mode=%s: must be rw or ro\n", o.remote_mode);
-		ret = 2;
-		goto out_cfg;
-	}
-	if (!o.remote && (o.remote_auth || o.remote_key || o.remote_mode || o.remote_lease ||
-			  o.remote_wait || o.remote_timeout)) {
-		fprintf(stderr, "kcachefs: remote_* options need -o remote=URL\n");
-		ret = 2;
-		goto out_cfg;
-	}
-	if (o.max_size && kc_parse_size(o.max_size, &max_size) != 0) {
-		fprintf(stderr, "kcachefs: max_size=%s: a size in bytes is needed, with an optional "
-			"K, M, G or T suffix (e.g. 20G)\n", o.max_size);
-		ret = 2;
-		goto out_cfg;
-	}
-	if (o.compiler && strcmp(o.compiler, "nvcc") != 0 && strcmp(o.compiler, "nvrtc") != 0) {
-		fprintf(stderr, "kcachefs: compiler=%s: must be nvcc or nvrtc\n", o.compiler);
-		ret = 2;
-		goto out_cfg;
-	}
-	fs->cfg.backend_nvrtc = o.compiler && strcmp(o.compiler, "nvrtc") == 0;
-	fs->cfg.nvcc = o.nvcc;
-	fs->cfg.arch = o.arch;
-	fs->cfg.flags = o.flags;
-	fs->cfg.jobs = (unsigned)jobs;
-	fs->cfg.compile_timeout = (unsigned)timeout;
-	fs->cfg.nvrtc_idle = (unsigned)nvrtc_idle;
-	fs->cfg.nvrtc_cold = nvrtc_idle == 0;
-	fs->cfg.autocompile = o.autocompile;
-	fs->cfg.verify_keys = o.verify_keys;
-	fs->cfg.compile_uids_opt = o.compile_uids;
-	o.compile_uids = NULL;
-	fs->cfg.max_source_size = max_source;
-	o.nvcc = o.arch = o.flags = NULL;
 	/* The kernel has applied the client's umask to every mode a request carries; the
 	 * daemon's own would take bits away a second time (a group's 0660 stored as 0640). */
 	umask(0);
@@ -595,201 +849,49 @@ int main(int argc, char *argv[])
 		ret = 2; /* libfuse said why: an option neither it nor kcachefs knows */
 		goto out_cfg;
 	}
-	/* Resolved before mounting: afterwards, a stat of the mountpoint would wait on us. */
-	char real_mnt[PATH_MAX];
-	if (restarted)
-		mountpoint_path(cmd.mountpoint, real_mnt, sizeof(real_mnt));
-	else if (!realpath(cmd.mountpoint, real_mnt)) /* ENOTCONN: a dead mount there */
-		mountpoint_path(cmd.mountpoint, real_mnt, sizeof(real_mnt));
-	if (up_sock >= 0) {
-		/* Taken over: nothing below may touch the mount until the loop serves it. */
-		if (kc_upgrade_replay_init(up_sock, fs->se, &offer, why, sizeof(why)) != 0 ||
-		    kc_upgrade_receive(up_sock, offer.pid, &up_state, &up_len, &up_fds, &up_nfds, why,
-				       sizeof(why)) != 0) {
-			fprintf(stderr, "kcachefs: upgrade of %s: %s\n", real_mnt, why);
-			goto out_cfg;
-		}
-	} else if (restarted) {
-		if (kc_upgrade_replay(fs->se, hr.init_in, hr.init_in_len, hr.init_out,
-				      hr.init_out_len, why, sizeof(why)) != 0) {
-			kc_log(KC_LOG_ERR, "restarted by the holder of %s: %s", real_mnt, why);
-			goto out_cfg;
-		}
-	} else if (kcachefs_mounted_on(real_mnt) && kcachefs_mount_dead(real_mnt)) {
-		/* What a daemon that died without a holder left: nobody can use it. */
-		kc_log(KC_LOG_WARN, "%s has a dead kcachefs mount (Transport endpoint is not "
-		       "connected: its daemon died, and no holder kept it): unmounting it first",
-		       real_mnt);
-		unmount_adopted(real_mnt);
-	}
-	if (up_sock < 0 && !restarted && kcachefs_mounted_on(real_mnt)) {
-		fprintf(stderr, "kcachefs: %s already has a kcachefs mount, which this one would "
-			"hide: unmount it first (umount %s, or fusermount3 -u %s), or choose another "
-			"mountpoint\n", real_mnt, real_mnt, real_mnt);
+	if (take_mountpoint(&s, fs, why, sizeof(why)) != 0 || check_fuse_device() != 0)
 		goto out_cfg;
-	}
-	if (check_fuse_device() != 0)
-		goto out_cfg;
-	if (kc_config_resolve(&fs->cfg, why, sizeof(why)) != 0) {
-		fprintf(stderr, "kcachefs: %s\n", why);
-		goto out_cfg;
-	}
-	if (kc_store_open(&fs->store, o.backing, why, sizeof(why)) != 0) {
+	if (kc_config_resolve(&fs->cfg, why, sizeof(why)) != 0 ||
+	    kc_store_open(&fs->store, s.o.backing, why, sizeof(why)) != 0) {
 		fprintf(stderr, "kcachefs: %s\n", why);
 		goto out_cfg;
 	}
 	warn_if_reachable(fs->store.root_path);
-	/* Read before mounting: the kernel fixes a connection's timeout when FUSE_INIT is
-	 * answered, from the sysctls of that moment. */
-	struct kc_reqtimeout rt;
-	char rt_desc[256];
-	int rterr = kc_reqtimeout_read(KC_REQTIMEOUT_SYSCTL_DIR, &rt);
-	if (rterr)
-		kc_log(KC_LOG_WARN, "cannot read the kernel's FUSE request timeout from %s: %s; "
-		       "assuming none", KC_REQTIMEOUT_SYSCTL_DIR, strerror(-rterr));
-	fit_request_timeout(fs, &rt, &remote_wait, o.remote != NULL, rt_desc, sizeof(rt_desc));
-	if (o.remote) {
-		struct kc_remote_opts ro = {
-			.url = o.remote, .auth_file = o.remote_auth, .key_file = o.remote_key,
-			.read_only = o.remote_mode && strcmp(o.remote_mode, "ro") == 0,
-			.lease_s = (unsigned)remote_lease, .wait_s = (unsigned)remote_wait,
-			.timeout_ms = (unsigned)remote_timeout,
-		};
-		int err = kc_remote_tier_open(&ro, fs->cfg.nvcc, &fs->cache.stats, &remote, why,
-					      sizeof(why));
-		if (err) {
-			fprintf(stderr, "kcachefs: %s\n", why);
-			if (err == -EINVAL)
-				ret = 2; /* the option's value: a usage error */
-			goto out_store;
-		}
-	}
-	unsigned long fd_limit = raise_fd_limit();
-	if (kc_inode_table_init(&fs->inodes, fs->store.root_fd) != 0)
+	int err = open_remote(&s, fs, &remote, rt_desc, sizeof(rt_desc), why, sizeof(why));
+	if (err) {
+		ret = err;
 		goto out_store;
-	kc_evict_init(&fs->evict, &fs->store, &fs->cache.flights, &fs->cache.stats, max_size,
-		      max_entries);
-	fs->evict.evicted = on_evicted;
-	fs->evict.arg = fs;
-	/* A quarter of the descriptors for inodes (one each, two for staged files) leaves the
-	 * rest for open files, compiles and the kernel's lag in forgetting. */
-	fs->inodes.max = max_inodes ? max_inodes : fd_limit / 4;
-	if (max_inodes && max_inodes > fd_limit / 2)
-		kc_log(KC_LOG_WARN, "max_inodes=%lu is over half the open file limit %lu: lookups "
-		       "may fail with EMFILE", max_inodes, fd_limit);
-	if (up_state) {
+	}
+	if (open_tables(&s, fs) != 0)
+		goto out_store;
+	if (s.up_state) {
 		why[0] = '\0';
-		int err = kc_handover_state_restore(fs, up_state, up_len, up_fds, up_nfds,
-						    &up_fuse_fd, why, sizeof(why));
+		err = kc_handover_state_restore(fs, s.up_state, s.up_len, s.up_fds, s.up_nfds,
+						&s.up_fuse_fd, why, sizeof(why));
 		if (err) {
-			kc_log(KC_LOG_ERR, "upgrade: the state of pid %d cannot be taken: %s", offer.pid,
-			       why);
+			kc_log(KC_LOG_ERR, "upgrade: the state of pid %d cannot be taken: %s",
+			       s.offer.pid, why);
 			goto out_session;
 		}
 	}
 
 	if (fuse_set_signal_handlers(fs->se) != 0)
 		goto out_session;
-	if (up_fuse_fd >= 0) {
-		if (kc_upgrade_adopt(up_fuse_fd) != 0) {
-			kc_log(KC_LOG_ERR, "upgrade: cannot serve the descriptor handed over");
-			goto out_signals;
-		}
-		up_fuse_fd = -1; /* the session's */
-	} else if (restarted) {
-		int c = kc_holder_clone(hr.fuse_fd);
-		close(hr.fuse_fd);
-		if (c < 0 || kc_upgrade_adopt(c) != 0) {
-			kc_log(KC_LOG_ERR, "restarted by the holder: cannot serve a clone of its "
-			       "descriptor: %s", strerror(c < 0 ? -c : errno));
-			if (c >= 0)
-				close(c);
-			goto out_signals;
-		}
-	} else if (fuse_session_mount(fs->se, cmd.mountpoint) != 0) {
-		if (geteuid() != 0)
-			fprintf(stderr, "kcachefs: a mount by uid %u goes through fusermount3 (package "
-				"fuse3, installed setuid root); or run kcachefs as root\n",
-				(unsigned)geteuid());
+	err = attach_session(&s, fs);
+	if (err == -1)
 		goto out_signals;
-	} else if (kc_upgrade_io(fs->se, fuse_session_fd(fs->se)) != 0) {
-		kc_log(KC_LOG_ERR, "cannot set up the session's I/O");
+	if (err)
 		goto out_unmount;
-	}
-	kc_notifier_note_connection(&fs->notifier, real_mnt);
-	char compiler[KC_COMPILER_ID_MAX];
-	kc_config_compiler_id(&fs->cfg, compiler);
-	kc_log(KC_LOG_INFO, "serving %s on %s: compiler %s (%s), arch %s%s, jobs %u, timeout %u s, "
-	       "max_size %llu, max_entries %llu (0: no bound), compiles run as %s%u%s%s; kernel "
-	       "request timeout %s%s",
-	       fs->store.root_path, cmd.mountpoint, fs->cfg.nvcc, compiler, fs->cfg.arch,
-	       fs->cfg.arch_detected ? " (detected)" : "", fs->cfg.jobs, fs->cfg.compile_timeout,
-	       (unsigned long long)max_size, (unsigned long long)max_entries,
-	       fs->cfg.compile_uids ? "uids " : "the daemon, uid ",
-	       fs->cfg.compile_uids ? fs->cfg.compile_uids : (unsigned)geteuid(),
-	       fs->cfg.compile_uids ? "+" : "",
-	       fs->cfg.ns_flags ? " in namespaces of their own" : "", rt_desc,
-	       up_state ? "; taken over from the running daemon"
-			: restarted ? "; started again by the holder after the daemon died" : "");
-	if (up_state)
-		kc_log(KC_LOG_INFO, "upgrade: serving %s after pid %d, %llu inodes and every open "
-		       "handle taken over", real_mnt, offer.pid,
-		       (unsigned long long)kc_inode_count(&fs->inodes));
-	if (fuse_daemonize(cmd.foreground) != 0)
+	kc_notifier_note_connection(&fs->notifier, s.mnt);
+	log_serving(&s, fs, rt_desc);
+	if (fuse_daemonize(s.cmd.foreground) != 0)
 		goto out_unmount;
-	if (!cmd.foreground)
-		kc_log_init(1, cmd.debug ? KC_LOG_DEBUG : level);
-	/* Before any thread: the holder is a fork of this process. */
-	if (o.holder && up_sock < 0 && !restarted) {
-		int herr = kc_holder_start(real_mnt, fuse_session_fd(fs->se),
-					   !cmd.foreground);
-		if (herr)
-			kc_log(KC_LOG_WARN, "no holder for %s (%s): a crash of the daemon costs the "
-			       "mount", real_mnt, strerror(-herr));
-	}
-	/* The watcher too: it waits for this process, not for the one that daemonized. */
-	int werr = kc_compile_watch(fs->cfg.compile_uids,
-				    fs->cfg.uids_lock_fd > 0 ? fs->cfg.uids_lock_fd : -1);
-	if (werr)
-		kc_log(KC_LOG_WARN, "cannot start the watcher of the compiles (%s): a compile "
-		       "outlives a daemon that dies, until the next start", strerror(-werr));
-	/* Threads start after daemonizing (fork keeps only the calling thread). */
-	int started = kc_cache_init(&fs->cache, &fs->cfg, &fs->store, remote) == 0;
-	fs->cache.evict = &fs->evict; /* every publish is told to the index */
-	if (started && remote)
-		kc_remote_tier_probe(remote); /* counted: the cache's counters are set up */
-	if (!started || kc_notifier_start(&fs->notifier, fs->se, &fs->inodes, &fs->store) != 0 ||
-	    kc_sweeper_start(fs) != 0 || kc_evict_start(&fs->evict) != 0) {
-		kc_log(KC_LOG_ERR, "cannot start worker threads");
+	if (!s.cmd.foreground)
+		kc_log_init(1, s.cmd.debug ? KC_LOG_DEBUG : s.level);
+	if (start_threads(&s, fs, remote, argc, argv) != 0)
 		goto out_cache;
-	}
-	int lerr = kc_upgrade_listen(fs, real_mnt, argc, argv, start_cwd);
-	if (lerr)
-		kc_log(KC_LOG_WARN, "no live upgrade for this mount (kcachefs --upgrade): %s",
-		       strerror(-lerr));
-
-	/* The ids this daemon hands out carry the holder's epoch: never one a dead daemon's. */
-	uint32_t epoch = kc_holder_register(real_mnt, argc, argv, start_cwd);
-	if (restarted && !epoch)
-		epoch = hr.epoch;
-	fs->inodes.epoch = fs->handles.epoch = epoch;
-	__atomic_store_n(&fs->stale_ids, epoch != 0, __ATOMIC_SEQ_CST);
-
-	if (cmd.singlethread) {
-		ret = fuse_session_loop(fs->se);
-	} else {
-		struct fuse_loop_config *lc = fuse_loop_cfg_create();
-		fuse_loop_cfg_set_clone_fd(lc, (unsigned)cmd.clone_fd);
-		if (cmd.max_idle_threads != UINT_MAX) /* UINT_MAX: not given, keep libfuse's */
-			fuse_loop_cfg_set_idle_threads(lc, cmd.max_idle_threads);
-		fuse_loop_cfg_set_max_threads(lc, cmd.max_threads);
-		ret = fuse_session_loop_mt(fs->se, lc);
-		fuse_loop_cfg_destroy(lc);
-	}
-	/* libfuse reports the signal that ended the loop; a stop by SIGTERM, SIGINT or SIGHUP
-	 * (systemd, Ctrl-C) is a clean exit. */
-	ret = (ret == 0 || ret == SIGTERM || ret == SIGINT || ret == SIGHUP) ? 0 : 1;
-	kc_log(KC_LOG_INFO, "unmounting %s", cmd.mountpoint);
+	ret = serve(&s, fs);
+	kc_log(KC_LOG_INFO, "unmounting %s", s.cmd.mountpoint);
 
 out_cache:
 	/* In-flight compilers are killed; their waiters are answered EIO. Then the unmount
@@ -801,15 +903,15 @@ out_cache:
 	kc_evict_stop(&fs->evict);
 	kc_cache_shutdown(&fs->cache);
 	fuse_session_unmount(fs->se);
-	if (up_state || restarted)
-		unmount_adopted(real_mnt);
+	if (s.up_state || s.restarted)
+		unmount_adopted(s.mnt);
 	kc_notifier_stop(&fs->notifier);
 	kc_fh_free_all(fs); /* files still open at the stop: the kernel releases none now */
 	goto out_signals;
 out_unmount:
 	fuse_session_unmount(fs->se);
-	if (up_state || restarted)
-		unmount_adopted(real_mnt);
+	if (s.up_state || s.restarted)
+		unmount_adopted(s.mnt);
 out_signals:
 	fuse_remove_signal_handlers(fs->se);
 out_session:
@@ -825,36 +927,7 @@ out_cfg:
 	kc_idtable_destroy(&fs->handles);
 	free(fs);
 out_args:
-	free(cmd.mountpoint);
-	free(o.backing);
-	free(o.nvcc);
-	free(o.arch);
-	free(o.flags);
-	free(o.log_level);
-	free(o.jobs);
-	free(o.compiler);
-	free(o.compile_timeout);
-	free(o.nvrtc_idle);
-	free(o.max_source_size);
-	free(o.max_inodes);
-	free(o.max_size);
-	free(o.max_entries);
-	free(o.compile_uids);
-	free(o.remote);
-	free(o.remote_auth);
-	free(o.remote_key);
-	free(o.remote_mode);
-	free(o.remote_lease);
-	free(o.remote_wait);
-	free(o.remote_timeout);
 	fuse_opt_free_args(&args);
-	if (up_sock >= 0)
-		close(up_sock);
-	if (up_fuse_fd >= 0)
-		close(up_fuse_fd);
-	free(up_state);
-	free(up_fds);
-	free(up_argv);
-	kc_handover_offer_free(&offer);
+	start_free(&s);
 	return ret;
 }
