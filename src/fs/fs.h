@@ -1,7 +1,7 @@
 /* fs.h - the FUSE adapter's shared state and entry points.
  *
  * Owns: the mount's config, backing store, cache, inode table and notifier (one struct
- * kc_fs per mount, created in main.c and handed to libfuse as userdata).
+ * kc_fs per mount, created in kcachefs.c and handed to libfuse as userdata).
  */
 #ifndef KC_FS_H
 #define KC_FS_H

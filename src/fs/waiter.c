@@ -8,7 +8,7 @@
  * concurrent lookups of one name, not opens or getattrs), and a waiter whose process is
  * killed is answered EINTR within a sweep interval, while the others keep waiting.
  *
- * Under a kernel request timeout (fs.fuse.*_request_timeout, src/cache/reqtimeout.h) a request
+ * Under a kernel request timeout (fs.fuse.*_request_timeout, src/mount/reqtimeout.h) a request
  * kept past it aborts the whole mount; so a waiter parked for fs->request_budget seconds
  * is answered ETIMEDOUT by the sweeper, whatever it waits for (a compile queued behind
  * others, a compile waiting on another node's lease), and the compile goes on for the

@@ -1,6 +1,6 @@
 /* shim.h - the logic of the kcachefs-nvcc shim: which nvcc calls it takes over, the flags
  * it stages, the entry it names, and the mount it stages into. The program around it is
- * shim/main.c; everything here is pure or read-only so the unit tests can drive it.
+ * shim/kcachefs-nvcc.c; everything here is pure or read-only so the unit tests can drive it.
  *
  * Owns: the strings and argv inside struct kc_shim_call (freed by kc_shim_call_free).
  */

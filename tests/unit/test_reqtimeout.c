@@ -1,5 +1,5 @@
 /* test_reqtimeout.c - the kernel's FUSE request timeout as the daemon derives it from the
- * sysctls (src/cache/reqtimeout.h), read from a directory of fake sysctl files. */
+ * sysctls (src/mount/reqtimeout.h), read from a directory of fake sysctl files. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,4 +1,4 @@
-/* main.c - kcachefs-nvrtc: the NVRTC compile backend, run by the daemon exactly as it
+/* kcachefs-nvrtc.c - kcachefs-nvrtc: the NVRTC compile backend, run by the daemon exactly as it
  * runs nvcc (its own process, scratch directory, timeout and log), so that a compiler crash
  * or hang costs one compile and never the mount.
  *

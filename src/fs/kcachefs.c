@@ -1,4 +1,4 @@
-/* main.c - kcachefs [options] BACKING_DIR MOUNTPOINT
+/* kcachefs.c - kcachefs [options] BACKING_DIR MOUNTPOINT
  *
  * Option parsing is libfuse's (fuse_opt_parse for the mount's -o options, then
  * fuse_parse_cmdline for -f, -d, -s and the mountpoint), so the program is mountable from

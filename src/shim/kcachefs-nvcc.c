@@ -1,4 +1,4 @@
-/* main.c - kcachefs-nvcc: an nvcc that compiles each kernel once per node.
+/* kcachefs-nvcc.c - kcachefs-nvcc: an nvcc that compiles each kernel once per node.
  *
  * Point a JIT client's compiler at it (DG_JIT_NVCC_COMPILER=kcachefs-nvcc). A call
  * "X.cu -cubin -o OUT <flags>" whose OUT lies on a kcachefs mount (or with KCACHEFS_MOUNT

@@ -30,8 +30,8 @@ struct kc_config {
 	unsigned jobs;         /* concurrent compiles; 0: number of online CPUs */
 	unsigned compile_timeout; /* seconds; 0: KC_DEFAULT_COMPILE_TIMEOUT */
 	unsigned request_timeout; /* the kernel's FUSE request timeout of the mount (seconds,
-				   * reqtimeout.h; 0: none), set by main.c */
-	unsigned compile_timeout_asked; /* nonzero: the compile_timeout asked for, which main.c
+				   * reqtimeout.h; 0: none), set by kcachefs.c */
+	unsigned compile_timeout_asked; /* nonzero: the compile_timeout asked for, which kcachefs.c
 				   * capped to stay under request_timeout */
 	int autocompile;       /* compile entries that have kernel.cu but no kernel.flags */
 	int verify_keys;       /* an entry's <hash> must be its recipe's key (key.h) */
