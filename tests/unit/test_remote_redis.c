@@ -435,6 +435,49 @@ static void test_pick(void)
 	free(r2);
 }
 
+/* The pick is part of the cluster's layout on the store: nodes of different versions share
+ * the shards, so a key must stay on the shard it is on across upgrades. These vectors were
+ * computed by kcachefs's kc_redis_pick as it is (remote_redis.c); a change that moves any
+ * key fails here. The keys are SHA-256 of "vector I"; picked3: the index among all three shards, picked2: among the first two. */
+static void test_pick_vectors(void)
+{
+	static const char *const lists[2] = {
+		"redis://10.0.0.1|redis://10.0.0.2|redis://10.0.0.3",
+		"redis+unix:///run/redis/a.sock|redis://[::1]:7000/15|"
+		"redis://Cache-1.example.org:6380/2",
+	};
+	/* [list][vector i] = {picked3, picked2} */
+	static const unsigned char vec[2][12][2] = {
+		{{1, 1}, {0, 0}, {1, 1}, {2, 0}, {1, 1}, {1, 1},
+		 {1, 1}, {0, 0}, {2, 1}, {0, 0}, {2, 1}, {0, 0}},
+		{{0, 0}, {2, 0}, {2, 1}, {2, 1}, {0, 0}, {1, 1},
+		 {2, 0}, {0, 0}, {2, 1}, {0, 0}, {1, 1}, {0, 0}},
+	};
+	int ok = 1;
+
+	for (int l = 0; l < 2; l++) {
+		struct kc_redis_addr *a;
+		char why[300], key[65], text[32];
+
+		if (kc_redis_parse(lists[l], &a, why, sizeof(why)) != 3) {
+			CHECK(0, "parse the vectors' shard list");
+			return;
+		}
+		for (int i = 0; i < 12; i++) {
+			snprintf(text, sizeof(text), "vector %d", i);
+			kc_sha256_buf(text, strlen(text), key);
+			if (kc_redis_pick(a, 3, key) != vec[l][i][0] ||
+			    kc_redis_pick(a, 2, key) != vec[l][i][1]) {
+				printf("# list %d, vector %d: picked %zu of 3, %zu of 2\n", l, i,
+				       kc_redis_pick(a, 3, key), kc_redis_pick(a, 2, key));
+				ok = 0;
+			}
+		}
+		free(a);
+	}
+	CHECK(ok, "12 keys over two lists of 3 (and of 2) shards: picked as kcachefs always did");
+}
+
 static int write_file(const char *path, const char *text, mode_t mode)
 {
 	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
@@ -1377,6 +1420,7 @@ int main(void)
 
 	test_parse();
 	test_pick();
+	test_pick_vectors();
 	test_auth_file();
 	if (start(&main_srv, NULL)) {
 		CHECK(0, "start redis-server (Debian's redis-server package)");
