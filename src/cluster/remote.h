@@ -1,6 +1,8 @@
-/* remote.h - the second-level store (L2) shared by the nodes of a cluster: the backend
- * interface that each kind of store implements (remote_dir.c: a directory on a shared
- * filesystem; remote_redis.c: Redis/Valkey through hiredis, sharded by rendezvous hashing).
+/* remote.h - the cluster store shared by the nodes of a cluster: the backend interface
+ * that each kind of store implements (remote_dir.c: a directory on a shared filesystem;
+ * remote_redis.c: one Redis/Valkey server through hiredis) and that the store layer's
+ * sharding (remote_shards.c: several servers, each key on the one rendezvous hashing picks)
+ * implements over them.
  *
  * A backend stores opaque, immutable objects under a key (64 lowercase hex digits, the
  * SHA-256 object key) and short-lived leases on keys. It knows nothing of cubins,
@@ -112,9 +114,10 @@ struct kc_remote_backend {
 	unsigned note_max_ms; /* a failure note claiming a longer ttl is ignored (ms) */
 };
 
-/* Open the backend that url names (-o remote=): "dir:PATH", "redis://HOST[:PORT][/DB]",
- * "redis+unix:///PATH[?db=N]", several of the redis forms joined by '|' (shards chosen by
- * rendezvous hashing of the key). auth_file: NULL, or a file holding "USER PASSWORD" or
+/* Open the backend that url names (-o remote=): "dir:PATH" (one path, which may hold '|'),
+ * "redis://HOST[:PORT][/DB]", "redis+unix:///PATH[?db=N]", several of the redis forms
+ * joined by '|' (shards chosen by rendezvous hashing of the key: remote_shards.h; the auth
+ * file is read once for all of them). auth_file: NULL, or a file holding "USER PASSWORD" or
  * "PASSWORD" for Redis (refused unless only root can read it). Connecting is lazy: a
  * store that is down at start is not an error. Returns the backend (owned; destroy with
  * ops->destroy), or NULL with why filled and errno EINVAL for a malformed URL, an unknown

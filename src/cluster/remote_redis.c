@@ -1,4 +1,5 @@
-/* remote_redis.c - the L2 backend on Redis/Valkey through hiredis (see remote_redis.h).
+/* remote_redis.c - one Redis/Valkey server of the cluster store, through hiredis (see
+ * remote_redis.h).
  *
  * hiredis connects (redisConnectWithTimeout, redisConnectUnixWithTimeout) and parses
  * replies (its redisReader); the exchange itself is done here with poll against one
@@ -9,14 +10,11 @@
 #define _GNU_SOURCE
 #include "remote_redis.h"
 
-#include <arpa/inet.h>
-#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <hiredis/hiredis.h>
 #include <inttypes.h>
 #include <limits.h>
-#include <openssl/crypto.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -36,8 +34,6 @@
 
 #define MAX_REPLY ((size_t)512 << 20) /* Redis's own proto-max-bulk-len default */
 #define MAX_ARRAY 16                  /* no command here expects an array at all */
-#define MAX_URL 8192
-#define AUTH_MAX 4096
 #define OBJ_PREFIX "kcachefs:obj:"
 #define LEASE_PREFIX "kcachefs:lease:"
 #define RELOG_S 60 /* a fault that persists is logged again after this long */
@@ -106,24 +102,17 @@ static const char release_script[] =
 /* Reply types a command accepts (bit per REDIS_REPLY_*). */
 #define T(x) (1u << (x))
 
-struct redis_shard {
-	const struct kc_redis_addr *addr; /* in the backend's addrs */
+struct redis_backend {
+	struct kc_remote_backend base; /* first: the ops get &base */
+	struct kc_redis_addr addr;     /* the server; addr.canon names it in logs */
+	char *user; /* NULL: AUTH PASSWORD (or no AUTH when pass is NULL too) */
+	char *pass;
 	pthread_mutex_t lock; /* guards idle, nidle and the log state below */
 	redisContext *idle[KC_REDIS_POOL];
 	int nidle;
 	int down;           /* the last exchange failed */
 	char last_why[200]; /* its cause, as last logged */
 	time_t last_log;
-};
-
-struct redis_backend {
-	struct kc_remote_backend base; /* first: the ops get &base */
-	struct kc_redis_addr *addrs; /* from kc_redis_parse */
-	struct redis_shard *shards; /* shards[i].addr == &addrs[i] */
-	size_t nshards;
-	char *user; /* NULL: AUTH PASSWORD (or no AUTH when pass is NULL too) */
-	char *pass;
-	char desc[600];
 };
 
 static void say(char *why, size_t whylen, const char *fmt, ...)
@@ -137,337 +126,6 @@ static void say(char *why, size_t whylen, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(why, whylen, fmt, ap);
 	va_end(ap);
-}
-
-/* ---- URLs ---- */
-
-static int all_digits(const char *s, size_t n)
-{
-	if (!n)
-		return 0;
-	for (size_t i = 0; i < n; i++)
-		if (s[i] < '0' || s[i] > '9')
-			return 0;
-	return 1;
-}
-
-/* A decimal number in s[0..n) without sign or leading zero, at most max. */
-static int parse_uint(const char *s, size_t n, long max, long *out)
-{
-	long v = 0;
-
-	if (!all_digits(s, n) || n > 10 || (n > 1 && s[0] == '0'))
-		return -1;
-	for (size_t i = 0; i < n; i++)
-		v = v * 10 + (s[i] - '0');
-	if (v > max)
-		return -1;
-	*out = v;
-	return 0;
-}
-
-static int host_ok(const char *h, size_t n)
-{
-	if (n == 0 || n > 253 || h[0] == '-' || h[0] == '.' || h[n - 1] == '-')
-		return 0;
-	for (size_t i = 0; i < n; i++) {
-		unsigned char c = h[i];
-		if (!(isalnum(c) || c == '-' || c == '.' || c == '_'))
-			return 0;
-		if (c == '.' && i + 1 < n && h[i + 1] == '.')
-			return 0;
-	}
-	return 1;
-}
-
-/* Refuse blanks, control characters, credentials and the characters a Redis URL of ours
- * never holds in shard idx's n bytes at s. Returns 0 or -EINVAL with why. */
-static int check_url_chars(const char *s, size_t n, int idx, char *why, size_t whylen)
-{
-	for (size_t i = 0; i < n; i++) {
-		unsigned char c = s[i];
-		if (c <= ' ' || c == 0x7f) {
-			say(why, whylen, "remote: shard %d: a blank or control character at offset %zu",
-			    idx, i);
-			return -EINVAL;
-		}
-		if (c == '@') {
-			say(why, whylen, "remote: shard %d: credentials do not belong in the URL: put "
-			    "\"USER PASSWORD\" in the file remote_auth= names", idx);
-			return -EINVAL;
-		}
-		if (c == '#' || c == '%') {
-			say(why, whylen, "remote: shard %d: '%c' is not allowed in a Redis URL", idx, c);
-			return -EINVAL;
-		}
-	}
-	return 0;
-}
-
-/* The host of a redis:// URL at p (before end): "[IPv6]" or a name, into a->host (names
- * lowercased). Returns 0 with *rest after it, or -EINVAL with why. */
-static int parse_tcp_host(const char *p, const char *end, int idx, struct kc_redis_addr *a,
-			  const char **rest, char *why, size_t whylen)
-{
-	const char *hend;
-	if (p < end && *p == '[') {
-		char v6[INET6_ADDRSTRLEN];
-		struct in6_addr in6;
-
-		hend = memchr(p, ']', end - p);
-		if (!hend || (size_t)(hend - p - 1) >= sizeof(v6)) {
-			say(why, whylen, "remote: shard %d: an IPv6 address is [ADDRESS]", idx);
-			return -EINVAL;
-		}
-		memcpy(v6, p + 1, hend - p - 1);
-		v6[hend - p - 1] = 0;
-		if (inet_pton(AF_INET6, v6, &in6) != 1) {
-			say(why, whylen, "remote: shard %d: \"%s\" is not an IPv6 address", idx, v6);
-			return -EINVAL;
-		}
-		strcpy(a->host, v6);
-		*rest = hend + 1;
-		return 0;
-	}
-	hend = p;
-	while (hend < end && *hend != ':' && *hend != '/')
-		hend++;
-	if (!host_ok(p, hend - p)) {
-		say(why, whylen, "remote: shard %d: no valid host after redis:// (letters, "
-		    "digits, '-', '.', '_'; an IPv6 address in brackets)", idx);
-		return -EINVAL;
-	}
-	memcpy(a->host, p, hend - p);
-	for (char *c = a->host; *c; c++)
-		*c = tolower((unsigned char)*c);
-	*rest = hend;
-	return 0;
-}
-
-/* redis://HOST[:PORT][/DB], from after the scheme (p) to end. Returns 0 or -EINVAL. */
-static int parse_tcp(const char *p, const char *end, int idx, struct kc_redis_addr *a,
-		     char *why, size_t whylen)
-{
-	const char *q;
-	long v;
-
-	a->port = 6379;
-	if (parse_tcp_host(p, end, idx, a, &q, why, whylen))
-		return -EINVAL;
-	if (q < end && *q == ':') {
-		const char *pe = q + 1;
-		while (pe < end && *pe != '/')
-			pe++;
-		if (parse_uint(q + 1, pe - q - 1, 65535, &v) || v == 0) {
-			say(why, whylen, "remote: shard %d: the port is a number 1..65535", idx);
-			return -EINVAL;
-		}
-		a->port = (int)v;
-		q = pe;
-	}
-	if (q < end && *q == '/') {
-		if (parse_uint(q + 1, end - q - 1, INT_MAX, &v)) {
-			say(why, whylen, "remote: shard %d: after '/' comes the database number "
-			    "(0, 1, ...) and nothing else", idx);
-			return -EINVAL;
-		}
-		a->db = (int)v;
-		q = end;
-	}
-	if (q != end) {
-		say(why, whylen, "remote: shard %d: unexpected '%c' after the host", idx, *q);
-		return -EINVAL;
-	}
-	snprintf(a->canon, sizeof(a->canon), strchr(a->host, ':') ? "redis://[%s]:%d/%d" :
-		 "redis://%s:%d/%d", a->host, a->port, a->db);
-	return 0;
-}
-
-/* redis+unix:///PATH[?db=N], from after the scheme (p) to end. Returns 0 or -EINVAL. */
-static int parse_unix(const char *p, const char *end, int idx, struct kc_redis_addr *a,
-		      char *why, size_t whylen)
-{
-	const char *qm = memchr(p, '?', end - p);
-	const char *pend = qm ? qm : end;
-	long v;
-
-	a->is_unix = 1;
-	if (p == end || *p != '/') {
-		say(why, whylen, "remote: shard %d: a Unix socket URL has no host: "
-		    "redis+unix:///ABSOLUTE/PATH", idx);
-		return -EINVAL;
-	}
-	if (pend - p < 2 || pend[-1] == '/') {
-		say(why, whylen, "remote: shard %d: no socket path after redis+unix://", idx);
-		return -EINVAL;
-	}
-	if ((size_t)(pend - p) >= sizeof(a->path)) {
-		say(why, whylen, "remote: shard %d: the socket path is longer than %zu bytes",
-		    idx, sizeof(a->path) - 1);
-		return -EINVAL;
-	}
-	memcpy(a->path, p, pend - p);
-	if (qm) {
-		if (end - qm < 4 || memcmp(qm, "?db=", 4) ||
-		    parse_uint(qm + 4, end - qm - 4, INT_MAX, &v)) {
-			say(why, whylen, "remote: shard %d: the only query is ?db=N", idx);
-			return -EINVAL;
-		}
-		a->db = (int)v;
-	}
-	snprintf(a->canon, sizeof(a->canon), "redis+unix://%s?db=%d", a->path, a->db);
-	return 0;
-}
-
-/* One shard's URL into a: s[0..n), the idx-th (1-based, for messages). Returns 0 or
- * -EINVAL with why. */
-static int parse_one(const char *s, size_t n, int idx, struct kc_redis_addr *a, char *why,
-		     size_t whylen)
-{
-	static const char tcp[] = "redis://", unx[] = "redis+unix://";
-
-	memset(a, 0, sizeof(*a));
-	if (n == 0) {
-		say(why, whylen, "remote: shard %d is empty (URLs are joined by a single '|')", idx);
-		return -EINVAL;
-	}
-	if (check_url_chars(s, n, idx, why, whylen))
-		return -EINVAL;
-	if (n >= sizeof(tcp) - 1 && !memcmp(s, tcp, sizeof(tcp) - 1))
-		return parse_tcp(s + sizeof(tcp) - 1, s + n, idx, a, why, whylen);
-	if (n >= sizeof(unx) - 1 && !memcmp(s, unx, sizeof(unx) - 1))
-		return parse_unix(s + sizeof(unx) - 1, s + n, idx, a, why, whylen);
-	if (n >= 9 && !memcmp(s, "rediss://", 9))
-		say(why, whylen, "remote: shard %d: TLS (rediss://) is not supported: use a Unix "
-		    "socket, or a tunnel to a loopback port", idx);
-	else
-		say(why, whylen, "remote: shard %d: not a Redis URL: redis://HOST[:PORT][/DB] or "
-		    "redis+unix:///PATH[?db=N]", idx);
-	return -EINVAL;
-}
-
-int kc_redis_parse(const char *url, struct kc_redis_addr **addrs, char *why, size_t whylen)
-{
-	struct kc_redis_addr *a;
-	size_t len, n = 1;
-	const char *p;
-
-	*addrs = NULL;
-	if (!url || !*url) {
-		say(why, whylen, "remote: empty URL");
-		return -EINVAL;
-	}
-	len = strlen(url);
-	if (len > MAX_URL) {
-		say(why, whylen, "remote: the URL is longer than %d bytes", MAX_URL);
-		return -EINVAL;
-	}
-	for (p = url; *p; p++)
-		n += *p == '|';
-	if (n > KC_REDIS_MAX_SHARDS) {
-		say(why, whylen, "remote: %zu shards, at most %d", n, KC_REDIS_MAX_SHARDS);
-		return -EINVAL;
-	}
-	a = calloc(n, sizeof(*a));
-	if (!a)
-		return -ENOMEM;
-	p = url;
-	for (size_t i = 0; i < n; i++) {
-		const char *bar = strchr(p, '|');
-		size_t sl = bar ? (size_t)(bar - p) : strlen(p);
-		int rc = parse_one(p, sl, (int)i + 1, &a[i], why, whylen);
-
-		if (rc) {
-			free(a);
-			return rc;
-		}
-		for (size_t j = 0; j < i; j++)
-			if (!strcmp(a[j].canon, a[i].canon)) {
-				say(why, whylen, "remote: shards %zu and %zu are the same (%s)", j + 1,
-				    i + 1, a[i].canon);
-				free(a);
-				return -EINVAL;
-			}
-		p += sl + 1;
-	}
-	*addrs = a;
-	return (int)n;
-}
-
-/* The weight of (shard, key): the first 64 bits of SHA-256 over both, length-prefixed. */
-static uint64_t weight(const char *canon, const char *key)
-{
-	struct kc_sha256 h;
-	char hex[KC_SHA256_HEXLEN + 1];
-
-	if (kc_sha256_init(&h))
-		return 0; /* out of memory: every shard weighs the same, the first wins */
-	kc_sha256_field(&h, canon, strlen(canon));
-	kc_sha256_field(&h, key, strlen(key));
-	kc_sha256_final(&h, hex);
-	hex[16] = 0;
-	return strtoull(hex, NULL, 16);
-}
-
-size_t kc_redis_pick(const struct kc_redis_addr *addrs, size_t n, const char *key)
-{
-	size_t best = 0;
-	uint64_t bw = 0;
-
-	for (size_t i = 0; i < n; i++) {
-		uint64_t w = weight(addrs[i].canon, key);
-		/* Ties (never in practice) go to the smaller canonical name: order-free. */
-		if (i == 0 || w > bw || (w == bw && strcmp(addrs[i].canon, addrs[best].canon) < 0)) {
-			best = i;
-			bw = w;
-		}
-	}
-	return best;
-}
-
-/* ---- the auth file ---- */
-
-int kc_redis_auth_read(const char *path, char **user, char **pass, char *why, size_t whylen)
-{
-	char *buf, *w1, *w2, *w3, *save = NULL;
-	size_t got;
-	int rc;
-
-	*user = *pass = NULL;
-	rc = kc_secret_read("remote_auth", path, AUTH_MAX, &buf, &got, why, whylen);
-	if (rc)
-		return rc;
-	rc = -EINVAL;
-	if (strlen(buf) != got) {
-		say(why, whylen, "remote_auth: %s holds a NUL byte", path);
-		goto out;
-	}
-	if (strpbrk(buf, "\r\n")) {
-		say(why, whylen, "remote_auth: %s has more than one line (\"USER PASSWORD\" or "
-		    "\"PASSWORD\")", path);
-		goto out;
-	}
-	w1 = strtok_r(buf, " \t", &save);
-	w2 = w1 ? strtok_r(NULL, " \t", &save) : NULL;
-	w3 = w2 ? strtok_r(NULL, " \t", &save) : NULL;
-	if (!w1 || w3) {
-		say(why, whylen, "remote_auth: %s must hold one line: \"USER PASSWORD\" or "
-		    "\"PASSWORD\" (%s)", path, w1 ? "more than two words" : "it is empty");
-		goto out;
-	}
-	*user = w2 ? strdup(w1) : NULL;
-	*pass = strdup(w2 ? w2 : w1);
-	if (!*pass || (w2 && !*user)) {
-		free(*user);
-		free(*pass);
-		*user = *pass = NULL;
-		rc = -ENOMEM;
-		goto out;
-	}
-	rc = 0;
-out:
-	kc_secret_free(buf, got);
-	return rc;
 }
 
 /* ---- exchanges ---- */
@@ -758,9 +416,9 @@ static int expect_ok(redisContext *c, int argc, const char **argv, const size_t 
 	return rc;
 }
 
-/* A new connection to s, authenticated and on its database. */
-static int shard_connect(struct redis_backend *b, struct redis_shard *s, int64_t deadline,
-			 redisContext **out, char *why, size_t whylen)
+/* A new connection to the server, authenticated and on its database. */
+static int server_connect(struct redis_backend *b, int64_t deadline, redisContext **out,
+			  char *why, size_t whylen)
 {
 	int64_t left = deadline - kc_mono_ms();
 	struct timeval tv, optv;
@@ -773,8 +431,8 @@ static int shard_connect(struct redis_backend *b, struct redis_shard *s, int64_t
 	tv.tv_sec = left / 1000;
 	tv.tv_usec = (left % 1000) * 1000;
 	errno = 0;
-	c = s->addr->is_unix ? redisConnectUnixWithTimeout(s->addr->path, tv) :
-			      redisConnectWithTimeout(s->addr->host, s->addr->port, tv);
+	c = b->addr.is_unix ? redisConnectUnixWithTimeout(b->addr.path, tv) :
+			      redisConnectWithTimeout(b->addr.host, b->addr.port, tv);
 	saved = errno;
 	if (!c) {
 		say(why, whylen, "connect: out of memory");
@@ -800,10 +458,10 @@ static int shard_connect(struct redis_backend *b, struct redis_shard *s, int64_t
 		if (rc)
 			goto fail;
 	}
-	if (s->addr->db) {
+	if (b->addr.db) {
 		char db[16];
 		const char *argv[2] = {"SELECT", db};
-		size_t lens[2] = {6, (size_t)snprintf(db, sizeof(db), "%d", s->addr->db)};
+		size_t lens[2] = {6, (size_t)snprintf(db, sizeof(db), "%d", b->addr.db)};
 
 		rc = expect_ok(c, 2, argv, lens, deadline, why, whylen);
 		if (rc)
@@ -816,8 +474,8 @@ fail:
 	return rc;
 }
 
-/* An idle connection of s that the server has not closed meanwhile, or NULL. */
-static redisContext *pool_take(struct redis_shard *s)
+/* An idle connection that the server has not closed meanwhile, or NULL. */
+static redisContext *pool_take(struct redis_backend *s)
 {
 	for (;;) {
 		redisContext *c = NULL;
@@ -840,7 +498,7 @@ static redisContext *pool_take(struct redis_shard *s)
 	}
 }
 
-static void pool_give(struct redis_shard *s, redisContext *c)
+static void pool_give(struct redis_backend *s, redisContext *c)
 {
 	pthread_mutex_lock(&s->lock);
 	if (s->nidle < KC_REDIS_POOL) {
@@ -852,9 +510,9 @@ static void pool_give(struct redis_shard *s, redisContext *c)
 		redisFree(c);
 }
 
-/* Log a shard's fault: once per cause, again after RELOG_S; never the password. */
-static void shard_fault(struct redis_backend *b, struct redis_shard *s, const char *op, int rc,
-			char *why)
+/* Log the server's fault: once per cause, again after RELOG_S; never the password. With
+ * several shards, each shard's backend logs its own. */
+static void server_fault(struct redis_backend *b, const char *op, int rc, char *why)
 {
 	time_t now = time(NULL);
 	char *p;
@@ -862,18 +520,18 @@ static void shard_fault(struct redis_backend *b, struct redis_shard *s, const ch
 	if (b->pass && *b->pass)
 		while ((p = strstr(why, b->pass)))
 			memset(p, '*', strlen(b->pass));
-	pthread_mutex_lock(&s->lock);
-	if (!s->down || strcmp(s->last_why, why) || now - s->last_log >= RELOG_S) {
-		kc_log(KC_LOG_WARN, "remote: %s: %s failed: %s (%s)", s->addr->canon, op,
+	pthread_mutex_lock(&b->lock);
+	if (!b->down || strcmp(b->last_why, why) || now - b->last_log >= RELOG_S) {
+		kc_log(KC_LOG_WARN, "remote: %s: %s failed: %s (%s)", b->addr.canon, op,
 		       strerror(-rc), why);
-		s->last_log = now;
-		snprintf(s->last_why, sizeof(s->last_why), "%s", why);
+		b->last_log = now;
+		snprintf(b->last_why, sizeof(b->last_why), "%s", why);
 	}
-	s->down = 1;
-	pthread_mutex_unlock(&s->lock);
+	b->down = 1;
+	pthread_mutex_unlock(&b->lock);
 }
 
-static void shard_ok(struct redis_shard *s)
+static void server_ok(struct redis_backend *s)
 {
 	int was;
 
@@ -883,44 +541,42 @@ static void shard_ok(struct redis_shard *s)
 	s->last_why[0] = 0;
 	pthread_mutex_unlock(&s->lock);
 	if (was)
-		kc_log(KC_LOG_INFO, "remote: %s answers again", s->addr->canon);
+		kc_log(KC_LOG_INFO, "remote: %s answers again", s->addr.canon);
 }
 
-/* Run one command on key's shard: 0 and *out, or -errno (logged, except -EACCES when
- * quiet_acl: a command the ACL refuses, which the caller does without). */
-static int shard_call_as(struct redis_backend *b, const char *key, const char *op, int argc,
-			 const char **argv, const size_t *lens, unsigned accept, int quiet_acl,
-			 redisReply **out)
+/* Run one command (of operation op) on the server: 0 and *out, or -errno (logged, except
+ * -EACCES when quiet_acl: a command the ACL refuses, which the caller does without). */
+static int call_as(struct redis_backend *b, const char *op, int argc, const char **argv,
+		   const size_t *lens, unsigned accept, int quiet_acl, redisReply **out)
 {
-	struct redis_shard *s = &b->shards[kc_redis_pick(b->addrs, b->nshards, key)];
 	int64_t deadline = kc_mono_ms() + b->base.timeout_ms;
 	char why[200] = "";
-	redisContext *c = pool_take(s);
+	redisContext *c = pool_take(b);
 	int rc = 0;
 
 	if (!c)
-		rc = shard_connect(b, s, deadline, &c, why, sizeof(why));
+		rc = server_connect(b, deadline, &c, why, sizeof(why));
 	if (!rc)
 		rc = exchange(c, argc, argv, lens, accept, deadline, out, why, sizeof(why));
 	if (rc == -EACCES && quiet_acl && c) { /* an error reply: c is still in step */
-		pool_give(s, c);
+		pool_give(b, c);
 		return rc;
 	}
 	if (rc) {
 		if (c)
 			redisFree(c);
-		shard_fault(b, s, op, rc, why);
+		server_fault(b, op, rc, why);
 		return rc;
 	}
-	pool_give(s, c);
-	shard_ok(s);
+	pool_give(b, c);
+	server_ok(b);
 	return 0;
 }
 
-static int shard_call(struct redis_backend *b, const char *key, const char *op, int argc,
-		      const char **argv, const size_t *lens, unsigned accept, redisReply **out)
+static int call(struct redis_backend *b, const char *op, int argc, const char **argv,
+		const size_t *lens, unsigned accept, redisReply **out)
 {
-	return shard_call_as(b, key, op, argc, argv, lens, accept, 0, out);
+	return call_as(b, op, argc, argv, lens, accept, 0, out);
 }
 
 /* ---- the operations ---- */
@@ -934,7 +590,7 @@ static int name_of(const char *prefix, const char *key, char name[64 + KC_REMOTE
 	return 0;
 }
 
-/* GET prefix+key on key's shard: 0 and *r (a string or nil reply, caller frees). */
+/* GET prefix+key on the server: 0 and *r (a string or nil reply, caller frees). */
 static int get_named(struct redis_backend *b, const char *op, const char *prefix,
 		     const char *key, redisReply **r)
 {
@@ -945,7 +601,7 @@ static int get_named(struct redis_backend *b, const char *op, const char *prefix
 	if (name_of(prefix, key, name))
 		return -EINVAL;
 	lens[1] = strlen(name);
-	return shard_call(b, key, op, 2, argv, lens, T(REDIS_REPLY_STRING) | T(REDIS_REPLY_NIL), r);
+	return call(b, op, 2, argv, lens, T(REDIS_REPLY_STRING) | T(REDIS_REPLY_NIL), r);
 }
 
 static int r_get(struct kc_remote_backend *base, const char *key, char **data, size_t *len)
@@ -989,8 +645,8 @@ static int r_set(struct kc_remote_backend *base, const char *key, const void *da
 	if (!data)
 		argv[2] = "";
 	lens[1] = strlen(name);
-	rc = shard_call(b, key, nx ? "put" : "replace", nx ? 4 : 3, argv, lens,
-			T(REDIS_REPLY_STATUS) | T(REDIS_REPLY_NIL), &r);
+	rc = call(b, nx ? "put" : "replace", nx ? 4 : 3, argv, lens,
+		  T(REDIS_REPLY_STATUS) | T(REDIS_REPLY_NIL), &r);
 	if (rc)
 		return rc;
 	if (r->type == REDIS_REPLY_NIL)
@@ -1030,7 +686,7 @@ static int lease_eval(struct redis_backend *b, const char *op, const char *scrip
 		argv[5 + i] = args[i];
 	for (int i = 0; i < 5 + n; i++)
 		lens[i] = strlen(argv[i]);
-	return shard_call(b, key, op, 5 + n, argv, lens, accept, r);
+	return call(b, op, 5 + n, argv, lens, accept, r);
 }
 
 /* Run a script that answers 1 (done) or 0 (not our lease): 0, -ENOLCK or -errno. */
@@ -1167,11 +823,10 @@ static int r_lease_peek(struct kc_remote_backend *base, const char *key, enum kc
 	return 0;
 }
 
-/* ---- notices: PUBLISH on the key's shard; each waiter SUBSCRIBEs on its own connection,
+/* ---- notices: PUBLISH on the server; each waiter SUBSCRIBEs on its own connection,
  * which the pool never sees (a subscribed connection takes no other command) ---- */
 
 struct kc_remote_watch {
-	struct redis_shard *s;
 	redisContext *c; /* subscribed to STORED_PREFIX key */
 };
 
@@ -1193,17 +848,16 @@ static int r_watch_start(struct kc_remote_backend *base, const char *key,
 	struct kc_remote_watch *nw = calloc(1, sizeof(*nw));
 	if (!nw)
 		return -ENOMEM;
-	nw->s = &b->shards[kc_redis_pick(b->addrs, b->nshards, key)];
-	rc = shard_connect(b, nw->s, deadline, &nw->c, why, sizeof(why));
+	rc = server_connect(b, deadline, &nw->c, why, sizeof(why));
 	if (!rc)
 		rc = command(nw->c, 2, argv, lens, T(REDIS_REPLY_ARRAY), deadline, 1, &r, why,
 			     sizeof(why));
 	if (r)
 		freeReplyObject(r);
 	if (rc) {
-		/* not shard_fault: a store that refuses SUBSCRIBE (an ACL) still serves */
+		/* not server_fault: a store that refuses SUBSCRIBE (an ACL) still serves */
 		kc_log(KC_LOG_DEBUG, "remote: %s: subscribe failed: %s (%s); polling",
-		       nw->s->addr->canon, strerror(-rc), why);
+		       b->addr.canon, strerror(-rc), why);
 		if (nw->c)
 			redisFree(nw->c);
 		free(nw);
@@ -1219,11 +873,11 @@ static int r_watch_wait(struct kc_remote_backend *base, struct kc_remote_watch *
 	redisReply *r;
 	int rc = recv_reply(w->c, "SUBSCRIBE", kc_mono_ms() + ms, &r, why, sizeof(why));
 
-	(void)base;
 	if (rc == -ETIMEDOUT)
 		return rc;
 	if (rc) {
-		kc_log(KC_LOG_DEBUG, "remote: %s: notices: %s (%s); polling", w->s->addr->canon,
+		kc_log(KC_LOG_DEBUG, "remote: %s: notices: %s (%s); polling",
+		       ((struct redis_backend *)base)->addr.canon,
 		       strerror(-rc), why);
 		return rc;
 	}
@@ -1253,8 +907,8 @@ static int r_notify(struct kc_remote_backend *base, const char *key)
 	if (name_of(STORED_PREFIX, key, name))
 		return -EINVAL;
 	lens[1] = strlen(name);
-	int rc = shard_call_as((struct redis_backend *)base, key, "notify", 3, argv, lens,
-			       T(REDIS_REPLY_INTEGER), 1, &r);
+	int rc = call_as((struct redis_backend *)base, "notify", 3, argv, lens,
+			 T(REDIS_REPLY_INTEGER), 1, &r);
 	if (!rc)
 		freeReplyObject(r);
 	return rc;
@@ -1262,7 +916,7 @@ static int r_notify(struct kc_remote_backend *base, const char *key)
 
 static const char *r_describe(struct kc_remote_backend *base)
 {
-	return ((struct redis_backend *)base)->desc;
+	return ((struct redis_backend *)base)->addr.canon;
 }
 
 static void r_destroy(struct kc_remote_backend *base)
@@ -1271,19 +925,11 @@ static void r_destroy(struct kc_remote_backend *base)
 
 	if (!b)
 		return;
-	for (size_t i = 0; b->shards && i < b->nshards; i++) {
-		struct redis_shard *s = &b->shards[i];
-		for (int j = 0; j < s->nidle; j++)
-			redisFree(s->idle[j]);
-		pthread_mutex_destroy(&s->lock);
-	}
-	if (b->pass) {
-		OPENSSL_cleanse(b->pass, strlen(b->pass));
-		free(b->pass);
-	}
+	for (int j = 0; j < b->nidle; j++)
+		redisFree(b->idle[j]);
+	pthread_mutex_destroy(&b->lock);
+	kc_secret_free(b->pass, b->pass ? strlen(b->pass) : 0);
 	free(b->user);
-	free(b->shards);
-	free(b->addrs);
 	free(b);
 }
 
@@ -1303,12 +949,11 @@ static const struct kc_remote_backend_ops redis_ops = {
 	.destroy = r_destroy,
 };
 
-struct kc_remote_backend *kc_remote_redis_open(const char *url, const char *auth_file,
+struct kc_remote_backend *kc_remote_redis_open(const struct kc_redis_addr *addr,
+					       const char *user, const char *pass,
 					       unsigned timeout_ms, char *why, size_t whylen)
 {
 	struct redis_backend *b;
-	int n, rc;
-	size_t dl = 0;
 
 	if (!timeout_ms) {
 		say(why, whylen, "remote: the timeout must be at least 1 ms");
@@ -1317,51 +962,21 @@ struct kc_remote_backend *kc_remote_redis_open(const char *url, const char *auth
 	}
 	b = calloc(1, sizeof(*b));
 	if (!b) {
+		say(why, whylen, "remote: out of memory");
 		errno = ENOMEM;
 		return NULL;
 	}
+	pthread_mutex_init(&b->lock, NULL);
+	if ((user && !(b->user = strdup(user))) || (pass && !(b->pass = strdup(pass)))) {
+		say(why, whylen, "remote: out of memory");
+		r_destroy(&b->base);
+		errno = ENOMEM;
+		return NULL;
+	}
+	b->addr = *addr;
 	b->base.ops = &redis_ops;
 	b->base.timeout_ms = timeout_ms;
 	b->base.held_max_ms = KC_REMOTE_RECORD_MAX_MS;
 	b->base.note_max_ms = KC_REMOTE_RECORD_MAX_MS;
-	n = kc_redis_parse(url, &b->addrs, why, whylen);
-	if (n < 0) {
-		rc = n;
-		goto fail;
-	}
-	b->shards = calloc((size_t)n, sizeof(*b->shards));
-	if (!b->shards) {
-		rc = -ENOMEM;
-		goto fail;
-	}
-	for (int i = 0; i < n; i++) {
-		b->shards[i].addr = &b->addrs[i];
-		pthread_mutex_init(&b->shards[i].lock, NULL);
-		b->nshards++;
-	}
-	if (auth_file) {
-		rc = kc_redis_auth_read(auth_file, &b->user, &b->pass, why, whylen);
-		if (rc) {
-			if (rc != -ENOMEM)
-				rc = -EACCES; /* remote.h: an auth file that cannot be used */
-			goto fail;
-		}
-	}
-	for (int i = 0; i < n; i++) {
-		size_t left = sizeof(b->desc) - dl;
-		int w = snprintf(b->desc + dl, left, "%s%s", i ? "|" : "", b->addrs[i].canon);
-
-		if (w < 0 || (size_t)w + 20 >= left) { /* too long to list: name the first */
-			dl = (size_t)snprintf(b->desc, sizeof(b->desc), "%s|...", b->addrs[0].canon);
-			break;
-		}
-		dl += (size_t)w;
-	}
-	if (n > 1)
-		snprintf(b->desc + dl, sizeof(b->desc) - dl, " (%d shards)", n);
 	return &b->base;
-fail:
-	r_destroy(&b->base);
-	errno = -rc;
-	return NULL;
 }

@@ -31,6 +31,7 @@
 #include "remote.h"
 #include "remote_object.h"
 #include "remote_redis.h"
+#include "remote_shards.h"
 #include "remote_contract.h"
 #include "tap.h"
 
@@ -250,7 +251,7 @@ static void stop(struct server *s, int sig)
 static struct kc_remote_backend *open_url(const char *url, const char *auth, unsigned ms)
 {
 	char why[300] = "";
-	struct kc_remote_backend *b = kc_remote_redis_open(url, auth, ms, why, sizeof(why));
+	struct kc_remote_backend *b = kc_remote_backend_open(url, auth, ms, why, sizeof(why));
 
 	if (!b)
 		printf("# open %s: %s\n", url, why);
@@ -349,10 +350,10 @@ static void test_parse(void)
 	      "credentials in a URL are refused, pointing to remote_auth=, not echoed");
 	CHECK(kc_redis_parse(NULL, &a, why, sizeof(why)) == -EINVAL, "a NULL URL is -EINVAL");
 	buf[0] = 0;
-	for (int i = 0; i <= KC_REDIS_MAX_SHARDS; i++)
+	for (int i = 0; i <= KC_REMOTE_MAX_SHARDS; i++)
 		snprintf(buf + strlen(buf), sizeof(buf) - strlen(buf), "%sredis://h%d", i ? "|" : "", i);
 	CHECK(strlen(buf) < sizeof(buf) - 1 && kc_redis_parse(buf, &a, why, sizeof(why)) == -EINVAL,
-	      "more than KC_REDIS_MAX_SHARDS shards is -EINVAL");
+	      "more than KC_REMOTE_MAX_SHARDS shards is -EINVAL");
 	big = malloc(20000);
 	memset(big, 'a', 19999);
 	big[19999] = 0;
@@ -395,6 +396,17 @@ static void test_parse(void)
 	}
 }
 
+/* The shard of addrs[0..n) that holds key: the store layer's pick over their canonical
+ * URLs, as the sharded backend does it. */
+static size_t pick(const struct kc_redis_addr *addrs, size_t n, const char *key)
+{
+	const char *names[KC_REMOTE_MAX_SHARDS];
+
+	for (size_t i = 0; i < n; i++)
+		names[i] = addrs[i].canon;
+	return kc_remote_shards_pick(names, n, key);
+}
+
 static void test_pick(void)
 {
 	struct kc_redis_addr *a2, *a3, *r2;
@@ -414,15 +426,15 @@ static void test_pick(void)
 		size_t p2, p3;
 
 		key_of("pick", i, key);
-		p2 = kc_redis_pick(a2, 2, key);
-		p3 = kc_redis_pick(a3, 3, key);
+		p2 = pick(a2, 2, key);
+		p3 = pick(a3, 3, key);
 		on[p2]++;
 		if (p3 != p2) {
 			moved++;
 			if (p3 != 2)
 				moved_wrong++;
 		}
-		if (strcmp(r2[kc_redis_pick(r2, 2, key)].canon, a2[p2].canon))
+		if (strcmp(r2[pick(r2, 2, key)].canon, a2[p2].canon))
 			order = 0;
 	}
 	printf("# 2 shards: %d / %d; a third shard moves %d of %d keys\n", on[0], on[1], moved, N);
@@ -433,6 +445,49 @@ static void test_pick(void)
 	free(a2);
 	free(a3);
 	free(r2);
+}
+
+/* The pick is part of the cluster's layout on the store: nodes of different versions share
+ * the shards, so a key must stay on the shard it is on across upgrades. These vectors were
+ * computed by kcachefs before sharding moved into the store layer (kc_redis_pick of
+ * remote_redis.c); a change that moves any key fails here. The keys are SHA-256 of
+ * "vector I"; picked3: the index among all three shards, picked2: among the first two. */
+static void test_pick_vectors(void)
+{
+	static const char *const lists[2] = {
+		"redis://10.0.0.1|redis://10.0.0.2|redis://10.0.0.3",
+		"redis+unix:///run/redis/a.sock|redis://[::1]:7000/15|"
+		"redis://Cache-1.example.org:6380/2",
+	};
+	/* [list][vector i] = {picked3, picked2} */
+	static const unsigned char vec[2][12][2] = {
+		{{1, 1}, {0, 0}, {1, 1}, {2, 0}, {1, 1}, {1, 1},
+		 {1, 1}, {0, 0}, {2, 1}, {0, 0}, {2, 1}, {0, 0}},
+		{{0, 0}, {2, 0}, {2, 1}, {2, 1}, {0, 0}, {1, 1},
+		 {2, 0}, {0, 0}, {2, 1}, {0, 0}, {1, 1}, {0, 0}},
+	};
+	int ok = 1;
+
+	for (int l = 0; l < 2; l++) {
+		struct kc_redis_addr *a;
+		char why[300], key[65], text[32];
+
+		if (kc_redis_parse(lists[l], &a, why, sizeof(why)) != 3) {
+			CHECK(0, "parse the vectors' shard list");
+			return;
+		}
+		for (int i = 0; i < 12; i++) {
+			snprintf(text, sizeof(text), "vector %d", i);
+			kc_sha256_buf(text, strlen(text), key);
+			if (pick(a, 3, key) != vec[l][i][0] || pick(a, 2, key) != vec[l][i][1]) {
+				printf("# list %d, vector %d: picked %zu of 3, %zu of 2\n", l, i,
+				       pick(a, 3, key), pick(a, 2, key));
+				ok = 0;
+			}
+		}
+		free(a);
+	}
+	CHECK(ok, "12 keys over two lists of 3 (and of 2) shards: picked as kcachefs always did");
 }
 
 static int write_file(const char *path, const char *text, mode_t mode)
@@ -494,9 +549,9 @@ static void test_auth_file(void)
 	snprintf(path, sizeof(path), "%s/auth", tmpdir);
 	write_file(path, "alice s3cret\n", 0644);
 	errno = 0;
-	CHECK(!kc_remote_redis_open("redis://h", path, 100, why, sizeof(why)) && errno == EACCES,
+	CHECK(!kc_remote_backend_open("redis://h", path, 100, why, sizeof(why)) && errno == EACCES,
 	      "open refuses a readable auth file with EACCES (a start-up error, not usage)");
-	CHECK(!kc_remote_redis_open("redis://h/x", NULL, 100, why, sizeof(why)) && errno == EINVAL,
+	CHECK(!kc_remote_backend_open("redis://h/x", NULL, 100, why, sizeof(why)) && errno == EINVAL,
 	      "open refuses a malformed URL with EINVAL");
 	unlink(path);
 }
@@ -723,6 +778,85 @@ static void test_planted_alive(struct server *s)
 	b->ops->destroy(b);
 }
 
+/* On a backend of two shards (s1, s2 listed in url2, in that order): a watch listens on
+ * its key's shard, whichever it is; the record settings given to the sharded backend reach
+ * the shard that holds the lease. */
+static void test_shard_watches_and_records(struct kc_remote_backend *b2, const char *url2,
+					   struct server *s1, struct server *s2)
+{
+	static const unsigned char sec[] = "0123456789abcdef0123", other_sec[] =
+		"fedcba9876543210fedc";
+	struct kc_object_secret key = {sec, 20}, other = {other_sec, 20};
+	struct server *on[2] = {s1, s2};
+	struct kc_redis_addr *a;
+	char why[300], k[2][65];
+	int seen[2] = {0, 0}, woke = 0;
+
+	if (kc_redis_parse(url2, &a, why, sizeof(why)) != 2) {
+		CHECK(0, "parse the two shards' URL");
+		return;
+	}
+	/* a key on each shard */
+	for (int i = 0; i < 200 && !(seen[0] && seen[1]); i++) {
+		char kk[65];
+		size_t p;
+
+		key_of("shard-watch", i, kk);
+		p = pick(a, 2, kk);
+		if (!seen[p]) {
+			memcpy(k[p], kk, 65);
+			seen[p] = 1;
+		}
+	}
+	free(a);
+	if (!seen[0] || !seen[1]) {
+		CHECK(0, "a key on each shard");
+		return;
+	}
+	for (int p = 0; p < 2; p++) {
+		struct kc_remote_watch *w = NULL;
+
+		if (b2->ops->watch_start(b2, k[p], &w) == 0 && b2->ops->notify(b2, k[p]) == 0 &&
+		    b2->ops->watch_wait(b2, w, SLOW_BOUND_MS) == 0)
+			woke++;
+		if (w)
+			b2->ops->watch_end(b2, w);
+	}
+	CHECK(woke == 2, "a watch on each shard wakes at its key's notice");
+
+	b2->secret = &key;
+	b2->held_max_ms = 60000;
+	b2->note_max_ms = 5000;
+	for (int p = 0; p < 2; p++) {
+		enum kc_lease_state st = KC_LEASE_NONE, st_key = KC_LEASE_NONE,
+				    st_other = KC_LEASE_HELD;
+		struct kc_remote_backend *one = records_backend(on[p], &key);
+		struct kc_remote_backend *wrong = records_backend(on[p], &other);
+		char name[128];
+
+		if (!one || !wrong) {
+			if (one)
+				one->ops->destroy(one);
+			if (wrong)
+				wrong->ops->destroy(wrong);
+			continue;
+		}
+		CHECK(b2->ops->lease_take(b2, k[p], TOKA, 60000, &st) == 0 &&
+		      one->ops->lease_peek(one, k[p], &st_key) == 0 &&
+		      wrong->ops->lease_peek(wrong, k[p], &st_other) == 0 &&
+		      st_key == KC_LEASE_HELD && st_other == KC_LEASE_NONE,
+		      "the sharded backend's secret signs the lease on its key's shard");
+		snprintf(name, sizeof(name), "kcachefs:lease:%s", k[p]);
+		CHECK(cmd_int(on[p], "EXISTS %s", name) == 1 && cmd_int(on[!p], "EXISTS %s", name) == 0,
+		      "on that shard only");
+		CHECK(b2->ops->lease_release(b2, k[p], TOKA, 0) == 0, "released");
+		one->ops->destroy(one);
+		wrong->ops->destroy(wrong);
+	}
+	b2->secret = NULL;
+	b2->held_max_ms = b2->note_max_ms = KC_REMOTE_RECORD_MAX_MS;
+}
+
 static void test_shards(void)
 {
 	static struct server s1 = {.name = "shard1"}, s2 = {.name = "shard2"}, s3 = {.name = "shard3"};
@@ -783,6 +917,7 @@ static void test_shards(void)
 	printf("# with a third shard: %d still found, %d moved\n", found, moved);
 	CHECK(wrong == 0, "with a third shard every get is a hit or a clean miss");
 	CHECK(moved > N * 2 / 10 && moved < N * 45 / 100, "a third shard moves about a third");
+	test_shard_watches_and_records(b2, url2, &s1, &s2);
 	/* One shard stopped: its keys are faults, the other shard's keys still answer. */
 	stop(&s2, SIGKILL);
 	found = 0;
@@ -1377,6 +1512,7 @@ int main(void)
 
 	test_parse();
 	test_pick();
+	test_pick_vectors();
 	test_auth_file();
 	if (start(&main_srv, NULL)) {
 		CHECK(0, "start redis-server (Debian's redis-server package)");
