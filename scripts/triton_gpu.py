@@ -159,6 +159,7 @@ def worker(index, round_name, log, barrier, queue):
 
 
 def run_round(round_name, procs, log, timeout):
+    from kcmount import join_or_kill  # main puts tests/mount on sys.path (not the workers)
     ctx = multiprocessing.get_context("spawn")
     barrier, queue = ctx.Barrier(procs), ctx.Queue()
     ps = [ctx.Process(target=worker, args=(i, round_name, log, barrier, queue)) for i in range(procs)]
@@ -177,11 +178,7 @@ def run_round(round_name, procs, log, timeout):
                 if not any(p.is_alive() for p in ps) and queue.empty():
                     break
     finally:
-        for p in ps:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
-                p.join()
+        join_or_kill(ps, 10)
     for i in range(procs):
         results.setdefault(i, {"pid": None, "seconds": None,
                                "failed": ["no result (died or timed out; exit code %s)" % ps[i].exitcode]})

@@ -385,40 +385,61 @@ const char *kc_flags_backend(const struct kc_argv *args)
 	return backend;
 }
 
-int kc_flags_to_nvrtc(const struct kc_argv *in, struct kc_argv *out, char *why, size_t whylen)
+/* Whether argument a is nvcc flag name: a name ending in '=' (and -D, -U, -I) is a prefix
+ * that a value follows; any other is the whole argument. */
+static int nvrtc_flag_is(const char *a, const char *name)
 {
-	/* nvcc arguments that NVRTC takes as they are, or with the prefix changed */
+	size_t n = strlen(name);
+	int prefix = name[n - 1] == '=' || strcmp(name, "-D") == 0 || strcmp(name, "-U") == 0 ||
+		     strcmp(name, "-I") == 0;
+	return prefix ? starts(a, name) && a[n] : strcmp(a, name) == 0;
+}
+
+/* The NVRTC spelling of nvcc argument a's flag, with *namelen the length of that flag in a;
+ * NULL when NVRTC has no equivalent. */
+static const char *nvrtc_spelling(const char *a, size_t *namelen)
+{
+	/* nvcc flags that NVRTC takes as they are */
+	static const char *const same[] = {
+		"-arch=", "--gpu-architecture=", "-std=", "--std=", "-D", "--define-macro=", "-U",
+		"--undefine-macro=", "-I", "--include-path=", "-lineinfo", "--generate-line-info",
+		"-G", "--device-debug", "--use_fast_math", "--ftz=", "--prec-div=", "--prec-sqrt=",
+		"--fmad=", "--maxrregcount=", "--diag-suppress=", "--diag-error=", "-w",
+		"--disable-warnings", "--restrict", "--ptxas-options=", "--display-error-number",
+		"--no-display-error-number", "--dopt=", "-rdc=false", "-default-device",
+		"--device-int128", "--pch", "--pch-verbose=", "--pch-messages=",
+		"--instantiate-templates-in-pch=", NULL,
+	};
+	/* nvcc flags that NVRTC spells another way */
 	static const struct {
 		const char *nvcc, *nvrtc;
-	} same[] = {
-		{"-arch=", "-arch="}, {"--gpu-architecture=", "--gpu-architecture="},
-		{"-std=", "-std="}, {"--std=", "--std="}, {"-D", "-D"},
-		{"--define-macro=", "--define-macro="}, {"-U", "-U"},
-		{"--undefine-macro=", "--undefine-macro="}, {"-I", "-I"},
-		{"--include-path=", "--include-path="}, {"-lineinfo", "-lineinfo"},
-		{"--generate-line-info", "--generate-line-info"}, {"-G", "-G"},
-		{"--device-debug", "--device-debug"}, {"-use_fast_math", "--use_fast_math"},
-		{"--use_fast_math", "--use_fast_math"}, {"--ftz=", "--ftz="}, {"-ftz=", "--ftz="},
-		{"--prec-div=", "--prec-div="}, {"-prec-div=", "--prec-div="},
-		{"--prec-sqrt=", "--prec-sqrt="}, {"-prec-sqrt=", "--prec-sqrt="},
-		{"--fmad=", "--fmad="}, {"-fmad=", "--fmad="}, {"--maxrregcount=", "--maxrregcount="},
-		{"-maxrregcount=", "--maxrregcount="}, {"--diag-suppress=", "--diag-suppress="},
-		{"-diag-suppress=", "--diag-suppress="}, {"--diag-error=", "--diag-error="},
-		{"-w", "-w"}, {"--disable-warnings", "--disable-warnings"}, {"--restrict", "--restrict"},
-		{"-restrict", "--restrict"}, {"--ptxas-options=", "--ptxas-options="},
-		{"-Xptxas=", "--ptxas-options="}, {"--display-error-number", "--display-error-number"},
-		{"--no-display-error-number", "--no-display-error-number"}, {"-dopt=", "--dopt="},
-		{"--dopt=", "--dopt="}, {"-rdc=false", "-rdc=false"},
+	} renamed[] = {
+		{"-use_fast_math", "--use_fast_math"}, {"-ftz=", "--ftz="},
+		{"-prec-div=", "--prec-div="}, {"-prec-sqrt=", "--prec-sqrt="},
+		{"-fmad=", "--fmad="}, {"-maxrregcount=", "--maxrregcount="},
+		{"-diag-suppress=", "--diag-suppress="}, {"-restrict", "--restrict"},
+		{"-Xptxas=", "--ptxas-options="}, {"-dopt=", "--dopt="},
 		{"--relocatable-device-code=false", "-rdc=false"},
-		{"-default-device", "-default-device"},
 		{"--device-as-default-execution-space", "-default-device"},
-		{"--device-int128", "--device-int128"}, {"-device-int128", "--device-int128"},
-		{"--pch", "--pch"}, {"-pch", "--pch"}, {"--pch-verbose=", "--pch-verbose="},
-		{"-pch-verbose=", "--pch-verbose="}, {"--pch-messages=", "--pch-messages="},
-		{"-pch-messages=", "--pch-messages="},
-		{"--instantiate-templates-in-pch=", "--instantiate-templates-in-pch="},
+		{"-device-int128", "--device-int128"}, {"-pch", "--pch"},
+		{"-pch-verbose=", "--pch-verbose="}, {"-pch-messages=", "--pch-messages="},
 		{"-instantiate-templates-in-pch=", "--instantiate-templates-in-pch="},
 	};
+	for (size_t k = 0; same[k]; k++)
+		if (nvrtc_flag_is(a, same[k])) {
+			*namelen = strlen(same[k]);
+			return same[k];
+		}
+	for (size_t k = 0; k < sizeof(renamed) / sizeof(renamed[0]); k++)
+		if (nvrtc_flag_is(a, renamed[k].nvcc)) {
+			*namelen = strlen(renamed[k].nvcc);
+			return renamed[k].nvrtc;
+		}
+	return NULL;
+}
+
+int kc_flags_to_nvrtc(const struct kc_argv *in, struct kc_argv *out, char *why, size_t whylen)
+{
 	/* nvcc arguments for the host side, or what NVRTC does anyway: dropped */
 	static const char *const host_only[] = {
 		"-O0", "-O1", "-O2", "-O3", "--optimize=", "--compiler-options=", "-Xcompiler=", "--expt-relaxed-constexpr",
@@ -429,24 +450,20 @@ int kc_flags_to_nvrtc(const struct kc_argv *in, struct kc_argv *out, char *why, 
 	};
 	for (size_t i = 0; i < in->n; i++) {
 		const char *a = in->v[i];
-		int done = 0;
-		for (size_t k = 0; k < sizeof(same) / sizeof(same[0]) && !done; k++) {
-			size_t pl = strlen(same[k].nvcc);
-			int prefix = same[k].nvcc[pl - 1] == '=' || strcmp(same[k].nvcc, "-D") == 0 ||
-				     strcmp(same[k].nvcc, "-U") == 0 || strcmp(same[k].nvcc, "-I") == 0;
-			if (prefix ? starts(a, same[k].nvcc) && a[pl] : strcmp(a, same[k].nvcc) == 0) {
-				/* nvcc takes a comma list of ptxas options; NVRTC one per argument */
-				int list = strcmp(same[k].nvrtc, "--ptxas-options=") == 0;
-				char buf[FLAG_LINE_MAX + 64], *save = NULL;
-				snprintf(buf, sizeof(buf), "%s", a + pl);
-				for (char *t = list ? strtok_r(buf, ",", &save) : buf; t;
-				     t = list ? strtok_r(NULL, ",", &save) : NULL) {
-					char one[FLAG_LINE_MAX + 64];
-					snprintf(one, sizeof(one), "%s%s", same[k].nvrtc, t);
-					if (kc_argv_push(out, one))
-						goto nomem;
-				}
-				done = 1;
+		size_t pl;
+		const char *to = nvrtc_spelling(a, &pl);
+		int done = to != NULL;
+		if (to) {
+			/* nvcc takes a comma list of ptxas options; NVRTC one per argument */
+			int list = strcmp(to, "--ptxas-options=") == 0;
+			char buf[FLAG_LINE_MAX + 64], *save = NULL;
+			snprintf(buf, sizeof(buf), "%s", a + pl);
+			for (char *t = list ? strtok_r(buf, ",", &save) : buf; t;
+			     t = list ? strtok_r(NULL, ",", &save) : NULL) {
+				char one[FLAG_LINE_MAX + 64];
+				snprintf(one, sizeof(one), "%s%s", to, t);
+				if (kc_argv_push(out, one))
+					goto nomem;
 			}
 		}
 		for (int k = 0; host_only[k] && !done; k++) {

@@ -14,8 +14,8 @@ import pytest
 import deepgemm
 from kccluster import make_template
 from kcmount import (BUILD, EM_CUDA, KCACHEFS, KERNELS, NVCC, OPENER, REPO, SHIM, Mount,  # noqa: F401
-                     elf_machine, elf_symbols, entry_name, open_to_compiles, read_result,
-                     run_parallel, sample, start_openers, write_script)
+                     all_stopped, elf_machine, elf_symbols, entry_name, open_to_compiles,
+                     read_result, run_parallel, sample, start_openers, write_script)
 
 deepgemm.INCLUDE = str(KERNELS / "include")  # where compiles can read it (kcmount.py)
 
@@ -53,18 +53,13 @@ def tmp_path_open_to_compiles(tmp_path):
 @pytest.fixture
 def mount_factory(tmp_path):
     """mount_factory(options=(), name="m") -> started Mount; all are stopped at teardown."""
-    mounts = []
-
-    def make(options=(), name="m"):
+    def mount(options=(), name="m"):
         root = tmp_path / name
         root.mkdir(exist_ok=True)
-        m = Mount(root, options)
-        mounts.append(m)
-        return m.start()
+        return Mount(root, options)
 
-    yield make
-    for m in mounts:
-        m.stop()
+    with all_stopped(mount) as (start, mounts):
+        yield start
     for m in mounts:
         assert not os.path.ismount(m.mnt), "mount left behind"
 

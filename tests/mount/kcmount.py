@@ -6,6 +6,7 @@ KCACHEFS_BIN overrides the daemon (default: <repo>/build/kcachefs), KCACHEFS_NVC
 nvcc shim (default: <repo>/build/kcachefs-nvcc).
 """
 import atexit
+import contextlib
 import hashlib
 import multiprocessing
 import os
@@ -223,12 +224,37 @@ def run_parallel(n, fn, *args, timeout=300):
             i, r = queue.get(timeout=left)
             results[i] = r
     finally:
-        for p in procs:
-            p.join(timeout=5)
-            if p.is_alive():
-                p.kill()
-                p.join()
+        join_or_kill(procs, 5)
     return [results[i] for i in range(n)]
+
+
+def join_or_kill(procs, timeout):
+    """Join each multiprocessing process, waiting up to timeout seconds for each; one still
+    alive then is killed (SIGKILL) and reaped."""
+    for p in procs:
+        p.join(timeout=timeout)
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
+@contextlib.contextmanager
+def all_stopped(build):
+    """Yields (start, started): start(*args, **kw) starts build(*args, **kw) (a Mount, a
+    server: start() returns it started, stop() stops it) and keeps it in the list started;
+    on leaving, even by an exception, every one started is stopped."""
+    started = []
+
+    def start(*args, **kw):
+        thing = build(*args, **kw)
+        started.append(thing)
+        return thing.start()
+
+    try:
+        yield start, started
+    finally:
+        for thing in started:
+            thing.stop()
 
 
 # A process that opens and reads a file and prints "ok <bytes>" or "err <errno>".

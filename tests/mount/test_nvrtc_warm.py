@@ -16,6 +16,7 @@ NVRTC = KCACHEFS.parent / "kcachefs-nvrtc"
 pytestmark = pytest.mark.skipif(not NVRTC.exists(), reason="built without libnvrtc")
 
 WORKER = re.compile(r"warm NVRTC worker pid (\d+), its compile (\d+)")
+SM90 = b"--gpu-architecture=sm_90a\n"
 
 
 def worker_of(entry):
@@ -23,6 +24,20 @@ def worker_of(entry):
     m = WORKER.search((entry / "kernel.log").read_text())
     assert m, (entry / "kernel.log").read_text()
     return int(m.group(1)), int(m.group(2))
+
+
+def compiled(m, n):
+    """Stage kernel k<n> (a one-liner, sm_90a) on m and check that it compiles; its entry."""
+    e = m.stage("k%d" % n, b'extern "C" __global__ void k%d(int *o) { *o = %d; }\n' % (n, n),
+                SM90)
+    assert read_result(e / "kernel.cubin")[0] == "ok"
+    return e
+
+
+def stage_hang(m, header):
+    """Stage a kernel that includes header, a FIFO (fifo_header): its compile blocks there."""
+    return m.stage("hang", b'#include "%s"\nextern "C" __global__ void h() {}\n' % bytes(header),
+                   SM90)
 
 
 def kernel(n, name="block_sum"):
@@ -146,12 +161,8 @@ def test_a_worker_killed_mid_compile_fails_that_compile_and_the_next_gets_a_new_
         mount_factory, fifo_header):
     path, release = fifo_header
     m = mount_factory(["compiler=nvrtc"])
-    flags = b"--gpu-architecture=sm_90a\n"
-    first = m.stage("k0", b'extern "C" __global__ void k0(int *o) { *o = 0; }\n', flags)
-    assert read_result(first / "kernel.cubin")[0] == "ok"
-    pid0, _ = worker_of(first)
-    hang = m.stage("hang", b'#include "%s"\nextern "C" __global__ void h() {}\n'
-                   % bytes(path), flags)
+    pid0, _ = worker_of(compiled(m, 0))
+    hang = stage_hang(m, path)
     result = {}
     openers = [threading.Thread(target=lambda i=i: result.__setitem__(
         i, read_result(hang / "kernel.cubin"))) for i in range(3)]
@@ -166,9 +177,7 @@ def test_a_worker_killed_mid_compile_fails_that_compile_and_the_next_gets_a_new_
     log = (hang / "kernel.log").read_text()
     assert "killed by signal 9" in log and "failed" in log.splitlines()[0], log
     # The next compile of the same flags gets a new worker, and compiles.
-    nxt = m.stage("k1", b'extern "C" __global__ void k1(int *o) { *o = 1; }\n', flags)
-    assert read_result(nxt / "kernel.cubin")[0] == "ok"
-    pid1, count = worker_of(nxt)
+    pid1, count = worker_of(compiled(m, 1))
     assert pid1 != pid0 and count == 1
 
 
@@ -177,26 +186,19 @@ def test_a_hung_worker_is_killed_at_compile_timeout(mount_factory, fifo_header):
     # long enough for the next, real compile on a loaded machine (beside two busy loops,
     # a compile at nice 10 gets a tenth of a core)
     m = mount_factory(["compiler=nvrtc", "compile_timeout=15"])
-    flags = b"--gpu-architecture=sm_90a\n"
-    hang = m.stage("hang", b'#include "%s"\nextern "C" __global__ void h() {}\n'
-                   % bytes(path), flags)
+    hang = stage_hang(m, path)
     assert read_result(hang / "kernel.cubin") == ("err", errno.EIO)
     log = (hang / "kernel.log").read_text()
     assert "timed out after 15 s" in log, log
     hung, _ = worker_of(hang)
     assert not alive(hung), "the hung worker was killed"
     assert m.stats()["compile_timeouts_total"] == 1
-    nxt = m.stage("k1", b'extern "C" __global__ void k1(int *o) { *o = 1; }\n', flags)
-    assert read_result(nxt / "kernel.cubin")[0] == "ok"
-    assert worker_of(nxt)[0] != hung
+    assert worker_of(compiled(m, 1))[0] != hung
 
 
 def test_idle_workers_exit_after_the_idle_time(mount_factory):
     m = mount_factory(["compiler=nvrtc", "nvrtc_idle=1"])
-    e = m.stage("k1", b'extern "C" __global__ void k1(int *o) { *o = 1; }\n',
-                b"--gpu-architecture=sm_90a\n")
-    assert read_result(e / "kernel.cubin")[0] == "ok"
-    pid, _ = worker_of(e)
+    pid, _ = worker_of(compiled(m, 1))
     wait_until(lambda: not alive(pid), "the idle worker still runs")
     # the daemon says why once it has reaped the worker, a moment after the worker is gone
     wait_until(lambda: "idle for 1 s" in m.daemon_log(), "no log line says the worker was idle")
@@ -208,18 +210,14 @@ def test_idle_workers_exit_after_the_idle_time(mount_factory):
 def test_two_compiles_at_once_never_share_a_worker_nor_a_uid(mount_factory, fifo_header):
     path, release = fifo_header
     m = mount_factory(["compiler=nvrtc", "jobs=2"])
-    flags = b"--gpu-architecture=sm_90a\n"
-    hang = m.stage("hang", b'#include "%s"\nextern "C" __global__ void h() {}\n'
-                   % bytes(path), flags)
+    hang = stage_hang(m, path)
     result = {}
     t = threading.Thread(target=lambda: result.__setitem__(0, read_result(
         hang / "kernel.cubin")))
     t.start()
     wait_until(lambda: any(in_fifo(p) for p in workers(m)), "the first worker never started")
     # The first compile holds its worker (blocked in the FIFO): the same flags get another.
-    other = m.stage("k1", b'extern "C" __global__ void k1(int *o) { *o = 1; }\n', flags)
-    assert read_result(other / "kernel.cubin")[0] == "ok"
-    second, _ = worker_of(other)
+    second, _ = worker_of(compiled(m, 1))
     second_uid = proc_uid(second)
     release()
     t.join(120)
@@ -233,10 +231,7 @@ def test_two_compiles_at_once_never_share_a_worker_nor_a_uid(mount_factory, fifo
 @pytest.mark.parametrize("uids", [[], ["compile_uids=daemon"]])
 def test_a_daemon_that_dies_takes_its_idle_workers_with_it(mount_factory, uids):
     m = mount_factory(["compiler=nvrtc"] + uids)
-    e = m.stage("k1", b'extern "C" __global__ void k1(int *o) { *o = 1; }\n',
-                b"--gpu-architecture=sm_90a\n")
-    assert read_result(e / "kernel.cubin")[0] == "ok"
-    pid, _ = worker_of(e)
+    pid, _ = worker_of(compiled(m, 1))
     assert alive(pid), "idle, it waits for the next compile"
     m.kill()  # SIGKILL: nothing of the daemon's runs its clean-up
     wait_until(lambda: not alive(pid), "the worker outlived its daemon")

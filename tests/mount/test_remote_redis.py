@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import read_result, run_parallel
-from kcmount import wait_until
+from kcmount import all_stopped, wait_until
 from kccluster import (KERNELS, Cluster, FakeRedis, RedisCluster, RedisServer,
                        compiles_each_kernel_once, dead_holder_is_taken_over_within_seconds,
                        live_holder_keeps_its_lease, open_at, planted_record_is_ignored,
@@ -28,16 +28,8 @@ def redis_factory():
     """redis_factory(name) -> a started RedisServer; all are SIGKILLed at teardown. The
     sockets live in a short directory of their own (sun_path holds 107 bytes)."""
     d = Path(tempfile.mkdtemp(prefix="kcr-", dir="/tmp"))
-    servers = []
-
-    def make(name="redis"):
-        s = RedisServer(d, name)
-        servers.append(s)
-        return s.start()
-
-    yield make
-    for s in servers:
-        s.stop()
+    with all_stopped(lambda name="redis": RedisServer(d, name)) as (start, _):
+        yield start
     shutil.rmtree(d, ignore_errors=True)
 
 

@@ -277,6 +277,23 @@ def flock_from_another_process(path):
                           text=True, check=True).stdout.strip()
 
 
+def holding(m, key, meta, wait=None):
+    """Use the manager on m's triton directory, and miss group meta of key in this thread,
+    which then holds that group's lock. Returns (root, the holding manager, the lock file)."""
+    root = m.mnt / "triton"
+    use(root, wait=wait)
+    holder = KcachefsCacheManager(key)
+    assert holder.get_group(meta) is None  # a miss: this thread holds the group's lock
+    return root, holder, root / stats.DIRNAME / "locks" / (key + "." + meta)
+
+
+def put_add(holder, meta):
+    """Publish add's compiled files and group meta through holder; returns the group."""
+    files = dict(triton_harness.artifacts("add", triton_harness.source_of("add")))
+    files[meta] = json.dumps({"name": "add", "source": "x"})
+    return {c: holder.put(d, c) for c, d in files.items()}
+
+
 def test_a_failed_compile_retried_dropped_or_left_in_the_same_thread(mount_factory):
     m = mount_factory()
     root = m.mnt / "triton"
@@ -324,13 +341,8 @@ def test_a_waiter_is_woken_by_the_release_not_a_polling_grid(mount_factory, tmp_
     """Waiters block in the kernel on the kernel's lock (seen in /proc/locks) and look for the
     group exactly once more, when the holder's put_group lets go: no look, no flock attempt
     on a grid while the holder compiles, whatever that takes."""
-    m = mount_factory()
-    root = m.mnt / "triton"
-    use(root)
     key, meta = "E" * 52, "add.json"
-    holder = KcachefsCacheManager(key)
-    assert holder.get_group(meta) is None  # a miss: this thread holds add's lock
-    lock = root / stats.DIRNAME / "locks" / (key + "." + meta)
+    root, holder, lock = holding(mount_factory(), key, meta)
     looks, flocks, groups = [], [], []
     real_flock = fcntl.flock
 
@@ -355,9 +367,7 @@ def test_a_waiter_is_woken_by_the_release_not_a_polling_grid(mount_factory, tmp_
         tries = len(flocks)
         time.sleep(0.3)  # longer than any polling interval: nobody looks or tries meanwhile
         assert (sorted(looks), len(flocks), blocked_on(lock)) == ([0, 1, 2], tries, 3)
-        files = dict(triton_harness.artifacts("add", triton_harness.source_of("add")))
-        files[meta] = json.dumps({"name": "add", "source": "x"})
-        group = {c: holder.put(d, c) for c, d in files.items()}
+        group = put_add(holder, meta)
         holder.put_group(meta, group)  # lets go: every waiter wakes and loads it
         for t in threads:
             t.join(60)
@@ -372,13 +382,8 @@ def test_a_waiter_is_woken_by_the_release_not_a_polling_grid(mount_factory, tmp_
 def test_a_wait_given_up_leaves_no_lock_behind(mount_factory):
     """A waiter that gives up (KCACHEFS_TRITON_WAIT) compiles; its blocked flock, granted
     once the holder lets go, is released at once, so it never holds up the next process."""
-    m = mount_factory()
-    root = m.mnt / "triton"
-    use(root, wait=0.2)
     key, meta = "F" * 52, "add.json"
-    holder = KcachefsCacheManager(key)
-    assert holder.get_group(meta) is None
-    lock = root / stats.DIRNAME / "locks" / (key + "." + meta)
+    root, holder, lock = holding(mount_factory(), key, meta, wait=0.2)
     got = []
     t = threading.Thread(target=lambda: got.append(KcachefsCacheManager(key).get_group(meta)))
     t.start()  # another thread: this one holds the lock
@@ -396,13 +401,8 @@ def test_a_waiter_lets_go_of_the_lock_even_if_a_fork_holds_its_descriptor(mount_
     """A process that forks while one of its threads waits (a multiprocessing pool started
     meanwhile) gives the child copies of the lock's descriptors; the waiter unlocks
     explicitly when it has loaded the group, so the lock is free with the child alive."""
-    m = mount_factory()
-    root = m.mnt / "triton"
-    use(root)
     key, meta = "G" * 52, "add.json"
-    holder = KcachefsCacheManager(key)
-    assert holder.get_group(meta) is None
-    lock = root / stats.DIRNAME / "locks" / (key + "." + meta)
+    _, holder, lock = holding(mount_factory(), key, meta)
     groups = []
     t = threading.Thread(target=lambda: groups.append(KcachefsCacheManager(key).get_group(meta)))
     t.start()
@@ -415,9 +415,7 @@ def test_a_waiter_lets_go_of_the_lock_even_if_a_fork_holds_its_descriptor(mount_
         os._exit(0)
     os.close(r)
     try:
-        files = dict(triton_harness.artifacts("add", triton_harness.source_of("add")))
-        files[meta] = json.dumps({"name": "add", "source": "x"})
-        group = {c: holder.put(d, c) for c, d in files.items()}
+        group = put_add(holder, meta)
         holder.put_group(meta, group)
         t.join(60)
         assert groups == [group]

@@ -18,6 +18,7 @@
 #include "log.h"
 #include "store.h"
 #include "tap.h"
+#include "tmptree.h"
 #include "util.h"
 
 #define NVCC "/usr/local/cuda/bin/nvcc"
@@ -254,8 +255,7 @@ int main(void)
 	char why[512];
 
 	kc_log_init(0, KC_LOG_WARN);
-	snprintf(base, sizeof(base), "/tmp/kc-test-cache-XXXXXX");
-	if (!mkdtemp(base))
+	if (tmptree_new(base, sizeof(base), "kc-test-cache") != 0)
 		return 1;
 	snprintf(root, sizeof(root), "%s/root", base);
 	snprintf(count_path, sizeof(count_path), "%s/runs", base);
@@ -288,8 +288,6 @@ int main(void)
 	kc_cache_shutdown(&cache);
 	kc_store_close(&store);
 	kc_config_free(&cfg);
-	char cmd[200];
-	snprintf(cmd, sizeof(cmd), "rm -rf %s", base);
-	CHECK(system(cmd) == 0, "clean up");
+	CHECK(tmptree_remove(base) == 0, "clean up");
 	return tap_done();
 }

@@ -12,6 +12,7 @@
 
 #include "identity.h"
 #include "tap.h"
+#include "tmptree.h"
 
 static char base[64];
 
@@ -57,8 +58,7 @@ int main(void)
 	char id[KC_COMPILER_ID_MAX], id2[KC_COMPILER_ID_MAX], first[KC_COMPILER_ID_MAX];
 	struct kc_compiler k, k2;
 
-	snprintf(base, sizeof(base), "/tmp/kc-compiler-XXXXXX");
-	if (!mkdtemp(base))
+	if (tmptree_new(base, sizeof(base), "kc-compiler") != 0)
 		return 1;
 	snprintf(a, sizeof(a), "%s/nvcc", base);
 	snprintf(dir2, sizeof(dir2), "%s/other-prefix", base);
@@ -168,9 +168,6 @@ int main(void)
 	CHECK(torn == 0, "no reader saw a torn identity");
 	kc_compiler_destroy(&k);
 
-	char cmd[200];
-	snprintf(cmd, sizeof(cmd), "rm -rf %s", base);
-	if (system(cmd) != 0)
-		fprintf(stderr, "cannot remove %s\n", base);
+	tmptree_remove(base);
 	return tap_done();
 }

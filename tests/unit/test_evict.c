@@ -93,27 +93,45 @@ static void entry_id(int i, dev_t *dev, ino_t *ino)
 	*ino = st.st_ino;
 }
 
-static void test_index(struct kc_store *s)
-{
+/* A cleaner on the test's store, with the flight table and counters it reports to. */
+struct rig {
 	struct kc_flight_table flights;
-	struct kc_stats stats = {0};
+	struct kc_stats stats;
 	struct kc_evict e;
 	struct kc_evict_stats es;
+};
+
+/* Set up r with kc_evict_init's bounds (0: none); the cleaner thread is not started. */
+static void rig_init(struct rig *r, struct kc_store *s, uint64_t max_bytes, uint64_t max_entries)
+{
+	memset(r, 0, sizeof(*r));
+	kc_flight_table_init(&r->flights);
+	kc_evict_init(&r->e, s, &r->flights, &r->stats, max_bytes, max_entries);
+}
+
+static void rig_destroy(struct rig *r)
+{
+	kc_evict_destroy(&r->e);
+	kc_flight_table_destroy(&r->flights);
+}
+
+static void test_index(struct kc_store *s)
+{
+	struct rig r;
 	char path[256];
 
-	kc_flight_table_init(&flights);
-	kc_evict_init(&e, s, &flights, &stats, 0, 0);
+	rig_init(&r, s, 0, 0);
 	snprintf(path, sizeof(path), "%s/cache", root);
 	int cache = open(path, O_PATH | O_DIRECTORY | O_CLOEXEC);
 	make_entry(1, 100, 0);
 	make_entry(2, 0, 0);
 	mkdir(strcat(path, "/plain"), 0755);
-	kc_evict_note(&e, cache, "kernel.k1.00000000000000000000000000000001");
-	kc_evict_note(&e, cache, "kernel.k2.00000000000000000000000000000002");
-	kc_evict_note(&e, cache, "plain");
-	kc_evict_note(&e, cache, "absent");
-	kc_evict_sample(&e, &es);
-	CHECK(es.entries == 1 && es.bytes == 100,
+	kc_evict_note(&r.e, cache, "kernel.k1.00000000000000000000000000000001");
+	kc_evict_note(&r.e, cache, "kernel.k2.00000000000000000000000000000002");
+	kc_evict_note(&r.e, cache, "plain");
+	kc_evict_note(&r.e, cache, "absent");
+	kc_evict_sample(&r.e, &r.es);
+	CHECK(r.es.entries == 1 && r.es.bytes == 100,
 	      "note: an entry with a cubin is indexed; one without, a plain directory and a "
 	      "missing name are not");
 	make_entry(1, 0, 0);
@@ -121,53 +139,48 @@ static void test_index(struct kc_store *s)
 	FILE *f = fopen(path, "w");
 	fputs("source", f);
 	fclose(f);
-	kc_evict_note(&e, cache, "kernel.k1.00000000000000000000000000000001");
-	kc_evict_sample(&e, &es);
-	CHECK(es.entries == 1 && es.bytes == 106, "note: bytes are every regular file's");
+	kc_evict_note(&r.e, cache, "kernel.k1.00000000000000000000000000000001");
+	kc_evict_sample(&r.e, &r.es);
+	CHECK(r.es.entries == 1 && r.es.bytes == 106, "note: bytes are every regular file's");
 	snprintf(path, sizeof(path), "%s/cache/kernel.k1.%032x/kernel.cubin", root, 1);
 	unlink(path);
-	kc_evict_note(&e, cache, "kernel.k1.00000000000000000000000000000001");
-	kc_evict_sample(&e, &es);
-	CHECK(es.entries == 0 && es.bytes == 0, "note: an entry that lost its cubin leaves");
+	kc_evict_note(&r.e, cache, "kernel.k1.00000000000000000000000000000001");
+	kc_evict_sample(&r.e, &r.es);
+	CHECK(r.es.entries == 0 && r.es.bytes == 0, "note: an entry that lost its cubin leaves");
 	close(cache);
-	kc_evict_destroy(&e);
-	kc_flight_table_destroy(&flights);
+	rig_destroy(&r);
 }
 
 static void test_cleaner(struct kc_store *s)
 {
-	struct kc_flight_table flights;
-	struct kc_stats stats = {0};
-	struct kc_evict e;
-	struct kc_evict_stats es;
+	struct rig r;
 	long now = (long)time(NULL);
 
 	/* Entries 10..16, used in that order long ago; 11 is being staged, 12 compiling. */
 	for (int i = 10; i <= 16; i++)
 		make_entry(i, 1000, now - 1000 + i);
-	kc_flight_table_init(&flights);
-	kc_evict_init(&e, s, &flights, &stats, 0, 4);
-	e.evicted = on_evicted;
+	rig_init(&r, s, 0, 4);
+	r.e.evicted = on_evicted;
 	dev_t dev;
 	ino_t ino;
 	entry_id(11, &dev, &ino);
-	CHECK(kc_evict_pin(&e, dev, ino) == 0, "pin an entry being staged");
+	CHECK(kc_evict_pin(&r.e, dev, ino) == 0, "pin an entry being staged");
 	entry_id(12, &dev, &ino);
 	struct kc_flight_key key = {dev, ino};
-	CHECK(kc_flight_join(&flights, &key, NULL, NULL, NULL) == KC_FLIGHT_LEADER,
+	CHECK(kc_flight_join(&r.flights, &key, NULL, NULL, NULL) == KC_FLIGHT_LEADER,
 	      "a compile in flight on another");
 	entry_id(15, &dev, &ino);
-	CHECK(kc_evict_start(&e) == 0, "start the cleaner");
+	CHECK(kc_evict_start(&r.e) == 0, "start the cleaner");
 	for (int t = 0; t < 500; t++) {
-		kc_evict_sample(&e, &es);
-		if (es.scanned && stats.evictions >= 3)
+		kc_evict_sample(&r.e, &r.es);
+		if (r.es.scanned && r.stats.evictions >= 3)
 			break;
 		usleep(10000);
 	}
 	usleep(100000);
-	kc_evict_sample(&e, &es);
+	kc_evict_sample(&r.e, &r.es);
 	/* 7 > 4: down to 90 % of 4, rounded up (4); 11 and 12 may not go: 10, 13, 14 go. */
-	CHECK(es.entries == 4 && stats.evictions == 3 && stats.evicted_bytes == 3000,
+	CHECK(r.es.entries == 4 && r.stats.evictions == 3 && r.stats.evicted_bytes == 3000,
 	      "cleaner: evicted down to the low watermark");
 	CHECK(!entry_exists(10) && entry_exists(11) && entry_exists(12) && !entry_exists(13) &&
 		      !entry_exists(14) && entry_exists(15) && entry_exists(16),
@@ -180,26 +193,22 @@ static void test_cleaner(struct kc_store *s)
 	/* Used now: not a victim within the grace period, even when the oldest by record. */
 	make_entry(20, 1000, now - 5000);
 	int cache = open(strcat(strcpy(tmp, root), "/cache"), O_PATH | O_DIRECTORY | O_CLOEXEC);
-	kc_evict_note(&e, cache, "kernel.k20.00000000000000000000000000000014");
+	kc_evict_note(&r.e, cache, "kernel.k20.00000000000000000000000000000014");
 	usleep(300000);
 	CHECK(entry_exists(20), "cleaner: an entry published just now is kept (grace)");
 	close(cache);
-	kc_evict_stop(&e);
-	kc_flight_finish(&flights, &key, 0);
+	kc_evict_stop(&r.e);
+	kc_flight_finish(&r.flights, &key, 0);
 	entry_id(11, &dev, &ino);
-	kc_evict_unpin(&e, dev, ino);
-	kc_evict_destroy(&e);
-	kc_flight_table_destroy(&flights);
+	kc_evict_unpin(&r.e, dev, ino);
+	rig_destroy(&r);
 }
 
 /* Entries whose parent was renamed after they were indexed, and an entry inside an entry:
  * the cleaner finds them by handle, and drops what went with an evicted parent. */
 static void test_moves(struct kc_store *s)
 {
-	struct kc_flight_table flights;
-	struct kc_stats stats = {0};
-	struct kc_evict e;
-	struct kc_evict_stats es;
+	struct rig r;
 	char a[256], b[256];
 	long now = (long)time(NULL);
 
@@ -223,50 +232,48 @@ static void test_moves(struct kc_store *s)
 	FILE *f = fopen(inner, "w");
 	fputs("cubin", f);
 	fclose(f);
-	kc_flight_table_init(&flights);
-	kc_evict_init(&e, s, &flights, &stats, 0, 100);
+	rig_init(&r, s, 0, 100);
 	int dir = open(a, O_PATH | O_DIRECTORY | O_CLOEXEC);
 	for (int i = 30; i < 33; i++) {
 		char name[64];
 		snprintf(name, sizeof(name), "kernel.m%d.%032x", i, i);
-		kc_evict_note(&e, dir, name);
+		kc_evict_note(&r.e, dir, name);
 	}
 	snprintf(inner, sizeof(inner), "%s/old/kernel.m31.%032x", root, 31);
 	int outer = open(inner, O_PATH | O_DIRECTORY | O_CLOEXEC);
 	char in_name[64];
 	snprintf(in_name, sizeof(in_name), "kernel.in.%032x", 99);
-	kc_evict_note(&e, outer, in_name);
+	kc_evict_note(&r.e, outer, in_name);
 	close(outer);
 	close(dir);
-	kc_evict_sample(&e, &es);
-	CHECK(es.entries == 4, "moves: four entries indexed");
-	CHECK(kc_evict_start(&e) == 0, "moves: start the cleaner");
-	for (int t = 0; t < 300 && !es.scanned; t++) {
+	kc_evict_sample(&r.e, &r.es);
+	CHECK(r.es.entries == 4, "moves: four entries indexed");
+	CHECK(kc_evict_start(&r.e) == 0, "moves: start the cleaner");
+	for (int t = 0; t < 300 && !r.es.scanned; t++) {
 		usleep(10000);
-		kc_evict_sample(&e, &es);
+		kc_evict_sample(&r.e, &r.es);
 	}
 	/* After the scan: only the handles know where they are now. */
 	snprintf(b, sizeof(b), "%s/new", root);
 	CHECK(rename(a, b) == 0, "moves: their parent renamed behind the index");
 	(void)now;
 	usleep(2100000); /* past the grace of their publish */
-	pthread_mutex_lock(&e.lock);
-	e.max_entries = 1;
-	pthread_mutex_unlock(&e.lock);
-	kc_ticker_wake(&e.cleaner);
+	pthread_mutex_lock(&r.e.lock);
+	r.e.max_entries = 1;
+	pthread_mutex_unlock(&r.e.lock);
+	kc_ticker_wake(&r.e.cleaner);
 	for (int t = 0; t < 300; t++) {
-		kc_evict_sample(&e, &es);
-		if (es.scanned && es.entries <= 1)
+		kc_evict_sample(&r.e, &r.es);
+		if (r.es.scanned && r.es.entries <= 1)
 			break;
 		usleep(10000);
 	}
 	usleep(200000);
-	kc_evict_sample(&e, &es);
-	CHECK(es.entries <= 1 && count_dir(b) <= 1,
+	kc_evict_sample(&r.e, &r.es);
+	CHECK(r.es.entries <= 1 && count_dir(b) <= 1,
 	      "moves: entries under the renamed parent are found and evicted; the one inside "
 	      "an evicted entry leaves the index");
-	kc_evict_destroy(&e);
-	kc_flight_table_destroy(&flights);
+	rig_destroy(&r);
 }
 
 int main(void)

@@ -207,32 +207,28 @@ static void test_parse(void)
 	kc_argv_free(&a);
 	CHECK(a.v == NULL && a.n == 0, "argv_free empties the vector");
 
-	const char nonl[] = "-O3\n-G";
-	err = kc_flags_parse(nonl, sizeof(nonl) - 1, &a, why, sizeof(why));
-	CHECK(err == 0 && a.n == 2 && strcmp(a.v[1], "-G") == 0,
-	      "parse: last line without a newline");
-	kc_argv_free(&a);
-
-	/* len is honoured: the bytes after it are not read */
-	err = kc_flags_parse("-O3\n--frobnicate\n", 4, &a, why, sizeof(why));
-	CHECK(err == 0 && a.n == 1, "parse: stops at len");
-	kc_argv_free(&a);
-
-	err = kc_flags_parse("", 0, &a, why, sizeof(why));
-	CHECK(err == 0 && a.n == 0, "parse: empty buffer gives no arguments");
-	kc_argv_free(&a);
-	err = kc_flags_parse("\n \r\n\t\n", 6, &a, why, sizeof(why));
-	CHECK(err == 0 && a.n == 0, "parse: only blank lines gives no arguments");
-	kc_argv_free(&a);
-
-	const char comments[] = "# kcachefs-nvcc: release 13.0\n  # -o /etc/passwd\n-O3\n#-ccbin=/x\n";
-	err = kc_flags_parse(comments, sizeof(comments) - 1, &a, why, sizeof(why));
-	CHECK(err == 0 && a.n == 1 && strcmp(a.v[0], "-O3") == 0,
-	      "parse: '#' lines (also indented) are comments, not arguments");
-	kc_argv_free(&a);
-	err = kc_flags_parse("-O3 # note\n", 11, &a, why, sizeof(why));
-	CHECK(err == -EINVAL, "parse: '#' after an argument is not a comment (one token per line)");
-	kc_argv_free(&a);
+	/* files taken: how many arguments, and the last of them (NULL: not looked at) */
+	static const struct {
+		const char *text, *last, *what;
+		size_t len; /* 0: the whole text */
+		size_t n;
+	} taken[] = {
+		{"-O3\n-G", "-G", "parse: last line without a newline", 0, 2},
+		/* len is honoured: the bytes after it are not read */
+		{"-O3\n--frobnicate\n", NULL, "parse: stops at len", 4, 1},
+		{"", NULL, "parse: empty buffer gives no arguments", 0, 0},
+		{"\n \r\n\t\n", NULL, "parse: only blank lines gives no arguments", 0, 0},
+		{"# kcachefs-nvcc: release 13.0\n  # -o /etc/passwd\n-O3\n#-ccbin=/x\n", "-O3",
+		 "parse: '#' lines (also indented) are comments, not arguments", 0, 1},
+	};
+	for (size_t i = 0; i < sizeof(taken) / sizeof(taken[0]); i++) {
+		size_t len = taken[i].len ? taken[i].len : strlen(taken[i].text);
+		err = kc_flags_parse(taken[i].text, len, &a, why, sizeof(why));
+		CHECK(err == 0 && a.n == taken[i].n &&
+			      (!taken[i].last || strcmp(a.v[a.n - 1], taken[i].last) == 0),
+		      taken[i].what);
+		kc_argv_free(&a);
+	}
 
 	/* every DeepGEMM flag, one per line */
 	char dg[2048] = "";
@@ -245,39 +241,40 @@ static void test_parse(void)
 	CHECK(kc_flags_have_arch(&a), "have_arch: DeepGEMM flags choose an architecture");
 	kc_argv_free(&a);
 
-	const char nul[] = "-O3\n\0-G\n";
-	why[0] = '\0';
-	err = kc_flags_parse(nul, sizeof(nul) - 1, &a, why, sizeof(why));
-	CHECK(err == -EINVAL, "parse: a NUL byte is refused");
-	CHECK(a.n == 0 && a.v == NULL, "parse: nothing returned after a NUL byte");
-	CHECK(strstr(why, "NUL") != NULL, "parse: why mentions the NUL byte");
-	kc_argv_free(&a);
-
-	/* a NUL refusal should free a non-empty out as every other refusal does */
-	kc_argv_push(&a, "-G");
-	err = kc_flags_parse(nul, sizeof(nul) - 1, &a, why, sizeof(why));
-	CHECK(err == -EINVAL, "parse: a NUL byte is refused (non-empty out)");
-	CHECK(a.n == 0 && a.v == NULL, "parse: NUL refusal frees a non-empty out");
-	kc_argv_free(&a);
-
-	const char bad[] = "-O3\n-std=c++17\n-o\n-G\n";
-	why[0] = '\0';
-	err = kc_flags_parse(bad, sizeof(bad) - 1, &a, why, sizeof(why));
-	CHECK(err == -EINVAL, "parse: a refused line refuses the file");
-	CHECK(a.n == 0 && a.v == NULL, "parse: out freed after a refusal (n == 0)");
-	CHECK(strstr(why, "'-o'") != NULL, "parse: why names the refused line");
-	kc_argv_free(&a);
-
-	const char badlast[] = "-O3\nkernel2.cu";
-	err = kc_flags_parse(badlast, sizeof(badlast) - 1, &a, why, sizeof(why));
-	CHECK(err == -EINVAL && a.n == 0, "parse: a refused last line refuses the file");
-	kc_argv_free(&a);
-
-	/* a refusal frees what the vector held before, too */
-	kc_argv_push(&a, "-G");
-	err = kc_flags_parse(bad, sizeof(bad) - 1, &a, why, sizeof(why));
-	CHECK(err == -EINVAL && a.n == 0 && a.v == NULL, "parse: refusal frees a non-empty out");
-	kc_argv_free(&a);
+	/* refused files: -EINVAL, the out vector emptied (also one that held an argument), and
+	 * why naming the cause */
+#define NUL_FILE "-O3\n\0-G\n"
+#define BAD_FILE "-O3\n-std=c++17\n-o\n-G\n"
+#define BADLAST_FILE "-O3\nkernel2.cu"
+	static const struct {
+		const char *text, *cause, *what;
+		size_t len;
+		int held;
+	} refused[] = {
+		{NUL_FILE, "NUL", "a NUL byte", sizeof(NUL_FILE) - 1, 0},
+		{NUL_FILE, NULL, "a NUL byte (non-empty out)", sizeof(NUL_FILE) - 1, 1},
+		{BAD_FILE, "'-o'", "a refused line", sizeof(BAD_FILE) - 1, 0},
+		{BAD_FILE, NULL, "a refused line (non-empty out)", sizeof(BAD_FILE) - 1, 1},
+		{BADLAST_FILE, NULL, "a refused last line", sizeof(BADLAST_FILE) - 1, 0},
+		/* one token per line: '#' after an argument is not a comment */
+		{"-O3 # note\n", NULL, "'#' after an argument", 11, 0},
+	};
+	for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++) {
+		char what[160];
+		if (refused[i].held)
+			kc_argv_push(&a, "-G");
+		why[0] = '\0';
+		err = kc_flags_parse(refused[i].text, refused[i].len, &a, why, sizeof(why));
+		snprintf(what, sizeof(what), "parse: %s refuses the file", refused[i].what);
+		CHECK(err == -EINVAL, what);
+		snprintf(what, sizeof(what), "parse: %s leaves out empty and freed", refused[i].what);
+		CHECK(a.n == 0 && a.v == NULL, what);
+		if (refused[i].cause) {
+			snprintf(what, sizeof(what), "parse: why names %s", refused[i].cause);
+			CHECK(strstr(why, refused[i].cause) != NULL, what);
+		}
+		kc_argv_free(&a);
+	}
 
 	/* a line longer than 4096 bytes */
 	size_t biglen = 5000;

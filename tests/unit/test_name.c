@@ -25,13 +25,19 @@ static void expect(const char *name, enum kc_name_kind want, const char *what)
 	}
 }
 
-/* Build "kernel.<kname>.<hash>" where the hash has hexlen digits of '0'-'f'. */
-static void entry_name(char *buf, size_t buflen, const char *kname, size_t hexlen)
+/* Build "kernel.<name>.<hash>" where the name is klen 'k's and the hash has hexlen digits of
+ * '0'-'f' (an empty string when buflen is too short for it). */
+static void entry_name(char *buf, size_t buflen, size_t klen, size_t hexlen)
 {
-	int n = snprintf(buf, buflen, "kernel.%s.", kname);
-	for (size_t i = 0; i < hexlen && (size_t)n + i + 1 < buflen; i++)
-		buf[n + i] = HEX16[i % 16];
-	buf[n + hexlen] = '\0';
+	buf[0] = '\0';
+	if (klen + hexlen + 9 > buflen)
+		return;
+	memcpy(buf, "kernel.", 7);
+	memset(buf + 7, 'k', klen);
+	buf[7 + klen] = '.';
+	for (size_t i = 0; i < hexlen; i++)
+		buf[8 + klen + i] = HEX16[i % 16];
+	buf[8 + klen + hexlen] = '\0';
 }
 
 static void test_valid(void)
@@ -46,11 +52,7 @@ static void test_valid(void)
 	expect("kernel.x." HEX16, KC_NAME_ENTRY, "one-character name is an entry");
 
 	/* exactly NAME_MAX bytes is allowed; 128-digit hash, name padded to fill */
-	char kname[256];
-	size_t klen = NAME_MAX - strlen("kernel..") - 128;
-	memset(kname, 'k', klen);
-	kname[klen] = '\0';
-	entry_name(name, sizeof(name), kname, 128);
+	entry_name(name, sizeof(name), NAME_MAX - strlen("kernel..") - 128, 128);
 	CHECK(strlen(name) == NAME_MAX, "built a name of exactly NAME_MAX bytes");
 	expect(name, KC_NAME_ENTRY, "a name of exactly NAME_MAX bytes is an entry");
 
@@ -105,18 +107,12 @@ static void test_bad(void)
 	expect("kernel.gemm\n." HEX16, KC_NAME_BAD_ENTRY, "a newline in the name is a bad entry");
 
 	/* NAME_MAX + 1 bytes, otherwise valid */
-	char kname[256];
-	size_t klen = NAME_MAX + 1 - strlen("kernel..") - 128;
-	memset(kname, 'k', klen);
-	kname[klen] = '\0';
-	entry_name(name, sizeof(name), kname, 128);
+	entry_name(name, sizeof(name), NAME_MAX + 1 - strlen("kernel..") - 128, 128);
 	CHECK(strlen(name) == NAME_MAX + 1, "built a name of NAME_MAX + 1 bytes");
 	expect(name, KC_NAME_BAD_ENTRY, "a name longer than NAME_MAX is a bad entry");
 
 	/* much longer than NAME_MAX with a short hash */
-	memset(kname, 'k', 250);
-	kname[250] = '\0';
-	entry_name(name, sizeof(name), kname, 16);
+	entry_name(name, sizeof(name), 250, 16);
 	CHECK(strlen(name) > NAME_MAX, "built a 274-byte name");
 	expect(name, KC_NAME_BAD_ENTRY, "a 274-byte name is a bad entry");
 

@@ -14,20 +14,13 @@
 #include "remote_manifest.h"
 #include "remote_object.h"
 #include "tap.h"
+#include "tmptree.h"
 
 static char root[64];
 
 static void put(const char *rel, const char *text, mode_t mode)
 {
-	char p[256];
-	snprintf(p, sizeof(p), "%s/%s", root, rel);
-	int fd = open(p, O_WRONLY | O_CREAT | O_TRUNC, mode);
-	if (fd >= 0) {
-		if (write(fd, text, strlen(text)) < 0)
-			perror("write");
-		fchmod(fd, mode);
-		close(fd);
-	}
+	tmptree_put(root, rel, text, mode);
 }
 
 /* Bytes this process has read so far (rchar in /proc/self/io). Each call reads that file
@@ -66,17 +59,13 @@ int main(void)
 	char deps[2048], why[300], want[1024], ha[65], hb[65], tk[128], *m = NULL, *m2 = NULL;
 	size_t ml = 0, ml2 = 0;
 
-	snprintf(root, sizeof(root), "/tmp/kc-manifest-XXXXXX");
-	if (!mkdtemp(root))
+	if (tmptree_new(root, sizeof(root), "kc-manifest") != 0)
 		return 1;
 	chmod(root, 0755);
 	char d[256];
-	snprintf(d, sizeof(d), "%s/inc", root);
-	mkdir(d, 0755);
-	snprintf(d, sizeof(d), "%s/tk", root);
-	mkdir(d, 0755);
-	snprintf(d, sizeof(d), "%s/tk/bin", root);
-	mkdir(d, 0755);
+	tmptree_mkdir(root, "inc");
+	tmptree_mkdir(root, "tk");
+	tmptree_mkdir(root, "tk/bin");
 	snprintf(tk, sizeof(tk), "%s/tk", root);
 	put("inc/a.h", "#define A 1\n", 0644);
 	put("inc/b c#.h", "#define B 2\n", 0644);
@@ -217,8 +206,6 @@ int main(void)
 	CHECK(kc_manifest_from_deps(deps, strlen(deps), NULL, NULL, NULL, 0, &m, &ml, why, sizeof(why)) ==
 		      -EACCES, "a file of /proc (regular, readable by all) is not hashed");
 
-	char cmd[128];
-	snprintf(cmd, sizeof(cmd), "rm -rf %s", root);
-	CHECK(system(cmd) == 0, "clean up");
+	CHECK(tmptree_remove(root) == 0, "clean up");
 	return tap_done();
 }

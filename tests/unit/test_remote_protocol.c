@@ -178,46 +178,39 @@ static int mem_take(struct kc_remote_backend *b, const char *key, const char *to
 	return err;
 }
 
-/* The lease on key when token holds it, returned with mem.mu held (the caller unlocks);
- * else NULL, with *err -ENOLCK or mem_check's error. */
-static struct mem_lease *held_by(const char *key, const char *token, int *err)
+/* Give the lease token holds on key a new state and deadline (kc_mono_ms; 0: gone at the
+ * next look): 0, or -ENOLCK when token does not hold it, or mem_check's error. */
+static int set_held(const char *key, const char *token, enum kc_lease_state state,
+		    int64_t until_ms)
 {
-	if ((*err = mem_check(key, token)))
-		return NULL;
+	int err = mem_check(key, token);
+	if (err)
+		return err;
 	pthread_mutex_lock(&mem.mu);
 	struct mem_lease *l = lease_of(key);
-	if (l && l->state == KC_LEASE_HELD && strcmp(l->token, token) == 0)
-		return l;
+	if (l && l->state == KC_LEASE_HELD && strcmp(l->token, token) == 0) {
+		l->state = state;
+		l->until_ms = until_ms;
+	} else {
+		err = -ENOLCK;
+	}
 	pthread_mutex_unlock(&mem.mu);
-	*err = -ENOLCK;
-	return NULL;
+	return err;
 }
 
 static int mem_renew(struct kc_remote_backend *b, const char *key, const char *token,
 		     unsigned ttl_ms)
 {
-	int err;
-	struct mem_lease *l = held_by(key, token, &err);
 	(void)b;
-	if (l) {
-		l->until_ms = kc_mono_ms() + ttl_ms;
-		pthread_mutex_unlock(&mem.mu);
-	}
-	return err;
+	return set_held(key, token, KC_LEASE_HELD, kc_mono_ms() + ttl_ms);
 }
 
+/* a failure note, or (fail_ms 0) a lease gone at the next look */
 static int mem_release(struct kc_remote_backend *b, const char *key, const char *token,
 		       unsigned fail_ms)
 {
-	int err;
-	struct mem_lease *l = held_by(key, token, &err);
 	(void)b;
-	if (l) { /* a failure note, or (0) a lease gone at the next look */
-		l->state = KC_LEASE_FAILED;
-		l->until_ms = fail_ms ? kc_mono_ms() + fail_ms : 0;
-		pthread_mutex_unlock(&mem.mu);
-	}
-	return err;
+	return set_held(key, token, KC_LEASE_FAILED, fail_ms ? kc_mono_ms() + fail_ms : 0);
 }
 
 static int mem_peek(struct kc_remote_backend *b, const char *key, enum kc_lease_state *state)

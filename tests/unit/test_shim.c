@@ -19,6 +19,7 @@
 #include "tree.h"
 #include "stats.h"
 #include "tap.h"
+#include "tmptree.h"
 
 static char tmpdir[] = "/tmp/kc-test-shim-XXXXXX";
 
@@ -144,14 +145,7 @@ static void test_check(void)
 
 static void put(const char *rel, const char *text)
 {
-	char path[512];
-	snprintf(path, sizeof(path), "%s/%s", tmpdir, rel);
-	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-	if (fd >= 0) {
-		if (write(fd, text, strlen(text)) < 0)
-			perror("write");
-		close(fd);
-	}
+	tmptree_put(tmpdir, rel, text, 0644);
 }
 
 /* Keep the stamps of the file at rel (atime, mtime) while its bytes change: what rsync -t
@@ -205,10 +199,8 @@ static void test_daemon_memo(void)
 {
 	char dir[128], flags[512], digest[KC_SHA256_HEXLEN + 1], why[256];
 	size_t hits, misses;
-	snprintf(dir, sizeof(dir), "%s/dm", tmpdir);
-	mkdir(dir, 0755);
-	snprintf(dir, sizeof(dir), "%s/dm/sub", tmpdir);
-	mkdir(dir, 0755);
+	tmptree_mkdir(tmpdir, "dm");
+	tmptree_mkdir(tmpdir, "dm/sub");
 	put("dm/a.h", "int a;\n");
 	put("dm/sub/b.h", "int b;\n");
 	put("dm/sub/c.h", "int c;\n");
@@ -290,10 +282,8 @@ static void test_fingerprint_and_flags_file(void)
 {
 	char a[KC_SHA256_HEXLEN + 1], b[KC_SHA256_HEXLEN + 1], path[512];
 
-	snprintf(path, sizeof(path), "%s/inc", tmpdir);
-	mkdir(path, 0755);
-	snprintf(path, sizeof(path), "%s/inc/sub", tmpdir);
-	mkdir(path, 0755);
+	tmptree_mkdir(tmpdir, "inc");
+	tmptree_mkdir(tmpdir, "inc/sub");
 	put("inc/a.h", "int a;\n");
 	put("inc/sub/b.h", "int b;\n");
 	snprintf(path, sizeof(path), "%s/inc", tmpdir);
@@ -313,12 +303,10 @@ static void test_fingerprint_and_flags_file(void)
 	memcpy(a, b, sizeof(a));
 	/* the same bytes at another prefix, written at another time */
 	char other[600], otherf[700];
-	snprintf(other, sizeof(other), "%s/copy", tmpdir);
-	mkdir(other, 0755);
+	tmptree_mkdir(tmpdir, "copy");
+	tmptree_mkdir(tmpdir, "copy/inc");
+	tmptree_mkdir(tmpdir, "copy/inc/sub");
 	snprintf(other, sizeof(other), "%s/copy/inc", tmpdir);
-	mkdir(other, 0755);
-	snprintf(otherf, sizeof(otherf), "%s/sub", other);
-	mkdir(otherf, 0755);
 	put("copy/inc/a.h", "int a;\n");
 	put("copy/inc/sub/b.h", "int c;\n");
 	CHECK(kc_tree_digest(other, (dev_t)-1, NULL, b) == 0 && strcmp(a, b) == 0,
@@ -609,10 +597,9 @@ static void test_find_mount(void)
 	CHECK(kc_shim_find_mount("/no/such/dir") == NULL && errno == ENOENT,
 	      "find_mount: a missing directory gives NULL");
 	/* a lookalike .kcachefs/stats on a non-FUSE filesystem is not a mount */
-	char path[512];
-	snprintf(path, sizeof(path), "%s/.kcachefs", tmpdir);
-	mkdir(path, 0755);
+	tmptree_mkdir(tmpdir, ".kcachefs");
 	put(".kcachefs/stats", "");
+	char path[512];
 	snprintf(path, sizeof(path), "%s/inc/sub", tmpdir);
 	CHECK(kc_shim_find_mount(path) == NULL, "find_mount: .kcachefs/stats off FUSE is not a mount");
 }
@@ -671,9 +658,6 @@ int main(void)
 	test_info_compiler();
 	test_log_rewrite();
 	test_find_mount();
-	char cmd[128];
-	snprintf(cmd, sizeof(cmd), "rm -rf %s", tmpdir);
-	if (system(cmd) != 0)
-		perror("rm");
+	tmptree_remove(tmpdir);
 	return tap_done();
 }

@@ -183,29 +183,34 @@ static void test_commit(struct kc_store *s)
 	CHECK(!exists(s->tmp_fd, "a"), "commit to absent: source gone");
 	CHECK(has_content(dir, "kernel.cubin", "first"), "commit to absent: destination has it");
 
-	/* identical destination */
+	/* a destination already there: the same bytes are a success (1) that leaves it as it
+	 * was; other bytes, of the same size or longer, are -EEXIST and leave both as they were */
+	static const struct {
+		const char *src, *bytes, *what;
+		int want;
+	} onto[] = {
+		{"b", "first", "commit identical", 1},
+		{"c", "other", "commit different (same size)", -EEXIST},
+		{"d", "firstly", "commit different (longer)", -EEXIST},
+	};
 	struct stat before, after;
 	fstatat(dir, "kernel.cubin", &before, 0);
-	write_file(s->tmp_fd, "b", "first", 5);
-	CHECK(kc_store_commit(s->tmp_fd, "b", dir, "kernel.cubin") == 1, "commit identical: 1");
-	CHECK(!exists(s->tmp_fd, "b"), "commit identical: source gone");
-	fstatat(dir, "kernel.cubin", &after, 0);
-	CHECK(before.st_ino == after.st_ino && has_content(dir, "kernel.cubin", "first"),
-	      "commit identical: destination unchanged (same inode, same bytes)");
-
-	/* different destination, same size and different size */
-	write_file(s->tmp_fd, "c", "other", 5);
-	CHECK(kc_store_commit(s->tmp_fd, "c", dir, "kernel.cubin") == -EEXIST,
-	      "commit different (same size): -EEXIST");
-	CHECK(has_content(s->tmp_fd, "c", "other"), "commit different: source unchanged");
-	fstatat(dir, "kernel.cubin", &after, 0);
-	CHECK(before.st_ino == after.st_ino && has_content(dir, "kernel.cubin", "first"),
-	      "commit different: destination unchanged");
-	write_file(s->tmp_fd, "d", "firstly", 7);
-	CHECK(kc_store_commit(s->tmp_fd, "d", dir, "kernel.cubin") == -EEXIST,
-	      "commit different (longer): -EEXIST");
-	CHECK(has_content(s->tmp_fd, "d", "firstly") && has_content(dir, "kernel.cubin", "first"),
-	      "commit different (longer): both unchanged");
+	for (size_t i = 0; i < sizeof(onto) / sizeof(onto[0]); i++) {
+		char what[160];
+		write_file(s->tmp_fd, onto[i].src, onto[i].bytes, strlen(onto[i].bytes));
+		snprintf(what, sizeof(what), "%s: %d", onto[i].what, onto[i].want);
+		CHECK(kc_store_commit(s->tmp_fd, onto[i].src, dir, "kernel.cubin") == onto[i].want,
+		      what);
+		snprintf(what, sizeof(what), "%s: source %s", onto[i].what,
+			 onto[i].want == 1 ? "gone" : "unchanged");
+		CHECK(onto[i].want == 1 ? !exists(s->tmp_fd, onto[i].src)
+					: has_content(s->tmp_fd, onto[i].src, onto[i].bytes),
+		      what);
+		fstatat(dir, "kernel.cubin", &after, 0);
+		snprintf(what, sizeof(what), "%s: destination unchanged (same inode, same bytes)",
+			 onto[i].what);
+		CHECK(before.st_ino == after.st_ino && has_content(dir, "kernel.cubin", "first"), what);
+	}
 	unlinkat(s->tmp_fd, "c", 0);
 	unlinkat(s->tmp_fd, "d", 0);
 
