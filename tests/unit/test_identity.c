@@ -1,4 +1,4 @@
-/* test_compiler.c - the compilers' identity (identity.h): no install path in it, a binary
+/* test_identity.c - the compilers' identity (identity.h): no install path in it, a binary
  * replaced on disk is noticed by a refresh and taken again, and concurrent readers never
  * see a torn identity. Fake compilers are shell scripts answering --version. */
 #define _GNU_SOURCE
