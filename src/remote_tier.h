@@ -54,6 +54,8 @@
 #define KC_REMOTE_NOTICE_GAP_MS 20     /* and, woken by notices, at most this often */
 #define KC_REMOTE_WAITERS 32            /* pool workers beyond -o jobs: fetches and waits */
 #define KC_REMOTE_LISTS 16              /* header lists a node keeps (remote_object.h) */
+#define KC_REMOTE_FIRST_WAIT_MS 200     /* a node's first looks wait this long, at most, for
+					 * the one that reads an index to find its header list */
 
 /* -o remote options, as given (borrowed). */
 struct kc_remote_opts {
