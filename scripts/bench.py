@@ -38,10 +38,10 @@ Figures (NAME):
   cluster   4 simulated nodes x 8 processes x K real kernels sharing a cluster store
             (--stores dir,redis): compiles, first node against one node alone, a joining
             node against the first and against its warm restart (scripts/bench_cluster.py)
-  keys      issue 22: a joining node with a 500-header include tree at another prefix,
-            32 and 128 kernels staged as the nvcc shim stages them: its cold start against
-            its warm restart, bytes fetched per kernel against the cubin (not in the default
-            list: --only keys; scripts/bench_cluster.py)
+  keys      issue 22: 5 joining nodes in turn, each with a 500-header include tree at
+            another prefix, 32 and 128 kernels staged as the nvcc shim stages them: their
+            cold starts against their warm restarts (medians), bytes fetched per kernel
+            against the cubin (not in the default list: --only keys; scripts/bench_cluster.py)
   lag       2 simulated nodes sharing a store (--stores dir,redis): the waiting node's lag
             behind the compiling node per kernel (K kernels of a fake compiler), against one
             fetch of the same kernels by a third node in the same run (not in the default

@@ -185,6 +185,18 @@ int kc_cache_lookup_cubin(struct kc_cache *c, int entry_fd, struct kc_waiter *w,
 		}
 		if (err != -ENOENT)
 			return err;
+		/* A request that waits (w) on a compile already in flight joins it without
+		 * loading the recipe (a joining node's 8 readers of one kernel park 2 requests
+		 * each): the leader loaded and checked it, a recipe changed since makes the
+		 * flight publish nothing (-EAGAIN: its waiters come back here), and what it
+		 * publishes is checked against the recipe (kc_cache_check_published) before any
+		 * waiter is answered. */
+		struct kc_flight_key running = {est.st_dev, est.st_ino};
+		if (w && !recipe_id &&
+		    kc_flight_join_running(&c->flights, &running, w) == KC_FLIGHT_JOINED) {
+			atomic_fetch_add(&c->stats.waits, 1);
+			return KC_PENDING;
+		}
 
 		/* A stat of the compiler per miss: a replaced one is not taken for the one whose
 		 * rejections and cubins are recorded (its own are looked up instead). */

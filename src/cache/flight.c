@@ -30,6 +30,27 @@ static struct kc_flight **find(struct kc_flight_table *t, const struct kc_flight
 	return p;
 }
 
+/* Queue w (may be NULL) on the flight f (the table lock held). */
+static void queue_on(struct kc_flight *f, struct kc_waiter *w)
+{
+	if (w) {
+		w->next = f->waiters;
+		f->waiters = w;
+	}
+}
+
+int kc_flight_join_running(struct kc_flight_table *t, const struct kc_flight_key *key,
+			   struct kc_waiter *w)
+{
+	pthread_mutex_lock(&t->lock);
+	struct kc_flight **p = find(t, key);
+	int ret = *p ? KC_FLIGHT_JOINED : 0;
+	if (*p)
+		queue_on(*p, w);
+	pthread_mutex_unlock(&t->lock);
+	return ret;
+}
+
 int kc_flight_join(struct kc_flight_table *t, const struct kc_flight_key *key,
 		   struct kc_waiter *w, int (*recheck)(void *arg), void *arg)
 {
@@ -38,10 +59,7 @@ int kc_flight_join(struct kc_flight_table *t, const struct kc_flight_key *key,
 	pthread_mutex_lock(&t->lock);
 	struct kc_flight **p = find(t, key);
 	if (*p) {
-		if (w) {
-			w->next = (*p)->waiters;
-			(*p)->waiters = w;
-		}
+		queue_on(*p, w);
 		ret = KC_FLIGHT_JOINED;
 	} else if (recheck && (ret = recheck(arg)) != 0) {
 		/* already done: nothing queued */

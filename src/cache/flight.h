@@ -51,6 +51,11 @@ void kc_flight_table_destroy(struct kc_flight_table *t);
 int kc_flight_join(struct kc_flight_table *t, const struct kc_flight_key *key,
 		   struct kc_waiter *w, int (*recheck)(void *arg), void *arg);
 
+/* Queue w on the flight for key if one is in flight: KC_FLIGHT_JOINED; else 0 (nothing
+ * queued, no flight created). */
+int kc_flight_join_running(struct kc_flight_table *t, const struct kc_flight_key *key,
+			   struct kc_waiter *w);
+
 /* End the flight for key: remove it, then call every waiter's done(result). Returns the
  * number of waiters served. */
 unsigned kc_flight_finish(struct kc_flight_table *t, const struct kc_flight_key *key,

@@ -52,19 +52,23 @@ struct memo_slot {
 	char hex[KC_SHA256_HEXLEN + 1];
 };
 static struct memo_slot memo[MEMO_SLOTS];
-static pthread_mutex_t memo_mu = PTHREAD_MUTEX_INITIALIZER;
 /* Held while a header of the slots that map to it is read and hashed: jobs that need the
  * same header at once (a joining node fetches many objects together) read it once, and
  * the others take the memo's hash. Striped, so that a header that hangs (a -I directory
  * on a hung NFS) blocks only the jobs that need a header of its stripe. */
 #define HASHING_STRIPES 64
 static pthread_mutex_t hashing[HASHING_STRIPES];
+/* A slot is read and written under the lock of its stripe (not one lock for the memo: the
+ * jobs of a joining node look up every listed header per fetch, many at once). */
+static pthread_mutex_t memo_mu[HASHING_STRIPES];
 static pthread_once_t hashing_once = PTHREAD_ONCE_INIT;
 
 static void hashing_init(void)
 {
-	for (int i = 0; i < HASHING_STRIPES; i++)
+	for (int i = 0; i < HASHING_STRIPES; i++) {
 		pthread_mutex_init(&hashing[i], NULL);
+		pthread_mutex_init(&memo_mu[i], NULL);
+	}
 }
 
 static size_t memo_slot_of(const char *path)
@@ -90,12 +94,14 @@ static int memo_matches(const struct memo_slot *m, const char *path, const struc
 /* The memoized hash of path as st describes it into hex; 1 found, 0 not. */
 static int memo_get(const char *path, const struct stat *st, char hex[KC_SHA256_HEXLEN + 1])
 {
-	struct memo_slot *m = &memo[memo_slot_of(path)];
-	pthread_mutex_lock(&memo_mu);
+	size_t slot = memo_slot_of(path);
+	struct memo_slot *m = &memo[slot];
+	pthread_once(&hashing_once, hashing_init);
+	pthread_mutex_lock(&memo_mu[slot % HASHING_STRIPES]);
 	int hit = memo_matches(m, path, st);
 	if (hit)
 		memcpy(hex, m->hex, KC_SHA256_HEXLEN + 1);
-	pthread_mutex_unlock(&memo_mu);
+	pthread_mutex_unlock(&memo_mu[slot % HASHING_STRIPES]);
 	return hit;
 }
 
@@ -106,13 +112,15 @@ static void memo_put(const char *path, const struct stat *st, const char hex[KC_
 	char *copy = strdup(path);
 	if (!copy)
 		return;
-	struct memo_slot *m = &memo[memo_slot_of(path)];
-	pthread_mutex_lock(&memo_mu);
+	size_t slot = memo_slot_of(path);
+	struct memo_slot *m = &memo[slot];
+	pthread_once(&hashing_once, hashing_init);
+	pthread_mutex_lock(&memo_mu[slot % HASHING_STRIPES]);
 	free(m->path);
 	*m = (struct memo_slot){.path = copy, .dev = st->st_dev, .ino = st->st_ino,
 				.size = st->st_size, .mtim = st->st_mtim, .ctim = st->st_ctim};
 	memcpy(m->hex, hex, KC_SHA256_HEXLEN + 1);
-	pthread_mutex_unlock(&memo_mu);
+	pthread_mutex_unlock(&memo_mu[slot % HASHING_STRIPES]);
 }
 
 /* Whether a header st describes may be hashed, *total bytes hashed before it: 0, -EACCES

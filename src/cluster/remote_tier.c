@@ -20,6 +20,7 @@
 #include "log.h"
 #include "remote_manifest.h"
 #include "util.h"
+#include "remote_rehash.h"
 
 enum fault_kind { FAULT_GET, FAULT_PUT, FAULT_LEASE, FAULT_KINDS };
 
@@ -53,6 +54,16 @@ struct kc_remote_tier {
 	unsigned next_list;
 	pthread_mutex_t list_fetch; /* one fetch of a header list at a time: the jobs of a
 				     * joining node that need one list at once fetch it once */
+	struct kc_rehash_table rehash; /* this node's manifests of those lists (remote_rehash.h) */
+	/* the digest of the list whose manifest last matched an index here (under lock; ""
+	 * none): a fetch asks first for the object of this node's manifest of it, without
+	 * the index (look_direct) */
+	char last_list[KC_SHA256_HEXLEN + 1];
+	/* 1 while a look with no last_list reads an index: the looks that begin meanwhile
+	 * wait for it (at most KC_REMOTE_FIRST_WAIT_MS, on list_cv) and then ask directly,
+	 * instead of each reading its own index (a joining node's first fetches) */
+	int establishing;
+	pthread_cond_t list_cv; /* CLOCK_MONOTONIC; last_list set or establishing ended */
 };
 
 /* Open the breaker at now (t->lock held): the store is asked again, with one probe, after
@@ -222,7 +233,9 @@ int kc_remote_tier_open(const struct kc_remote_opts *o, const char *nvcc,
 		t->toolkit[0] = '\0'; /* every header is then hashed */
 	pthread_mutex_init(&t->lock, NULL);
 	pthread_mutex_init(&t->list_fetch, NULL);
+	kc_rehash_init(&t->rehash);
 	kc_cond_init_mono(&t->stop_cv);
+	kc_cond_init_mono(&t->list_cv);
 	if (!o->key_file)
 		kc_log(KC_LOG_WARN, "remote=%s without remote_key=: objects are not signed, and "
 		       "anyone who can write the store can make this node serve their cubins",
@@ -266,7 +279,9 @@ void kc_remote_tier_close(struct kc_remote_tier *t)
 	t->b->ops->destroy(t->b);
 	pthread_mutex_destroy(&t->lock);
 	pthread_mutex_destroy(&t->list_fetch);
+	kc_rehash_destroy(&t->rehash);
 	pthread_cond_destroy(&t->stop_cv);
+	pthread_cond_destroy(&t->list_cv);
 	for (int i = 0; i < KC_REMOTE_LISTS; i++)
 		free(t->lists[i].list);
 	kc_secret_free((char *)t->secret_buf, t->secret.len);
@@ -449,19 +464,126 @@ static int list_fetch(struct kc_remote_tier *t, const char *hash, char **list, s
 	return 0;
 }
 
-/* Look for the recipe's object: the index under rj->mkey, the header list it names, this
- * node's compact manifest of those headers, the object under the key of that manifest,
- * verified. */
-static enum found look(struct kc_remote_tier *t, struct kc_remote_job *rj)
+/* The object under the key of this node's compact manifest mine/mlen for rj->mkey,
+ * fetched and verified into rj (t0: when the look began, for the fetch time). Returns 0,
+ * -ENOENT (not stored), -EBADMSG (refused: counted and logged), or a store fault. */
+static int fetch_object(struct kc_remote_tier *t, struct kc_remote_job *rj, const char *mine,
+			size_t mlen, double t0)
 {
-	char *data = NULL, *list = NULL, *full = NULL, why[400] = "", okey[KC_SHA256_HEXLEN + 1];
-	char lhash[KC_SHA256_HEXLEN + 1], mine[KC_MANIFEST_COMPACT_MAX] = "";
-	size_t len = 0, mlen = 0, list_len = 0, full_len = 0;
-	struct kc_object idx;
+	char *data = NULL, why[400] = "", okey[KC_SHA256_HEXLEN + 1];
+	size_t len = 0;
+	if (kc_object_cubin_key(rj->mkey, mine, mlen, okey) != 0 || !store_usable(t))
+		return -EIO;
+	int err = t->b->ops->get(t->b, okey, &data, &len);
+	outcome(t, FAULT_GET, err, -ENOENT, "of an object");
+	if (err)
+		return err;
+	atomic_fetch_add(&t->stats->remote_bytes_in, len);
+	err = kc_object_parse(data, len, KC_OBJECT_CUBIN, okey, &t->secret, &rj->obj, why,
+			      sizeof(why));
+	if (err == 0 && (rj->obj.manifest_len != mlen ||
+			 memcmp(rj->obj.manifest, mine, mlen) != 0)) {
+		snprintf(why, sizeof(why), "its manifest is not this node's");
+		err = -EBADMSG;
+	}
+	if (err) {
+		atomic_fetch_add(&t->stats->remote_rejected, 1);
+		kc_log(KC_LOG_WARN, "cluster store: object %.16s refused: %s", okey, why);
+		free(data);
+		return -EBADMSG;
+	}
+	rj->data = data;
+	snprintf(rj->where, sizeof(rj->where), "%.100s, object %.16s", t->b->ops->describe(t->b),
+		 okey);
+	atomic_fetch_add(&t->stats->remote_fetch_usec, (uint64_t)((kc_mono_s() - t0) * 1e6));
+	atomic_fetch_add(&t->stats->remote_fetches, 1);
+	return 0;
+}
+
+/* This node's compact manifest of the header list with digest lhash (list/list_len; none
+ * for the empty list's digest) into mine / *mlen, from a rehash begun after ticket
+ * (remote_rehash.h). Returns 0 or kc_rehash_own's error, why filled. */
+static int own_manifest(struct kc_remote_tier *t, unsigned long ticket, const char *lhash,
+			const char *list, size_t list_len, char *mine, size_t *mlen, char *why,
+			size_t whylen)
+{
+	if (strcmp(lhash, EMPTY_LIST) == 0) /* no header outside toolkit and roots */
+		return kc_manifest_compact("", 0, mine, mlen);
+	return kc_rehash_own(&t->rehash, ticket, lhash, list, list_len, mine, mlen, why, whylen);
+}
+
+/* The object of rj->mkey under this node's manifest of the header list that last matched
+ * an index here, asked for without the index: the kernels of one client read the same
+ * headers, so a joining node finds most objects so, with one get instead of two. It is
+ * the object the index would lead to when it lists that manifest, verified the same way,
+ * and a key no node compiled under those headers holds none. FOUND_NONE: no such list
+ * here, its headers are no longer this node's, or no object (the caller reads the index). */
+static enum found look_direct(struct kc_remote_tier *t, struct kc_remote_job *rj,
+			      unsigned long ticket, double t0, int *establisher)
+{
+	char lhash[KC_SHA256_HEXLEN + 1], mine[KC_MANIFEST_COMPACT_MAX], why[400] = "";
+	char *list = NULL;
+	size_t list_len = 0, mlen = 0;
+	struct timespec until = kc_mono_after_ms(KC_REMOTE_FIRST_WAIT_MS);
+	pthread_mutex_lock(&t->lock);
+	int waited = 0; /* one wait at most: after one that found nothing, read the index */
+	while (!t->last_list[0] && t->establishing && !t->stopping &&
+	       pthread_cond_timedwait(&t->list_cv, &t->lock, &until) != ETIMEDOUT)
+		waited = 1;
+	memcpy(lhash, t->last_list, sizeof(lhash));
+	if (!lhash[0] && !t->establishing && !waited)
+		t->establishing = *establisher = 1;
+	pthread_mutex_unlock(&t->lock);
+	if (!lhash[0])
+		return FOUND_NONE;
+	if (strcmp(lhash, EMPTY_LIST) != 0 && list_cached(t, lhash, &list, &list_len) != 1)
+		return FOUND_NONE; /* replaced in the table: the index names it again */
+	int err = own_manifest(t, ticket, lhash, list, list_len, mine, &mlen, why, sizeof(why));
+	free(list);
+	if (err)
+		return err == -ENOMEM ? FOUND_FAULT : FOUND_NONE;
+	err = fetch_object(t, rj, mine, mlen, t0);
+	return err == 0 ? FOUND_CUBIN : err == -ENOENT ? FOUND_NONE
+	       : err == -EBADMSG ? FOUND_OTHER_HEADERS : FOUND_FAULT;
+}
+
+/* Look for the recipe's object: with direct, first as look_direct does; then the index
+ * under rj->mkey, the header lists it names, this node's compact manifest of those
+ * headers, the object under the key of that manifest, verified. */
+static enum found look_index(struct kc_remote_tier *t, struct kc_remote_job *rj,
+			     unsigned long ticket, double t0);
+
+static enum found look(struct kc_remote_tier *t, struct kc_remote_job *rj, int direct)
+{
 	double t0 = kc_mono_s();
+	unsigned long ticket = kc_rehash_ticket(&t->rehash); /* before any header is looked at */
 
 	if (!store_usable(t))
 		return FOUND_FAULT;
+	int establisher = 0;
+	if (direct) {
+		enum found f = look_direct(t, rj, ticket, t0, &establisher);
+		if (f != FOUND_NONE)
+			return f;
+	}
+	enum found f = look_index(t, rj, ticket, t0);
+	if (establisher) {
+		pthread_mutex_lock(&t->lock);
+		t->establishing = 0;
+		pthread_cond_broadcast(&t->list_cv);
+		pthread_mutex_unlock(&t->lock);
+	}
+	return f;
+}
+
+/* look's reading of the index (its second step), ticket and t0 as there. */
+static enum found look_index(struct kc_remote_tier *t, struct kc_remote_job *rj,
+			     unsigned long ticket, double t0)
+{
+	char *data = NULL, *list = NULL, why[400] = "";
+	char lhash[KC_SHA256_HEXLEN + 1], mine[KC_MANIFEST_COMPACT_MAX] = "";
+	size_t len = 0, mlen = 0, list_len = 0;
+	struct kc_object idx;
 	int err = t->b->ops->get(t->b, rj->mkey, &data, &len);
 	outcome(t, FAULT_GET, err, -ENOENT, "of an index");
 	if (err)
@@ -497,21 +619,20 @@ static enum found look(struct kc_remote_tier *t, struct kc_remote_job *rj)
 		const char *line = lines + i * KC_MANIFEST_LINE_LEN;
 		memcpy(lhash, line, KC_SHA256_HEXLEN);
 		lhash[KC_SHA256_HEXLEN] = '\0';
-		if (strcmp(lhash, EMPTY_LIST) == 0) { /* no header outside toolkit and roots */
-			matched = kc_manifest_compact("", 0, mine, &mlen) == 0;
-			continue;
+		if (strcmp(lhash, EMPTY_LIST) != 0) {
+			err = list_get(t, lhash, &list, &list_len, why, sizeof(why));
+			if (err && err != -ENOENT) {
+				free(lines);
+				return FOUND_FAULT;
+			}
+			if (err)
+				continue;
 		}
-		err = list_get(t, lhash, &list, &list_len, why, sizeof(why));
-		if (err && err != -ENOENT) {
-			free(lines);
-			return FOUND_FAULT;
-		}
-		if (!err && kc_manifest_rehash(list, list_len, &full, &full_len, why, sizeof(why)) == 0 &&
-		    kc_manifest_compact(full, full_len, mine, &mlen) == 0)
+		if (own_manifest(t, ticket, lhash, list, list_len, mine, &mlen, why,
+				 sizeof(why)) == 0)
 			matched = mlen == KC_MANIFEST_LINE_LEN && memcmp(mine, line, mlen) == 0;
 		free(list);
-		free(full);
-		list = full = NULL;
+		list = NULL;
 	}
 	free(lines);
 	if (!matched) { /* no image's headers in the index are this node's */
@@ -519,32 +640,13 @@ static enum found look(struct kc_remote_tier *t, struct kc_remote_job *rj)
 		       "node's%s%s", rj->mkey, nlines, why[0] ? ": " : "", why);
 		return FOUND_OTHER_HEADERS;
 	}
-	if (kc_object_cubin_key(rj->mkey, mine, mlen, okey) != 0 || !store_usable(t))
-		return FOUND_FAULT;
-	err = t->b->ops->get(t->b, okey, &data, &len);
-	outcome(t, FAULT_GET, err, -ENOENT, "of an object");
-	if (err)
-		return err == -ENOENT ? FOUND_OTHER_HEADERS : FOUND_FAULT;
-	atomic_fetch_add(&t->stats->remote_bytes_in, len);
-	err = kc_object_parse(data, len, KC_OBJECT_CUBIN, okey, &t->secret, &rj->obj, why,
-			      sizeof(why));
-	if (err == 0 && (rj->obj.manifest_len != mlen ||
-			 memcmp(rj->obj.manifest, mine, mlen) != 0)) {
-		snprintf(why, sizeof(why), "its manifest is not this node's");
-		err = -EBADMSG;
-	}
-	if (err) {
-		atomic_fetch_add(&t->stats->remote_rejected, 1);
-		kc_log(KC_LOG_WARN, "cluster store: object %.16s refused: %s", okey, why);
-		free(data);
-		return FOUND_OTHER_HEADERS;
-	}
-	rj->data = data;
-	snprintf(rj->where, sizeof(rj->where), "%.100s, object %.16s", t->b->ops->describe(t->b),
-		 okey);
-	atomic_fetch_add(&t->stats->remote_fetch_usec, (uint64_t)((kc_mono_s() - t0) * 1e6));
-	atomic_fetch_add(&t->stats->remote_fetches, 1);
-	return FOUND_CUBIN;
+	pthread_mutex_lock(&t->lock);
+	memcpy(t->last_list, lhash, sizeof(lhash));
+	pthread_cond_broadcast(&t->list_cv);
+	pthread_mutex_unlock(&t->lock);
+	err = fetch_object(t, rj, mine, mlen, t0);
+	return err == 0 ? FOUND_CUBIN : err == -ENOENT || err == -EBADMSG ? FOUND_OTHER_HEADERS
+	       : FOUND_FAULT;
 }
 
 /* Try to take the lease. Returns 0 taken, -EBUSY (*state says why), or a fault. A
@@ -623,8 +725,9 @@ int kc_remote_tier_fetch(struct kc_remote_tier *t, const char *recipe_hash, int 
 	unsigned delay = 50;
 	int waited = 0, saw_holder = 0, watch_tried = 0;
 	struct kc_remote_watch *w = NULL;
-	for (;;) {
-		enum found f = look(t, rj);
+	for (int looks = 0;; looks++) {
+		/* only the first look asks without the index: a waiter's looks read it */
+		enum found f = look(t, rj, looks == 0);
 		if (f == FOUND_CUBIN) {
 			if (w)
 				t->b->ops->watch_end(t->b, w);
@@ -641,7 +744,7 @@ int kc_remote_tier_fetch(struct kc_remote_tier *t, const char *recipe_hash, int 
 		if (err == 0) {
 			rj->holder = 1;
 			/* the last holder may have published between the look and the take */
-			if ((f = look(t, rj)) == FOUND_CUBIN) {
+			if ((f = look(t, rj, 0)) == FOUND_CUBIN) {
 				int e = t->b->ops->lease_release(t->b, rj->mkey, rj->token, 0);
 				outcome(t, FAULT_LEASE, e, 0, "release");
 				rj->holder = 0;

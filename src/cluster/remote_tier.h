@@ -11,6 +11,10 @@
  *      manifest and object key, fetches that object and verifies it (format, key,
  *      SHA-256, signature, CUDA ELF, manifest equal to this node's): a hit is published
  *      to L1 as a compile would be. A node whose headers differ has another object key.
+ *      Once one index matched here, a job's first look asks for the object of this node's
+ *      manifest of that header list before the index (one get instead of two), and this
+ *      node's manifest of a list is shared by the looks that ask together
+ *      (remote_rehash.h).
  *   2. no index: take the lease on mkey and look again (the holder may just have
  *      published); holding it, compile, put the object and then the index, release,
  *      and notify the key's waiters (remote.h's notify: a Redis PUBLISH). A
@@ -54,6 +58,8 @@
 #define KC_REMOTE_NOTICE_GAP_MS 20     /* and, woken by notices, at most this often */
 #define KC_REMOTE_WAITERS 32            /* pool workers beyond -o jobs: fetches and waits */
 #define KC_REMOTE_LISTS 16              /* header lists a node keeps (remote_object.h) */
+#define KC_REMOTE_FIRST_WAIT_MS 200     /* a node's first looks wait this long, at most, for
+					 * the one that reads an index to find its header list */
 
 /* -o remote options, as given (borrowed). */
 struct kc_remote_opts {

@@ -274,7 +274,10 @@ static void kc_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 			return kc_park(req, in, NULL); /* answered with the compiled size */
 		if (fstat(cubin_fd, &st) != 0)
 			return (void)fuse_reply_err(req, errno);
-		return (void)fuse_reply_attr(req, &st, 0);
+		/* Stored: this inode's bytes are that cubin's for good (cubin_fd is set once), so
+		 * its attributes are as immutable as a published cubin's: the other readers that
+		 * hold this inode need not ask again (a joining node's 8 readers asked 8 times). */
+		return (void)fuse_reply_attr(req, &st, KC_TIMEOUT_PUBLISHED);
 	}
 	int r = fi && (fh_of(req, fi)->kind == FH_STAGE || in->pending)
 			? fstat(fh_of(req, fi)->fd, &st)

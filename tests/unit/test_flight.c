@@ -345,9 +345,33 @@ static void test_threads(void)
 	printf("# %d rounds: %d flights, %d leaders\n", ROUNDS, total_finishes, total_leaders);
 }
 
+/* kc_flight_join_running queues only on a flight in flight, and starts none. */
+static void test_join_running(void)
+{
+	struct kc_flight_table t;
+	struct kc_flight_key a = {.dev = 1, .ino = 400};
+	struct test_waiter w[3];
+	int zero = 0;
+
+	for (int i = 0; i < 3; i++)
+		tw_init(&w[i]);
+	kc_flight_table_init(&t);
+	CHECK(kc_flight_join_running(&t, &a, &w[0].w) == 0 && kc_flight_count(&t) == 0,
+	      "join_running: no flight, nothing queued, none started");
+	CHECK(kc_flight_join(&t, &a, &w[1].w, recheck_value, &zero) == KC_FLIGHT_LEADER,
+	      "join_running: a leader starts one");
+	CHECK(kc_flight_join_running(&t, &a, &w[2].w) == KC_FLIGHT_JOINED &&
+	      kc_flight_count(&t) == 1, "join_running: joins the flight in flight");
+	CHECK(kc_flight_finish(&t, &a, -EAGAIN) == 2 && w[2].calls == 1 && w[2].result == -EAGAIN &&
+	      w[0].calls == 0, "join_running: its waiter gets the result, the unqueued one none");
+	CHECK(kc_flight_join_running(&t, &a, &w[0].w) == 0, "join_running: none after the finish");
+	kc_flight_table_destroy(&t);
+}
+
 int main(void)
 {
 	test_basic();
+	test_join_running();
 	test_done_is_not_joined();
 	test_recheck();
 	test_take_one();

@@ -1,0 +1,63 @@
+/* remote_rehash.h - this node's compact manifest of a header list (remote_manifest.h),
+ * taken once for the fetches that ask for it together.
+ *
+ * A joining node fetches many kernels at once, and their index entries name the same
+ * header list (a DeepGEMM-like kernel's host headers are the same for all its kernels).
+ * Each fetch must compare the list with this node's headers as they are when it asks:
+ * stat every header (kc_manifest_rehash, through its memo of hashes), hash the result.
+ * Done per fetch, that is a stat of every listed header per kernel (the largest part of a
+ * joining node's time per kernel on the 2-core build machine).
+ *
+ * Shared here without going stale: a fetch takes a ticket when it asks (kc_rehash_ticket),
+ * and takes only the result of a rehash that began after that ticket was taken: each header
+ * was then stat'ed (and read, if it changed) after the fetch asked, as its own rehash would
+ * have done. A fetch that finds one running that began before its ticket waits for it to
+ * end and starts the next, which every fetch that asked meanwhile then shares (as a group
+ * commit). Nothing is kept by time: a header changed before a fetch asked is always seen.
+ */
+#ifndef KC_REMOTE_REHASH_H
+#define KC_REMOTE_REHASH_H
+
+#include <pthread.h>
+#include <stddef.h>
+
+#include "hash.h"
+#include "remote_manifest.h"
+
+#define KC_REHASH_SLOTS 16 /* lists whose last rehash is kept (the tier keeps as many lists) */
+
+struct kc_rehash_table {
+	pthread_mutex_t lock;
+	pthread_cond_t done; /* a rehash ended */
+	unsigned long starts; /* rehashes begun so far: a ticket is its value when taken */
+	unsigned next;        /* the slot a new list takes next (round robin) */
+	struct kc_rehash_slot {
+		char hash[KC_SHA256_HEXLEN + 1]; /* the list's digest; "" empty slot */
+		int running;                     /* a rehash of it is under way */
+		unsigned long seq;               /* the number of the last rehash that ended (0: none) */
+		int err;                         /* its result: 0, or kc_manifest_rehash's error */
+		char mine[KC_MANIFEST_COMPACT_MAX];
+		size_t mine_len;
+		char why[200];
+	} slots[KC_REHASH_SLOTS];
+};
+
+/* Initialise t (empty). */
+void kc_rehash_init(struct kc_rehash_table *t);
+
+/* Release what kc_rehash_init took; no call may be under way. */
+void kc_rehash_destroy(struct kc_rehash_table *t);
+
+/* A ticket for a fetch that asks now: pass it to kc_rehash_own. */
+unsigned long kc_rehash_ticket(struct kc_rehash_table *t);
+
+/* This node's compact manifest (kc_manifest_compact of kc_manifest_rehash) of the header
+ * list list/len whose digest is hash, from a rehash that began after ticket was taken: a
+ * running one's result, or one run here. Returns 0 with mine / *mlen filled; the error of
+ * kc_manifest_rehash (-ENOENT, -EACCES, -EFBIG, -EINVAL) with why filled when a header
+ * cannot be hashed here; -ENOMEM. */
+int kc_rehash_own(struct kc_rehash_table *t, unsigned long ticket, const char *hash,
+		  const char *list, size_t len, char mine[KC_MANIFEST_COMPACT_MAX], size_t *mlen,
+		  char *why, size_t whylen);
+
+#endif
