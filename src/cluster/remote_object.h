@@ -1,4 +1,4 @@
-/* remote_object.h - the objects of the cluster store (L2) and their keys; no I/O.
+/* remote_object.h - the objects of the cluster store and their keys; no I/O.
  *
  * Two levels, as ccache's direct mode: the lookup key must be known before compiling, but
  * the headers a compile reads are known only after it.

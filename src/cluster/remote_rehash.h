@@ -24,7 +24,7 @@
 #include "hash.h"
 #include "remote_manifest.h"
 
-#define KC_REHASH_SLOTS 16 /* lists whose last rehash is kept (the tier keeps as many lists) */
+#define KC_REHASH_SLOTS 16 /* lists whose last rehash is kept (the cluster store keeps as many lists, remote_tier.c) */
 
 struct kc_rehash_table {
 	pthread_mutex_t lock;

@@ -288,7 +288,7 @@ void kc_remote_tier_close(struct kc_remote_tier *t)
 	free(t);
 }
 
-/* Sleep ms unless the tier stops first. Returns 1 when it stops. */
+/* Sleep ms unless the cluster store stops first. Returns 1 when it stops. */
 static int pause_ms(struct kc_remote_tier *t, unsigned ms)
 {
 	struct timespec until = kc_mono_after_ms(ms);
@@ -679,7 +679,7 @@ static int compile_here(struct kc_slots *slots, int *held)
  * fallback that notices a dead holder, a failure note, or a notice never sent), in slices
  * that end at a stop. Looks follow one another by KC_REMOTE_NOTICE_GAP_MS at least, so
  * that a flood of planted notices costs the store at most that rate of looks. A watch that
- * faults is ended: the caller polls from then on. Returns 1 when the tier stops. */
+ * faults is ended: the caller polls from then on. Returns 1 when the cluster store stops. */
 static int wait_notice(struct kc_remote_tier *t, struct kc_remote_watch **w, double start)
 {
 	double begun = kc_mono_s(), end = start + t->wait_s;

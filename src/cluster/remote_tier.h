@@ -74,7 +74,7 @@ struct kc_remote_opts {
 
 struct kc_remote_tier;
 
-/* What one compile job does with the tier; zero-initialise, pass to kc_remote_tier_fetch,
+/* What one compile job does with the cluster store; zero-initialise, pass to kc_remote_tier_fetch,
  * then (unless it fetched) to kc_remote_tier_finish. */
 struct kc_remote_job {
 	int active;        /* the store takes part in this compile */
@@ -90,8 +90,8 @@ struct kc_remote_job {
 	size_t flags_len;
 };
 
-/* Open the tier for -o remote= (with the compiler at nvcc, whose toolkit is left out of
- * manifests), counting into stats (borrowed, outlives the tier). Returns 0 and *out, or
+/* Open the cluster store for -o remote= (with the compiler at nvcc, whose toolkit is left out of
+ * manifests), counting into stats (borrowed, outlives the store). Returns 0 and *out, or
  * with why filled: -EINVAL for a usage error (a malformed or unknown URL, remote_auth=
  * with a dir: store), -EACCES for a key or auth file that someone other than root could
  * read, that cannot be read, or whose secret is shorter than KC_OBJECT_MIN_SECRET bytes,
