@@ -1,6 +1,6 @@
-/* remote_tier.h - the cluster store (L2) in the compile path: fetch a verified cubin
+/* remote_tier.h - the cluster store in the compile path: fetch a verified cubin
  * another node compiled, or take the key's lease and compile, or wait for the holder's
- * object; then share what this node compiled. Used by cache.c's compile job, in a compile
+ * object; then share what this node compiled. Used by the hub's compile job (job.c), in a compile
  * pool thread (never a FUSE thread: the openers are parked by the single flight). With a
  * store the pool has KC_REMOTE_WAITERS workers more than -o jobs, and a job holds one of
  * jobs slots (pool.h) only while it holds a lease or compiles: fetching and waiting for
