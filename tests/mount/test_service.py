@@ -8,7 +8,6 @@ import shlex
 import socket
 import signal
 import subprocess
-import time
 
 import pytest
 
@@ -106,10 +105,8 @@ def test_the_fstab_line_mounts_through_mount_fuse3(tmp_path):
         assert "\nkcachefs_compiles_total 1\n" in (mnt / ".kcachefs" / "metrics.prom").read_text()
     finally:
         subprocess.run(["umount", str(mnt)], capture_output=True)
-    deadline = time.monotonic() + 20
-    while daemons_of(backing) or daemons_of(backing, "kcachefs-holder"):
-        assert time.monotonic() < deadline, "the daemon did not exit after umount"
-        time.sleep(0.05)
+    wait_until(lambda: not (daemons_of(backing) or daemons_of(backing, "kcachefs-holder")),
+               "the daemon did not exit after umount", 20)
     assert not os.path.ismount(mnt)
 
 

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from conftest import BUILD, KCACHEFS, Mount, elf_machine, elf_symbols, run_parallel, sample
-from kcmount import EM_CUDA, NS_HELPER, daemons_of, ns_read, open_all, variant
+from kcmount import EM_CUDA, NS_HELPER, daemons_of, ns_read, open_all, variant, wait_until
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="bind mounts in a namespace need root")
 
@@ -60,10 +60,7 @@ def test_upgrade_with_compiles_in_flight(tmp_path, counting_nvcc):
         # daemon is replaced: the upgrade starts once 3 compilers have run.
 
         def run_upgrade():
-            deadline = time.monotonic() + 120
-            while calls() < 3:
-                assert time.monotonic() < deadline, "compiles did not start"
-                time.sleep(0.05)
+            wait_until(lambda: calls() >= 3, "compiles did not start", 120)
             log = open(m.log_path, "ab")
             t = time.monotonic()
             upgrade["proc"] = subprocess.Popen([str(KCACHEFS), "-f", "--upgrade", str(m.mnt)],
@@ -182,22 +179,24 @@ def test_upgrade_to_another_format_is_refused(tmp_path, counting_nvcc):
                            text=True, timeout=120)
         assert r.returncode == 0, r
         assert m.proc.wait(timeout=60) == 0
-        deadline = time.monotonic() + 10
-        while len(serving := daemons_of(m)) != 1 and time.monotonic() < deadline:
-            time.sleep(0.1)  # a watcher just forked still has the daemon's descriptors
-        assert len(serving) == 1 and pid not in serving, serving
+        def one_daemon():  # a watcher just forked has the daemon's descriptors a moment
+            d = daemons_of(m)
+            return d if len(d) == 1 else None
+
+        serving = wait_until(one_daemon, lambda: "not one daemon: %s" % daemons_of(m), 10)
+        assert pid not in serving, serving
         new_pid = serving[0]
         assert elf_machine((entry / "kernel.cubin").read_bytes()) == EM_CUDA
         assert (e / "kernel.cubin").read_bytes() == first
     finally:
         m.stop()
         if new_pid:  # detached: gone once unmounted
-            deadline = time.monotonic() + 20
-            while os.path.exists("/proc/%d" % new_pid) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            if os.path.exists("/proc/%d" % new_pid):
+            try:
+                wait_until(lambda: not os.path.exists("/proc/%d" % new_pid),
+                           "the detached daemon outlived its unmount", 20)
+            except AssertionError:
                 os.kill(new_pid, 9)
-                pytest.fail("the detached daemon outlived its unmount")
+                raise
 
 
 def test_upgrade_with_a_cluster_store_hands_over_its_shares(tmp_path, counting_nvcc):
@@ -224,10 +223,7 @@ def test_upgrade_with_a_cluster_store_hands_over_its_shares(tmp_path, counting_n
         entries = [str(m.stage("vadd%d" % i, *variant(i))) for i in range(KERNELS)]
 
         def run_upgrade():
-            deadline = time.monotonic() + 120
-            while calls() < 3:
-                assert time.monotonic() < deadline, "compiles did not start"
-                time.sleep(0.05)
+            wait_until(lambda: calls() >= 3, "compiles did not start", 120)
             log = open(m.log_path, "ab")
             upgrade["log"] = log
             upgrade["proc"] = subprocess.Popen([str(KCACHEFS), "-f", "--upgrade", str(m.mnt)],
@@ -258,11 +254,8 @@ def test_upgrade_with_a_cluster_store_hands_over_its_shares(tmp_path, counting_n
         # Every kernel is in the store: the new daemon shares what it compiled, and the old
         # one's shares were finished before it handed over. Wait for the new daemon's
         # shares (they run after the openers are answered).
-        deadline = time.monotonic() + 120
-        while len([p for p in (store / "leases").glob("*/*")
-                   if not p.name.startswith(".")]) > 0:
-            assert time.monotonic() < deadline, m.daemon_log()
-            time.sleep(0.05)
+        wait_until(lambda: not [p for p in (store / "leases").glob("*/*")
+                                if not p.name.startswith(".")], m.daemon_log, 120)
         (tmp_path / "b").mkdir()
         later = Mount(tmp_path / "b", opts).start()
         for i in range(KERNELS):
@@ -394,10 +387,7 @@ def test_upgrade_while_deepgemm_ranks_compile_through_the_shim(tmp_path, countin
                 for name, src in kernels.items()}
 
     def run_upgrade():
-        deadline = time.monotonic() + 120
-        while calls() < 6:
-            assert time.monotonic() < deadline, "compiles did not start"
-            time.sleep(0.05)
+        wait_until(lambda: calls() >= 6, "compiles did not start", 120)
         log = open(m.log_path, "ab")
         upgrade["log"] = log
         upgrade["proc"] = subprocess.Popen([str(KCACHEFS), "-f", "--upgrade", str(m.mnt)],
