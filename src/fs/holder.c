@@ -44,6 +44,7 @@ extern char **environ;
 /* The daemon's side. */
 static int init_fd = -1;   /* the holder's memfd for FUSE_INIT (the first daemon only) */
 static int reg_sock = -1;  /* the connection to the holder, once registered */
+static int taking_sock = -1; /* a live upgrade's successor: its connection, said TAKING */
 
 /* The abstract name of the holder of real_mnt (as upgrade.c's, another prefix). */
 static void holder_name(const char *real_mnt, char *name, size_t len)
@@ -129,7 +130,8 @@ static int send_str(int s, const char *what)
 	return send(s, what, strlen(what), MSG_NOSIGNAL) < 0 ? -errno : 0;
 }
 
-uint32_t kc_holder_register(const char *real_mnt, int argc, char **argv, const char *cwd)
+/* A connection to the holder of real_mnt (root's or this user's), or -1 (no holder). */
+static int holder_connect(const char *real_mnt)
 {
 	struct sockaddr_un a;
 	socklen_t al = holder_addr(real_mnt, &a);
@@ -137,7 +139,7 @@ uint32_t kc_holder_register(const char *real_mnt, int argc, char **argv, const c
 	if (s < 0 || connect(s, (struct sockaddr *)&a, al) != 0) {
 		if (s >= 0)
 			close(s);
-		return 0; /* no holder */
+		return -1; /* no holder */
 	}
 	struct ucred cred;
 	socklen_t cl = sizeof(cred);
@@ -146,8 +148,33 @@ uint32_t kc_holder_register(const char *real_mnt, int argc, char **argv, const c
 		kc_log(KC_LOG_WARN, "holder: the socket of %s is held by uid %u: not used",
 		       real_mnt, (unsigned)cred.uid);
 		close(s);
-		return 0;
+		return -1;
 	}
+	return s;
+}
+
+void kc_holder_taking(const char *mnt)
+{
+	char real[4096], msg[32];
+	if (!realpath(mnt, real))
+		return;
+	int s = holder_connect(real);
+	if (s < 0)
+		return;
+	int n = snprintf(msg, sizeof(msg), "TAKING%c%d", 0, (int)getpid());
+	if (send(s, msg, (size_t)n + 1, MSG_NOSIGNAL) != n + 1) {
+		close(s);
+		return;
+	}
+	taking_sock = s;
+}
+
+uint32_t kc_holder_register(const char *real_mnt, int argc, char **argv, const char *cwd)
+{
+	int s = taking_sock >= 0 ? taking_sock : holder_connect(real_mnt);
+	taking_sock = -1;
+	if (s < 0)
+		return 0;
 	/* SERVING\0pid\0cwd\0argv[0]\0argv[1]\0... */
 	char msg[MAX_MSG];
 	int n = snprintf(msg, sizeof(msg), "SERVING%c%d%c%s%c", 0, (int)getpid(), 0, cwd, 0);
@@ -202,6 +229,8 @@ static struct {
 	int nrestarts;
 	double restart_at;     /* when to start a daemon (0: not due) */
 	double handover_until; /* a HANDOVER was said: the new daemon must serve before this */
+	int taking_fd;         /* the connection of a live upgrade's successor (TAKING), or -1 */
+	pid_t taking_pid;      /* its pid, until it serves (its connection may be gone) */
 	int stopping;
 	int stored;            /* the descriptors are in the service manager's store */
 } h;
@@ -215,6 +244,8 @@ static double now_s(void)
 
 static void drop_conn(int i)
 {
+	if (h.conn[i].fd == h.taking_fd)
+		h.taking_fd = -1;
 	close(h.conn[i].fd);
 	if (h.current == i)
 		h.current = -1;
@@ -304,10 +335,11 @@ static void died(const char *how)
 	double pause = recent ? 0.25 * (1 << (recent - 1)) : 0;
 	kc_log(KC_LOG_WARN, "holder of %s: the daemon (pid %d) %s; the requests it had read are "
 	       "answered with an error; starting another in %.2f s (restart %d within %d s)",
-	       h.mnt, (int)(h.current_pid ? h.current_pid : h.starting), how, pause, recent + 1,
+	       h.mnt, (int)(h.current_pid ? h.current_pid : h.starting ? h.starting : h.taking_pid), how, pause, recent + 1,
 	       KC_HOLDER_WINDOW);
 	h.current_pid = 0;
 	h.starting = 0;
+	h.taking_pid = 0;
 	h.restart_at = t + pause;
 	h.handover_until = 0;
 }
@@ -370,8 +402,15 @@ static void message(int i)
 	if (n < 0 && (errno == EAGAIN || errno == EINTR))
 		return;
 	if (n <= 0) { /* gone */
-		int was_current = h.current == i;
+		int was_current = h.current == i, was_taking = h.conn[i].fd == h.taking_fd;
 		drop_conn(i);
+		if (was_taking && h.handover_until) {
+			/* The new daemon died (or failed at start) after the old one left: no
+			 * daemon serves the mount, start one now. */
+			h.handover_until = 0;
+			died("that was to take the mount over is gone before it served");
+			return;
+		}
 		if (!was_current)
 			return;
 		if (h.stopping == 2)
@@ -394,6 +433,17 @@ static void message(int i)
 		h.handover_until = now_s() + KC_HOLDER_HANDOVER_WAIT;
 		h.current = -1;
 		h.current_pid = 0;
+		if (h.taking_pid && h.taking_fd < 0) { /* its successor is gone already */
+			h.handover_until = 0;
+			died("that was to take the mount over is gone before it served");
+		}
+	} else if (n > 7 && memcmp(buf, "TAKING", 7) == 0) {
+		/* A live upgrade's new daemon: while this connection stays open (across its
+		 * daemonizing fork too) it lives; closed before it serves, it died. */
+		h.taking_fd = h.conn[i].fd;
+		h.taking_pid = (pid_t)atoi(buf + 7);
+		kc_log(KC_LOG_DEBUG, "holder of %s: pid %d takes the mount over", h.mnt,
+		       (int)h.taking_pid);
 	} else if (n > 8 && memcmp(buf, "SERVING", 8) == 0) {
 		pid_t pid = (pid_t)atoi(buf + 8);
 		char *copy = malloc((size_t)n), path[64], reply[32];
@@ -414,6 +464,10 @@ static void message(int i)
 		h.current_pid = pid;
 		h.starting = 0;
 		h.handover_until = 0;
+		if (h.conn[i].fd == h.taking_fd) {
+			h.taking_fd = -1;
+			h.taking_pid = 0;
+		}
 		snprintf(reply, sizeof(reply), "EPOCH %u", h.epoch);
 		send(h.conn[i].fd, reply, strlen(reply), MSG_NOSIGNAL);
 		kc_log(KC_LOG_DEBUG, "holder of %s: pid %d serves, epoch %u", h.mnt, (int)pid, h.epoch);
@@ -543,6 +597,7 @@ static void holder_setup(const char *real_mnt, int fuse_fd, int ifd, int ls, int
 	h.use_syslog = use_syslog;
 	h.current = -1;
 	h.exe_fd = -1;
+	h.taking_fd = -1;
 }
 
 int kc_holder_start(const char *real_mnt, int fuse_fd, int use_syslog)

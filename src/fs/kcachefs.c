@@ -431,6 +431,7 @@ static int upgrade_args(int *argc, char ***argv, struct kc_handover_offer *offer
 		fprintf(stderr, "kcachefs: upgrade of %s: %s\n", (*argv)[at + 1], why);
 		return -3;
 	}
+	kc_holder_taking((*argv)[at + 1]);
 	size_t n = 1;
 	for (uint32_t i = 0; i < offer->args_len; i++)
 		n += offer->args[i] == '\0';
