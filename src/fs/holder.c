@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
@@ -210,6 +211,22 @@ void kc_holder_handover(void)
 		send_str(reg_sock, "HANDOVER");
 }
 
+void kc_unmount_detached(const char *mnt)
+{
+	if (geteuid() == 0) {
+		if (umount2(mnt, MNT_DETACH) != 0 && errno != EINVAL && errno != ENOENT)
+			kc_log(KC_LOG_WARN, "cannot unmount %s: %s", mnt, strerror(errno));
+		return;
+	}
+	pid_t pid = fork();
+	if (pid == 0) {
+		execlp("fusermount3", "fusermount3", "-u", "-z", "--", mnt, (char *)NULL);
+		_exit(127);
+	}
+	if (pid > 0)
+		waitpid(pid, NULL, 0);
+}
+
 /* The holder's side. */
 
 static struct {
@@ -294,6 +311,19 @@ _Noreturn static void leave(int status, const char *why)
 	_exit(status);
 }
 
+/* A stop with no daemon running: no one unmounts; without it the mount would stay, its
+ * connection aborted (Transport endpoint is not connected). The descriptor goes first, so
+ * that fusermount3 finds the mount dead rather than waiting on it. */
+_Noreturn static void leave_unmounting(const char *why)
+{
+	unstore_fds();
+	if (h.fuse_fd >= 0)
+		close(h.fuse_fd);
+	h.fuse_fd = -1;
+	kc_unmount_detached(h.mnt);
+	leave(0, why);
+}
+
 /* The mount goes (a stop, an unmount): close the descriptor and exit once no daemon runs. */
 static void let_go(void)
 {
@@ -324,7 +354,7 @@ static void died(const char *how)
 	for (int i = 0; i < h.nrestarts; i++)
 		recent += t - h.restarts[i] < KC_HOLDER_WINDOW;
 	if (h.stopping)
-		leave(0, "stopped, and its daemon is gone");
+		leave_unmounting("stopped, and its daemon is gone: the mount goes");
 	if (recent >= KC_HOLDER_RESTARTS) {
 		char why[256];
 		snprintf(why, sizeof(why), "the daemon %s, after %d restarts within %d s: giving up; "
@@ -503,7 +533,7 @@ static void signalled(void)
 		/* A stop: the daemon stops (and says so); without one, the mount goes now. */
 		h.stopping = h.stopping ? h.stopping : 1;
 		if (!d)
-			leave(0, "stopped with no daemon running: the mount goes");
+			leave_unmounting("stopped with no daemon running: the mount goes");
 		kill(d, SIGTERM);
 	}
 }

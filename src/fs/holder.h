@@ -91,6 +91,11 @@ void kc_holder_taking(const char *mnt);
 /* Nonzero when a holder of real_mnt listens. */
 int kc_holder_listening(const char *real_mnt);
 
+/* Unmount mnt lazily (MNT_DETACH; not as root: fusermount3 -u -z), waiting for it; a
+ * mount already gone is no error, others are logged. For a dead mount, or one whose
+ * daemon is gone: it never touches the mount's files. */
+void kc_unmount_detached(const char *mnt);
+
 /* Tell the holder this daemon stops cleanly: it lets the descriptor go and exits. */
 void kc_holder_stop(void);
 /* Tell the holder this daemon handed the mount to a new one (upgrade.c). */

@@ -17,7 +17,8 @@ import time
 import pytest
 
 from conftest import KCACHEFS, Mount, elf_machine, elf_symbols, run_parallel
-from kcmount import EM_CUDA, NS_HELPER, daemons_of, ns_read, open_all, variant, wait_until
+from kcmount import (EM_CUDA, NS_HELPER, daemons_of, mounts_at, ns_read, open_all, variant,
+                     wait_until)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="bind mounts in a namespace need root")
 
@@ -283,3 +284,28 @@ def test_an_upgrade_whose_new_daemon_dies_at_the_handover_is_restarted_at_once(t
         assert (e / "kernel.cubin").read_bytes() == cubin
     finally:
         stop_all(m, new)
+
+
+def test_a_stop_of_the_holder_while_no_daemon_runs_unmounts(tmp_path):
+    """SIGTERM to the holder in a restart's pause (no daemon runs: each one started fails
+    at once, its backing directory gone): the holder exits 0 and the mount goes, rather
+    than staying dead (Transport endpoint is not connected)."""
+    (tmp_path / "m").mkdir()
+    m = Mount(tmp_path / "m", ["holder"]).start()
+    moved = tmp_path / "m" / "moved"
+    try:
+        dead = one_daemon(m)
+        os.rename(m.backing, moved)
+        os.kill(dead, signal.SIGKILL)
+        wait_until(lambda: "starting another in 1.00 s" in m.daemon_log(),
+                   "a restart's pause", timeout=120)
+        m.proc.send_signal(signal.SIGTERM)
+        rc = m.proc.wait(timeout=120)
+        log = m.daemon_log()
+        assert rc == 0, log
+        assert "the mount goes" in log, log
+        assert mounts_at(m.mnt) == 0, log  # dead, it would be listed (ismount says no)
+    finally:
+        m.stop()
+        if moved.exists():
+            os.rename(moved, m.backing)
