@@ -501,6 +501,13 @@ static void message(int i)
 		snprintf(reply, sizeof(reply), "EPOCH %u", h.epoch);
 		send(h.conn[i].fd, reply, strlen(reply), MSG_NOSIGNAL);
 		kc_log(KC_LOG_DEBUG, "holder of %s: pid %d serves, epoch %u", h.mnt, (int)pid, h.epoch);
+		if (h.stopping == 1 || h.stopping == 3) {
+			/* A stop came while the mount was handed over (a live upgrade): it is this
+			 * daemon's now. */
+			kc_log(KC_LOG_INFO, "holder of %s: a stop came during the handover: stopping "
+			       "the new daemon, pid %d", h.mnt, (int)pid);
+			kill(pid, h.stopping == 3 ? SIGKILL : SIGTERM);
+		}
 	}
 }
 
@@ -518,6 +525,8 @@ static void signalled(void)
 			continue;
 		}
 		pid_t d = h.current_pid ? h.current_pid : h.starting;
+		kc_log(KC_LOG_INFO, "holder of %s: %s: stopping the daemon (pid %d)", h.mnt,
+		       strsignal((int)si.ssi_signo), (int)d);
 		if (h.stored) {
 			/* Under a service manager that keeps the descriptor: a stop or a restart,
 			 * which it alone can tell apart. The mount is left to its store: the daemon
@@ -525,6 +534,8 @@ static void signalled(void)
 			 * restart takes the mount back, a stop unmounts it (the unit's
 			 * ExecStopPost) and closes the store. */
 			h.stopping = 3;
+			if (!d && h.handover_until)
+				continue; /* the new daemon is killed once it says it serves */
 			if (!d)
 				keep_and_exit();
 			kill(d, SIGKILL);
@@ -532,6 +543,13 @@ static void signalled(void)
 		}
 		/* A stop: the daemon stops (and says so); without one, the mount goes now. */
 		h.stopping = h.stopping ? h.stopping : 1;
+		if (!d && h.handover_until) {
+			/* Handed over: the new daemon is stopped once it says it serves (or the
+			 * mount goes should it die first). */
+			kc_log(KC_LOG_INFO, "holder of %s: the mount is handed over: the new daemon "
+			       "stops once it serves", h.mnt);
+			continue;
+		}
 		if (!d)
 			leave_unmounting("stopped with no daemon running: the mount goes");
 		kill(d, SIGTERM);

@@ -309,3 +309,32 @@ def test_a_stop_of_the_holder_while_no_daemon_runs_unmounts(tmp_path):
         m.stop()
         if moved.exists():
             os.rename(moved, m.backing)
+
+
+@pytest.mark.parametrize("moment", ["takes the mount over", "hands the mount to a new daemon"])
+def test_a_stop_of_the_holder_during_an_upgrade_stops_everything(tmp_path, moment):
+    """SIGTERM to the holder while a live upgrade hands the mount over (before the old
+    daemon hands it, or after, before the new one serves): the mount goes cleanly and
+    every kcachefs process exits, the new daemon included. (The second moment is hit when
+    the new daemon is stopped before it says it serves: most runs, not all.)"""
+    m, old, e, cubin = holder_mount_with_a_cubin(tmp_path)
+    new = None
+    try:
+        new = start_upgrade(m)
+        wait_until(lambda: moment in m.daemon_log(), "the upgrade reaches: " + moment,
+                   timeout=120, step=0.002)
+        # The new daemon held where it is (before it serves, most of the time) until the
+        # holder took the stop in.
+        new.send_signal(signal.SIGSTOP)
+        m.proc.send_signal(signal.SIGTERM)
+        wait_until(lambda: "Terminated: stopping the daemon" in m.daemon_log(),
+                   "the holder takes the stop in", timeout=120)
+        new.send_signal(signal.SIGCONT)
+        rc = m.proc.wait(timeout=180)
+        new.wait(timeout=180)
+        log = m.daemon_log()
+        assert rc == 0, log
+        assert mounts_at(m.mnt) == 0, log
+        assert not daemons_of(m, "kcachefs") and not daemons_of(m, "kcachefs-holder"), log
+    finally:
+        stop_all(m, new)
