@@ -22,7 +22,9 @@
  * serves, the holder starts a daemon at once). Restarts are bounded: at most
  * KC_HOLDER_RESTARTS within KC_HOLDER_WINDOW seconds, each after a growing pause; past
  * that the holder lets the mount go (as a crash without a holder does) and exits 1. A
- * SIGTERM, SIGINT or SIGHUP to the holder is passed to the daemon (a stop).
+ * SIGTERM, SIGINT or SIGHUP to the holder is passed to the daemon (a stop); during a live
+ * upgrade, to the new daemon once it serves; with no daemon running, the holder unmounts
+ * the mount lazily and exits.
  */
 #ifndef KC_HOLDER_H
 #define KC_HOLDER_H
