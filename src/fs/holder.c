@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
@@ -44,6 +45,7 @@ extern char **environ;
 /* The daemon's side. */
 static int init_fd = -1;   /* the holder's memfd for FUSE_INIT (the first daemon only) */
 static int reg_sock = -1;  /* the connection to the holder, once registered */
+static int taking_sock = -1; /* a live upgrade's successor: its connection, said TAKING */
 
 /* The abstract name of the holder of real_mnt (as upgrade.c's, another prefix). */
 static void holder_name(const char *real_mnt, char *name, size_t len)
@@ -129,7 +131,8 @@ static int send_str(int s, const char *what)
 	return send(s, what, strlen(what), MSG_NOSIGNAL) < 0 ? -errno : 0;
 }
 
-uint32_t kc_holder_register(const char *real_mnt, int argc, char **argv, const char *cwd)
+/* A connection to the holder of real_mnt (root's or this user's), or -1 (no holder). */
+static int holder_connect(const char *real_mnt)
 {
 	struct sockaddr_un a;
 	socklen_t al = holder_addr(real_mnt, &a);
@@ -137,7 +140,7 @@ uint32_t kc_holder_register(const char *real_mnt, int argc, char **argv, const c
 	if (s < 0 || connect(s, (struct sockaddr *)&a, al) != 0) {
 		if (s >= 0)
 			close(s);
-		return 0; /* no holder */
+		return -1; /* no holder */
 	}
 	struct ucred cred;
 	socklen_t cl = sizeof(cred);
@@ -146,8 +149,33 @@ uint32_t kc_holder_register(const char *real_mnt, int argc, char **argv, const c
 		kc_log(KC_LOG_WARN, "holder: the socket of %s is held by uid %u: not used",
 		       real_mnt, (unsigned)cred.uid);
 		close(s);
-		return 0;
+		return -1;
 	}
+	return s;
+}
+
+void kc_holder_taking(const char *mnt)
+{
+	char real[4096], msg[32];
+	if (!realpath(mnt, real))
+		return;
+	int s = holder_connect(real);
+	if (s < 0)
+		return;
+	int n = snprintf(msg, sizeof(msg), "TAKING%c%d", 0, (int)getpid());
+	if (send(s, msg, (size_t)n + 1, MSG_NOSIGNAL) != n + 1) {
+		close(s);
+		return;
+	}
+	taking_sock = s;
+}
+
+uint32_t kc_holder_register(const char *real_mnt, int argc, char **argv, const char *cwd)
+{
+	int s = taking_sock >= 0 ? taking_sock : holder_connect(real_mnt);
+	taking_sock = -1;
+	if (s < 0)
+		return 0;
 	/* SERVING\0pid\0cwd\0argv[0]\0argv[1]\0... */
 	char msg[MAX_MSG];
 	int n = snprintf(msg, sizeof(msg), "SERVING%c%d%c%s%c", 0, (int)getpid(), 0, cwd, 0);
@@ -183,6 +211,22 @@ void kc_holder_handover(void)
 		send_str(reg_sock, "HANDOVER");
 }
 
+void kc_unmount_detached(const char *mnt)
+{
+	if (geteuid() == 0) {
+		if (umount2(mnt, MNT_DETACH) != 0 && errno != EINVAL && errno != ENOENT)
+			kc_log(KC_LOG_WARN, "cannot unmount %s: %s", mnt, strerror(errno));
+		return;
+	}
+	pid_t pid = fork();
+	if (pid == 0) {
+		execlp("fusermount3", "fusermount3", "-u", "-z", "--", mnt, (char *)NULL);
+		_exit(127);
+	}
+	if (pid > 0)
+		waitpid(pid, NULL, 0);
+}
+
 /* The holder's side. */
 
 static struct {
@@ -202,6 +246,8 @@ static struct {
 	int nrestarts;
 	double restart_at;     /* when to start a daemon (0: not due) */
 	double handover_until; /* a HANDOVER was said: the new daemon must serve before this */
+	int taking_fd;         /* the connection of a live upgrade's successor (TAKING), or -1 */
+	pid_t taking_pid;      /* its pid, until it serves (its connection may be gone) */
 	int stopping;
 	int stored;            /* the descriptors are in the service manager's store */
 } h;
@@ -215,6 +261,8 @@ static double now_s(void)
 
 static void drop_conn(int i)
 {
+	if (h.conn[i].fd == h.taking_fd)
+		h.taking_fd = -1;
 	close(h.conn[i].fd);
 	if (h.current == i)
 		h.current = -1;
@@ -263,6 +311,19 @@ _Noreturn static void leave(int status, const char *why)
 	_exit(status);
 }
 
+/* A stop with no daemon running: no one unmounts; without it the mount would stay, its
+ * connection aborted (Transport endpoint is not connected). The descriptor goes first, so
+ * that fusermount3 finds the mount dead rather than waiting on it. */
+_Noreturn static void leave_unmounting(const char *why)
+{
+	unstore_fds();
+	if (h.fuse_fd >= 0)
+		close(h.fuse_fd);
+	h.fuse_fd = -1;
+	kc_unmount_detached(h.mnt);
+	leave(0, why);
+}
+
 /* The mount goes (a stop, an unmount): close the descriptor and exit once no daemon runs. */
 static void let_go(void)
 {
@@ -293,7 +354,7 @@ static void died(const char *how)
 	for (int i = 0; i < h.nrestarts; i++)
 		recent += t - h.restarts[i] < KC_HOLDER_WINDOW;
 	if (h.stopping)
-		leave(0, "stopped, and its daemon is gone");
+		leave_unmounting("stopped, and its daemon is gone: the mount goes");
 	if (recent >= KC_HOLDER_RESTARTS) {
 		char why[256];
 		snprintf(why, sizeof(why), "the daemon %s, after %d restarts within %d s: giving up; "
@@ -304,10 +365,11 @@ static void died(const char *how)
 	double pause = recent ? 0.25 * (1 << (recent - 1)) : 0;
 	kc_log(KC_LOG_WARN, "holder of %s: the daemon (pid %d) %s; the requests it had read are "
 	       "answered with an error; starting another in %.2f s (restart %d within %d s)",
-	       h.mnt, (int)(h.current_pid ? h.current_pid : h.starting), how, pause, recent + 1,
+	       h.mnt, (int)(h.current_pid ? h.current_pid : h.starting ? h.starting : h.taking_pid), how, pause, recent + 1,
 	       KC_HOLDER_WINDOW);
 	h.current_pid = 0;
 	h.starting = 0;
+	h.taking_pid = 0;
 	h.restart_at = t + pause;
 	h.handover_until = 0;
 }
@@ -370,8 +432,15 @@ static void message(int i)
 	if (n < 0 && (errno == EAGAIN || errno == EINTR))
 		return;
 	if (n <= 0) { /* gone */
-		int was_current = h.current == i;
+		int was_current = h.current == i, was_taking = h.conn[i].fd == h.taking_fd;
 		drop_conn(i);
+		if (was_taking && h.handover_until) {
+			/* The new daemon died (or failed at start) after the old one left: no
+			 * daemon serves the mount, start one now. */
+			h.handover_until = 0;
+			died("that was to take the mount over is gone before it served");
+			return;
+		}
 		if (!was_current)
 			return;
 		if (h.stopping == 2)
@@ -394,6 +463,17 @@ static void message(int i)
 		h.handover_until = now_s() + KC_HOLDER_HANDOVER_WAIT;
 		h.current = -1;
 		h.current_pid = 0;
+		if (h.taking_pid && h.taking_fd < 0) { /* its successor is gone already */
+			h.handover_until = 0;
+			died("that was to take the mount over is gone before it served");
+		}
+	} else if (n > 7 && memcmp(buf, "TAKING", 7) == 0) {
+		/* A live upgrade's new daemon: while this connection stays open (across its
+		 * daemonizing fork too) it lives; closed before it serves, it died. */
+		h.taking_fd = h.conn[i].fd;
+		h.taking_pid = (pid_t)atoi(buf + 7);
+		kc_log(KC_LOG_DEBUG, "holder of %s: pid %d takes the mount over", h.mnt,
+		       (int)h.taking_pid);
 	} else if (n > 8 && memcmp(buf, "SERVING", 8) == 0) {
 		pid_t pid = (pid_t)atoi(buf + 8);
 		char *copy = malloc((size_t)n), path[64], reply[32];
@@ -414,9 +494,20 @@ static void message(int i)
 		h.current_pid = pid;
 		h.starting = 0;
 		h.handover_until = 0;
+		if (h.conn[i].fd == h.taking_fd) {
+			h.taking_fd = -1;
+			h.taking_pid = 0;
+		}
 		snprintf(reply, sizeof(reply), "EPOCH %u", h.epoch);
 		send(h.conn[i].fd, reply, strlen(reply), MSG_NOSIGNAL);
 		kc_log(KC_LOG_DEBUG, "holder of %s: pid %d serves, epoch %u", h.mnt, (int)pid, h.epoch);
+		if (h.stopping == 1 || h.stopping == 3) {
+			/* A stop came while the mount was handed over (a live upgrade): it is this
+			 * daemon's now. */
+			kc_log(KC_LOG_INFO, "holder of %s: a stop came during the handover: stopping "
+			       "the new daemon, pid %d", h.mnt, (int)pid);
+			kill(pid, h.stopping == 3 ? SIGKILL : SIGTERM);
+		}
 	}
 }
 
@@ -434,6 +525,8 @@ static void signalled(void)
 			continue;
 		}
 		pid_t d = h.current_pid ? h.current_pid : h.starting;
+		kc_log(KC_LOG_INFO, "holder of %s: %s: stopping the daemon (pid %d)", h.mnt,
+		       strsignal((int)si.ssi_signo), (int)d);
 		if (h.stored) {
 			/* Under a service manager that keeps the descriptor: a stop or a restart,
 			 * which it alone can tell apart. The mount is left to its store: the daemon
@@ -441,6 +534,8 @@ static void signalled(void)
 			 * restart takes the mount back, a stop unmounts it (the unit's
 			 * ExecStopPost) and closes the store. */
 			h.stopping = 3;
+			if (!d && h.handover_until)
+				continue; /* the new daemon is killed once it says it serves */
 			if (!d)
 				keep_and_exit();
 			kill(d, SIGKILL);
@@ -448,8 +543,15 @@ static void signalled(void)
 		}
 		/* A stop: the daemon stops (and says so); without one, the mount goes now. */
 		h.stopping = h.stopping ? h.stopping : 1;
+		if (!d && h.handover_until) {
+			/* Handed over: the new daemon is stopped once it says it serves (or the
+			 * mount goes should it die first). */
+			kc_log(KC_LOG_INFO, "holder of %s: the mount is handed over: the new daemon "
+			       "stops once it serves", h.mnt);
+			continue;
+		}
 		if (!d)
-			leave(0, "stopped with no daemon running: the mount goes");
+			leave_unmounting("stopped with no daemon running: the mount goes");
 		kill(d, SIGTERM);
 	}
 }
@@ -543,6 +645,7 @@ static void holder_setup(const char *real_mnt, int fuse_fd, int ifd, int ls, int
 	h.use_syslog = use_syslog;
 	h.current = -1;
 	h.exe_fd = -1;
+	h.taking_fd = -1;
 }
 
 int kc_holder_start(const char *real_mnt, int fuse_fd, int use_syslog)

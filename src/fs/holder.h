@@ -17,10 +17,14 @@
  * and the mountpoint (as upgrade.h's): each daemon that serves says so (and learns the
  * epoch); it says STOP before a clean unmount (the holder then lets the descriptor go and
  * exits 0) and HANDOVER before it exits at a live upgrade (the holder then waits for the
- * new daemon to say it serves: no restart). Restarts are bounded: at most
+ * new daemon to say it serves: no restart; the new daemon said TAKING on a connection of
+ * its own when it connected to the old one, and should that connection close before it
+ * serves, the holder starts a daemon at once). Restarts are bounded: at most
  * KC_HOLDER_RESTARTS within KC_HOLDER_WINDOW seconds, each after a growing pause; past
  * that the holder lets the mount go (as a crash without a holder does) and exits 1. A
- * SIGTERM, SIGINT or SIGHUP to the holder is passed to the daemon (a stop).
+ * SIGTERM, SIGINT or SIGHUP to the holder is passed to the daemon (a stop); during a live
+ * upgrade, to the new daemon once it serves; with no daemon running, the holder unmounts
+ * the mount lazily and exits.
  */
 #ifndef KC_HOLDER_H
 #define KC_HOLDER_H
@@ -80,8 +84,19 @@ int kc_holder_clone(int fd);
  * without a holder). */
 uint32_t kc_holder_register(const char *real_mnt, int argc, char **argv, const char *cwd);
 
+/* A live upgrade's new daemon (kcachefs --upgrade mnt, connected to the running daemon):
+ * tell the holder of mnt, if any, that it takes the mount over. The connection stays open
+ * (inherited by the daemonized child) and becomes kc_holder_register's: should this
+ * process die before it serves, the holder sees it close and starts a daemon at once. */
+void kc_holder_taking(const char *mnt);
+
 /* Nonzero when a holder of real_mnt listens. */
 int kc_holder_listening(const char *real_mnt);
+
+/* Unmount mnt lazily (MNT_DETACH; not as root: fusermount3 -u -z), waiting for it; a
+ * mount already gone is no error, others are logged. For a dead mount, or one whose
+ * daemon is gone: it never touches the mount's files. */
+void kc_unmount_detached(const char *mnt);
 
 /* Tell the holder this daemon stops cleanly: it lets the descriptor go and exits. */
 void kc_holder_stop(void);

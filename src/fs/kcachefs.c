@@ -392,22 +392,6 @@ static void fit_request_timeout(struct kc_fs *fs, const struct kc_reqtimeout *rt
 
 /* Unmount a mount this daemon took over (libfuse did not mount it, so it would not
  * unmount it): lazily, as libfuse does. */
-static void unmount_adopted(const char *mnt)
-{
-	if (geteuid() == 0) {
-		if (umount2(mnt, MNT_DETACH) != 0 && errno != EINVAL && errno != ENOENT)
-			kc_log(KC_LOG_WARN, "cannot unmount %s: %s", mnt, strerror(errno));
-		return;
-	}
-	pid_t pid = fork();
-	if (pid == 0) {
-		execlp("fusermount3", "fusermount3", "-u", "-z", "--", mnt, (char *)NULL);
-		_exit(127);
-	}
-	if (pid > 0)
-		waitpid(pid, NULL, 0);
-}
-
 /* kcachefs [-f] [-d] --upgrade MOUNTPOINT: connect to the daemon of MOUNTPOINT and take its
  * command line. On success *argc and *argv are the old daemon's command line (less -f)
  * with this one's other arguments (-f, -d) added, the working directory is the old daemon's, *offer
@@ -431,6 +415,7 @@ static int upgrade_args(int *argc, char ***argv, struct kc_handover_offer *offer
 		fprintf(stderr, "kcachefs: upgrade of %s: %s\n", (*argv)[at + 1], why);
 		return -3;
 	}
+	kc_holder_taking((*argv)[at + 1]);
 	size_t n = 1;
 	for (uint32_t i = 0; i < offer->args_len; i++)
 		n += offer->args[i] == '\0';
@@ -585,7 +570,7 @@ static int take_mountpoint(struct start *s, struct kc_fs *fs, char *why, size_t 
 		kc_log(KC_LOG_WARN, "%s has a dead kcachefs mount (Transport endpoint is not "
 		       "connected: its daemon died, and no holder kept it): unmounting it first",
 		       s->mnt);
-		unmount_adopted(s->mnt);
+		kc_unmount_detached(s->mnt);
 	}
 	if (kcachefs_mounted_on(s->mnt)) {
 		fprintf(stderr, "kcachefs: %s already has a kcachefs mount, which this one would "
@@ -904,14 +889,14 @@ out_cache:
 	kc_cache_shutdown(&fs->cache);
 	fuse_session_unmount(fs->se);
 	if (s.up_state || s.restarted)
-		unmount_adopted(s.mnt);
+		kc_unmount_detached(s.mnt);
 	kc_notifier_stop(&fs->notifier);
 	kc_fh_free_all(fs); /* files still open at the stop: the kernel releases none now */
 	goto out_signals;
 out_unmount:
 	fuse_session_unmount(fs->se);
 	if (s.up_state || s.restarted)
-		unmount_adopted(s.mnt);
+		kc_unmount_detached(s.mnt);
 out_signals:
 	fuse_remove_signal_handlers(fs->se);
 out_session:

@@ -114,6 +114,12 @@ def write_script(path, body):
     return path
 
 
+def mounts_at(path):
+    """How many mounts /proc/self/mountinfo lists on path (stacked ones count apart)."""
+    with open("/proc/self/mountinfo") as f:
+        return sum(1 for line in f if line.split()[4] == str(path))
+
+
 class Mount:
     """One kcachefs daemon in the foreground (-f) serving backing on mnt."""
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import BUILD, KCACHEFS, NVCC, Mount, write_script
-from kcmount import wait_until
+from kcmount import mounts_at, wait_until
 
 
 def run(*args):
@@ -61,12 +61,6 @@ def test_startup_errors_are_clear(tmp_path):
     r = run("-f", str(mnt), str(tmp_path))
     assert r.returncode == 1 and "overlap" in r.stderr
     assert not os.path.ismount(mnt) and not os.path.ismount(tmp_path)
-
-
-def mounts_at(path):
-    """How many mounts /proc/self/mountinfo lists on path (stacked ones count apart)."""
-    with open("/proc/self/mountinfo") as f:
-        return sum(1 for line in f if line.split()[4] == str(path))
 
 
 def start_refused(*args, mnt):

@@ -17,7 +17,8 @@ import time
 import pytest
 
 from conftest import KCACHEFS, Mount, elf_machine, elf_symbols, run_parallel
-from kcmount import EM_CUDA, NS_HELPER, daemons_of, ns_read, open_all, variant, wait_until
+from kcmount import (EM_CUDA, NS_HELPER, daemons_of, mounts_at, ns_read, open_all, variant,
+                     wait_until)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="bind mounts in a namespace need root")
 
@@ -30,6 +31,38 @@ def one_daemon(m):
     kcachefs-holder a moment later)."""
     return wait_until(lambda: len(pids := daemons_of(m, "kcachefs")) == 1 and pids[0],
                       "one daemon serves %s" % m.mnt, timeout=120)
+
+
+def holder_mount_with_a_cubin(tmp_path):
+    """A mount with a holder (debug log) and a published cubin: (m, its daemon's pid, the
+    entry, the cubin's bytes)."""
+    (tmp_path / "m").mkdir()
+    m = Mount(tmp_path / "m", ["holder", "log_level=debug"]).start()
+    try:
+        old = one_daemon(m)
+        e = m.stage("vadd_up", *variant(1))
+        cubin = (e / "kernel.cubin").read_bytes()
+        assert right_cubin(cubin)
+    except BaseException:
+        m.stop()
+        raise
+    return m, old, e, cubin
+
+
+def stop_all(m, new):
+    """Kill the upgrade's process new (if it runs), stop m: the mount is gone, cleanly."""
+    if new and new.poll() is None:
+        new.kill()
+        new.wait()
+    rc = m.stop()
+    assert rc == 0 and not os.path.ismount(m.mnt)
+
+
+def start_upgrade(m):
+    """kcachefs -f --upgrade of m's mount, logging to m's log: its Popen."""
+    with open(m.log_path, "ab") as log:
+        return subprocess.Popen([str(KCACHEFS), "-f", "--upgrade", str(m.mnt)], stdout=log,
+                                stderr=subprocess.STDOUT)
 
 
 def right_cubin(data):
@@ -201,17 +234,10 @@ def test_a_daemon_that_keeps_dying_is_not_restarted_forever(tmp_path):
 
 
 def test_an_upgrade_under_a_holder_makes_the_new_daemon_the_one_it_restarts(tmp_path):
-    (tmp_path / "m").mkdir()
-    m = Mount(tmp_path / "m", ["holder", "log_level=debug"]).start()
+    m, old, e, cubin = holder_mount_with_a_cubin(tmp_path)
     new = None
     try:
-        old = one_daemon(m)
-        e = m.stage("vadd_up", *variant(1))
-        cubin = (e / "kernel.cubin").read_bytes()
-        assert right_cubin(cubin)
-        with open(m.log_path, "ab") as log:
-            new = subprocess.Popen([str(KCACHEFS), "-f", "--upgrade", str(m.mnt)], stdout=log,
-                                   stderr=subprocess.STDOUT)
+        new = start_upgrade(m)
         wait_until(lambda: "pid %d serves, epoch 0" % new.pid in m.daemon_log(),
                    "the upgrade's daemon serves", timeout=120)
         wait_until(lambda: old not in daemons_of(m, "kcachefs"), "the old daemon is gone",
@@ -231,8 +257,84 @@ def test_an_upgrade_under_a_holder_makes_the_new_daemon_the_one_it_restarts(tmp_
         e2 = m.stage("vadd_up2", *variant(2))
         assert right_cubin((e2 / "kernel.cubin").read_bytes())
     finally:
-        if new and new.poll() is None:
-            new.kill()
-            new.wait()
-        rc = m.stop()
-    assert rc == 0 and not os.path.ismount(m.mnt)
+        stop_all(m, new)
+
+
+def test_an_upgrade_whose_new_daemon_dies_at_the_handover_is_restarted_at_once(tmp_path):
+    """The new daemon of a live upgrade killed right after the old one handed the mount
+    over (before it said it serves): the holder sees its connection close and starts a
+    daemon at once, rather than waiting out KC_HOLDER_HANDOVER_WAIT with every client
+    blocked."""
+    m, old, e, cubin = holder_mount_with_a_cubin(tmp_path)
+    new = None
+    try:
+        new = start_upgrade(m)
+        wait_until(lambda: "hands the mount to a new daemon" in m.daemon_log(),
+                   "the old daemon hands over", timeout=120, step=0.002)
+        new.send_signal(signal.SIGKILL)
+        new.wait(timeout=60)
+        ends = ("is gone before it served", "the daemon (pid %d) died" % new.pid,
+                "did not serve within the wait")
+        wait_until(lambda: any(s in m.daemon_log() for s in ends), "the holder notices",
+                   timeout=300)
+        log = m.daemon_log()
+        assert "did not serve within the wait" not in log, log
+        restarted = one_daemon(m)
+        assert restarted not in (old, new.pid)
+        assert (e / "kernel.cubin").read_bytes() == cubin
+    finally:
+        stop_all(m, new)
+
+
+def test_a_stop_of_the_holder_while_no_daemon_runs_unmounts(tmp_path):
+    """SIGTERM to the holder in a restart's pause (no daemon runs: each one started fails
+    at once, its backing directory gone): the holder exits 0 and the mount goes, rather
+    than staying dead (Transport endpoint is not connected)."""
+    (tmp_path / "m").mkdir()
+    m = Mount(tmp_path / "m", ["holder"]).start()
+    moved = tmp_path / "m" / "moved"
+    try:
+        dead = one_daemon(m)
+        os.rename(m.backing, moved)
+        os.kill(dead, signal.SIGKILL)
+        wait_until(lambda: "starting another in 1.00 s" in m.daemon_log(),
+                   "a restart's pause", timeout=120)
+        m.proc.send_signal(signal.SIGTERM)
+        rc = m.proc.wait(timeout=120)
+        log = m.daemon_log()
+        assert rc == 0, log
+        assert "the mount goes" in log, log
+        assert mounts_at(m.mnt) == 0, log  # dead, it would be listed (ismount says no)
+    finally:
+        m.stop()
+        if moved.exists():
+            os.rename(moved, m.backing)
+
+
+def test_a_stop_of_the_holder_during_an_upgrade_stops_everything(tmp_path):
+    """SIGTERM to the holder right after the old daemon handed the mount over, before the
+    new one serves: the mount goes cleanly and every kcachefs process exits, the new
+    daemon included. (The moment is hit when the new daemon is stopped before it says it
+    serves: most runs, not all.)"""
+    moment = "hands the mount to a new daemon"
+    m, old, e, cubin = holder_mount_with_a_cubin(tmp_path)
+    new = None
+    try:
+        new = start_upgrade(m)
+        wait_until(lambda: moment in m.daemon_log(), "the upgrade reaches: " + moment,
+                   timeout=120, step=0.002)
+        # The new daemon held where it is (before it serves, most of the time) until the
+        # holder took the stop in.
+        new.send_signal(signal.SIGSTOP)
+        m.proc.send_signal(signal.SIGTERM)
+        wait_until(lambda: "Terminated: stopping the daemon" in m.daemon_log(),
+                   "the holder takes the stop in", timeout=120)
+        new.send_signal(signal.SIGCONT)
+        rc = m.proc.wait(timeout=180)
+        new.wait(timeout=180)
+        log = m.daemon_log()
+        assert rc == 0, log
+        assert mounts_at(m.mnt) == 0, log
+        assert not daemons_of(m, "kcachefs") and not daemons_of(m, "kcachefs-holder"), log
+    finally:
+        stop_all(m, new)
