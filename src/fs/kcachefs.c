@@ -730,6 +730,9 @@ static int start_threads(struct start *s, struct kc_fs *fs, struct kc_remote_tie
 		epoch = s->hr.epoch;
 	fs->inodes.epoch = fs->handles.epoch = epoch;
 	__atomic_store_n(&fs->stale_ids, epoch != 0, __ATOMIC_SEQ_CST);
+	if (s->restarted && kc_notifier_inval_root(&fs->notifier) != 0)
+		kc_log(KC_LOG_WARN, "cannot have the kernel look the root's names up again: a "
+		       "mkdir in a directory it held may fail with ESTALE");
 	return 0;
 }
 

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
@@ -105,6 +106,37 @@ int kc_notifier_inval_path(struct kc_notifier *n, const char *rel)
 	if (parent != &n->inodes->root)
 		kc_inode_forget(n->inodes, parent, 1);
 	return err;
+}
+
+static void inval_root(void *arg)
+{
+	struct kc_notifier *n = arg;
+	int fd = openat(n->inodes->root.fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+	if (!d) {
+		int err = errno;
+		if (fd >= 0)
+			close(fd);
+		kc_log(KC_LOG_WARN, "cannot read the root to have the kernel look its names up "
+		       "again (%s): a mkdir in a directory it held may fail once", strerror(err));
+		return;
+	}
+	unsigned sent = 0, known = 0;
+	for (struct dirent *de; (de = readdir(d)) && !fuse_session_exited(n->se);) {
+		if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
+			continue;
+		int err = notify_entry(n, FUSE_ROOT_ID, de->d_name);
+		sent++;
+		known += err == 0; /* -ENOENT: the kernel had no dentry of it */
+	}
+	closedir(d);
+	kc_log(KC_LOG_INFO, "the kernel looks the root's names up again: %u of %u were cached "
+	       "with the dead daemon's node ids", known, sent);
+}
+
+int kc_notifier_inval_root(struct kc_notifier *n)
+{
+	return kc_pool_submit(n->pool, inval_root, n) != 0 ? -ENOMEM : 0;
 }
 
 /* Invalidate the kernel's dentry of in, found by its current path under the root.

@@ -42,6 +42,15 @@ void kc_notifier_inval_inode(struct kc_notifier *n, fuse_ino_t ino);
  * a thread that serves no request (it waits for the directory's lock). Returns 0 when
  * sent, or -errno (-ENOENT: the kernel does not know its directory). */
 int kc_notifier_inval_path(struct kc_notifier *n, const char *rel);
+/* Have the sender invalidate the kernel's dentry of every name in the root directory (the
+ * backing root's entries), for a daemon started again after one died (holder.h): those
+ * dentries, and all below them, carry the dead daemon's node ids. A path walk that meets
+ * one is retried on ESTALE, but the lookup of the last name of a mkdir, a create or a
+ * rename is not (the kernel's filename_create), so without this a mkdir in a directory the
+ * kernel held failed with ESTALE. Requests served before the sender is through can still
+ * meet such a dentry. Logs "the kernel looks the root's names up again" when done, or why
+ * the root could not be read. Returns 0 when queued, or -ENOMEM. */
+int kc_notifier_inval_root(struct kc_notifier *n);
 
 /* Keep the inode table near its bound (inodes->max): when more inodes than that are known
  * to the kernel, have the sender (at most one relief at a time) invalidate the kernel's

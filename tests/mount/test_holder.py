@@ -338,3 +338,80 @@ def test_a_stop_of_the_holder_during_an_upgrade_stops_everything(tmp_path):
         assert not daemons_of(m, "kcachefs") and not daemons_of(m, "kcachefs-holder"), log
     finally:
         stop_all(m, new)
+
+
+def test_names_made_after_a_crash_in_directories_the_kernel_held(tmp_path):
+    """mkdir, create, rename and symlink in a directory whose dentry the kernel keeps from
+    the dead daemon: the kernel retries ESTALE for an open, not for the lookup of the
+    name a mkdir or a create makes, so the new daemon must have it look its directories up
+    again (one failed mkdir is a DeepGEMM or Triton job dead at start-up)."""
+    m, old, e, cubin = holder_mount_with_a_cubin(tmp_path)
+    try:
+        d = m.mnt / "jit"
+        d.mkdir()
+        (d / "sub").mkdir()
+        os.stat(d / "sub")  # the kernel now holds cache/ and cache/sub with this daemon's ids
+        os.kill(old, signal.SIGKILL)
+        wait_until(lambda: "started the daemon again" in m.daemon_log(),
+                   "a daemon is started again", timeout=120)
+        new = one_daemon(m)
+        assert new != old
+        # Its dentries of the root's names are invalidated beside serving (a request may
+        # hold the root's lock): this test waits for them to be sent.
+        wait_until(lambda: "the kernel looks the root's names up again" in m.daemon_log(),
+                   "the new daemon has the kernel look the root's names up", timeout=120)
+        (d / "made").mkdir()
+        (d / "sub" / "made").mkdir()
+        (d / "sub" / "f").write_bytes(b"x")
+        os.rename(d / "sub" / "f", d / "sub" / "g")
+        os.symlink("g", d / "sub" / "l")
+        assert (d / "sub" / "l").read_bytes() == b"x"
+        assert (e / "kernel.cubin").read_bytes() == cubin
+    finally:
+        stop_all(m, None)
+
+
+OPEN_ONE = """import sys
+try:
+    print("ok %d" % len(open(sys.argv[1], "rb").read()))
+except OSError as err:
+    print(err.errno)
+"""
+
+
+def test_a_stop_of_the_holder_while_an_upgrade_waits_for_a_compile(tmp_path, counting_nvcc):
+    """SIGTERM to the holder while the old daemon, asked for a live upgrade, waits for the
+    compile in hand before it hands over: the old daemon ends the upgrade at once (the new
+    one is told no and exits), stops, and the mount goes. Before, it waited for the compile
+    (here 600 s) with the mount's clients hanging."""
+    make, calls = counting_nvcc
+    nvcc = make(delay=600)
+    (tmp_path / "m").mkdir()
+    m = Mount(tmp_path / "m", ["nvcc=%s" % nvcc, "holder", "log_level=debug"]).start()
+    new = opener = None
+    try:
+        one_daemon(m)
+        e = m.stage("vadd_slow", *variant(1))
+        opener = subprocess.Popen([sys.executable, "-c", OPEN_ONE, str(e / "kernel.cubin")],
+                                  stdout=subprocess.PIPE, text=True)
+        wait_until(lambda: calls() == 1, "the compile runs", timeout=120)
+        new = start_upgrade(m)
+        wait_until(lambda: "no new request is read; answering the" in m.daemon_log(),
+                   "the old daemon waits for the requests in hand", timeout=120)
+        m.proc.send_signal(signal.SIGTERM)
+        rc = m.proc.wait(timeout=120)
+        assert new.wait(timeout=120) != 0  # it took nothing over
+        out, _ = opener.communicate(timeout=120)
+        log = m.daemon_log()
+        assert rc == 0, log
+        assert "upgrade abandoned: the daemon is stopping" in log
+        assert not out.startswith("ok"), out  # a compile of 600 s: stopped with the mount
+        assert mounts_at(m.mnt) == 0, log
+        assert not daemons_of(m, "kcachefs") and not daemons_of(m, "kcachefs-holder"), log
+        wait_until(lambda: subprocess.run(["pgrep", "-f", str(nvcc)]).returncode == 1,
+                   "the compile is gone", timeout=120)
+    finally:
+        if opener and opener.poll() is None:
+            opener.kill()
+            opener.wait()
+        stop_all(m, new)
