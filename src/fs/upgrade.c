@@ -257,12 +257,19 @@ static void gate_open(void)
 	pthread_mutex_unlock(&io.lock);
 }
 
+static int stop_asked; /* the daemon stops: an upgrade being served ends (atomic) */
+
+static int stopping(void)
+{
+	return __atomic_load_n(&stop_asked, __ATOMIC_SEQ_CST);
+}
+
 /* Wait until every request read is answered, at most until deadline (CLOCK_MONOTONIC s).
  * Returns the requests left. */
 static long drain(double deadline)
 {
 	pthread_mutex_lock(&io.lock);
-	while (__atomic_load_n(&io.outstanding, __ATOMIC_SEQ_CST) > 0) {
+	while (__atomic_load_n(&io.outstanding, __ATOMIC_SEQ_CST) > 0 && !stopping()) {
 		struct timespec now;
 		clock_gettime(CLOCK_MONOTONIC, &now);
 		if (now.tv_sec + now.tv_nsec / 1e9 >= deadline)
@@ -454,7 +461,9 @@ static struct {
 	char *cwd;
 	pthread_t thread;
 	int started;
-} srv = {.sock = -1};
+	pthread_mutex_t conn_lock; /* guards conn: kc_upgrade_stop shuts it down */
+	int conn;                  /* the upgrade being served, or -1 */
+} srv = {.sock = -1, .conn_lock = PTHREAD_MUTEX_INITIALIZER, .conn = -1};
 
 static void refuse(int c, uint32_t type, const char *why)
 {
@@ -463,11 +472,16 @@ static void refuse(int c, uint32_t type, const char *why)
 }
 
 /* Wait until no client stages through an open descriptor (check_fh in handover.c), at most
- * until deadline (CLOCK_MONOTONIC s). Returns 0, or -EBUSY with why said. */
+ * until deadline (CLOCK_MONOTONIC s). Returns 0, or -EBUSY (still staging) or -ESHUTDOWN (the
+ * daemon stops) with why said. */
 static int wait_unstaged(struct kc_fs *fs, double deadline, char *why, size_t whylen)
 {
 	int said = 0;
 	while (kc_handover_busy(fs, why, whylen)) {
+		if (stopping()) {
+			snprintf(why, whylen, "the daemon is stopping");
+			return -ESHUTDOWN;
+		}
 		if (mono_now() >= deadline)
 			return -EBUSY;
 		if (!said++)
@@ -549,6 +563,11 @@ static void serve(int c)
 			       "read; answering the %ld in hand", (int)cred.pid, held);
 		}
 		left = drain(begun + bound);
+		if (left && stopping()) {
+			snprintf(why, sizeof(why), "the daemon is stopping");
+			err = -ESHUTDOWN;
+			break;
+		}
 		if (left) {
 			snprintf(why, sizeof(why), "%ld requests still unanswered after %u s (compiles "
 				 "running%s)", left, bound, fs->request_budget ? ", under the kernel's "
@@ -561,10 +580,8 @@ static void serve(int c)
 		if (!kc_handover_busy(fs, why, sizeof(why)))
 			break;
 		gate_open();
-		if (wait_unstaged(fs, begun + bound, why, sizeof(why))) {
-			err = -EBUSY;
+		if ((err = wait_unstaged(fs, begun + bound, why, sizeof(why))))
 			break;
-		}
 	}
 	/* The cluster store's share of each compile runs after its openers were answered,
 	 * holding the recipe's lease: this daemon's shares end here, not with its exit (which
@@ -577,7 +594,7 @@ static void serve(int c)
 		       "their leases expire and another node compiles them", jobs, bound);
 	struct kc_hbuf b = {0};
 	struct kc_hfds fds = {0};
-	if (!err && fuse_session_exited(fs->se)) {
+	if (!err && (fuse_session_exited(fs->se) || stopping())) {
 		snprintf(why, sizeof(why), "the daemon is stopping");
 		err = -ESHUTDOWN;
 	}
@@ -606,7 +623,8 @@ static void serve(int c)
 	kc_hbuf_free(&b);
 	kc_hfds_free(&fds);
 	if (err) {
-		kc_log(KC_LOG_WARN, "upgrade abandoned: %s; serving on", why);
+		kc_log(KC_LOG_WARN, "upgrade abandoned: %s%s", why,
+		       stopping() ? "" : "; serving on");
 		gate_open();
 		return;
 	}
@@ -627,10 +645,18 @@ static void *listener(void *arg)
 				continue;
 			return NULL; /* closed at the stop */
 		}
-		/* Not cancelled inside (kc_upgrade_stop waits): the gate's lock must not stay held. */
+		/* Not cancelled inside (kc_upgrade_stop waits): the gate's lock must not stay held.
+		 * A stop shuts the connection down instead, and serve ends at its next step. */
 		pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, NULL);
-		serve(c);
+		pthread_mutex_lock(&srv.conn_lock);
+		srv.conn = c;
+		pthread_mutex_unlock(&srv.conn_lock);
+		if (!stopping())
+			serve(c);
+		pthread_mutex_lock(&srv.conn_lock);
+		srv.conn = -1;
 		close(c);
+		pthread_mutex_unlock(&srv.conn_lock);
 		pthread_setcancelstate(PTHREAD_CANCEL_ENABLE, NULL);
 	}
 }
@@ -671,6 +697,13 @@ void kc_upgrade_stop(void)
 {
 	if (!srv.started)
 		return;
+	/* An upgrade being served ends now, not after its waits (up to compile_timeout + 30 s
+	 * for the compiles in hand): the new daemon is told no and exits, this one stops. */
+	__atomic_store_n(&stop_asked, 1, __ATOMIC_SEQ_CST);
+	pthread_mutex_lock(&srv.conn_lock);
+	if (srv.conn >= 0)
+		shutdown(srv.conn, SHUT_RDWR);
+	pthread_mutex_unlock(&srv.conn_lock);
 	shutdown(srv.sock, SHUT_RDWR);
 	pthread_cancel(srv.thread);
 	pthread_join(srv.thread, NULL);
