@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # triton-gpu.sh - the Triton cache manager (python/kcachefs_triton) on one GPU node, with
-# real Triton 3.x and PyTorch: 8 processes at once each compile and run a vector add, a
+# real Triton 3.x and PyTorch: after a round that only fills the page cache (plain Triton on
+# the local disk, not counted), 8 processes at once each compile and run a vector add, a
 # softmax and a matmul autotuned over two configs on a fresh kcachefs mount, cold then
 # warm, with TRITON_CACHE_MANAGER=kcachefs_triton:KcachefsCacheManager, then with Triton's
 # own manager on the mount and on the local disk (Triton without kcachefs), then one more
