@@ -141,6 +141,8 @@ def upgrade_when(m, after, out):
             return
         time.sleep(0.1)
     out["old_pid"] = m.proc.pid
+    # Counted now, from the old daemon: once it has handed over, m.stats() is the new one's.
+    out["compiled_before"] = m.stats().get("compiles_total", 0)
     out["log"] = open(m.log_path, "ab")
     t = time.monotonic()
     out["new"] = subprocess.Popen([str(m.bin), "-f", "--upgrade", str(m.mnt)],
@@ -150,7 +152,6 @@ def upgrade_when(m, after, out):
     except subprocess.TimeoutExpired:
         out["error"] = "the old daemon did not hand over in 300 s"
     out["seconds"] = time.monotonic() - t
-    out["compiled_before"] = m.stats().get("compiles_total", 0)
 
 
 def report_upgrade(m, up):
@@ -165,9 +166,10 @@ def report_upgrade(m, up):
     answered = "?"
     if "requests answered during the handover" in log:
         answered = log.split("requests answered during the handover")[0].rsplit("(", 1)[1]
-    print("upgrade: pid %d handed the mount to pid %d in %.2f s (%s requests answered during the "
-          "handover) after %d of node A's compiles; the new daemon compiled the rest"
-          % (up["old_pid"], new.pid, up["seconds"], answered.strip(), up["compiled_before"]))
+    print("upgrade: begun when the old daemon had compiled %d of node A's kernels: pid %d handed "
+          "the mount to pid %d in %.2f s (%s requests answered during the handover, their "
+          "compiles finished first); the new daemon compiled the rest"
+          % (up["compiled_before"], up["old_pid"], new.pid, up["seconds"], answered.strip()))
     return True
 
 
