@@ -264,12 +264,32 @@ static int stopping(void)
 	return __atomic_load_n(&stop_asked, __ATOMIC_SEQ_CST);
 }
 
-/* Wait until every request read is answered, at most until deadline (CLOCK_MONOTONIC s).
- * Returns the requests left. */
-static long drain(double deadline)
+/* Whether the new process on connection c is gone (killed, or timed out by a service
+ * manager): it sends nothing while the old daemon drains, so a hangup is its end. */
+static int peer_gone(int c)
+{
+	struct pollfd p = {c, POLLRDHUP, 0};
+	return c >= 0 && poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+}
+
+/* Whether a wait of the upgrade on connection c must end now; why says why. */
+static int wait_ends(int c, char *why, size_t whylen)
+{
+	if (stopping())
+		snprintf(why, whylen, "the daemon is stopping");
+	else if (peer_gone(c))
+		snprintf(why, whylen, "the new process is gone (killed, or timed out)");
+	else
+		return 0;
+	return 1;
+}
+
+/* Wait until every request read is answered, at most until deadline (CLOCK_MONOTONIC s),
+ * or until the wait must end (wait_ends: why filled). Returns the requests left. */
+static long drain(double deadline, int c, char *why, size_t whylen)
 {
 	pthread_mutex_lock(&io.lock);
-	while (__atomic_load_n(&io.outstanding, __ATOMIC_SEQ_CST) > 0 && !stopping()) {
+	while (__atomic_load_n(&io.outstanding, __ATOMIC_SEQ_CST) > 0 && !wait_ends(c, why, whylen)) {
 		struct timespec now;
 		clock_gettime(CLOCK_MONOTONIC, &now);
 		if (now.tv_sec + now.tv_nsec / 1e9 >= deadline)
@@ -473,15 +493,13 @@ static void refuse(int c, uint32_t type, const char *why)
 
 /* Wait until no client stages through an open descriptor (check_fh in handover.c), at most
  * until deadline (CLOCK_MONOTONIC s). Returns 0, or -EBUSY (still staging) or -ESHUTDOWN (the
- * daemon stops) with why said. */
-static int wait_unstaged(struct kc_fs *fs, double deadline, char *why, size_t whylen)
+ * daemon stops, or the new process on c is gone) with why said. */
+static int wait_unstaged(struct kc_fs *fs, int c, double deadline, char *why, size_t whylen)
 {
 	int said = 0;
 	while (kc_handover_busy(fs, why, whylen)) {
-		if (stopping()) {
-			snprintf(why, whylen, "the daemon is stopping");
+		if (wait_ends(c, why, whylen))
 			return -ESHUTDOWN;
-		}
 		if (mono_now() >= deadline)
 			return -EBUSY;
 		if (!said++)
@@ -520,7 +538,7 @@ static void serve(int c)
 			 "format %u", (int)cred.pid, format, KC_HANDOVER_FORMAT, KC_HANDOVER_FORMAT);
 		return refuse(c, MSG_REFUSE, why);
 	}
-	if (wait_unstaged(fs, mono_now() + KC_UPGRADE_STAGE_WAIT, why, sizeof(why)))
+	if (wait_unstaged(fs, c, mono_now() + KC_UPGRADE_STAGE_WAIT, why, sizeof(why)))
 		return refuse(c, MSG_REFUSE, why);
 	struct kc_handover_offer o = {.format = KC_HANDOVER_FORMAT, .pid = (int32_t)getpid(),
 				      .args = (char *)srv.args.p, .args_len = (uint32_t)srv.args.len,
@@ -562,9 +580,8 @@ static void serve(int c)
 			kc_log(KC_LOG_INFO, "upgrade: handing the mount to pid %d: no new request is "
 			       "read; answering the %ld in hand", (int)cred.pid, held);
 		}
-		left = drain(begun + bound);
-		if (left && stopping()) {
-			snprintf(why, sizeof(why), "the daemon is stopping");
+		left = drain(begun + bound, c, why, sizeof(why));
+		if (left && wait_ends(c, why, sizeof(why))) {
 			err = -ESHUTDOWN;
 			break;
 		}
@@ -580,7 +597,7 @@ static void serve(int c)
 		if (!kc_handover_busy(fs, why, sizeof(why)))
 			break;
 		gate_open();
-		if ((err = wait_unstaged(fs, begun + bound, why, sizeof(why))))
+		if ((err = wait_unstaged(fs, c, begun + bound, why, sizeof(why))))
 			break;
 	}
 	/* The cluster store's share of each compile runs after its openers were answered,

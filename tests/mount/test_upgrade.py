@@ -423,3 +423,46 @@ def test_upgrade_while_deepgemm_ranks_compile_through_the_shim(tmp_path, countin
         if upgrade.get("log"):
             upgrade["log"].close()
         assert not os.path.ismount(m.mnt)
+
+
+def test_an_upgrade_whose_new_process_is_killed_while_compiles_run(tmp_path, counting_nvcc):
+    """The new process killed (a service manager's reload timeout, a hand) while the old
+    daemon drains the compiles in hand: the old daemon opens its gate again at once, not
+    when those compiles end (here 600 s), so the mount's other clients do not hang."""
+    make, calls = counting_nvcc
+    nvcc = make(delay=600)
+    (tmp_path / "m").mkdir()
+    m = Mount(tmp_path / "m", ["nvcc=%s" % nvcc, "log_level=debug"]).start()
+    new = opener = None
+    try:
+        fast = m.stage("vadd_fast", *variant(2))
+        slow = m.stage("vadd_slow", *variant(1))
+        opener = subprocess.Popen([sys.executable, "-c", "import sys; open(sys.argv[1], 'rb')",
+                                   str(slow / "kernel.cubin")])
+        wait_until(lambda: calls() == 1, "the slow compile runs", timeout=120)
+        with open(m.log_path, "ab") as log:
+            new = subprocess.Popen([str(KCACHEFS), "-f", "--upgrade", str(m.mnt)], stdout=log,
+                                   stderr=subprocess.STDOUT)
+        wait_until(lambda: "no new request is read; answering the" in m.daemon_log(),
+                   "the old daemon drains the requests in hand", timeout=120)
+        new.kill()
+        new.wait()
+        wait_until(lambda: "upgrade abandoned: the new process is gone" in m.daemon_log(),
+                   "the old daemon sees the new process gone", timeout=120)
+        # Served again (the gate is open): a new file made and read back, in a process of
+        # its own so that a closed gate fails the test instead of hanging it.
+        made = m.mnt / "after-the-upgrade.txt"
+        subprocess.run([sys.executable, "-c", "import sys, pathlib; p = pathlib.Path(sys.argv[1]); "
+                        "p.write_bytes(b'x'); assert p.read_bytes() == b'x'", str(made)],
+                       check=True, timeout=120)
+        assert "kernel.cu" in os.listdir(fast)
+        assert m.proc.poll() is None and opener.poll() is None  # the slow open still waits
+        assert "serving on" in m.daemon_log().split("upgrade abandoned")[-1].splitlines()[0]
+    finally:
+        if opener and opener.poll() is None:
+            opener.kill()
+            opener.wait()
+        if new and new.poll() is None:
+            new.kill()
+            new.wait()
+        m.stop()
