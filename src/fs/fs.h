@@ -13,6 +13,7 @@
 #include "config.h"
 #include "idtable.h"
 #include "inode.h"
+#include "ledger.h"
 #include "notify.h"
 #include "store.h"
 #include "util.h"
@@ -27,6 +28,7 @@ struct kc_fs {
 	struct kc_store store;
 	struct kc_cache cache;
 	struct kc_inode_table inodes;
+	struct kc_ledger ledger;   /* the inodes the kernel holds, kept for a restart (ledger.h) */
 	struct kc_notifier notifier;
 	struct kc_evict evict;     /* the bounded cache (-o max_size, -o max_entries) */
 	struct fuse_session *se;

@@ -170,8 +170,55 @@ void kc_holder_taking(const char *mnt)
 	taking_sock = s;
 }
 
-uint32_t kc_holder_register(const char *real_mnt, int argc, char **argv, const char *cwd)
+/* Send the message what on s, with fd (SCM_RIGHTS) when fd >= 0. */
+static void send_with_fd(int s, const char *what, int fd)
 {
+	struct iovec iov = {(void *)what, strlen(what)};
+	union {
+		char buf[CMSG_SPACE(sizeof(int))];
+		struct cmsghdr align;
+	} u;
+	struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
+	if (fd >= 0) {
+		m.msg_control = u.buf;
+		m.msg_controllen = sizeof(u.buf);
+		struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
+		cm->cmsg_level = SOL_SOCKET;
+		cm->cmsg_type = SCM_RIGHTS;
+		cm->cmsg_len = CMSG_LEN(sizeof(int));
+		memcpy(CMSG_DATA(cm), &fd, sizeof(int));
+	}
+	if (sendmsg(s, &m, MSG_NOSIGNAL) < 0)
+		kc_log(KC_LOG_DEBUG, "holder: reply %s: %s", what, strerror(errno));
+}
+
+/* Receive a message of at most len - 1 bytes on s (NUL-terminated) and the descriptor it
+ * carries, if any, into *fd (-1 when none). Returns its length, or -1. */
+static ssize_t recv_with_fd(int s, char *buf, size_t len, int *fd)
+{
+	struct iovec iov = {buf, len - 1};
+	union {
+		char buf[CMSG_SPACE(sizeof(int))];
+		struct cmsghdr align;
+	} u;
+	struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
+			   .msg_controllen = sizeof(u.buf)};
+	*fd = -1;
+	ssize_t r = recvmsg(s, &m, MSG_CMSG_CLOEXEC);
+	if (r < 0)
+		return -1;
+	buf[r] = '\0';
+	for (struct cmsghdr *cm = CMSG_FIRSTHDR(&m); cm; cm = CMSG_NXTHDR(&m, cm))
+		if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS &&
+		    cm->cmsg_len == CMSG_LEN(sizeof(int)) && *fd < 0)
+			memcpy(fd, CMSG_DATA(cm), sizeof(int));
+	return r;
+}
+
+uint32_t kc_holder_register(const char *real_mnt, int argc, char **argv, const char *cwd,
+			    int *state_fd)
+{
+	*state_fd = -1;
 	int s = taking_sock >= 0 ? taking_sock : holder_connect(real_mnt);
 	taking_sock = -1;
 	if (s < 0)
@@ -186,12 +233,15 @@ uint32_t kc_holder_register(const char *real_mnt, int argc, char **argv, const c
 	if (n > 0 && (size_t)n < sizeof(msg) && send(s, msg, (size_t)n, MSG_NOSIGNAL) == n) {
 		struct pollfd p = {s, POLLIN, 0};
 		if (poll(&p, 1, 10000) == 1)
-			r = recv(s, reply, sizeof(reply) - 1, 0);
+			r = recv_with_fd(s, reply, sizeof(reply), state_fd);
 	}
 	unsigned epoch = 0;
-	if (r <= 0 || (reply[r] = '\0', sscanf(reply, "EPOCH %u", &epoch)) != 1) {
+	if (r <= 0 || sscanf(reply, "EPOCH %u", &epoch) != 1) {
 		kc_log(KC_LOG_WARN, "holder of %s did not answer: a crash of this daemon costs the "
 		       "mount", real_mnt);
+		if (*state_fd >= 0)
+			close(*state_fd);
+		*state_fd = -1;
 		close(s);
 		return 0;
 	}
@@ -499,7 +549,7 @@ static void message(int i)
 			h.taking_pid = 0;
 		}
 		snprintf(reply, sizeof(reply), "EPOCH %u", h.epoch);
-		send(h.conn[i].fd, reply, strlen(reply), MSG_NOSIGNAL);
+		send_with_fd(h.conn[i].fd, reply, h.init_fd); /* with the state: its inode ledger */
 		kc_log(KC_LOG_DEBUG, "holder of %s: pid %d serves, epoch %u", h.mnt, (int)pid, h.epoch);
 		if (h.stopping == 1 || h.stopping == 3) {
 			/* A stop came while the mount was handed over (a live upgrade): it is this

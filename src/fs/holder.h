@@ -11,11 +11,13 @@
  * again (the binary and command line of the last one that served, in its directory),
  * giving it the descriptor, the FUSE_INIT to replay (upgrade.h's kc_upgrade_replay) and a
  * new epoch (idtable.h): it serves the same mount, bind mounts in other mount namespaces
- * included, and answers the dead one's ids and handles ESTALE / EBADF (stale.h).
+ * included, restores the dead one's ids of directories and plain files from the inode
+ * ledger in the same memfd (ledger.h), and answers its other ids and its handles ESTALE /
+ * EBADF (stale.h).
  *
  * Daemons find the holder of their mount on an abstract Unix socket named after the user
  * and the mountpoint (as upgrade.h's): each daemon that serves says so (and learns the
- * epoch); it says STOP before a clean unmount (the holder then lets the descriptor go and
+ * epoch, and gets the memfd, for its ledger); it says STOP before a clean unmount (the holder then lets the descriptor go and
  * exits 0) and HANDOVER before it exits at a live upgrade (the holder then waits for the
  * new daemon to say it serves: no restart; the new daemon said TAKING on a connection of
  * its own when it connected to the old one, and should that connection close before it
@@ -81,8 +83,11 @@ int kc_holder_clone(int fd);
 
 /* Tell the holder of real_mnt, if there is one, that this daemon serves it (pid, argv of
  * argc, cwd: what a restart runs). Returns the epoch this daemon's ids must carry (0
- * without a holder). */
-uint32_t kc_holder_register(const char *real_mnt, int argc, char **argv, const char *cwd);
+ * without a holder), and in *state_fd the holder's memfd of the mount's state, which holds
+ * the inode ledger (ledger.h; the caller owns it), or -1 (no holder, or one of a build
+ * that sends none). */
+uint32_t kc_holder_register(const char *real_mnt, int argc, char **argv, const char *cwd,
+			    int *state_fd);
 
 /* A live upgrade's new daemon (kcachefs --upgrade mnt, connected to the running daemon):
  * tell the holder of mnt, if any, that it takes the mount over. The connection stays open

@@ -1,6 +1,7 @@
 /* inode.c - see inode.h */
 #define _GNU_SOURCE
 #include "inode.h"
+#include "ledger.h"
 #include "idtable.h"
 #include "store.h"
 #include "util.h"
@@ -63,6 +64,7 @@ static int slot_take(struct kc_inode_table *t, struct kc_inode *in)
 		return -ENOMEM;
 	}
 	in->slot = slot;
+	kc_ledger_clear(t->ledger, slot); /* the slot's last occupant's record */
 	in->gen = kc_gen_next(cell->gen, t->epoch); /* never 0: that is the fixed ids' */
 	__atomic_store_n(&cell->gen, in->gen, __ATOMIC_RELAXED);
 	__atomic_store_n(&cell->in, in, __ATOMIC_RELEASE);
@@ -75,6 +77,7 @@ static void slot_put(struct kc_inode_table *t, struct kc_inode *in)
 	struct kc_inode_slot *cell = slot_cell(t, in->slot, 0);
 	if (!cell || cell->in != in)
 		return;
+	kc_ledger_clear(t->ledger, in->slot);
 	__atomic_store_n(&cell->in, NULL, __ATOMIC_RELEASE);
 	if (t->n_free == t->cap_free) {
 		size_t cap = t->cap_free ? t->cap_free * 2 : 1024;
@@ -195,6 +198,7 @@ static struct kc_inode *ref_key(struct kc_inode_table *t, const struct kc_inode 
 	if (found) {
 		struct kc_inode *in = *found;
 		in->nlookup++;
+		kc_ledger_count(t->ledger, t, in);
 		pthread_mutex_unlock(&t->lock);
 		kc_inode_touch(t, in);
 		close(fd);
@@ -287,8 +291,10 @@ struct kc_inode *kc_inode_find_held(struct kc_inode_table *t, dev_t dev, ino_t i
 	pthread_mutex_lock(&t->lock);
 	struct kc_inode **found = tfind(&key, &t->tree, inode_cmp);
 	struct kc_inode *in = found ? *found : NULL;
-	if (in)
+	if (in) {
 		in->nlookup++;
+		kc_ledger_count(t->ledger, t, in);
+	}
 	pthread_mutex_unlock(&t->lock);
 	return in;
 }
@@ -302,6 +308,7 @@ void kc_inode_touch(struct kc_inode_table *t, struct kc_inode *in)
 struct gather {
 	struct kc_inode **v;
 	size_t n, asked;
+	struct kc_inode_table *t;
 };
 
 static void gather_one(const void *node, VISIT which, void *closure)
@@ -316,6 +323,7 @@ static void gather_one(const void *node, VISIT which, void *closure)
 		return;
 	}
 	in->nlookup++;
+	kc_ledger_count(g->t->ledger, g->t, in);
 	g->v[g->n++] = in;
 }
 
@@ -332,7 +340,7 @@ struct kc_inode **kc_inode_to_forget(struct kc_inode_table *t, uint64_t keep, si
 	/* Hold every candidate while sorting outside the lock, then let go of the rest. */
 	pthread_mutex_lock(&t->lock);
 	uint64_t count = t->count;
-	struct gather g = {malloc((count + 1) * sizeof(*g.v)), 0, 0};
+	struct gather g = {malloc((count + 1) * sizeof(*g.v)), 0, 0, t};
 	if (g.v)
 		twalk_r(t->tree, gather_one, &g);
 	pthread_mutex_unlock(&t->lock);
@@ -371,6 +379,7 @@ void kc_inode_place(struct kc_inode_table *t, struct kc_inode *in, const struct 
 	in->entry_ino = parent->entry ? parent->ino : 0;
 	in->parent_fd = parent_fd;
 	in->staging = staging;
+	kc_ledger_sync(t->ledger, t, in);
 	pthread_mutex_unlock(&t->lock);
 	if (old >= 0)
 		close(old);
@@ -382,6 +391,7 @@ void kc_inode_hold(struct kc_inode_table *t, struct kc_inode *in)
 		return;
 	pthread_mutex_lock(&t->lock);
 	in->nlookup++;
+	kc_ledger_count(t->ledger, t, in);
 	pthread_mutex_unlock(&t->lock);
 }
 
@@ -391,6 +401,7 @@ void kc_inode_forget(struct kc_inode_table *t, struct kc_inode *in, uint64_t n)
 		return;
 	pthread_mutex_lock(&t->lock);
 	in->nlookup = in->nlookup > n ? in->nlookup - n : 0;
+	kc_ledger_count(t->ledger, t, in);
 	int gone = in->nlookup == 0 && in != &t->root;
 	if (gone && in->unhashed) /* out of the tree already; its key may be another's now */
 		gone = tdelete(in, &t->unhashed, by_address) != NULL;
@@ -449,6 +460,7 @@ void kc_inode_unlinked(struct kc_inode_table *t, struct kc_inode *in)
 			tdelete(in, &t->tree, inode_cmp);
 			t->count--;
 			in->unhashed = 1;
+			kc_ledger_sync(t->ledger, t, in); /* no record: its object goes */
 			/* The last reference to the object goes; the number stays in->fd's. */
 			dup3(t->placeholder_fd, in->fd, O_CLOEXEC);
 		}

@@ -25,6 +25,8 @@
 
 #include "name.h"
 
+struct kc_ledger;
+
 enum kc_virtual { KC_VIRT_NONE = 0, KC_VIRT_CTL_DIR, KC_VIRT_STATS, KC_VIRT_METRICS };
 
 struct kc_inode {
@@ -84,6 +86,7 @@ struct kc_inode_table {
 			      * recently used (notify.c); 0: no bound */
 	uint64_t clock;      /* ticks once per lookup (atomic) */
 	void *unhashed;      /* tsearch tree (by address) of the inodes let go of, not forgotten */
+	struct kc_ledger *ledger; /* kept current under the lock (ledger.h), or NULL */
 	int placeholder_fd;  /* O_PATH on the store's lock file: what an unhashed inode's fd
 			      * becomes (-1: none could be opened, and no inode is let go of) */
 	struct kc_inode root, ctl_dir, stats, metrics;

@@ -725,12 +725,22 @@ static int start_threads(struct start *s, struct kc_fs *fs, struct kc_remote_tie
 		kc_log(KC_LOG_WARN, "no live upgrade for this mount (kcachefs --upgrade): %s",
 		       strerror(-lerr));
 	/* The ids this daemon hands out carry the holder's epoch: never one a dead daemon's. */
-	uint32_t epoch = kc_holder_register(s->mnt, argc, argv, s->cwd);
+	int state_fd = -1;
+	uint32_t epoch = kc_holder_register(s->mnt, argc, argv, s->cwd, &state_fd);
 	if (s->restarted && !epoch)
 		epoch = s->hr.epoch;
 	fs->inodes.epoch = fs->handles.epoch = epoch;
 	__atomic_store_n(&fs->stale_ids, epoch != 0, __ATOMIC_SEQ_CST);
-	if (s->restarted && kc_notifier_inval_root(&fs->notifier) != 0)
+	/* The dead daemon's node ids, from the ledger the holder kept (before any request). */
+	long restored = -1;
+	if (state_fd >= 0 && kc_ledger_open(&fs->ledger, state_fd, fs->inodes.root.fd) == 0) {
+		if (s->restarted)
+			restored = kc_ledger_restore(&fs->ledger, &fs->inodes);
+		kc_ledger_attach(&fs->ledger, &fs->inodes);
+	}
+	/* Without it, the kernel's dentries of the root's names go, so that it looks them up
+	 * again (the lookup of a mkdir's name is not retried on ESTALE). */
+	if (s->restarted && restored < 0 && kc_notifier_inval_root(&fs->notifier) != 0)
 		kc_log(KC_LOG_WARN, "cannot have the kernel look the root's names up again: a "
 		       "mkdir in a directory it held may fail with ESTALE");
 	return 0;
@@ -821,6 +831,7 @@ int main(int argc, char *argv[])
 	if (!fs)
 		goto out_args;
 	clock_gettime(CLOCK_REALTIME, &fs->started);
+	fs->ledger.fd = fs->ledger.root_fd = -1;
 	kc_idtable_init(&fs->handles);
 	if (configure(&s, fs) != 0) {
 		ret = 2;
@@ -904,6 +915,8 @@ out_signals:
 	fuse_remove_signal_handlers(fs->se);
 out_session:
 	kc_evict_destroy(&fs->evict);
+	fs->inodes.ledger = NULL; /* its records stay the holder's: a stop leaves them as they are */
+	kc_ledger_close(&fs->ledger);
 	kc_inode_table_destroy(&fs->inodes);
 out_store:
 	kc_remote_tier_close(remote);

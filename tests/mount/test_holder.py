@@ -343,8 +343,9 @@ def test_a_stop_of_the_holder_during_an_upgrade_stops_everything(tmp_path):
 def test_names_made_after_a_crash_in_directories_the_kernel_held(tmp_path):
     """mkdir, create, rename and symlink in a directory whose dentry the kernel keeps from
     the dead daemon: the kernel retries ESTALE for an open, not for the lookup of the
-    name a mkdir or a create makes, so the new daemon must have it look its directories up
-    again (one failed mkdir is a DeepGEMM or Triton job dead at start-up)."""
+    name a mkdir or a create makes, so the new daemon must answer the dead one's id of the
+    directory (the inode ledger, fs/ledger.h) or have the kernel look it up again (one
+    failed mkdir is a DeepGEMM or Triton job dead at start-up)."""
     m, old, e, cubin = holder_mount_with_a_cubin(tmp_path)
     try:
         d = m.mnt / "jit"
@@ -356,10 +357,6 @@ def test_names_made_after_a_crash_in_directories_the_kernel_held(tmp_path):
                    "a daemon is started again", timeout=120)
         new = one_daemon(m)
         assert new != old
-        # Its dentries of the root's names are invalidated beside serving (a request may
-        # hold the root's lock): this test waits for them to be sent.
-        wait_until(lambda: "the kernel looks the root's names up again" in m.daemon_log(),
-                   "the new daemon has the kernel look the root's names up", timeout=120)
         (d / "made").mkdir()
         (d / "sub" / "made").mkdir()
         (d / "sub" / "f").write_bytes(b"x")
@@ -367,6 +364,8 @@ def test_names_made_after_a_crash_in_directories_the_kernel_held(tmp_path):
         os.symlink("g", d / "sub" / "l")
         assert (d / "sub" / "l").read_bytes() == b"x"
         assert (e / "kernel.cubin").read_bytes() == cubin
+        # The dead daemon's ids of jit/ and jit/sub/ were restored from the ledger.
+        assert "inode ledger: " in m.daemon_log()
     finally:
         stop_all(m, None)
 
@@ -415,3 +414,154 @@ def test_a_stop_of_the_holder_while_an_upgrade_waits_for_a_compile(tmp_path, cou
             opener.kill()
             opener.wait()
         stop_all(m, new)
+
+
+NS_DIR_HELPER = r"""
+import errno, hashlib, os, subprocess, sys
+src, bind = sys.argv[1], sys.argv[2]
+subprocess.run(["mount", "--bind", src, bind], check=True)
+print("ready", flush=True)
+for line in sys.stdin:
+    op, rel = line.split()
+    path = os.path.join(bind, rel)
+    try:
+        if op == "read":
+            with open(path, "rb") as f:
+                print("ok", hashlib.sha256(f.read()).hexdigest(), flush=True)
+        elif op == "mkdir":
+            os.mkdir(path)
+            print("ok", flush=True)
+        elif op == "write":
+            with open(path, "wb") as f:
+                f.write(rel.encode())
+            with open(path, "rb") as f:
+                print("ok" if f.read() == rel.encode() else "bad", flush=True)
+    except OSError as e:
+        print("err", e.errno, flush=True)
+"""
+
+HOLD_LOCK = r"""
+import fcntl, sys
+f = open(sys.argv[1], "r+b")
+fcntl.flock(f, fcntl.LOCK_EX)
+print("locked", flush=True)
+sys.stdin.readline()
+"""
+
+TRY_LOCK = r"""
+import errno, fcntl, sys
+f = open(sys.argv[1], "r+b")
+try:
+    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    print("got it")
+except OSError as e:
+    print("held" if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN) else "err %d" % e.errno)
+"""
+
+
+def ns_do(helper, op, rel):
+    helper.stdin.write("%s %s\n" % (op, rel))
+    helper.stdin.flush()
+    return helper.stdout.readline().split()
+
+
+def try_lock(path):
+    return subprocess.run([sys.executable, "-c", TRY_LOCK, str(path)], capture_output=True,
+                          text=True, timeout=120).stdout.strip()
+
+
+def test_a_bind_mount_of_a_directory_inside_the_mount_and_its_locks_survive_a_crash(tmp_path):
+    """A container's volume of a directory inside the mount (a bind mount of jit/, as a
+    Kubernetes subPath makes) has a root dentry with no name to look up again: the restarted
+    daemon answers the dead one's node id of jit/ from the inode ledger, so the bind mount
+    reads, makes directories and files as before. And a lock held across the crash is still
+    held: the lock file keeps its kernel inode (its node id is the same), so another process
+    cannot take it."""
+    m, old, e, cubin = holder_mount_with_a_cubin(tmp_path)
+    bind = tmp_path / "bind"
+    bind.mkdir()
+    helper = holder = None
+    try:
+        d = m.mnt / "jit"
+        d.mkdir()
+        (d / "a.txt").write_bytes(b"before the crash")
+        (d / "lock").write_bytes(b"")
+        want = hashlib.sha256(b"before the crash").hexdigest()
+        helper = subprocess.Popen(["unshare", "-m", sys.executable, "-c", NS_DIR_HELPER, str(d),
+                                   str(bind)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  text=True)
+        assert helper.stdout.readline().strip() == "ready"
+        assert ns_do(helper, "read", "a.txt") == ["ok", want]
+        holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(d / "lock")],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert holder.stdout.readline().strip() == "locked"
+        assert try_lock(d / "lock") == "held"
+
+        os.kill(old, signal.SIGKILL)
+        wait_until(lambda: "started the daemon again" in m.daemon_log(),
+                   "a daemon is started again", timeout=120)
+        new = one_daemon(m)
+        assert new != old
+        # Through the bind mount: the dead daemon's id of jit/ is answered.
+        assert ns_do(helper, "read", "a.txt") == ["ok", want]
+        assert ns_do(helper, "mkdir", "made") == ["ok"]
+        assert ns_do(helper, "write", "after.txt") == ["ok"]
+        assert (d / "after.txt").read_bytes() == b"after.txt" and (d / "made").is_dir()
+        log = m.daemon_log()
+        restored = [l for l in log.splitlines() if "inode ledger: " in l]
+        assert restored and int(restored[-1].split("inode ledger: ")[1].split()[0]) >= 2, log
+        # The lock is still the first process's; released, it can be taken.
+        assert try_lock(d / "lock") == "held"
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        holder.wait(timeout=120)
+        assert try_lock(d / "lock") == "got it"
+        assert (e / "kernel.cubin").read_bytes() == cubin
+    finally:
+        for p in (helper, holder):
+            if p and p.poll() is None:
+                p.kill()
+                p.wait()
+        stop_all(m, None)
+
+
+NO_DAC_READ_SEARCH = r"""
+import ctypes, os, sys
+PR_CAPBSET_DROP, CAP_DAC_READ_SEARCH = 24, 2
+if ctypes.CDLL(None, use_errno=True).prctl(PR_CAPBSET_DROP, CAP_DAC_READ_SEARCH, 0, 0, 0):
+    sys.exit("prctl: %s" % os.strerror(ctypes.get_errno()))
+os.execv(sys.argv[1], sys.argv[1:])
+"""
+
+
+def test_without_the_ledger_a_crash_still_leaves_directories_usable(tmp_path):
+    """A daemon without CAP_DAC_READ_SEARCH cannot open the ledger's file handles: it says
+    so, and has the kernel look the root's names up again instead, so a mkdir in a
+    directory the kernel held works (the bind mount of a directory inside the mount does not
+    survive then: the log line says the ids are answered ESTALE)."""
+    wrapper = tmp_path / "kcachefs-no-dac-read-search"
+    wrapper.write_text("#!%s\n%s" % (sys.executable, NO_DAC_READ_SEARCH))
+    wrapper.chmod(0o755)
+    launcher = tmp_path / "launch"
+    launcher.write_text("#!/bin/sh\nexec %s %s \"$@\"\n" % (wrapper, KCACHEFS))
+    launcher.chmod(0o755)
+    (tmp_path / "m").mkdir()
+    m = Mount(tmp_path / "m", ["holder", "log_level=debug"], bin=launcher).start()
+    try:
+        old = one_daemon(m)
+        d = m.mnt / "jit"
+        d.mkdir()
+        (d / "sub").mkdir()
+        os.stat(d / "sub")
+        os.kill(old, signal.SIGKILL)
+        wait_until(lambda: "started the daemon again" in m.daemon_log(),
+                   "a daemon is started again", timeout=120)
+        assert one_daemon(m) != old
+        wait_until(lambda: "the kernel looks the root's names up again" in m.daemon_log(),
+                   "the new daemon has the kernel look the root's names up", timeout=120)
+        (d / "made").mkdir()
+        (d / "sub" / "made").mkdir()
+        log = m.daemon_log()
+        assert "cannot be read back without CAP_DAC_READ_SEARCH" in log, log
+    finally:
+        stop_all(m, None)
