@@ -575,8 +575,12 @@ static void signalled(void)
 			continue;
 		}
 		pid_t d = h.current_pid ? h.current_pid : h.starting;
-		kc_log(KC_LOG_INFO, "holder of %s: %s: stopping the daemon (pid %d)", h.mnt,
-		       strsignal((int)si.ssi_signo), (int)d);
+		if (d)
+			kc_log(KC_LOG_INFO, "holder of %s: %s: stopping the daemon (pid %d)", h.mnt,
+			       strsignal((int)si.ssi_signo), (int)d);
+		else
+			kc_log(KC_LOG_INFO, "holder of %s: %s: no daemon runs now", h.mnt,
+			       strsignal((int)si.ssi_signo));
 		if (h.stored) {
 			/* Under a service manager that keeps the descriptor: a stop or a restart,
 			 * which it alone can tell apart. The mount is left to its store: the daemon

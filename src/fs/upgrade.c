@@ -747,7 +747,8 @@ int kc_upgrade_connect(const char *mnt, struct kc_handover_offer *offer, char *w
 	int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (s < 0 || connect(s, (struct sockaddr *)&a, al) != 0) {
 		snprintf(why, whylen, "no kcachefs daemon of uid %u serves %s that takes upgrades "
-			 "(socket @%s: %s)", (unsigned)geteuid(), real, path, strerror(errno));
+			 "(socket @%s: %s; run the upgrade as the daemon's user, or as root for a "
+			 "daemon of root's)", (unsigned)geteuid(), real, path, strerror(errno));
 		if (s >= 0)
 			close(s);
 		return -ENOENT;
@@ -776,7 +777,9 @@ int kc_upgrade_connect(const char *mnt, struct kc_handover_offer *offer, char *w
 		snprintf(why, whylen, "the daemon of %s sent no offer this build can read", real);
 		err = -EPROTO;
 	} else if (err) {
-		snprintf(why, whylen, "the daemon of %s did not answer: %s", real, strerror(-err));
+		snprintf(why, whylen, "the daemon of %s did not answer: %s (it serves one upgrade "
+			 "at a time: if another took the mount over, ask again)", real,
+			 strerror(-err));
 	}
 	free(p);
 	if (err) {
@@ -884,7 +887,8 @@ int kc_upgrade_receive(int sock, pid_t old, unsigned char **state, size_t *len, 
 	if (!err)
 		err = recv_fds(sock, *fds, n, 60);
 	if (err) {
-		snprintf(why, whylen, "no state from the running daemon: %s", strerror(-err));
+		snprintf(why, whylen, "no state from the running daemon: %s (it gave the upgrade "
+			 "up, stopped or died: its log says which)", strerror(-err));
 		free(p);
 		free(*fds);
 		*fds = NULL;

@@ -327,7 +327,7 @@ def test_a_stop_of_the_holder_during_an_upgrade_stops_everything(tmp_path):
         # holder took the stop in.
         new.send_signal(signal.SIGSTOP)
         m.proc.send_signal(signal.SIGTERM)
-        wait_until(lambda: "Terminated: stopping the daemon" in m.daemon_log(),
+        wait_until(lambda: "holder of %s: Terminated: " % m.mnt in m.daemon_log(),
                    "the holder takes the stop in", timeout=120)
         new.send_signal(signal.SIGCONT)
         rc = m.proc.wait(timeout=180)
