@@ -1018,10 +1018,13 @@ static void kc_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	int err = 0;
 	(void)ino;
 	/* close() by the process that wrote the stage commits it, and the commit's error
-	 * (EEXIST, EINVAL) is close()'s; so does the creator's close of a stage never written
-	 * (an empty file), unless it still holds a dup to write through. Other closes do not:
-	 * a child that exec()s or exits closes its inherited copy while the writer is still
-	 * writing. What no writer's close committed is committed at release (the last close). */
+	 * (EEXIST, EINVAL) is close()'s, unless it wrote through a copy it inherited from a
+	 * creator that still holds one (a sibling may write next: "{ cat a; cat b; } >
+	 * kernel.cu" staged a's bytes alone); so does the creator's close of a stage never
+	 * written (an empty file), unless it still holds a dup to write through. Other closes
+	 * do not: a child that exec()s or exits closes its inherited copy while the writer is
+	 * still writing. What no writer's close committed is committed at release (the last
+	 * close). */
 	int killed_creator = fh->kind == FH_STAGE && !fh->done && !fh->dirty &&
 			     fh->creator_tgid == kc_stage_tgid(req) && kc_stage_writer_killed(req);
 	if (fh->kind == FH_STAGE && !fh->done && fh->failed) {
@@ -1038,7 +1041,7 @@ static void kc_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 		if (kc_stage_writer_killed(req)) {
 			/* A killed writer's files are closed for it: its stage is not complete. */
 			kc_stage_discard(fs_of(req), fh, "its writer was killed by a signal");
-		} else {
+		} else if (!fh->dirty || !kc_stage_held_by_creator(req, fh)) {
 			err = kc_stage_commit(fs_of(req), fh);
 		}
 	}

@@ -202,13 +202,14 @@ static int fd_named(pid_t tgid, const char *fd, const char *name)
 	return slash && strcmp(slash + 1, name) == 0;
 }
 
-int kc_stage_held_elsewhere(fuse_req_t req, const struct kc_fh *fh)
+/* Nonzero if process tgid holds a descriptor of fh's stage. Read from /proc/<tgid>/fdinfo;
+ * 0 where that cannot be read. */
+static int holds_stage(pid_t tgid, const struct kc_fh *fh)
 {
 	char path[64], line[128];
 	struct stat st;
-	if (!kc_role_is_staged(fh->role) || fstat(fh->fd, &st) != 0)
+	if (tgid <= 0 || !kc_role_is_staged(fh->role) || fstat(fh->fd, &st) != 0)
 		return 0;
-	pid_t tgid = kc_stage_tgid(req);
 	snprintf(path, sizeof(path), "/proc/%d/fdinfo", (int)tgid);
 	DIR *d = opendir(path);
 	if (!d)
@@ -232,6 +233,16 @@ int kc_stage_held_elsewhere(fuse_req_t req, const struct kc_fh *fh)
 	}
 	closedir(d);
 	return held;
+}
+
+int kc_stage_held_elsewhere(fuse_req_t req, const struct kc_fh *fh)
+{
+	return holds_stage(kc_stage_tgid(req), fh);
+}
+
+int kc_stage_held_by_creator(fuse_req_t req, const struct kc_fh *fh)
+{
+	return fh->creator_tgid != kc_stage_tgid(req) && holds_stage(fh->creator_tgid, fh);
 }
 
 /* A new handle under id (0: a new id). */

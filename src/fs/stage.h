@@ -84,6 +84,11 @@ int kc_stage_writer_killed(fuse_req_t req);
  * dup: a shell's "> kernel.flags" closes the created descriptor after dup2 and before it
  * writes through fd 1). Read from /proc/<pid>/fdinfo; 0 where that cannot be read. */
 int kc_stage_held_elsewhere(fuse_req_t req, const struct kc_fh *fh);
+/* Nonzero if the process that created fh's stage is not the requesting thread's and still
+ * holds a descriptor of it: the requesting process wrote through a copy it inherited (the
+ * commands of "{ cat a; cat b; } > kernel.cu", a child given the parent's file as its
+ * stdout), and a sibling may write next, so its close does not commit. */
+int kc_stage_held_by_creator(fuse_req_t req, const struct kc_fh *fh);
 /* Nonzero if the process of the requesting thread is fh's writer (its close commits). */
 int kc_stage_is_writer(fuse_req_t req, const struct kc_fh *fh);
 /* Follow up a kc_cache_stage result r in the entry entry_ino: invalidate the kernel's

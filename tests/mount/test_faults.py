@@ -6,6 +6,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import threading
 import time
 
@@ -334,3 +335,42 @@ def test_nothing_in_the_backing_or_in_flags_can_stall_request_threads(mount_fact
     opener.wait()
     with open(blocker, "wb"):  # let the blocked compile finish, if it still runs
         pass
+
+
+@pytest.mark.parametrize("script", [
+    '{ cat "$1"; cat "$2"; } > "$3/kernel.cu"',
+    'exec 8> "$3/kernel.cu"; cat "$1" >&8; cat "$2" >&8; exec 8>&-',
+], ids=["group", "exec-fd"])
+def test_sibling_writers_of_an_inherited_descriptor_stage_the_whole_file(mount_factory, tmp_path,
+                                                                         script):
+    """Two commands writing in turn through a descriptor their shell created and still
+    holds: the first one's exit is a writer's close, but the shell's copy says a sibling may
+    write next, so it does not commit (it staged PART_A alone, and the whole file then got
+    EEXIST). The stage is committed at the last close, whole."""
+    m = mount_factory()
+    entry = new_entry(m, "siblings", PART_A + PART_B)
+    (tmp_path / "a.cu").write_bytes(PART_A)
+    (tmp_path / "b.cu").write_bytes(PART_B)
+    r = subprocess.run(["bash", "-c", script, "bash", str(tmp_path / "a.cu"),
+                        str(tmp_path / "b.cu"), str(entry)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert (entry / "kernel.cu").read_bytes() == PART_A + PART_B
+    assert {"part_a", "part_b"} <= elf_symbols((entry / "kernel.cubin").read_bytes())
+
+
+def test_a_killed_sibling_writer_stages_nothing(mount_factory, tmp_path):
+    """The same, with the writer killed by a signal while its shell holds the descriptor:
+    its bytes are not a whole source, so the stage is discarded, not committed at the last
+    close."""
+    m = mount_factory()
+    entry = new_entry(m, "killed", PART_A)
+    (tmp_path / "a.cu").write_bytes(PART_A)
+    writer = ("import os, signal, sys; os.write(8, open(sys.argv[1], 'rb').read()); "
+              "os.kill(os.getpid(), signal.SIGKILL)")
+    script = 'exec 8> "$2/kernel.cu"; "$3" -c "$4" "$1"; exec 8>&-'
+    r = subprocess.run(["bash", "-c", script, "bash", str(tmp_path / "a.cu"), str(entry),
+                        sys.executable, writer], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert not (entry / "kernel.cu").exists() or (entry / "kernel.cu").stat().st_size == 0
+    assert not (entry / "kernel.cubin").exists()
