@@ -25,6 +25,7 @@ import re
 import shutil
 import statistics
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -372,8 +373,7 @@ def keys_once(tmp, kind, n, jobs, joins=5, per_node=8):
     """One compiling node, then joins joining nodes in turn (each a node of its own, cold)
     whose tree lies at another prefix, each restarted once; returns a list of (join s, warm
     s, bytes fetched per kernel, cubin bytes per kernel), one per joining node."""
-    root = Path(tmp) / ("keys-%s-%d" % (kind, n))
-    root.mkdir()
+    root = Path(tempfile.mkdtemp(prefix="keys-%s-%d-" % (kind, n), dir=tmp))  # one per rep
     store = Store(kind, root)
     cluster = None
     try:
