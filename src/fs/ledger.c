@@ -14,7 +14,7 @@
 #include "log.h"
 
 #define LEDGER_MAGIC 0x474c434bu /* "KCLG" */
-#define LEDGER_VERSION 1u
+#define LEDGER_VERSION 2u
 #define RECORDS_AT 4096u /* the records start a page after the header */
 
 struct kc_ledger_rec {
@@ -32,6 +32,8 @@ struct kc_ledger_rec {
 struct ledger_head {
 	uint32_t magic, version, rec_size, slots;
 	uint32_t high; /* slots below it may hold records (the table's high-water mark) */
+	uint32_t pad;
+	uint64_t root_dev, root_ino; /* the backing root the records were made under */
 };
 
 static size_t map_len(void)
@@ -79,15 +81,23 @@ int kc_ledger_open(struct kc_ledger *l, int memfd, int root_fd)
 		return -e;
 	}
 	struct ledger_head *hd = head(l);
+	struct stat rst;
+	int same_root = fstat(l->root_fd, &rst) == 0 && hd->root_dev == (uint64_t)rst.st_dev &&
+			hd->root_ino == (uint64_t)rst.st_ino;
 	if (hd->magic != LEDGER_MAGIC || hd->version != LEDGER_VERSION ||
-	    hd->rec_size != sizeof(struct kc_ledger_rec) || hd->slots != KC_LEDGER_SLOTS) {
-		/* New, or another build's: start empty (a hole reads as zeros). */
+	    hd->rec_size != sizeof(struct kc_ledger_rec) || hd->slots != KC_LEDGER_SLOTS ||
+	    !same_root) {
+		/* New, another build's, or made under another backing directory (a restart with
+		 * another configuration): start empty (a hole reads as zeros). */
 		if (hd->magic)
-			kc_log(KC_LOG_INFO, "the inode ledger is of another build: not restored");
+			kc_log(KC_LOG_INFO, "the inode ledger is %s: not restored", same_root ?
+			       "of another build" : "of another backing directory");
 		if (fallocate(memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, KC_LEDGER_AT,
 			      (off_t)len) != 0)
 			memset(hd, 0, RECORDS_AT); /* records stay, but no high-water mark covers them */
 		hd->high = 0;
+		hd->root_dev = (uint64_t)rst.st_dev;
+		hd->root_ino = (uint64_t)rst.st_ino;
 		hd->rec_size = sizeof(struct kc_ledger_rec);
 		hd->slots = KC_LEDGER_SLOTS;
 		hd->version = LEDGER_VERSION;
@@ -155,6 +165,7 @@ void kc_ledger_sync(struct kc_ledger *l, struct kc_inode_table *t, const struct 
 		return;
 	}
 	__atomic_store_n(&r->id, 0, __ATOMIC_RELEASE);
+	__atomic_thread_fence(__ATOMIC_RELEASE); /* cleared before any field changes */
 	union {
 		struct file_handle fh;
 		char buf[sizeof(struct file_handle) + MAX_HANDLE_SZ];
@@ -244,7 +255,10 @@ long kc_ledger_restore(struct kc_ledger *l, struct kc_inode_table *t)
 			.cubin_fd = -1, .role = KC_ROLE_PLAIN,
 		};
 		int rerr = fd < 0 ? fd : 0;
-		if (fd >= 0 && !kc_inode_restore(t, &rec, &rerr))
+		struct kc_inode *in = fd >= 0 ? kc_inode_restore(t, &rec, &rerr) : NULL;
+		if (in)
+			kc_inode_touch(t, in); /* a use of its own: relief may ask the kernel for it */
+		else if (fd >= 0)
 			close(fd);
 		if (rerr) {
 			gone++;

@@ -14,9 +14,12 @@
  * keeps it current under the table's lock; a daemon started again after a crash opens each
  * recorded object by its handle (open_by_handle_at(2): needs CAP_DAC_READ_SEARCH, so a
  * daemon not run as root has no ledger), checks it is the same inode, and restores it at
- * its id (kc_inode_restore), as a live upgrade does with the state it is handed.
+ * its id (kc_inode_restore), as a live upgrade does with the state it is handed, with a
+ * use of its own so that the inode bound's relief (notify.h) can ask the kernel to forget
+ * it. A ledger made under another backing directory (a restart with another
+ * configuration) or by another build is not restored.
  *
- * Recorded: directories and plain files. Not recorded (ESTALE after a crash, as before, and
+ * Recorded: directories, plain files and symbolic links. Not recorded (ESTALE after a crash, as before, and
  * the kernel looks their names up again): pending cubins, staged files (kernel.cu,
  * kernel.flags, kernel.cubin, kernel.log) and stage temporaries, whose state lived in the
  * dead daemon, and the virtual inodes, whose ids are fixed.

@@ -138,8 +138,10 @@ def test_sigkill_with_compiles_in_flight_keeps_the_mount(tmp_path, counting_nvcc
         th.join(timeout=120)
         reader.join(timeout=120)
         assert not reader.is_alive(), "a read hung"
-        # Each read gave the right bytes or an error (one in hand at the crash), none other.
-        assert all(r[0] is True or r[0] in (errno.ECONNABORTED, errno.ESTALE)
+        # Each read gave the right bytes or an error (one in hand at the crash: a read
+        # through a descriptor the dead daemon opened is EBADF, its node id being restored
+        # from the ledger, or ESTALE), none other.
+        assert all(r[0] is True or r[0] in (errno.ECONNABORTED, errno.ESTALE, errno.EBADF)
                    for r in reads), [r for r in reads if r[0] is not True]
         assert "recovered" in killed, (killed, m.daemon_log())
 
