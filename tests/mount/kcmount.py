@@ -108,6 +108,18 @@ def elf_machine(data):
     return struct.unpack_from("<H", data, 18)[0]
 
 
+CAP_DAC_READ_SEARCH = 2
+
+
+def has_capability(bit):
+    """Whether this process has capability bit in its effective set (/proc/self/status)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("CapEff:"):
+                return bool(int(line.split()[1], 16) >> bit & 1)
+    return False
+
+
 def write_script(path, body):
     path.write_text("#!/bin/sh\n" + body)
     path.chmod(0o755)
