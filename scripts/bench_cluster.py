@@ -374,6 +374,7 @@ def keys_once(tmp, kind, n, jobs, joins=5, per_node=8):
     whose tree lies at another prefix, each restarted once; returns a list of (join s, warm
     s, bytes fetched per kernel, cubin bytes per kernel), one per joining node."""
     root = Path(tempfile.mkdtemp(prefix="keys-%s-%d-" % (kind, n), dir=tmp))  # one per rep
+    root.chmod(0o755)  # the compile users run the counting nvcc in it (compile_uids)
     store = Store(kind, root)
     cluster = None
     try:
