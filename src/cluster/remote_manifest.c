@@ -40,25 +40,31 @@ static int under(const char *path, const char *dir)
 	return n && strncmp(path, dir, n) == 0 && (path[n] == '/' || path[n] == '\0');
 }
 
-/* The header hash memo (remote_manifest.h): direct-mapped on the path, a slot replaced
- * by the next header that maps to it. */
-#define MEMO_SLOTS 4096
+/* The header hash memo (remote_manifest.h): MEMO_SETS sets of MEMO_WAYS paths, a path's
+ * set chosen by its hash; a full set gives up its least recently used path. Direct-mapped
+ * (one path a slot), two headers of one list that mapped to one slot put each other out,
+ * and both were read and hashed again at every rehash: 2 of the 133 host headers of a
+ * nvcc compile on the build machine, about 44 pairs in a 600-header list. */
+#define MEMO_WAYS 4
+#define MEMO_SETS 1024
 struct memo_slot {
 	char *path; /* malloc'd; NULL when empty */
 	dev_t dev;
 	ino_t ino;
 	off_t size;
 	struct timespec mtim, ctim;
+	unsigned long used; /* its set's clock when last found or put */
 	char hex[KC_SHA256_HEXLEN + 1];
 };
-static struct memo_slot memo[MEMO_SLOTS];
-/* Held while a header of the slots that map to it is read and hashed: jobs that need the
+static struct memo_slot memo[MEMO_SETS][MEMO_WAYS];
+static unsigned long memo_clock[MEMO_SETS];
+/* Held while a header of the sets that map to it is read and hashed: jobs that need the
  * same header at once (a joining node fetches many objects together) read it once, and
  * the others take the memo's hash. Striped, so that a header that hangs (a -I directory
  * on a hung NFS) blocks only the jobs that need a header of its stripe. */
 #define HASHING_STRIPES 64
 static pthread_mutex_t hashing[HASHING_STRIPES];
-/* A slot is read and written under the lock of its stripe (not one lock for the memo: the
+/* A set is read and written under the lock of its stripe (not one lock for the memo: the
  * jobs of a joining node look up every listed header per fetch, many at once). */
 static pthread_mutex_t memo_mu[HASHING_STRIPES];
 static pthread_once_t hashing_once = PTHREAD_ONCE_INIT;
@@ -71,12 +77,12 @@ static void hashing_init(void)
 	}
 }
 
-static size_t memo_slot_of(const char *path)
+static size_t memo_set_of(const char *path)
 {
 	uint64_t h = 1469598103934665603ull; /* FNV-1a */
 	for (const unsigned char *c = (const unsigned char *)path; *c; c++)
 		h = (h ^ *c) * 1099511628211ull;
-	return (size_t)(h % MEMO_SLOTS);
+	return (size_t)(h % MEMO_SETS);
 }
 
 static int same_time(const struct timespec *a, const struct timespec *b)
@@ -94,33 +100,48 @@ static int memo_matches(const struct memo_slot *m, const char *path, const struc
 /* The memoized hash of path as st describes it into hex; 1 found, 0 not. */
 static int memo_get(const char *path, const struct stat *st, char hex[KC_SHA256_HEXLEN + 1])
 {
-	size_t slot = memo_slot_of(path);
-	struct memo_slot *m = &memo[slot];
+	size_t set = memo_set_of(path);
+	int hit = 0;
 	pthread_once(&hashing_once, hashing_init);
-	pthread_mutex_lock(&memo_mu[slot % HASHING_STRIPES]);
-	int hit = memo_matches(m, path, st);
-	if (hit)
-		memcpy(hex, m->hex, KC_SHA256_HEXLEN + 1);
-	pthread_mutex_unlock(&memo_mu[slot % HASHING_STRIPES]);
+	pthread_mutex_lock(&memo_mu[set % HASHING_STRIPES]);
+	for (int w = 0; w < MEMO_WAYS && !hit; w++) {
+		struct memo_slot *m = &memo[set][w];
+		if ((hit = memo_matches(m, path, st))) {
+			memcpy(hex, m->hex, KC_SHA256_HEXLEN + 1);
+			m->used = ++memo_clock[set];
+		}
+	}
+	pthread_mutex_unlock(&memo_mu[set % HASHING_STRIPES]);
 	return hit;
 }
 
 /* Remember hex as the hash of path as st describes it (the caller checked with
- * kc_tree_memoizable that those stamps cannot hide a change). */
+ * kc_tree_memoizable that those stamps cannot hide a change): in the way that holds path,
+ * else an empty one, else the set's least recently used. */
 static void memo_put(const char *path, const struct stat *st, const char hex[KC_SHA256_HEXLEN + 1])
 {
 	char *copy = strdup(path);
 	if (!copy)
 		return;
-	size_t slot = memo_slot_of(path);
-	struct memo_slot *m = &memo[slot];
+	size_t set = memo_set_of(path);
 	pthread_once(&hashing_once, hashing_init);
-	pthread_mutex_lock(&memo_mu[slot % HASHING_STRIPES]);
+	pthread_mutex_lock(&memo_mu[set % HASHING_STRIPES]);
+	struct memo_slot *m = &memo[set][0];
+	for (int w = 0; w < MEMO_WAYS; w++) {
+		struct memo_slot *s = &memo[set][w];
+		if (s->path && strcmp(s->path, path) == 0) {
+			m = s;
+			break;
+		}
+		if (m->path && (!s->path || s->used < m->used))
+			m = s;
+	}
 	free(m->path);
 	*m = (struct memo_slot){.path = copy, .dev = st->st_dev, .ino = st->st_ino,
-				.size = st->st_size, .mtim = st->st_mtim, .ctim = st->st_ctim};
+				.size = st->st_size, .mtim = st->st_mtim, .ctim = st->st_ctim,
+				.used = ++memo_clock[set]};
 	memcpy(m->hex, hex, KC_SHA256_HEXLEN + 1);
-	pthread_mutex_unlock(&memo_mu[slot % HASHING_STRIPES]);
+	pthread_mutex_unlock(&memo_mu[set % HASHING_STRIPES]);
 }
 
 /* Whether a header st describes may be hashed, *total bytes hashed before it: 0, -EACCES
@@ -145,7 +166,7 @@ static int hash_header(const char *path, char hex[KC_SHA256_HEXLEN + 1], uint64_
 	int fd = -1, pseudo = under(path, "/proc") || under(path, "/sys") || under(path, "/dev");
 	int err = pseudo ? -EACCES : stat(path, &st) != 0 ? -errno : admit(&st, *total);
 	if (!err && !memo_get(path, &st, hex)) {
-		pthread_mutex_t *stripe = &hashing[memo_slot_of(path) % HASHING_STRIPES];
+		pthread_mutex_t *stripe = &hashing[memo_set_of(path) % HASHING_STRIPES];
 		pthread_once(&hashing_once, hashing_init);
 		pthread_mutex_lock(stripe);
 		if (!memo_get(path, &st, hex)) { /* nobody hashed it meanwhile */

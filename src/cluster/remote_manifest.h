@@ -15,9 +15,10 @@
  * KC_MANIFEST_MAX_HEADER bytes each and KC_MANIFEST_MAX_TOTAL in all are hashed, so that an index object from the store cannot make the daemon fingerprint a
  * private file.
  *
- * Hashes are memoized per process (a bounded table, MEMO_SLOTS paths): a header whose
- * path, device, inode, size, mtime and ctime are those it had when hashed is not read
- * again; any change to it changes its ctime, so it is hashed anew. A file whose ctime was
+ * Hashes are memoized per process (a bounded table of 4096 paths, 4 ways a set, a full
+ * set's least recently used path replaced): a header whose path, device, inode, size,
+ * mtime and ctime are those it had when hashed is not read again; any change to it
+ * changes its ctime, so it is hashed anew. A file whose ctime was
  * not yet behind the clock when it was hashed is not memoized (a second write in the same
  * clock tick could leave every stat field as it was). Jobs that need the same header at
  * once wait for the one that reads it (striped locks), so it is read once.

@@ -54,6 +54,63 @@ static void behind_clock(const char *path)
 	}
 }
 
+/* FNV-1a of s, as the memo places a path (remote_manifest.c). */
+static uint64_t fnv1a(const char *s)
+{
+	uint64_t h = 1469598103934665603ull;
+	for (const unsigned char *c = (const unsigned char *)s; *c; c++)
+		h = (h ^ *c) * 1099511628211ull;
+	return h;
+}
+
+/* Four headers whose paths fall in one place of the memo (the same FNV-1a modulo 4096,
+ * its size) are all memoized: a rehash of a list of them reads none. A direct-mapped memo
+ * kept one of them, and read and hashed the other three at every rehash. */
+static void memo_ways(void)
+{
+	enum { NAMES = 20000 };
+	static uint16_t slot[NAMES];
+	char p[300], deps[2048], why[300], *m = NULL, *m2 = NULL;
+	size_t ml = 0, ml2 = 0;
+	int pick[4], n = 0;
+	tmptree_mkdir(root, "ways");
+	for (int i = 0; i < NAMES; i++) {
+		snprintf(p, sizeof(p), "%s/ways/h%d.h", root, i);
+		slot[i] = (uint16_t)(fnv1a(p) % 4096);
+	}
+	for (int i = 0; i < NAMES && n < 4; i++) { /* the first slot that 4 names share */
+		n = 0;
+		for (int k = i; k < NAMES && n < 4; k++)
+			if (slot[k] == slot[i])
+				pick[n++] = k;
+	}
+	CHECK(n == 4, "four header paths that share a place in the memo");
+	if (n != 4)
+		return;
+	snprintf(deps, sizeof(deps), "/proc/self/cwd/kernel.cubin : /proc/self/cwd/kernel.cu");
+	for (int i = 0; i < 4; i++) {
+		snprintf(p, sizeof(p), "ways/h%d.h", pick[i]);
+		put(p, "#define W 1\n", 0644);
+		snprintf(deps + strlen(deps), sizeof(deps) - strlen(deps), " %s/%s", root, p);
+	}
+	strcat(deps, "\n");
+	snprintf(p, sizeof(p), "%s/ways/h%d.h", root, pick[3]);
+	behind_clock(p);
+	CHECK(kc_manifest_from_deps(deps, strlen(deps), "/proc/self/cwd", NULL, NULL, 0, &m, &ml,
+				    why, sizeof(why)) == 0 && ml > 0, "their manifest");
+	CHECK(kc_manifest_rehash(m, ml, &m2, &ml2, why, sizeof(why)) == 0, "rehash to memoize");
+	free(m2);
+	uint64_t read0 = bytes_read(), cost = bytes_read() - read0;
+	read0 = bytes_read();
+	CHECK(kc_manifest_rehash(m, ml, &m2, &ml2, why, sizeof(why)) == 0 && ml2 == ml &&
+		      memcmp(m, m2, ml) == 0, "rehash: the same manifest");
+	uint64_t read1 = bytes_read();
+	CHECK(read0 && read1 - read0 < cost + 12,
+	      "four headers in one place of the memo: all four from the memo, none read");
+	free(m2);
+	free(m);
+}
+
 int main(void)
 {
 	char deps[2048], why[300], want[1024], ha[65], hb[65], tk[128], *m = NULL, *m2 = NULL;
@@ -206,6 +263,7 @@ int main(void)
 	CHECK(kc_manifest_from_deps(deps, strlen(deps), NULL, NULL, NULL, 0, &m, &ml, why, sizeof(why)) ==
 		      -EACCES, "a file of /proc (regular, readable by all) is not hashed");
 
+	memo_ways();
 	CHECK(tmptree_remove(root) == 0, "clean up");
 	return tap_done();
 }
