@@ -73,6 +73,57 @@ static int temporaries_under(const char *area)
 	return n;
 }
 
+/* Threads of this process now (entries of /proc/self/task). */
+static int threads_now(void)
+{
+	int n = 0;
+	DIR *d = opendir("/proc/self/task");
+	for (struct dirent *e; d && (e = readdir(d));)
+		n += e->d_name[0] != '.';
+	if (d)
+		closedir(d);
+	return n;
+}
+
+static void *get_one(void *arg)
+{
+	char *data = NULL;
+	size_t len = 0;
+	intptr_t ok = b->ops->get(b, arg, &data, &len) == 0 && len == 5 &&
+		      memcmp(data, "first", 5) == 0;
+	free(data);
+	return (void *)ok;
+}
+
+/* The workers: one stays idle after a call and takes the next; calls at once each get
+ * one; idle ones end after a while, and a call after that starts one again. */
+static void workers(const char *key)
+{
+	sleep_ms(2500); /* the idle workers of the calls before end */
+	int base = threads_now();
+	void *ok = get_one((void *)key);
+	CHECK(ok && threads_now() >= base + 1, "a worker stays, idle, after its call");
+	int ran = 1;
+	for (int i = 0; i < 200; i++)
+		ran &= get_one((void *)key) != NULL;
+	CHECK(ran && threads_now() <= base + 8, "200 calls one after another: at most 8 idle workers stay");
+	pthread_t t[24];
+	int started = 0;
+	for (int i = 0; i < 24; i++)
+		started += pthread_create(&t[i], NULL, get_one, (void *)key) == 0;
+	int all = started == 24;
+	for (int i = 0; i < started; i++) {
+		void *r = NULL;
+		pthread_join(t[i], &r);
+		all &= r != NULL;
+	}
+	CHECK(all, "24 calls at once: each served");
+	for (int i = 0; i < 600 && threads_now() > base; i++)
+		sleep_ms(10);
+	CHECK(threads_now() == base, "idle workers end after 2 s");
+	CHECK(get_one((void *)key) != NULL, "a call after that starts a worker again");
+}
+
 int main(void)
 {
 	char why[300], path[256], *data = NULL;
@@ -250,6 +301,8 @@ int main(void)
 		b->ops->watch_end(b, w);
 		b->ops->watch_end(b, w2);
 	}
+
+	workers(KEY1);
 
 	/* the bound: a put slower than the timeout returns -ETIMEDOUT; its worker finishes on
 	 * its own, after the backend was destroyed */
