@@ -25,7 +25,9 @@
  * Bound: each operation runs in a worker thread and the caller waits at most the timeout;
  * a worker stuck in the filesystem (a hung NFS server) is abandoned (it frees its own work
  * when the call returns) and at most KC_REMOTE_DIR_STUCK of them may be outstanding:
- * further operations fail at once with -ETIMEDOUT until they come back.
+ * further operations fail at once with -ETIMEDOUT until they come back. A worker waits up
+ * to 2 s, idle, for the next operation (at most 8 idle in the process); an operation that
+ * finds no idle worker starts one, so none waits behind a stuck one.
  */
 #ifndef KC_REMOTE_DIR_H
 #define KC_REMOTE_DIR_H
