@@ -594,7 +594,7 @@ static void *call_worker(void *arg)
  * (a thread's start, stack and exit were 6-7% of a joining node's CPU on the dir: store).
  * A call never waits behind another: it goes to an idle worker, or to a new one. Shared by
  * every dir: backend of the process; a worker idle for IDLE_MS, or beyond IDLE_MAX idle
- * ones, ends. */
+ * ones, ends; a child of fork() starts with none. */
 #define IDLE_MAX 8
 #define IDLE_MS 2000
 static struct {
@@ -605,9 +605,21 @@ static struct {
 } hand = {.mu = PTHREAD_MUTEX_INITIALIZER, .tail = &hand.head};
 static pthread_once_t hand_once = PTHREAD_ONCE_INIT;
 
+/* In a child of fork() the idle workers are gone (only the forking thread is copied):
+ * nothing is idle there, and nothing the parent queued is the child's to run. */
+static void hand_forked(void)
+{
+	pthread_mutex_init(&hand.mu, NULL);
+	kc_cond_init_mono(&hand.cv);
+	hand.idle = hand.queued = 0;
+	hand.head = NULL;
+	hand.tail = &hand.head;
+}
+
 static void hand_init(void)
 {
 	kc_cond_init_mono(&hand.cv);
+	pthread_atfork(NULL, NULL, hand_forked);
 }
 
 static void *worker_main(void *arg)
