@@ -45,11 +45,12 @@ void kc_cubin_open(fuse_req_t req, struct kc_inode *in, int fd, struct fuse_file
 	if (err && entry_fd >= 0) { /* make the next open look it up (and compile) again */
 		struct stat est;
 		struct kc_inode *entry = fstat(entry_fd, &est) == 0
-						 ? kc_inode_find(&fs->inodes, est.st_dev, est.st_ino)
+						 ? kc_inode_find_held(&fs->inodes, est.st_dev, est.st_ino)
 						 : NULL;
 		if (entry)
 			kc_notifier_inval_entry(&fs->notifier, kc_inode_ino(&fs->inodes, entry),
 						KC_CUBIN_NAME);
+		kc_inode_let_go(&fs->inodes, entry);
 	}
 	if (entry_fd >= 0)
 		close(entry_fd);

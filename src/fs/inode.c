@@ -272,17 +272,6 @@ struct kc_inode *kc_inode_ref_pending(struct kc_inode_table *t, int entry_fd,
 	return in;
 }
 
-struct kc_inode *kc_inode_find(struct kc_inode_table *t, dev_t dev, ino_t ino)
-{
-	struct kc_inode key = {.dev = dev, .ino = ino};
-	if (dev == t->root.dev && ino == t->root.ino)
-		return &t->root;
-	pthread_mutex_lock(&t->lock);
-	struct kc_inode **found = tfind(&key, &t->tree, inode_cmp);
-	pthread_mutex_unlock(&t->lock);
-	return found ? *found : NULL;
-}
-
 struct kc_inode *kc_inode_find_held(struct kc_inode_table *t, dev_t dev, ino_t ino)
 {
 	struct kc_inode key = {.dev = dev, .ino = ino};
@@ -297,6 +286,12 @@ struct kc_inode *kc_inode_find_held(struct kc_inode_table *t, dev_t dev, ino_t i
 	}
 	pthread_mutex_unlock(&t->lock);
 	return in;
+}
+
+void kc_inode_let_go(struct kc_inode_table *t, struct kc_inode *in)
+{
+	if (in && in != &t->root)
+		kc_inode_forget(t, in, 1);
 }
 
 void kc_inode_touch(struct kc_inode_table *t, struct kc_inode *in)

@@ -127,13 +127,15 @@ struct kc_inode *kc_inode_ref(struct kc_inode_table *t, int fd, const struct sta
 struct kc_inode *kc_inode_ref_pending(struct kc_inode_table *t, int entry_fd,
 				      const struct stat *entry_st, uint64_t recipe_id, int *err);
 
-/* Find the inode of (dev, ino) if the kernel knows it; no reference is taken, so use it
- * only under the guarantee that the kernel still holds one (e.g. inside a request on it). */
-struct kc_inode *kc_inode_find(struct kc_inode_table *t, dev_t dev, ino_t ino);
-
-/* The same, and hold it (kc_inode_hold) when found: for use outside any request on it.
- * Returns NULL when the kernel does not know (dev, ino). */
+/* Find the inode of (dev, ino) if the kernel knows it, and hold it (kc_inode_hold): a
+ * FORGET from the kernel cannot free it until kc_inode_let_go. Returns NULL when the
+ * kernel does not know (dev, ino). (There is no unheld find: a request on one inode that
+ * looked up another, unheld, met that one freed by a concurrent FORGET.) */
 struct kc_inode *kc_inode_find_held(struct kc_inode_table *t, dev_t dev, ino_t ino);
+
+/* Let go of the hold kc_inode_find_held took (in may be NULL or the root, which it does not
+ * hold); frees in when the kernel forgot it meanwhile. */
+void kc_inode_let_go(struct kc_inode_table *t, struct kc_inode *in);
 
 /* Mark in as used now (a lookup inside a directory uses the directory). */
 void kc_inode_touch(struct kc_inode_table *t, struct kc_inode *in);

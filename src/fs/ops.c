@@ -69,7 +69,7 @@ static void name_gone(struct kc_fs *fs, const struct stat *st)
 	if (!in || in == &fs->inodes.root)
 		return;
 	kc_inode_unlinked(&fs->inodes, in);
-	kc_inode_forget(&fs->inodes, in, 1);
+	kc_inode_let_go(&fs->inodes, in);
 }
 
 static int is_ctl_name(struct kc_fs *fs, struct kc_inode *parent, const char *name)
@@ -547,13 +547,16 @@ static void kc_rmdir(fuse_req_t req, fuse_ino_t parent_ino, const char *name)
 	fuse_reply_err(req, 0);
 }
 
-/* Refresh the role of the known inode at parent/name, if any. */
+/* Refresh the role of the known inode at parent/name, if any, and return it held (the
+ * caller lets go, kc_inode_let_go). Unheld, it could be freed under this call: another
+ * rename over the same name makes the kernel FORGET it meanwhile (a daemon crash in
+ * kc_inode_place, seen once under test_renames_over_final_names_never_show_partial_files). */
 static struct kc_inode *replace_one(struct kc_fs *fs, struct kc_inode *parent, const char *name)
 {
 	struct stat st;
 	if (fstatat(parent->fd, name, &st, AT_SYMLINK_NOFOLLOW) != 0)
 		return NULL;
-	struct kc_inode *in = kc_inode_find(&fs->inodes, st.st_dev, st.st_ino);
+	struct kc_inode *in = kc_inode_find_held(&fs->inodes, st.st_dev, st.st_ino);
 	if (in)
 		kc_inode_place(&fs->inodes, in, parent, name, 0);
 	return in;
@@ -567,10 +570,10 @@ static void replace_role(struct kc_fs *fs, struct kc_inode *newparent, const cha
 	static const char *const staged[] = {KC_SOURCE_NAME, KC_FLAGS_NAME, KC_CUBIN_NAME,
 					     KC_LOG_NAME};
 	struct kc_inode *in = replace_one(fs, newparent, newname);
-	if (!in || in->type != S_IFDIR)
-		return;
-	for (unsigned i = 0; i < sizeof(staged) / sizeof(staged[0]); i++)
-		replace_one(fs, in, staged[i]);
+	if (in && in->type == S_IFDIR)
+		for (unsigned i = 0; i < sizeof(staged) / sizeof(staged[0]); i++)
+			kc_inode_let_go(&fs->inodes, replace_one(fs, in, staged[i]));
+	kc_inode_let_go(&fs->inodes, in);
 }
 
 /* A directory may not take a bad kernel.<name>.<hash> name, nor a symlink any name of that
@@ -616,11 +619,12 @@ static const char *staged_rename_refusal(const struct kc_inode *parent, const ch
  * so until that dentry goes, its inode is refused (opens ESTALE, writes EBADF). */
 static void mark_discarded(struct kc_fs *fs, const struct stat *st)
 {
-	struct kc_inode *in = kc_inode_find(&fs->inodes, st->st_dev, st->st_ino);
+	struct kc_inode *in = kc_inode_find_held(&fs->inodes, st->st_dev, st->st_ino);
 	struct stat now;
 	if (in && in != &fs->inodes.root &&
 	    fstatat(in->fd, "", &now, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) == 0 && now.st_nlink == 0)
 		__atomic_store_n(&in->discarded, 1, __ATOMIC_SEQ_CST);
+	kc_inode_let_go(&fs->inodes, in);
 	name_gone(fs, st); /* the entry holds a copy: the client's file goes now */
 }
 
@@ -647,7 +651,7 @@ static void kc_rename(fuse_req_t req, fuse_ino_t parent_ino, const char *name,
 	}
 	if (kc_role_is_staged(role)) {
 		/* Renaming a file onto kernel.cu/.flags/.cubin stages a copy of it. */
-		struct kc_inode *src = kc_inode_find(&fs->inodes, st.st_dev, st.st_ino);
+		struct kc_inode *src = kc_inode_find_held(&fs->inodes, st.st_dev, st.st_ino);
 		if ((flags & RENAME_NOREPLACE) &&
 		    fstatat(newparent->fd, newname, &tst, AT_SYMLINK_NOFOLLOW) == 0)
 			err = -EEXIST;
@@ -659,6 +663,7 @@ static void kc_rename(fuse_req_t req, fuse_ino_t parent_ino, const char *name,
 			err = kc_stage_result(fs, kc_cache_stage_copy(&fs->cache, role, parent->fd,
 								      name, newparent->fd),
 					      newparent_ino, newname);
+		kc_inode_let_go(&fs->inodes, src);
 		if (!err)
 			mark_discarded(fs, &st);
 	} else if (!(err = name_refused(&st, newname)) && (flags & RENAME_EXCHANGE)) {

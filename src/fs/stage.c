@@ -145,13 +145,14 @@ int kc_stage_commit(struct kc_fs *fs, struct kc_fh *fh)
 	if (fh->done || !fh->tmpname[0])
 		return 0;
 	struct kc_inode *entry = fstat(fh->entry_fd, &est) == 0
-					 ? kc_inode_find(&fs->inodes, est.st_dev, est.st_ino)
+					 ? kc_inode_find_held(&fs->inodes, est.st_dev, est.st_ino)
 					 : NULL;
 	int err = kc_cache_stage(&fs->cache, fh->role, fs->store.tmp_fd, fh->tmpname, fh->entry_fd);
 	if (entry)
 		err = kc_stage_result(fs, err, kc_inode_ino(&fs->inodes, entry), NULL);
 	else if (err > 0)
 		err = 0;
+	kc_inode_let_go(&fs->inodes, entry);
 	if (err)
 		unlinkat(fs->store.tmp_fd, fh->tmpname, 0);
 	fh->tmpname[0] = '\0';

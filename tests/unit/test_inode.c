@@ -3,6 +3,7 @@
  * a forget, and lookup counts kept. On a temporary backing directory, without a mount. */
 #define _GNU_SOURCE
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -170,6 +171,77 @@ static void ledger_checks(int root)
 	unlinkat(root, "e", AT_REMOVEDIR);
 }
 
+/* Lookups of one inode while others come and go. A find must hold what it found before
+ * it lets go of the table's lock: kc_inode_find read the tree node after unlocking it, and
+ * glibc's tdelete may free the node of a neighbouring key, so a FORGET of another inode at
+ * that moment made the find return garbage (a daemon crash under concurrent renames). */
+struct churn {
+	struct kc_inode_table *t;
+	int root, id;
+	int bad;
+	int *running; /* churners not done yet (atomic) */
+};
+
+static void *churn_run(void *arg)
+{
+	struct churn *c = arg;
+	char name[32];
+	struct stat st;
+	snprintf(name, sizeof(name), "churn%d", c->id);
+	close(openat(c->root, name, O_CREAT | O_WRONLY | O_CLOEXEC, 0644));
+	for (int i = 0; i < 3000; i++) {
+		int fd = openat(c->root, name, O_PATH | O_CLOEXEC), err = 0;
+		struct kc_inode *in = fd >= 0 && fstat(fd, &st) == 0 ? kc_inode_ref(c->t, fd, &st, &err)
+								      : NULL;
+		if (!in) {
+			c->bad++;
+			if (fd >= 0)
+				close(fd);
+			continue;
+		}
+		kc_inode_forget(c->t, in, 1); /* its last reference: out of the tree, freed */
+	}
+	unlinkat(c->root, name, 0);
+	__atomic_sub_fetch(c->running, 1, __ATOMIC_SEQ_CST);
+	return NULL;
+}
+
+static void find_while_others_go(struct kc_inode_table *t, int root)
+{
+	struct stat sf;
+	int err = 0;
+	struct kc_inode *fixed = kc_inode_ref(t, object(root, "fixed", &sf), &sf, &err);
+	enum { CHURNERS = 3 };
+	pthread_t th[CHURNERS];
+	struct churn c[CHURNERS];
+	int started = 0, running = CHURNERS;
+	for (int i = 0; i < CHURNERS; i++) {
+		c[i] = (struct churn){.t = t, .root = root, .id = i, .running = &running};
+		if (pthread_create(&th[i], NULL, churn_run, &c[i]) == 0)
+			started++;
+		else
+			__atomic_sub_fetch(&running, 1, __ATOMIC_SEQ_CST);
+	}
+	long finds = 0, wrong = 0; /* finds for as long as the churners run */
+	while (__atomic_load_n(&running, __ATOMIC_SEQ_CST) > 0 || finds < 1000) {
+		struct kc_inode *in = kc_inode_find_held(t, sf.st_dev, sf.st_ino);
+		wrong += in != fixed;
+		kc_inode_let_go(t, in);
+		finds++;
+	}
+	int bad = 0;
+	for (int i = 0; i < started; i++) {
+		pthread_join(th[i], NULL);
+		bad += c[i].bad;
+	}
+	CHECK(fixed && started == CHURNERS && !bad && wrong == 0,
+	      "finds of one inode while 3 threads make and forget 3000 others each: each found it");
+	printf("# %ld finds\n", finds);
+	CHECK(fixed && fixed->nlookup == 1, "the finds' holds all let go: its count is the kernel's");
+	kc_inode_forget(t, fixed, 1);
+	unlinkat(root, "fixed", 0);
+}
+
 int main(void)
 {
 	char dir[] = "/tmp/kc-inode-XXXXXX";
@@ -242,6 +314,7 @@ int main(void)
 	else
 		CHECK(1, "# SKIP the inode ledger: open_by_handle_at needs CAP_DAC_READ_SEARCH");
 
+	find_while_others_go(&t, root);
 	kc_inode_forget(&t, b, 1);
 	kc_inode_forget(&t, c, 1);
 	CHECK(kc_inode_count(&t) == 0, "all forgotten");
