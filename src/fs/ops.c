@@ -62,12 +62,18 @@ static void count_open(fuse_req_t req, struct kc_inode *in, struct kc_fh *fh)
 }
 
 /* The object that was stat'ed as st before a call took one of its names: let go of it if
- * that was its last (kc_inode_unlinked). */
-static void name_gone(struct kc_fs *fs, const struct stat *st)
+ * that was its last (kc_inode_unlinked). With discarded, it is a client's file that a stage
+ * consumed: the kernel moved its dentry onto the staged name, so until that dentry goes,
+ * its inode is refused (opens ESTALE, writes EBADF). */
+static void name_gone(struct kc_fs *fs, const struct stat *st, int discarded)
 {
 	struct kc_inode *in = kc_inode_find_held(&fs->inodes, st->st_dev, st->st_ino);
+	struct stat now;
 	if (!in || in == &fs->inodes.root)
 		return;
+	if (discarded && fstatat(in->fd, "", &now, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) == 0 &&
+	    now.st_nlink == 0)
+		__atomic_store_n(&in->discarded, 1, __ATOMIC_SEQ_CST);
 	kc_inode_unlinked(&fs->inodes, in);
 	kc_inode_let_go(&fs->inodes, in);
 }
@@ -522,7 +528,7 @@ static void kc_unlink(fuse_req_t req, fuse_ino_t parent_ino, const char *name)
 	if (unlinkat(parent->fd, name, 0) != 0)
 		return (void)fuse_reply_err(req, errno);
 	if (known) /* its space is free when unlink returns */
-		name_gone(fs, &st);
+		name_gone(fs, &st, 0);
 	recipe_removed(req, parent_ino, parent, name);
 	if (parent->entry)
 		kc_evict_note_fd(&fs->evict, parent->fd);
@@ -615,19 +621,6 @@ static const char *staged_rename_refusal(const struct kc_inode *parent, const ch
 	return NULL;
 }
 
-/* A client's file that a stage consumed: the kernel moved its dentry onto the staged name,
- * so until that dentry goes, its inode is refused (opens ESTALE, writes EBADF). */
-static void mark_discarded(struct kc_fs *fs, const struct stat *st)
-{
-	struct kc_inode *in = kc_inode_find_held(&fs->inodes, st->st_dev, st->st_ino);
-	struct stat now;
-	if (in && in != &fs->inodes.root &&
-	    fstatat(in->fd, "", &now, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) == 0 && now.st_nlink == 0)
-		__atomic_store_n(&in->discarded, 1, __ATOMIC_SEQ_CST);
-	kc_inode_let_go(&fs->inodes, in);
-	name_gone(fs, st); /* the entry holds a copy: the client's file goes now */
-}
-
 static void kc_rename(fuse_req_t req, fuse_ino_t parent_ino, const char *name,
 		      fuse_ino_t newparent_ino, const char *newname, unsigned int flags)
 {
@@ -665,7 +658,7 @@ static void kc_rename(fuse_req_t req, fuse_ino_t parent_ino, const char *name,
 					      newparent_ino, newname);
 		kc_inode_let_go(&fs->inodes, src);
 		if (!err)
-			mark_discarded(fs, &st);
+			name_gone(fs, &st, 1); /* the entry holds a copy: the client's file goes */
 	} else if (!(err = name_refused(&st, newname)) && (flags & RENAME_EXCHANGE)) {
 		/* The other side takes name. */
 		if (fstatat(newparent->fd, newname, &tst, AT_SYMLINK_NOFOLLOW) != 0)
