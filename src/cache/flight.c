@@ -82,11 +82,39 @@ int kc_flight_join(struct kc_flight_table *t, const struct kc_flight_key *key,
 	return ret;
 }
 
+/* Call done(result) on each waiter of the list w (linked by next); the lock not held. */
+static unsigned serve(struct kc_waiter *w, int result)
+{
+	unsigned n = 0;
+	while (w) {
+		struct kc_waiter *next = w->next;
+		w->done(w, result);
+		w = next;
+		n++;
+	}
+	return n;
+}
+
+/* Move the waiters of *list for which pred(w, arg) holds onto *out (the lock held). */
+static void take(struct kc_waiter **list, int (*pred)(struct kc_waiter *w, void *arg),
+		 void *arg, struct kc_waiter **out)
+{
+	for (struct kc_waiter **p = list; *p;) {
+		struct kc_waiter *w = *p;
+		if (pred(w, arg)) {
+			*p = w->next;
+			w->next = *out;
+			*out = w;
+		} else {
+			p = &w->next;
+		}
+	}
+}
+
 unsigned kc_flight_finish(struct kc_flight_table *t, const struct kc_flight_key *key,
 			  int result)
 {
 	struct kc_waiter *w = NULL;
-	unsigned n = 0;
 
 	pthread_mutex_lock(&t->lock);
 	struct kc_flight **p = find(t, key);
@@ -98,13 +126,25 @@ unsigned kc_flight_finish(struct kc_flight_table *t, const struct kc_flight_key 
 	}
 	pthread_mutex_unlock(&t->lock);
 	free(f);
-	while (w) {
-		struct kc_waiter *next = w->next;
-		w->done(w, result);
-		w = next;
-		n++;
-	}
-	return n;
+	return serve(w, result);
+}
+
+static int is_fetch_only(struct kc_waiter *w, void *arg)
+{
+	(void)arg;
+	return w->fetch_only;
+}
+
+unsigned kc_flight_compiling(struct kc_flight_table *t, const struct kc_flight_key *key)
+{
+	struct kc_waiter *out = NULL;
+
+	pthread_mutex_lock(&t->lock);
+	struct kc_flight *f = *find(t, key);
+	if (f)
+		take(&f->waiters, is_fetch_only, NULL, &out);
+	pthread_mutex_unlock(&t->lock);
+	return serve(out, -EINPROGRESS);
 }
 
 struct kc_waiter *kc_flight_sweep(struct kc_flight_table *t,
@@ -113,18 +153,8 @@ struct kc_waiter *kc_flight_sweep(struct kc_flight_table *t,
 	struct kc_waiter *out = NULL;
 
 	pthread_mutex_lock(&t->lock);
-	for (struct kc_flight *f = t->head; f; f = f->next) {
-		for (struct kc_waiter **p = &f->waiters; *p;) {
-			struct kc_waiter *w = *p;
-			if (pred(w, arg)) {
-				*p = w->next;
-				w->next = out;
-				out = w;
-			} else {
-				p = &w->next;
-			}
-		}
-	}
+	for (struct kc_flight *f = t->head; f; f = f->next)
+		take(&f->waiters, pred, arg, &out);
 	pthread_mutex_unlock(&t->lock);
 	return out;
 }

@@ -20,6 +20,8 @@ typedef void (*kc_waiter_fn)(struct kc_waiter *w, int result);
 struct kc_waiter {
 	struct kc_waiter *next; /* owned by the table while queued */
 	kc_waiter_fn done;
+	int fetch_only; /* waits for a fetch only: served with -EINPROGRESS when its flight
+			 * goes on to compile (kc_flight_compiling) */
 };
 
 struct kc_flight_key {
@@ -60,6 +62,10 @@ int kc_flight_join_running(struct kc_flight_table *t, const struct kc_flight_key
  * number of waiters served. */
 unsigned kc_flight_finish(struct kc_flight_table *t, const struct kc_flight_key *key,
 			  int result);
+
+/* The flight for key fetched nothing and goes on to compile: remove its fetch_only
+ * waiters and call their done(-EINPROGRESS). Returns the number served. */
+unsigned kc_flight_compiling(struct kc_flight_table *t, const struct kc_flight_key *key);
 
 /* Remove every queued waiter for which pred(w, arg) is nonzero (called under the table
  * lock, so w is not served meanwhile) and return them as a list linked by next; their done

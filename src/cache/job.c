@@ -287,6 +287,9 @@ static int run_compile(struct compile_job *j)
 		kc_remote_job_free(&rj);
 		goto done;
 	}
+	/* Nothing to fetch: lookups that waited for a fetch are answered now (their readers
+	 * wait for the compile as pending inodes, holding no directory lock). */
+	kc_flight_compiling(&c->flights, &j->key);
 	rj.flags = j->recipe.flags; /* its include roots stay out of the header list */
 	rj.flags_len = j->recipe.flags_len;
 	/* Holding a job slot from here on. The scratch directory only for a compile: a fetch

@@ -53,6 +53,18 @@ extern const struct fuse_lowlevel_ops kc_fs_ops;
 /* Park a getattr (fi NULL) or an open (fi its file info) of a pending cubin inode until
  * the entry's compile ends; answered with kc_reply_published_* or the compile's error. */
 void kc_park(fuse_req_t req, struct kc_inode *pending, struct fuse_file_info *fi);
+/* A waiter for the lookup of kernel.cubin in entry (the kernel holds entry meanwhile), to
+ * pass to kc_cache_lookup_cubin with a cluster store: once queued (KC_PENDING) it answers
+ * req with the published cubin when its flight has fetched it, or with
+ * kc_reply_cubin_entry's pending inode when the flight compiles, or within
+ * LOOKUP_PARK_MS + a sweep interval (waiter.c). Owned by the caller until queued (drop it
+ * with kc_lookup_waiter_drop when it was not); NULL on ENOMEM. */
+struct kc_waiter *kc_lookup_waiter(fuse_req_t req, struct kc_inode *entry);
+void kc_lookup_waiter_drop(struct kc_waiter *w);
+/* Answer the lookup of kernel.cubin in entry now, starting its compile if it must be
+ * compiled (ops.c): the published cubin, or a pending inode while its compile runs; the
+ * cache's errno otherwise (kc_cache_lookup_cubin). */
+void kc_reply_cubin_entry(fuse_req_t req, struct kc_inode *entry);
 /* Start/stop the thread that lets go of parked waiters whose process is killed after an
  * interrupt it survived (EINTR), and answers ETIMEDOUT, with a log line naming the sysctls,
  * those parked for fs->request_budget seconds, before the kernel's request timeout would

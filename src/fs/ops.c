@@ -3,7 +3,8 @@
  *
  * Kernel-entry rules live in the core; what is here is the FUSE side of them:
  *  - lookup of kernel.cubin in an entry is the single-flight point. A lookup that must wait
- *    for a compile is answered at once with a pending inode; its getattr and open are not
+ *    for a compile is answered at once with a pending inode (with a cluster store, once the
+ *    flight turns out to compile rather than fetch: waiter.c); its getattr and open are not
  *    answered in their worker thread: they are parked as waiters (waiter.c) and answered
  *    from the compile thread (cubin.c, or EINTR if their process is being killed), so
  *    waiters hold no FUSE thread and the size the kernel learns is the compiled size;
@@ -217,6 +218,40 @@ static void reply_pending_entry(fuse_req_t req, struct kc_inode *entry, uint64_t
 		kc_inode_forget(&fs->inodes, in, 1);
 }
 
+/* Answer the lookup of kernel.cubin in entry with r, kc_cache_lookup_cubin's result. */
+static void answer_cubin_lookup(fuse_req_t req, struct kc_inode *entry, int r, uint64_t recipe_id)
+{
+	if (r == KC_PENDING)
+		return reply_pending_entry(req, entry, recipe_id);
+	if (r < 0)
+		return (void)fuse_reply_err(req, -r);
+	reply_lookup(req, entry, KC_CUBIN_NAME);
+}
+
+void kc_reply_cubin_entry(fuse_req_t req, struct kc_inode *entry)
+{
+	uint64_t recipe_id = 0;
+	int r = kc_cache_lookup_cubin(&fs_of(req)->cache, entry->fd, NULL, &recipe_id);
+	answer_cubin_lookup(req, entry, r, recipe_id);
+}
+
+/* kernel.cubin in an entry. Published: the real file. Staged: start its compile and answer
+ * a pending inode now; with a cluster store, park the lookup while the flight may end in a
+ * fetch (waiter.c), so that it is answered with the fetched cubin. */
+static void lookup_cubin(fuse_req_t req, struct kc_inode *entry)
+{
+	struct kc_fs *fs = fs_of(req);
+	if (!fs->cache.remote)
+		return kc_reply_cubin_entry(req, entry);
+	struct kc_waiter *w = kc_lookup_waiter(req, entry);
+	uint64_t recipe_id = 0;
+	int r = kc_cache_lookup_cubin(&fs->cache, entry->fd, w, &recipe_id);
+	if (r == KC_PENDING && w)
+		return; /* parked: answered from the flight or the sweeper */
+	kc_lookup_waiter_drop(w);
+	answer_cubin_lookup(req, entry, r, recipe_id);
+}
+
 static void kc_lookup(fuse_req_t req, fuse_ino_t parent_ino, const char *name)
 {
 	if (kc_refuse_compile(req))
@@ -233,15 +268,8 @@ static void kc_lookup(fuse_req_t req, fuse_ino_t parent_ino, const char *name)
 			return reply_virtual_entry(req, &fs->inodes.metrics);
 		return (void)fuse_reply_err(req, ENOENT);
 	}
-	if (parent->entry && strcmp(name, KC_CUBIN_NAME) == 0) {
-		/* Published: the real file. Staged: start its compile, answer pending now. */
-		uint64_t recipe_id = 0;
-		int r = kc_cache_lookup_cubin(&fs->cache, parent->fd, NULL, &recipe_id);
-		if (r == KC_PENDING)
-			return reply_pending_entry(req, parent, recipe_id);
-		if (r < 0)
-			return (void)fuse_reply_err(req, -r);
-	}
+	if (parent->entry && strcmp(name, KC_CUBIN_NAME) == 0)
+		return lookup_cubin(req, parent);
 	reply_lookup(req, parent, name);
 }
 

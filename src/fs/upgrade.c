@@ -246,6 +246,11 @@ static void gate_close(void)
 	pthread_mutex_unlock(&io.lock);
 }
 
+int kc_upgrade_draining(void)
+{
+	return __atomic_load_n(&io.closed, __ATOMIC_SEQ_CST);
+}
+
 static void gate_open(void)
 {
 	uint64_t v;

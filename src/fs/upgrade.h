@@ -52,6 +52,10 @@ int kc_abstract_answers(const char *name, int type);
  * -errno. */
 int kc_upgrade_io(struct fuse_session *se, int fd);
 
+/* Nonzero while a handover drains this daemon: no new request is read, and the compiles
+ * that the requests in hand wait for are finished here. */
+int kc_upgrade_draining(void);
+
 /* Old side: serve upgrade requests for real_mnt from a thread, offering argv[1..argc-1]
  * run in cwd. Returns 0 or -errno (no upgrade possible; the mount serves on). */
 int kc_upgrade_listen(struct kc_fs *fs, const char *real_mnt, int argc, char **argv,

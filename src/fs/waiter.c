@@ -8,6 +8,13 @@
  * concurrent lookups of one name, not opens or getattrs), and a waiter whose process is
  * killed is answered EINTR within a sweep interval, while the others keep waiting.
  *
+ * With a cluster store, the lookup of such a cubin is parked too, as long as its flight
+ * may end in a fetch (a few milliseconds): it is answered with the published cubin, so its
+ * readers see one inode, as on a warm node, and the kernel merges their lookups into one.
+ * The lookup holds its directory's lock (shared) in the kernel, so it is answered with the
+ * pending inode as soon as the flight compiles instead (kc_flight_compiling), or after
+ * LOOKUP_PARK_MS in any case (a slow store, a wait on another node's lease).
+ *
  * Under a kernel request timeout (fs.fuse.*_request_timeout, src/mount/reqtimeout.h) a request
  * kept past it aborts the whole mount; so a waiter parked for fs->request_budget seconds
  * is answered ETIMEDOUT by the sweeper, whatever it waits for (a compile queued behind
@@ -16,6 +23,7 @@
  */
 #include <errno.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,20 +32,26 @@
 #include "fs.h"
 #include "log.h"
 #include "reqtimeout.h"
+#include "upgrade.h"
 
 #define SWEEP_INTERVAL_MS 100
+#define LOOKUP_PARK_MS 200 /* a parked lookup's longest wait, plus up to a sweep interval */
+
+enum waiter_kind { W_GETATTR, W_OPEN, W_LOOKUP };
 
 struct req_waiter {
 	struct kc_waiter base;
 	fuse_req_t req;
 	struct kc_fs *fs;
-	struct kc_inode *in; /* the pending inode: the kernel holds it while the request waits */
-	int open;            /* 1: an open (fi is its file info), 0: a getattr */
+	struct kc_inode *in; /* the pending inode (a lookup: its entry directory); the kernel
+			      * holds it while the request waits */
+	enum waiter_kind kind; /* W_OPEN: fi is its file info */
 	struct fuse_file_info fi;
 	pid_t tid;           /* the waiting thread */
 	int retries;         /* published cubins that were gone when opened */
 	struct timespec parked_at; /* CLOCK_MONOTONIC */
 	int expired;         /* set by the sweep: parked for fs->request_budget */
+	int released;        /* set by the sweep: a lookup parked for LOOKUP_PARK_MS */
 };
 
 /* Nonzero if thread tid is gone, or a signal is pending for it that will kill its process:
@@ -92,8 +106,8 @@ static void wait_or_answer(struct req_waiter *w)
 			fuse_reply_err(w->req, -r);
 			break;
 		}
-		r = w->open ? kc_reply_published_open(w->req, w->in, &w->fi)
-			    : kc_reply_published_attr(w->req, w->in);
+		r = w->kind == W_OPEN ? kc_reply_published_open(w->req, w->in, &w->fi)
+				      : kc_reply_published_attr(w->req, w->in);
 		if (r == 0)
 			break;
 		if (++w->retries > 3) { /* published and gone again, repeatedly */
@@ -104,9 +118,33 @@ static void wait_or_answer(struct req_waiter *w)
 	waiter_free(w);
 }
 
+/* Answer the parked lookup w: the cubin, or a pending inode while its compile runs. While a
+ * handover drains this daemon, a lookup whose flight compiles waits for the compile's end
+ * instead: the pending inode's getattr and open would not be read here, and the compile,
+ * left with no request in hand, would be dropped and done again by the next daemon. */
+static void answer_lookup(struct req_waiter *w)
+{
+	if (w->base.fetch_only && kc_upgrade_draining()) {
+		uint64_t recipe_id;
+		w->base.fetch_only = 0;
+		w->released = 0;
+		if (kc_cache_lookup_cubin(&w->fs->cache, w->in->fd, &w->base, &recipe_id) == KC_PENDING)
+			return; /* queued for the compile's end */
+	}
+	kc_reply_cubin_entry(w->req, w->in);
+	waiter_free(w);
+}
+
 static void ready(struct kc_waiter *base, int result)
 {
 	struct req_waiter *w = (struct req_waiter *)base;
+	if (w->kind == W_LOOKUP && (result >= 0 || result == -EAGAIN || result == -EINPROGRESS)) {
+		/* Fetched and published, or to be compiled: the cubin or a pending inode. */
+		if (result >= 0 && w->base.fetch_only)
+			atomic_fetch_add(&w->fs->cache.stats.remote_lookups, 1);
+		answer_lookup(w);
+		return;
+	}
 	if (result < 0 && result != -EAGAIN) {
 		fuse_reply_err(w->req, -result);
 		waiter_free(w);
@@ -114,6 +152,24 @@ static void ready(struct kc_waiter *base, int result)
 	}
 	/* Published (or the recipe changed under the compile): look again and answer. */
 	wait_or_answer(w);
+}
+
+/* A new waiter for req on in, counted in fs->parked; NULL on ENOMEM. */
+static struct req_waiter *waiter_new(fuse_req_t req, struct kc_inode *in, enum waiter_kind kind)
+{
+	struct req_waiter *w = calloc(1, sizeof(*w));
+	if (!w)
+		return NULL;
+	w->base.done = ready;
+	w->base.fetch_only = kind == W_LOOKUP;
+	w->req = req;
+	w->fs = fuse_req_userdata(req);
+	w->in = in;
+	w->kind = kind;
+	w->tid = fuse_req_ctx(req)->pid;
+	clock_gettime(CLOCK_MONOTONIC, &w->parked_at);
+	__atomic_fetch_add(&w->fs->parked, 1, __ATOMIC_RELAXED);
+	return w;
 }
 
 void kc_park(fuse_req_t req, struct kc_inode *pending, struct fuse_file_info *fi)
@@ -127,20 +183,24 @@ void kc_park(fuse_req_t req, struct kc_inode *pending, struct fuse_file_info *fi
 		       "refused (EDEADLK)");
 		return (void)fuse_reply_err(req, EDEADLK);
 	}
-	struct req_waiter *w = calloc(1, sizeof(*w));
+	struct req_waiter *w = waiter_new(req, pending, fi ? W_OPEN : W_GETATTR);
 	if (!w)
 		return (void)fuse_reply_err(req, ENOMEM);
-	w->base.done = ready;
-	w->req = req;
-	w->fs = fs;
-	w->in = pending;
-	w->open = fi != NULL;
 	if (fi)
 		w->fi = *fi;
-	w->tid = fuse_req_ctx(req)->pid;
-	clock_gettime(CLOCK_MONOTONIC, &w->parked_at);
-	__atomic_fetch_add(&w->fs->parked, 1, __ATOMIC_RELAXED);
 	wait_or_answer(w);
+}
+
+struct kc_waiter *kc_lookup_waiter(fuse_req_t req, struct kc_inode *entry)
+{
+	struct req_waiter *w = waiter_new(req, entry, W_LOOKUP);
+	return w ? &w->base : NULL;
+}
+
+void kc_lookup_waiter_drop(struct kc_waiter *base)
+{
+	if (base)
+		waiter_free((struct req_waiter *)base);
 }
 
 /* The kernel interrupts a request once, on the first signal. A waiter that survives the
@@ -153,9 +213,13 @@ static int waiter_to_go(struct kc_waiter *base, void *arg)
 	struct req_waiter *w = (struct req_waiter *)base;
 	const struct timespec *now = arg;
 	unsigned budget = w->fs->request_budget;
-	if (budget && (now->tv_sec - w->parked_at.tv_sec) * 1000000000L +
-				      (now->tv_nsec - w->parked_at.tv_nsec) >=
-			      (long)budget * 1000000000L) {
+	long parked_ns = (now->tv_sec - w->parked_at.tv_sec) * 1000000000L +
+			 (now->tv_nsec - w->parked_at.tv_nsec);
+	if (w->base.fetch_only && parked_ns >= LOOKUP_PARK_MS * 1000000L) {
+		w->released = 1;
+		return 1;
+	}
+	if (budget && parked_ns >= (long)budget * 1000000000L) {
 		w->expired = 1;
 		return 1;
 	}
@@ -172,7 +236,7 @@ static void answer_expired(struct req_waiter *w)
 	       "waiting for its compile: the kernel aborts this mount when a request waits %u s "
 	       "(sysctls fs.fuse.default_request_timeout and fs.fuse.max_request_timeout); set "
 	       "them to 0 (off) or to at least %u and remount, for compiles that long",
-	       w->open ? "open" : "stat", label, (int)w->tid, w->fs->request_budget,
+	       w->kind == W_OPEN ? "open" : w->kind == W_LOOKUP ? "lookup" : "stat", label, (int)w->tid, w->fs->request_budget,
 	       w->fs->cfg.request_timeout,
 	       kc_reqtimeout_needed((w->fs->cfg.compile_timeout_asked
 					     ? w->fs->cfg.compile_timeout_asked
@@ -190,6 +254,10 @@ static long sweep_tick(void *arg)
 	while (gone) {
 		struct req_waiter *w = (struct req_waiter *)gone;
 		gone = gone->next;
+		if (w->released) {
+			answer_lookup(w);
+			continue;
+		}
 		if (w->expired)
 			answer_expired(w);
 		else

@@ -50,7 +50,7 @@ size_t kc_stats_render(const struct kc_stats *s, const struct kc_stats_gauges *g
 	const struct metric m[] = {
 		{"kcachefs_hits_total", "counter", "Cubin lookups served from a published cubin.", "hits", s->hits},
 		{"kcachefs_misses_total", "counter", "Cubin lookups that started a compile.", "misses", s->misses},
-		{"kcachefs_waits_total", "counter", "Requests (getattr, open) of a compiling cubin that joined its compile.", "waiters", s->waits},
+		{"kcachefs_waits_total", "counter", "Requests (lookup, getattr, open) of a compiling cubin that joined its compile.", "waiters", s->waits},
 		{"kcachefs_cubin_opens_total", "counter", "Opens of published cubins.", "cubin opens", s->cubin_opens},
 		{"kcachefs_compiles_total", "counter", "Compiler runs that published a cubin.", "compiles ok", s->compiles},
 		{"kcachefs_compile_failures_total", "counter", "Compiler runs that failed (timeouts included).", "compiles failed", s->compile_failures},
@@ -76,6 +76,7 @@ size_t kc_stats_render(const struct kc_stats *s, const struct kc_stats_gauges *g
 		{"kcachefs_remote_bytes_out_total", "counter", "Bytes of objects stored in the cluster store.", "remote bytes out", s->remote_bytes_out},
 		{"kcachefs_remote_fetch_microseconds_total", "counter", "Time of the fetches that hit, summed (divide by kcachefs_remote_fetches_total).", "remote fetch usec", s->remote_fetch_usec},
 		{"kcachefs_remote_fetches_total", "counter", "Fetches that hit.", "remote fetches", s->remote_fetches},
+		{"kcachefs_remote_lookups_total", "counter", "Lookups of a kernel.cubin that waited for its fetch and were answered with the fetched cubin.", "remote lookups", s->remote_lookups},
 		{"kcachefs_remote_up", "gauge", "1 when a cluster store is set (-o remote=) and answers, else 0.", "remote up", g->remote_up},
 		{"kcachefs_inode_reliefs_total", "counter", "Times the kernel was asked to forget inodes to stay under kcachefs_inodes_max.", "inode reliefs", g->reliefs},
 		{"kcachefs_entries", "gauge", "Published entries in the store.", "entries", g->entries},
@@ -173,7 +174,7 @@ void kc_stats_reset(struct kc_stats *s)
 		&s->remote_misses, &s->remote_puts, &s->remote_get_errors, &s->remote_put_errors,
 		&s->remote_lease_errors, &s->remote_rejected, &s->remote_lease_waits,
 		&s->remote_takeovers, &s->remote_hedged, &s->remote_bytes_in, &s->remote_bytes_out,
-		&s->remote_fetch_usec, &s->remote_fetches,
+		&s->remote_fetch_usec, &s->remote_fetches, &s->remote_lookups,
 	};
 	pthread_mutex_lock(&s->hist_lock);
 	for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)

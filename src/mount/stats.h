@@ -55,6 +55,8 @@ struct kc_stats {
 	atomic_uint_fast64_t remote_bytes_out; /* bytes of objects stored */
 	atomic_uint_fast64_t remote_fetch_usec; /* time of the fetches that hit, microseconds */
 	atomic_uint_fast64_t remote_fetches;   /* their number */
+	atomic_uint_fast64_t remote_lookups;   /* cubin lookups parked on a flight that fetched:
+						* answered with the fetched cubin (waiter.c) */
 	pthread_mutex_t hist_lock; /* the histogram (compile_usec, _runs, _buckets) moves as one;
 				    * all zero is its initial state, as in a zeroed struct */
 };

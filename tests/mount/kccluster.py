@@ -526,3 +526,6 @@ def compiles_each_kernel_once(cluster):
         assert r == results[0][str(p).rsplit("/", 2)[-2]]
     assert len(cluster.compiles()) == KERNELS, "a node mounted later compiled"
     assert late.stats()["remote_hits_total"] == KERNELS
+    # each lookup waited for its fetch and was answered with the fetched cubin (one inode,
+    # as on a warm node), not with a pending inode
+    assert late.stats()["remote_lookups_total"] == KERNELS, late.stats()

@@ -368,10 +368,45 @@ static void test_join_running(void)
 	kc_flight_table_destroy(&t);
 }
 
+/* A flight that goes on to compile serves its fetch-only waiters (parked lookups) with
+ * -EINPROGRESS at once, and only those, and only its own: the others wait for the result. */
+static void test_compiling(void)
+{
+	struct kc_flight_table t;
+	struct kc_flight_key a = {.dev = 6, .ino = 1}, b = {.dev = 6, .ino = 2};
+	struct test_waiter w[5];
+	int zero = 0;
+
+	for (int i = 0; i < 5; i++)
+		tw_init(&w[i]);
+	w[1].w.fetch_only = w[3].w.fetch_only = w[4].w.fetch_only = 1;
+	kc_flight_table_init(&t);
+	CHECK(kc_flight_compiling(&t, &a) == 0, "compiling: no flight, none served");
+	CHECK(kc_flight_join(&t, &a, &w[0].w, recheck_value, &zero) == KC_FLIGHT_LEADER &&
+	      kc_flight_join(&t, &a, &w[1].w, recheck_value, &zero) == KC_FLIGHT_JOINED &&
+	      kc_flight_join(&t, &a, &w[2].w, recheck_value, &zero) == KC_FLIGHT_JOINED &&
+	      kc_flight_join(&t, &a, &w[3].w, recheck_value, &zero) == KC_FLIGHT_JOINED &&
+	      kc_flight_join(&t, &b, &w[4].w, recheck_value, &zero) == KC_FLIGHT_LEADER,
+	      "compiling: five waiters on two flights");
+	CHECK(kc_flight_compiling(&t, &a) == 2 && w[1].calls == 1 && w[1].result == -EINPROGRESS &&
+	      w[3].calls == 1 && w[3].result == -EINPROGRESS,
+	      "compiling: the flight's fetch-only waiters are served -EINPROGRESS");
+	CHECK(w[0].calls == 0 && w[2].calls == 0 && w[4].calls == 0 && kc_flight_count(&t) == 2,
+	      "compiling: the others, and the other flight's, still wait");
+	CHECK(kc_flight_compiling(&t, &a) == 0, "compiling: a second call serves none");
+	CHECK(kc_flight_finish(&t, &a, 0) == 2 && w[0].calls == 1 && w[0].result == 0 &&
+	      w[2].calls == 1 && w[1].calls == 1 && w[3].calls == 1,
+	      "compiling: the finish serves the rest once, the served ones not again");
+	CHECK(kc_flight_finish(&t, &b, -EIO) == 1 && w[4].result == -EIO,
+	      "compiling: a fetch-only waiter of a flight that ends gets its result");
+	kc_flight_table_destroy(&t);
+}
+
 int main(void)
 {
 	test_basic();
 	test_join_running();
+	test_compiling();
 	test_done_is_not_joined();
 	test_recheck();
 	test_take_one();
