@@ -8,6 +8,7 @@ struct kc_flight {
 	struct kc_flight *next;
 	struct kc_flight_key key;
 	struct kc_waiter *waiters;
+	int compiling; /* kc_flight_compiling was called: nothing to fetch */
 };
 
 void kc_flight_table_init(struct kc_flight_table *t)
@@ -30,13 +31,18 @@ static struct kc_flight **find(struct kc_flight_table *t, const struct kc_flight
 	return p;
 }
 
-/* Queue w (may be NULL) on the flight f (the table lock held). */
-static void queue_on(struct kc_flight *f, struct kc_waiter *w)
+/* Queue w (may be NULL) on the flight f (the table lock held). Returns 1 when w is a
+ * fetch-only waiter and f already compiles: not queued, the caller serves it -EINPROGRESS
+ * once the lock is released (kc_flight_compiling served the ones queued before). */
+static int queue_on(struct kc_flight *f, struct kc_waiter *w)
 {
-	if (w) {
-		w->next = f->waiters;
-		f->waiters = w;
-	}
+	if (!w)
+		return 0;
+	if (w->fetch_only && f->compiling)
+		return 1;
+	w->next = f->waiters;
+	f->waiters = w;
+	return 0;
 }
 
 int kc_flight_join_running(struct kc_flight_table *t, const struct kc_flight_key *key,
@@ -44,22 +50,24 @@ int kc_flight_join_running(struct kc_flight_table *t, const struct kc_flight_key
 {
 	pthread_mutex_lock(&t->lock);
 	struct kc_flight **p = find(t, key);
-	int ret = *p ? KC_FLIGHT_JOINED : 0;
+	int ret = *p ? KC_FLIGHT_JOINED : 0, now = 0;
 	if (*p)
-		queue_on(*p, w);
+		now = queue_on(*p, w);
 	pthread_mutex_unlock(&t->lock);
+	if (now)
+		w->done(w, -EINPROGRESS);
 	return ret;
 }
 
 int kc_flight_join(struct kc_flight_table *t, const struct kc_flight_key *key,
 		   struct kc_waiter *w, int (*recheck)(void *arg), void *arg)
 {
-	int ret;
+	int ret, now = 0;
 
 	pthread_mutex_lock(&t->lock);
 	struct kc_flight **p = find(t, key);
 	if (*p) {
-		queue_on(*p, w);
+		now = queue_on(*p, w);
 		ret = KC_FLIGHT_JOINED;
 	} else if (recheck && (ret = recheck(arg)) != 0) {
 		/* already done: nothing queued */
@@ -69,6 +77,7 @@ int kc_flight_join(struct kc_flight_table *t, const struct kc_flight_key *key,
 			ret = -ENOMEM;
 		} else {
 			f->key = *key;
+			f->compiling = 0;
 			f->next = t->head;
 			if (w)
 				w->next = NULL;
@@ -79,6 +88,8 @@ int kc_flight_join(struct kc_flight_table *t, const struct kc_flight_key *key,
 		}
 	}
 	pthread_mutex_unlock(&t->lock);
+	if (now)
+		w->done(w, -EINPROGRESS);
 	return ret;
 }
 
@@ -141,8 +152,10 @@ unsigned kc_flight_compiling(struct kc_flight_table *t, const struct kc_flight_k
 
 	pthread_mutex_lock(&t->lock);
 	struct kc_flight *f = *find(t, key);
-	if (f)
+	if (f) {
+		f->compiling = 1; /* fetch-only waiters that join later are served at once */
 		take(&f->waiters, is_fetch_only, NULL, &out);
+	}
 	pthread_mutex_unlock(&t->lock);
 	return serve(out, -EINPROGRESS);
 }

@@ -47,14 +47,17 @@ void kc_flight_table_destroy(struct kc_flight_table *t);
 /* Queue w on the flight for key. If none is in flight, recheck(arg) runs under the table
  * lock (it sees every publish that a finished flight made); a nonzero return is passed
  * back and w is not queued. Otherwise a flight is created with w as its first waiter.
- * w may be NULL: then nothing is queued, only a missing flight is created.
+ * w may be NULL: then nothing is queued, only a missing flight is created. A fetch_only w
+ * joining a flight that already compiles (kc_flight_compiling) is not queued: its
+ * done(-EINPROGRESS) is called before the return (the lock released).
  * Returns KC_FLIGHT_JOINED, KC_FLIGHT_LEADER (the caller must start the work and call
  * kc_flight_finish), recheck's value, or -ENOMEM. */
 int kc_flight_join(struct kc_flight_table *t, const struct kc_flight_key *key,
 		   struct kc_waiter *w, int (*recheck)(void *arg), void *arg);
 
-/* Queue w on the flight for key if one is in flight: KC_FLIGHT_JOINED; else 0 (nothing
- * queued, no flight created). */
+/* Queue w on the flight for key if one is in flight: KC_FLIGHT_JOINED (a fetch_only w on
+ * a compiling flight is served -EINPROGRESS instead, as in kc_flight_join); else 0
+ * (nothing queued, no flight created). */
 int kc_flight_join_running(struct kc_flight_table *t, const struct kc_flight_key *key,
 			   struct kc_waiter *w);
 
@@ -64,7 +67,8 @@ unsigned kc_flight_finish(struct kc_flight_table *t, const struct kc_flight_key 
 			  int result);
 
 /* The flight for key fetched nothing and goes on to compile: remove its fetch_only
- * waiters and call their done(-EINPROGRESS). Returns the number served. */
+ * waiters and call their done(-EINPROGRESS); those that join it later are served so at
+ * once (kc_flight_join). Returns the number served. */
 unsigned kc_flight_compiling(struct kc_flight_table *t, const struct kc_flight_key *key);
 
 /* Remove every queued waiter for which pred(w, arg) is nonzero (called under the table

@@ -402,11 +402,46 @@ static void test_compiling(void)
 	kc_flight_table_destroy(&t);
 }
 
+/* A fetch-only waiter (a parked lookup) that joins a flight after it went on to compile has
+ * nothing to wait for: it is served -EINPROGRESS at once, not left for the sweeper; other
+ * waiters still queue, and a later flight of the same key starts fetching again. */
+static void test_join_after_compiling(void)
+{
+	struct kc_flight_table t;
+	struct kc_flight_key a = {.dev = 7, .ino = 1};
+	struct test_waiter w[5];
+	int zero = 0;
+
+	for (int i = 0; i < 5; i++)
+		tw_init(&w[i]);
+	w[1].w.fetch_only = w[2].w.fetch_only = w[4].w.fetch_only = 1;
+	kc_flight_table_init(&t);
+	CHECK(kc_flight_join(&t, &a, &w[0].w, recheck_value, &zero) == KC_FLIGHT_LEADER &&
+	      kc_flight_compiling(&t, &a) == 0, "late join: a flight that compiles");
+	CHECK(kc_flight_join(&t, &a, &w[1].w, recheck_value, &zero) == KC_FLIGHT_JOINED &&
+	      w[1].calls == 1 && w[1].result == -EINPROGRESS,
+	      "late join: a fetch-only waiter is served -EINPROGRESS at once");
+	CHECK(kc_flight_join_running(&t, &a, &w[2].w) == KC_FLIGHT_JOINED && w[2].calls == 1 &&
+	      w[2].result == -EINPROGRESS, "late join: join_running serves it so too");
+	CHECK(kc_flight_join(&t, &a, &w[3].w, recheck_value, &zero) == KC_FLIGHT_JOINED &&
+	      w[3].calls == 0, "late join: another waiter queues");
+	CHECK(kc_flight_finish(&t, &a, 0) == 2 && w[0].calls == 1 && w[3].calls == 1 &&
+	      w[1].calls == 1 && w[2].calls == 1,
+	      "late join: the finish serves the queued ones, the served ones not again");
+	CHECK(kc_flight_join(&t, &a, &w[0].w, recheck_value, &zero) == KC_FLIGHT_LEADER &&
+	      kc_flight_join(&t, &a, &w[4].w, recheck_value, &zero) == KC_FLIGHT_JOINED &&
+	      w[4].calls == 0, "late join: a new flight of the key may fetch: it queues");
+	CHECK(kc_flight_finish(&t, &a, 0) == 2 && w[4].calls == 1 && w[4].result == 0,
+	      "late join: and gets the fetch's result");
+	kc_flight_table_destroy(&t);
+}
+
 int main(void)
 {
 	test_basic();
 	test_join_running();
 	test_compiling();
+	test_join_after_compiling();
 	test_done_is_not_joined();
 	test_recheck();
 	test_take_one();
