@@ -11,12 +11,14 @@ void kc_rehash_init(struct kc_rehash_table *t)
 	memset(t, 0, sizeof(*t));
 	pthread_mutex_init(&t->lock, NULL);
 	pthread_cond_init(&t->done, NULL);
+	kc_watch_init(&t->watch);
 }
 
 void kc_rehash_destroy(struct kc_rehash_table *t)
 {
 	pthread_mutex_destroy(&t->lock);
 	pthread_cond_destroy(&t->done);
+	kc_watch_destroy(&t->watch);
 }
 
 unsigned long kc_rehash_ticket(struct kc_rehash_table *t)
@@ -70,8 +72,13 @@ int kc_rehash_own(struct kc_rehash_table *t, unsigned long ticket, const char *h
 			pthread_mutex_unlock(&t->lock);
 			return rehash(list, len, mine, mlen, why, whylen);
 		}
-		if (s->seq > ticket) { /* begun after this fetch asked: as fresh as its own */
+		/* begun after this fetch asked: as fresh as its own; or begun before, and the
+		 * watch says nothing it looked at has changed since (a success only) */
+		int proven = s->seq && s->seq <= ticket && !s->running && !s->err &&
+			     kc_watch_unchanged(&t->watch, s->watched);
+		if (s->seq > ticket || proven) {
 			int err = s->err;
+			t->proven += (unsigned long)proven;
 			memcpy(mine, s->mine, sizeof(s->mine));
 			*mlen = s->mine_len;
 			snprintf(why, whylen, "%s", s->why);
@@ -89,12 +96,14 @@ int kc_rehash_own(struct kc_rehash_table *t, unsigned long ticket, const char *h
 
 	char m[KC_MANIFEST_COMPACT_MAX] = "", w[sizeof(s->why)] = "";
 	size_t ml = 0;
+	unsigned long watched = kc_watch_arm(&t->watch, list, len); /* before any stat */
 	int err = rehash(list, len, m, &ml, w, sizeof(w));
 
 	pthread_mutex_lock(&t->lock);
 	s->running = 0; /* the slot stays this list's while running: slot_of skips it */
 	s->seq = seq;
 	s->err = err;
+	s->watched = watched;
 	memcpy(s->mine, m, sizeof(m));
 	s->mine_len = ml;
 	memcpy(s->why, w, sizeof(w));

@@ -14,6 +14,11 @@
  * have done. A fetch that finds one running that began before its ticket waits for it to
  * end and starts the next, which every fetch that asked meanwhile then shares (as a group
  * commit). Nothing is kept by time: a header changed before a fetch asked is always seen.
+ *
+ * A fetch also takes a result older than its ticket when the watch (remote_watch.h), armed
+ * before that result's stats began, says that nothing it looked at has changed since: on a
+ * joining node, whose fetches arrive one per rehash, that turns a stat of every header per
+ * kernel into one read of the watch's events.
  */
 #ifndef KC_REMOTE_REHASH_H
 #define KC_REMOTE_REHASH_H
@@ -23,6 +28,7 @@
 
 #include "hash.h"
 #include "remote_manifest.h"
+#include "remote_watch.h"
 
 #define KC_REHASH_SLOTS 16 /* lists whose last rehash is kept (the cluster store keeps as many lists, remote_tier.c) */
 
@@ -31,11 +37,14 @@ struct kc_rehash_table {
 	pthread_cond_t done; /* a rehash ended */
 	unsigned long starts; /* rehashes begun so far: a ticket is its value when taken */
 	unsigned next;        /* the slot a new list takes next (round robin) */
+	unsigned long proven; /* results taken on the watch's word (for the tests) */
+	struct kc_watch watch;
 	struct kc_rehash_slot {
 		char hash[KC_SHA256_HEXLEN + 1]; /* the list's digest; "" empty slot */
 		int running;                     /* a rehash of it is under way */
 		unsigned long seq;               /* the number of the last rehash that ended (0: none) */
 		int err;                         /* its result: 0, or kc_manifest_rehash's error */
+		unsigned long watched;           /* the watch's generation for it (0: unwatched) */
 		char mine[KC_MANIFEST_COMPACT_MAX];
 		size_t mine_len;
 		char why[200];
@@ -52,8 +61,9 @@ void kc_rehash_destroy(struct kc_rehash_table *t);
 unsigned long kc_rehash_ticket(struct kc_rehash_table *t);
 
 /* This node's compact manifest (kc_manifest_compact of kc_manifest_rehash) of the header
- * list list/len whose digest is hash, from a rehash that began after ticket was taken: a
- * running one's result, or one run here. Returns 0 with mine / *mlen filled; the error of
+ * list list/len whose digest is hash, from a rehash that began after ticket was taken (a
+ * running one's result, or one run here), or from an earlier one that the watch proves
+ * still true. Returns 0 with mine / *mlen filled; the error of
  * kc_manifest_rehash (-ENOENT, -EACCES, -EFBIG, -EINVAL) with why filled when a header
  * cannot be hashed here; -ENOMEM. */
 int kc_rehash_own(struct kc_rehash_table *t, unsigned long ticket, const char *hash,

@@ -237,10 +237,7 @@ void kc_tree_memo_free(struct kc_tree_memo *m)
 	free(m);
 }
 
-/* Whether a filesystem's stamps can gate a memo: a local one whose ctime every write
- * moves on this machine. Network filesystems are left out (another client's write shows in
- * a cached stat only later), and so is any filesystem not known here. */
-static int local_fs(int fd)
+int kc_tree_local_type(unsigned long type)
 {
 	static const unsigned long local[] = {
 		0xEF53,     /* ext2/3/4 */
@@ -254,13 +251,16 @@ static int local_fs(int fd)
 		0xCA451A4E, /* bcachefs */
 		0x73717368, /* squashfs */
 	};
-	struct statfs fs;
-	if (fstatfs(fd, &fs) != 0)
-		return 0;
 	for (size_t i = 0; i < sizeof(local) / sizeof(*local); i++)
-		if ((unsigned long)fs.f_type == local[i])
+		if (type == local[i])
 			return 1;
 	return 0;
+}
+
+static int local_fs(int fd)
+{
+	struct statfs fs;
+	return fstatfs(fd, &fs) == 0 && kc_tree_local_type((unsigned long)fs.f_type);
 }
 
 /* The granularity of the filesystem clock that stamped ts, at most: the largest power of ten

@@ -54,6 +54,14 @@ struct kc_tree_memo;
 #define KC_TREE_MEMO_MAX 200000 /* files a memo file remembers */
 #define KC_TREE_MEMO_DAEMON 32768 /* files the daemon's memo remembers (its table: 8 MiB at most) */
 
+/* 1 if a filesystem of statfs(2) f_type type is a local one, every change of which is made
+ * through this machine's kernel (so it moves the ctime, and raises its inotify events,
+ * here), else 0. Network filesystems are left out (another client's write shows in a
+ * cached stat only later, and raises no event here), and so is any filesystem not known
+ * here. overlayfs is in: its layers may not change while it is mounted
+ * (Documentation/filesystems/overlayfs.rst), so every change goes through it. */
+int kc_tree_local_type(unsigned long type);
+
 /* Whether a digest of the file open as fd may be remembered under the stamps before (its
  * fstat before the read), now being the coarse real clock (CLOCK_REALTIME_COARSE) taken
  * after that fstat and before the read: 1 when the file's fstat now is before, its ctime is

@@ -1,13 +1,17 @@
 /* test_remote_rehash.c - this node's manifest of a header list, shared by the fetches that
  * ask together and never older than the asking: a change made before a ticket is taken is
- * always seen. */
+ * always seen, whether the fetch stats the headers or takes the watch's word
+ * (remote_watch.h) that nothing changed. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sched.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -15,18 +19,35 @@
 #include "remote_rehash.h"
 #include "tap.h"
 
-static char root[64], header[128], list[512];
+static char root[64], inc[96], header[128], list[512];
 static struct kc_rehash_table table;
 
-static void put(const char *text)
+/* path holding text, readable by all (the rehash hashes only such headers). */
+static void write_file(const char *path, const char *text)
 {
-	int fd = open(header, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
 	if (fd >= 0) {
 		if (write(fd, text, strlen(text)) < 0)
 			perror("write");
 		fchmod(fd, 0644);
 		close(fd);
 	}
+}
+
+static void put(const char *text)
+{
+	write_file(header, text);
+}
+
+/* The header given text of the same size, its mtime kept: only the ctime (and the bytes)
+ * say it changed. */
+static void put_keeping_mtime(const char *text)
+{
+	struct stat st;
+	stat(header, &st);
+	put(text);
+	struct timespec times[2] = {st.st_atim, st.st_mtim};
+	utimensat(AT_FDCWD, header, times, 0);
 }
 
 /* Rehashes begun so far: each looks the list's one header up (a stat, and a read when it
@@ -37,6 +58,108 @@ static unsigned long lookups(void)
 	unsigned long n = table.starts;
 	pthread_mutex_unlock(&table.lock);
 	return n;
+}
+
+/* Results taken on the watch's word so far. */
+static unsigned long proven(void)
+{
+	pthread_mutex_lock(&table.lock);
+	unsigned long n = table.proven;
+	pthread_mutex_unlock(&table.lock);
+	return n;
+}
+
+static int own(unsigned long ticket, char mine[KC_MANIFEST_COMPACT_MAX]);
+
+/* Fetches in turn, each asking after the last rehash, until one takes a result on the
+ * watch's word (a rehash reads a header changed since the one before, and the memo keeps
+ * its hash only once the clock has left the change's tick (kc_tree_memoizable): an open,
+ * which the watch counts as a change). Returns 1 when one did, with mine its manifest. */
+static int settle(char mine[KC_MANIFEST_COMPACT_MAX])
+{
+	for (int i = 0; i < 10; i++) {
+		nanosleep(&(struct timespec){.tv_nsec = 20 * 1000000}, NULL);
+		unsigned long p = proven(), l = lookups();
+		if (own(kc_rehash_ticket(&table), mine) != 0)
+			return 0;
+		if (proven() == p + 1 && lookups() == l)
+			return 1;
+	}
+	return 0;
+}
+
+/* One fetch asking now: 1 if it looked the header up (did not take the watch's word). */
+static int looks_again(char mine[KC_MANIFEST_COMPACT_MAX])
+{
+	unsigned long l = lookups(), p = proven();
+	return own(kc_rehash_ticket(&table), mine) == 0 && lookups() == l + 1 && proven() == p;
+}
+
+/* Every change that can give a header other bytes ends the watch's word (root only: the
+ * test runs in a mount namespace of its own, on a tmpfs at /mnt whose walk, / and /mnt,
+ * no other test writes in; elsewhere, another program's files in /tmp end it at any time). */
+static void watched_changes(void)
+{
+	char m[KC_MANIFEST_COMPACT_MAX], before[KC_MANIFEST_COMPACT_MAX], path[192];
+	CHECK(settle(before), "nothing changed: a later fetch takes the last rehash on the "
+			      "watch's word, looking nothing up");
+
+	put_keeping_mtime("#define C 1\n");
+	CHECK(looks_again(m) && strcmp(m, before) != 0,
+	      "watched: other bytes of the same size, mtime kept: looked up and seen");
+	settle(before);
+
+	struct timespec later[2] = {{.tv_nsec = UTIME_NOW}, {.tv_nsec = UTIME_NOW}};
+	utimensat(AT_FDCWD, header, later, 0);
+	CHECK(looks_again(m) && strcmp(m, before) == 0, "watched: touched: looked up, the same");
+	settle(before);
+
+	int fd = open(header, O_RDONLY);
+	close(fd);
+	CHECK(looks_again(m), "watched: opened by another process: looked up");
+	settle(before);
+
+	snprintf(path, sizeof(path), "%s/new.h", inc);
+	write_file(path, "#define D 1\n");
+	rename(path, header);
+	CHECK(looks_again(m) && strcmp(m, before) != 0,
+	      "watched: another file renamed over it: looked up and seen");
+	settle(before);
+
+	snprintf(path, sizeof(path), "%s/old", root);
+	rename(inc, path);
+	mkdir(inc, 0755);
+	put("#define E 1\n");
+	CHECK(looks_again(m) && strcmp(m, before) != 0,
+	      "watched: its directory renamed and another put in its place: seen");
+	settle(before);
+
+	snprintf(path, sizeof(path), "%s/bound.h", root);
+	write_file(path, "#define F 1\n");
+	int bound = mount(path, header, NULL, MS_BIND, NULL) == 0;
+	CHECK(bound && looks_again(m) && strcmp(m, before) != 0,
+	      "watched: another file bind-mounted over it (no inotify event): seen");
+	if (bound)
+		umount(header);
+	settle(before);
+
+	fd = open(header, O_RDWR);
+	char *map = fd >= 0 ? mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
+	if (map != MAP_FAILED)
+		map[9] = 'G'; /* a write no event reports: the open that made the mapping is */
+	CHECK(map != MAP_FAILED && looks_again(m),
+	      "watched: a writable mapping made since the last rehash: looked up");
+	if (map != MAP_FAILED)
+		munmap(map, 4096);
+	if (fd >= 0)
+		close(fd);
+	static const char *const leftovers[] = {"old/h.h", "old", "bound.h"};
+	for (int i = 0; i < 3; i++) {
+		snprintf(path, sizeof(path), "%s/%s", root, leftovers[i]);
+		if (unlink(path) != 0)
+			rmdir(path);
+	}
+	put("#define B 1\n");
 }
 
 static int own(unsigned long ticket, char mine[KC_MANIFEST_COMPACT_MAX])
@@ -69,11 +192,18 @@ int main(void)
 	char why[200];
 	size_t ml = 0;
 
-	snprintf(root, sizeof(root), "/tmp/kc-rehash-XXXXXX");
+	/* As root, a mount namespace of this process's own with a tmpfs at /mnt (gone when it
+	 * exits); else /tmp, where the watch's word is not tested. */
+	int ns = geteuid() == 0 && unshare(CLONE_NEWNS) == 0 &&
+		 mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) == 0 &&
+		 mount("kc-rehash", "/mnt", "tmpfs", 0, "mode=0755") == 0;
+	snprintf(root, sizeof(root), ns ? "/mnt/kc-rehash-XXXXXX" : "/tmp/kc-rehash-XXXXXX");
 	if (!mkdtemp(root))
 		return 1;
 	chmod(root, 0755);
-	snprintf(header, sizeof(header), "%s/h.h", root);
+	snprintf(inc, sizeof(inc), "%s/inc", root);
+	mkdir(inc, 0755);
+	snprintf(header, sizeof(header), "%s/h.h", inc);
 	snprintf(list, sizeof(list), "%064d %s\n", 0, header);
 	put("#define A 1\n");
 	kc_rehash_init(&table);
@@ -86,12 +216,7 @@ int main(void)
 	CHECK(own(t1, m2) == 0 && strcmp(m1, m2) == 0 && lookups() == before,
 	      "a fetch that asked before that rehash began takes its result, looking nothing up");
 
-	/* the same size, the old mtime: only the ctime (and the bytes) say it changed */
-	struct stat st;
-	stat(header, &st);
-	put("#define B 1\n");
-	struct timespec times[2] = {st.st_atim, st.st_mtim};
-	utimensat(AT_FDCWD, header, times, 0);
+	put_keeping_mtime("#define B 1\n");
 	unsigned long t2 = kc_rehash_ticket(&table);
 	before = lookups();
 	CHECK(own(t2, m3) == 0 && strcmp(m1, m3) != 0 && lookups() == before + 1,
@@ -117,6 +242,18 @@ int main(void)
 	CHECK(same, "8 fetches with one ticket get the same manifest");
 	CHECK(lookups() == before + 1, "and the header was looked up once for all 8");
 
+	if (ns)
+		watched_changes();
+	else
+		printf("# not root, or no mount namespace: the watch's word is not tested\n");
+	struct kc_watch other;
+	kc_watch_init(&other);
+	char proc[128];
+	snprintf(proc, sizeof(proc), "%064d /proc/self/status\n", 0);
+	CHECK(kc_watch_arm(&other, proc, strlen(proc)) == 0,
+	      "a header on a filesystem whose changes inotify may not see (/proc) is not watched");
+	kc_watch_destroy(&other);
+
 	unlink(header);
 	unsigned long t4 = kc_rehash_ticket(&table);
 	int err = kc_rehash_own(&table, t4, "ab", list, strlen(list), m2, &ml, why, sizeof(why));
@@ -132,6 +269,7 @@ int main(void)
 
 	kc_rehash_destroy(&table);
 	unlink(header);
+	rmdir(inc);
 	rmdir(root);
 	return tap_done();
 }

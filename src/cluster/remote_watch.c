@@ -1,0 +1,212 @@
+/* remote_watch.c - see remote_watch.h */
+#define _GNU_SOURCE
+#include "remote_watch.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/inotify.h>
+#include <sys/vfs.h>
+#include <unistd.h>
+
+#include "hash.h"
+#include "log.h"
+#include "tree.h"
+
+/* A header: its content, its times, its name, and any open (a writable mapping's writes
+ * raise no event, but the mapping is made through an open). */
+#define FILE_EVENTS (IN_MODIFY | IN_ATTRIB | IN_CLOSE_WRITE | IN_OPEN | IN_MOVE_SELF | \
+		     IN_DELETE_SELF)
+/* A directory a walk passes through: the names in it, and its own name. */
+#define DIR_EVENTS (IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO | IN_ATTRIB | \
+		    IN_MOVE_SELF | IN_DELETE_SELF | IN_ONLYDIR)
+
+void kc_watch_init(struct kc_watch *w)
+{
+	memset(w, 0, sizeof(*w));
+	pthread_mutex_init(&w->lock, NULL);
+	w->fd = w->mounts_fd = -1;
+	w->gen = 1;
+}
+
+void kc_watch_destroy(struct kc_watch *w)
+{
+	if (w->fd >= 0)
+		close(w->fd);
+	if (w->mounts_fd >= 0)
+		close(w->mounts_fd);
+	w->fd = w->mounts_fd = -1;
+	pthread_mutex_destroy(&w->lock);
+}
+
+/* Read every queued event and poll the mount table (w->lock held): the generation moves
+ * on if anything came. */
+static void drain(struct kc_watch *w)
+{
+	char buf[4096] __attribute__((aligned(__alignof__(struct inotify_event))));
+	int moved = 0;
+	for (;;) {
+		ssize_t n = read(w->fd, buf, sizeof(buf));
+		if (n > 0) {
+			moved = 1;
+			continue;
+		}
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0 && errno != EAGAIN) /* cannot tell what happened: never a proof again */
+			w->broken = 1;
+		break;
+	}
+	struct pollfd p = {.fd = w->mounts_fd, .events = POLLPRI};
+	int r = poll(&p, 1, 0);
+	if (r < 0 || (r > 0 && (p.revents & (POLLPRI | POLLERR | POLLNVAL))))
+		moved = 1;
+	if (moved)
+		w->gen++;
+}
+
+/* Make w's inotify instance and open the mount table (w->lock held). Returns 0 or -errno. */
+static int start(struct kc_watch *w)
+{
+	if (w->fd >= 0)
+		return 0;
+	w->fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+	if (w->fd < 0)
+		return -errno;
+	w->mounts_fd = open("/proc/self/mountinfo", O_RDONLY | O_CLOEXEC);
+	if (w->mounts_fd < 0) {
+		int err = -errno;
+		close(w->fd);
+		w->fd = -1;
+		return err;
+	}
+	return 0;
+}
+
+/* Watch path (a directory when dir) after checking its filesystem. Returns 0, or -errno
+ * with why filled. */
+static int watch_one(struct kc_watch *w, const char *path, int dir, char *why, size_t whylen)
+{
+	struct statfs fs;
+	if (statfs(path, &fs) != 0) {
+		int err = -errno;
+		snprintf(why, whylen, "%s: %s", path, strerror(errno));
+		return err;
+	}
+	if (!kc_tree_local_type((unsigned long)fs.f_type)) {
+		snprintf(why, whylen, "%s is on a filesystem (type 0x%lx) whose changes may come "
+			 "from another machine", path, (unsigned long)fs.f_type);
+		return -EXDEV;
+	}
+	if (inotify_add_watch(w->fd, path, dir ? DIR_EVENTS : FILE_EVENTS) < 0) {
+		int err = -errno;
+		snprintf(why, whylen, "%s: inotify_add_watch: %s%s", path, strerror(errno),
+			 errno == ENOSPC ? " (fs.inotify.max_user_watches)" : "");
+		return err;
+	}
+	return 0;
+}
+
+/* Whether dir is other or a directory above it, by their strings. */
+static int above(const char *dir, const char *other)
+{
+	size_t n = strlen(dir);
+	return strncmp(other, dir, n) == 0 && (other[n] == '/' || other[n] == '\0' || n == 1);
+}
+
+/* Watch the directories above path (absolute), "/" included, up to the first that is above
+ * prev too (the previous path's walk watched it and those above it: a list is sorted, so
+ * its headers share most of their walks). */
+static int watch_dirs(struct kc_watch *w, const char *path, const char *prev, char *why,
+		      size_t whylen)
+{
+	char dir[PATH_MAX];
+	snprintf(dir, sizeof(dir), "%s", path);
+	for (char *slash = strrchr(dir, '/'); slash; slash = strrchr(dir, '/')) {
+		slash[slash == dir] = '\0'; /* "/a/b" -> "/a" -> "/" */
+		if (prev[0] && above(dir, prev))
+			return 0;
+		int err = watch_one(w, dir, 1, why, whylen);
+		if (err || strcmp(dir, "/") == 0)
+			return err;
+	}
+	return 0;
+}
+
+/* Watch the header path (absolute) and its walk, as written and, where a directory on it
+ * is a symlink, as resolved. prev / prev_real: the previous header's, updated here. */
+static int watch_header(struct kc_watch *w, const char *path, char prev[PATH_MAX],
+			char prev_real[PATH_MAX], char *why, size_t whylen)
+{
+	char dir[PATH_MAX], real[PATH_MAX];
+	if (path[0] != '/') {
+		snprintf(why, whylen, "%.200s: not an absolute path", path);
+		return -EINVAL;
+	}
+	int err = watch_one(w, path, 0, why, whylen);
+	if (!err)
+		err = watch_dirs(w, path, prev, why, whylen);
+	/* the resolved walk, once per directory of headers */
+	snprintf(dir, sizeof(dir), "%s", path);
+	*strrchr(dir, '/') = '\0';
+	size_t dl = strlen(dir);
+	int same_dir = strncmp(prev, dir, dl) == 0 && prev[dl] == '/' && !strchr(prev + dl + 1, '/');
+	if (!err && !same_dir && realpath(dir[0] ? dir : "/", real) && strcmp(real, dir) != 0) {
+		strcat(real, "/"); /* watch_dirs watches what is above a path: real itself first */
+		err = watch_dirs(w, real, prev_real, why, whylen);
+		snprintf(prev_real, PATH_MAX, "%s", real);
+	}
+	snprintf(prev, PATH_MAX, "%s", path);
+	return err;
+}
+
+unsigned long kc_watch_arm(struct kc_watch *w, const char *list, size_t len)
+{
+	char why[PATH_MAX + 200] = "", path[PATH_MAX], prev[PATH_MAX] = "", prev_real[PATH_MAX] = "";
+	pthread_mutex_lock(&w->lock);
+	int err = w->broken ? -EIO : start(w);
+	if (err)
+		snprintf(why, sizeof(why), "no inotify instance: %s%s", strerror(-err),
+			 err == -EMFILE ? " (fs.inotify.max_user_instances)" : "");
+	for (size_t off = 0; off < len && !err;) {
+		const char *nl = memchr(list + off, '\n', len - off);
+		size_t ll = nl ? (size_t)(nl - (list + off)) : len - off;
+		if (ll <= KC_SHA256_HEXLEN + 1 || ll - KC_SHA256_HEXLEN - 1 >= sizeof(path)) {
+			snprintf(why, sizeof(why), "a malformed header list");
+			err = -EINVAL;
+			break;
+		}
+		memcpy(path, list + off + KC_SHA256_HEXLEN + 1, ll - KC_SHA256_HEXLEN - 1);
+		path[ll - KC_SHA256_HEXLEN - 1] = '\0';
+		off += ll + 1;
+		err = watch_header(w, path, prev, prev_real, why, sizeof(why));
+	}
+	unsigned long gen = 0;
+	if (!err && !w->broken) {
+		drain(w); /* what changed while the watches were added, the stats will see */
+		gen = w->broken ? 0 : w->gen;
+	}
+	/* a header missing here is the rehash's to report (a miss), not the watch's */
+	int first = !gen && err != -ENOENT && err != -ENOTDIR && w->unwatched++ == 0;
+	pthread_mutex_unlock(&w->lock);
+	if (first)
+		kc_log(KC_LOG_INFO, "header lists are not watched, each fetch stats its headers: %s",
+		       why[0] ? why : "cannot read the watch's events");
+	return gen;
+}
+
+int kc_watch_unchanged(struct kc_watch *w, unsigned long gen)
+{
+	pthread_mutex_lock(&w->lock);
+	int same = 0;
+	if (gen && w->fd >= 0 && !w->broken) {
+		drain(w);
+		same = !w->broken && w->gen == gen;
+	}
+	pthread_mutex_unlock(&w->lock);
+	return same;
+}

@@ -1,0 +1,61 @@
+/* remote_watch.h - proof that the headers of a list have not changed since a rehash began,
+ * without a stat of each header (inotify(7), and poll(2) of the mount table).
+ *
+ * A joining node's fetch compares a header list with this node's headers as they are when
+ * it asks (remote_rehash.h): a stat of each of the list's 133 host headers per kernel, the
+ * largest single part of a joining node's time per kernel on the 2-core build machine
+ * (doc/performance.md). The watch lets a fetch take the list's last rehash instead, when
+ * nothing that rehash looked at can have changed since it began:
+ *
+ * - Before a rehash looks at any header, kc_watch_arm puts an inotify watch on every listed
+ *   header (written, truncated, its attributes or times set, renamed or removed, and opened
+ *   by any process: a writable mapping is made through an open, and its writes raise no
+ *   event) and on every directory that each path's walk passes through, as written and as
+ *   resolved (an entry created, removed or renamed in it; itself renamed or removed).
+ * - Any event on any watch, an overflow of the event queue, or a change of this process's
+ *   mount table moves the generation on (coarse: every list's proof goes with it), and a
+ *   result is taken on the watch's word only while the generation is the one kc_watch_arm
+ *   returned before that result's stats began.
+ *
+ * Events are queued by the system call that makes the change, before it returns, so a
+ * change made before a fetch asks is always seen when the fetch drains the queue. Where
+ * inotify cannot see every change, kc_watch_arm returns 0 and every fetch stats as before:
+ * a path on a filesystem other than the local ones of remote_watch.c (NFS, FUSE, a network
+ * or cluster filesystem: a change made by another machine raises no event here), a watch
+ * that cannot be added (fs.inotify.max_user_watches), no inotify instance to be had
+ * (fs.inotify.max_user_instances).
+ */
+#ifndef KC_REMOTE_WATCH_H
+#define KC_REMOTE_WATCH_H
+
+#include <pthread.h>
+#include <stddef.h>
+
+struct kc_watch {
+	pthread_mutex_t lock;  /* guards all below */
+	int fd;                /* the inotify instance; -1 before the first arm or when none */
+	int mounts_fd;         /* /proc/self/mountinfo, polled for POLLPRI; -1 when none */
+	int broken;            /* no instance or mount table to be had: never a proof */
+	unsigned long gen;     /* moves on at each batch of events (starts at 1) */
+	unsigned long unwatched; /* arms that returned 0 (for the log's first line only) */
+};
+
+/* Initialise w (no inotify instance yet: the first kc_watch_arm makes it). */
+void kc_watch_init(struct kc_watch *w);
+
+/* Close w's descriptors. No call may be under way. */
+void kc_watch_destroy(struct kc_watch *w);
+
+/* Watch every path of the header list list/len (manifest lines "<64 hex> <absolute path>\n",
+ * remote_manifest.h) and the directories their walks pass through. Call before the stats
+ * of a rehash of that list. Returns the generation that stands for them (> 0), to keep
+ * with the rehash's result; 0 when they cannot all be watched (logged once per daemon with
+ * why): then the result is never taken on the watch's word. */
+unsigned long kc_watch_arm(struct kc_watch *w, const char *list, size_t len);
+
+/* 1 if nothing watched has changed since kc_watch_arm returned gen (> 0), else 0. Reads
+ * every event queued so far, so a change whose system call returned before this call is
+ * always counted. */
+int kc_watch_unchanged(struct kc_watch *w, unsigned long gen);
+
+#endif
