@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/inotify.h>
+#include <sys/stat.h>
 #include <sys/vfs.h>
 #include <unistd.h>
 
@@ -137,12 +138,25 @@ static int watch_dirs(struct kc_watch *w, const char *path, const char *prev, ch
 	return 0;
 }
 
+/* Watch the directories above real, the resolved form of a path, up to those above
+ * prev_real (the last resolved path watched), and make it prev_real. */
+static int watch_resolved(struct kc_watch *w, const char *real, char prev_real[PATH_MAX],
+			  char *why, size_t whylen)
+{
+	int err = watch_dirs(w, real, prev_real, why, whylen);
+	snprintf(prev_real, PATH_MAX, "%s", real);
+	return err;
+}
+
 /* Watch the header path (absolute) and its walk, as written and, where a directory on it
- * is a symlink, as resolved. prev / prev_real: the previous header's, updated here. */
+ * or the header itself is a symlink, as resolved (inotify_add_watch follows a symlink to
+ * the file it names, but the directories above that file are another walk). prev /
+ * prev_real: the previous header's, updated here. */
 static int watch_header(struct kc_watch *w, const char *path, char prev[PATH_MAX],
 			char prev_real[PATH_MAX], char *why, size_t whylen)
 {
 	char dir[PATH_MAX], real[PATH_MAX];
+	struct stat st;
 	if (path[0] != '/') {
 		snprintf(why, whylen, "%.200s: not an absolute path", path);
 		return -EINVAL;
@@ -150,16 +164,18 @@ static int watch_header(struct kc_watch *w, const char *path, char prev[PATH_MAX
 	int err = watch_one(w, path, 0, why, whylen);
 	if (!err)
 		err = watch_dirs(w, path, prev, why, whylen);
-	/* the resolved walk, once per directory of headers */
+	/* the resolved walk of its directory, once per directory of headers */
 	snprintf(dir, sizeof(dir), "%s", path);
 	*strrchr(dir, '/') = '\0';
 	size_t dl = strlen(dir);
 	int same_dir = strncmp(prev, dir, dl) == 0 && prev[dl] == '/' && !strchr(prev + dl + 1, '/');
 	if (!err && !same_dir && realpath(dir[0] ? dir : "/", real) && strcmp(real, dir) != 0) {
 		strcat(real, "/"); /* watch_dirs watches what is above a path: real itself first */
-		err = watch_dirs(w, real, prev_real, why, whylen);
-		snprintf(prev_real, PATH_MAX, "%s", real);
+		err = watch_resolved(w, real, prev_real, why, whylen);
 	}
+	/* and of the file a header symlink names */
+	if (!err && lstat(path, &st) == 0 && S_ISLNK(st.st_mode) && realpath(path, real))
+		err = watch_resolved(w, real, prev_real, why, whylen);
 	snprintf(prev, PATH_MAX, "%s", path);
 	return err;
 }

@@ -162,6 +162,60 @@ static void watched_changes(void)
 	put("#define B 1\n");
 }
 
+/* Armed on a list of the one header path, then a directory renamed (from / to, below
+ * root): 1 if the watch saw it. */
+static int sees_rename(const char *path, const char *from, const char *to)
+{
+	char l[512], a[192], b[192];
+	struct kc_watch w;
+	kc_watch_init(&w);
+	snprintf(l, sizeof(l), "%064d %s\n", 0, path);
+	snprintf(a, sizeof(a), "%s/%s", root, from);
+	snprintf(b, sizeof(b), "%s/%s", root, to);
+	unsigned long gen = kc_watch_arm(&w, l, strlen(l));
+	int quiet = gen && kc_watch_unchanged(&w, gen);
+	int seen = rename(a, b) == 0 && !kc_watch_unchanged(&w, gen);
+	rename(b, a);
+	kc_watch_destroy(&w);
+	return quiet && seen;
+}
+
+/* Symlinks on a header's walk: the directories above what they name are watched too (a
+ * rename there raises no event on the file, nor on the walk as written). */
+static void watched_symlinks(void)
+{
+	char path[192], target[192];
+	static const char *const dirs[] = {"d1", "d1/far", "d2", "d2/sub", "d2/sub/real"};
+	for (int i = 0; i < 5; i++) {
+		snprintf(path, sizeof(path), "%s/%s", root, dirs[i]);
+		mkdir(path, 0755);
+	}
+	snprintf(target, sizeof(target), "%s/d1/far/h.h", root);
+	write_file(target, "#define L 1\n");
+	snprintf(path, sizeof(path), "%s/link.h", inc);
+	symlink(target, path);
+	CHECK(sees_rename(path, "d1/far", "d1/far2"),
+	      "watched: the directory of the file a header symlink names, renamed: seen");
+	unlink(path);
+	unlink(target);
+
+	snprintf(target, sizeof(target), "%s/d2/sub/real", root);
+	snprintf(path, sizeof(path), "%s/linkdir", inc);
+	symlink(target, path);
+	snprintf(target, sizeof(target), "%s/d2/sub/real/h.h", root);
+	write_file(target, "#define M 1\n");
+	snprintf(path, sizeof(path), "%s/linkdir/h.h", inc);
+	CHECK(sees_rename(path, "d2/sub", "d2/sub2"),
+	      "watched: a directory above the one a symlinked directory names, renamed: seen");
+	unlink(target);
+	snprintf(path, sizeof(path), "%s/linkdir", inc);
+	unlink(path);
+	for (int i = 4; i >= 0; i--) {
+		snprintf(path, sizeof(path), "%s/%s", root, dirs[i]);
+		rmdir(path);
+	}
+}
+
 static int own(unsigned long ticket, char mine[KC_MANIFEST_COMPACT_MAX])
 {
 	char why[200];
@@ -242,8 +296,10 @@ int main(void)
 	CHECK(same, "8 fetches with one ticket get the same manifest");
 	CHECK(lookups() == before + 1, "and the header was looked up once for all 8");
 
-	if (ns)
+	if (ns) {
 		watched_changes();
+		watched_symlinks();
+	}
 	else
 		printf("# not root, or no mount namespace: the watch's word is not tested\n");
 	struct kc_watch other;
