@@ -417,6 +417,29 @@ def test_waiter_is_told_not_polled(cluster):
     waiter_lag(cluster)
 
 
+def test_header_changed_between_fetches_is_seen(cluster):
+    """Issue 22: a node that has fetched kernels of a header list, and may now take its
+    manifest of that list on the watch's word (src/cluster/remote_watch.h), fetches no more
+    of them once one of its listed headers has other bytes (the same size, the mtime kept):
+    its next kernel is compiled, as the index's headers are not this node's."""
+    a = cluster.node("a")
+    for r in [read_result(p) for p in stage_all(cluster, a, range(5))]:
+        assert r[0] == "ok", a.daemon_log()
+    cluster.shared(a, 5)
+    b = cluster.node("b")
+    pb = stage_all(cluster, b, range(5))
+    for p in pb[:4]:  # the first rehashes read the header; the later fetches may take them
+        assert read_result(p)[0] == "ok", b.daemon_log()
+    assert b.stats()["remote_hits_total"] == 4 and len(cluster.compiles()) == 5
+    st = os.stat(cluster.header)
+    cluster.header.write_text("#define KC_CLUSTER 2\n")
+    os.utime(cluster.header, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert read_result(pb[4])[0] == "ok", b.daemon_log()
+    s = b.stats()
+    assert s["remote_hits_total"] == 4 and s["compiles_total"] == 1, b.daemon_log()
+    assert len(cluster.compiles()) == 6
+
+
 def test_nodes_of_two_images_alternating_each_compile_once(cluster):
     """Issue 22: an index lists several manifests (one per image whose nodes compiled the
     kernel), so nodes of two images that take turns each fetch their own image's cubins:
