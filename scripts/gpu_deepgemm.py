@@ -294,6 +294,8 @@ def main():
                     break
                 time.sleep(0.2)
             stats[node] = m.stats()
+            unwatched = [l for l in m.daemon_log().splitlines() if "header lists are not watched" in l]
+            print("node %s: header watch %s" % (node, unwatched[0] if unwatched else "on (no 'not watched' line)"))
             done = len(mount_counter.read_text().split())
             stats[node]["compiles_total"] = done - counted  # both daemons of an upgraded node
             counted = done
