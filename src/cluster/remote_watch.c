@@ -119,70 +119,97 @@ static int above(const char *dir, const char *other)
 	return strncmp(other, dir, n) == 0 && (other[n] == '/' || other[n] == '\0' || n == 1);
 }
 
-/* Watch the directories above path (absolute), "/" included, up to the first that is above
- * prev too (the previous path's walk watched it and those above it: a list is sorted, so
- * its headers share most of their walks). */
-static int watch_dirs(struct kc_watch *w, const char *path, const char *prev, char *why,
-		      size_t whylen)
+/* Watch the header path (absolute) and every directory whose entries its walk looks up,
+ * walking it here as the kernel does: a symlink met on the way (the header itself, a
+ * directory, or a link a link names, any number deep) is read and its target walked from
+ * "/" or from the directory holding it. Every directory that holds a symlink of a chain is
+ * thus watched (re-pointing a link in the middle of a chain raises an event only in its own
+ * directory, not on the file nor on the walk as written). prev: the resolved path of the
+ * previous header, updated here; the directories above it were watched by its walk (a list
+ * is sorted, so its headers share most of their walks). */
+static int watch_header(struct kc_watch *w, const char *path, char prev[PATH_MAX], char *why,
+			size_t whylen)
 {
-	char dir[PATH_MAX];
-	snprintf(dir, sizeof(dir), "%s", path);
-	for (char *slash = strrchr(dir, '/'); slash; slash = strrchr(dir, '/')) {
-		slash[slash == dir] = '\0'; /* "/a/b" -> "/a" -> "/" */
-		if (prev[0] && above(dir, prev))
-			return 0;
-		int err = watch_one(w, dir, 1, why, whylen);
-		if (err || strcmp(dir, "/") == 0)
-			return err;
-	}
-	return 0;
-}
-
-/* Watch the directories above real, the resolved form of a path, up to those above
- * prev_real (the last resolved path watched), and make it prev_real. */
-static int watch_resolved(struct kc_watch *w, const char *real, char prev_real[PATH_MAX],
-			  char *why, size_t whylen)
-{
-	int err = watch_dirs(w, real, prev_real, why, whylen);
-	snprintf(prev_real, PATH_MAX, "%s", real);
-	return err;
-}
-
-/* Watch the header path (absolute) and its walk, as written and, where a directory on it
- * or the header itself is a symlink, as resolved (inotify_add_watch follows a symlink to
- * the file it names, but the directories above that file are another walk). prev /
- * prev_real: the previous header's, updated here. */
-static int watch_header(struct kc_watch *w, const char *path, char prev[PATH_MAX],
-			char prev_real[PATH_MAX], char *why, size_t whylen)
-{
-	char dir[PATH_MAX], real[PATH_MAX];
+	char cur[PATH_MAX] = "/", rest[PATH_MAX], next[PATH_MAX], target[PATH_MAX];
 	struct stat st;
+	int hops = 0, err = 0;
 	if (path[0] != '/') {
 		snprintf(why, whylen, "%.200s: not an absolute path", path);
 		return -EINVAL;
 	}
-	int err = watch_one(w, path, 0, why, whylen);
-	if (!err)
-		err = watch_dirs(w, path, prev, why, whylen);
-	/* the resolved walk of its directory, once per directory of headers */
-	snprintf(dir, sizeof(dir), "%s", path);
-	*strrchr(dir, '/') = '\0';
-	size_t dl = strlen(dir);
-	int same_dir = strncmp(prev, dir, dl) == 0 && prev[dl] == '/' && !strchr(prev + dl + 1, '/');
-	if (!err && !same_dir && realpath(dir[0] ? dir : "/", real) && strcmp(real, dir) != 0) {
-		strcat(real, "/"); /* watch_dirs watches what is above a path: real itself first */
-		err = watch_resolved(w, real, prev_real, why, whylen);
+	if (!above("/", prev) || !prev[0])
+		err = watch_one(w, "/", 1, why, whylen);
+	snprintf(rest, sizeof(rest), "%s", path);
+	while (!err) {
+		char *p = rest + strspn(rest, "/");
+		size_t cl = strcspn(p, "/");
+		if (cl == 0) { /* the walk ended at a directory: not a header */
+			snprintf(why, whylen, "%.200s: a directory", path);
+			return -EISDIR;
+		}
+		const char *after = p + cl; /* "" or "/..." */
+		int last = after[strspn(after, "/")] == '\0';
+		if (cl == 1 && p[0] == '.') {
+			memmove(rest, after, strlen(after) + 1);
+			continue;
+		}
+		if (cl == 2 && p[0] == '.' && p[1] == '.') {
+			char *slash = strrchr(cur, '/');
+			slash[slash == cur] = '\0'; /* "/a/b" -> "/a" -> "/"; "/" stays */
+			memmove(rest, after, strlen(after) + 1);
+			if (last) {
+				snprintf(why, whylen, "%.200s: a directory", path);
+				return -EISDIR;
+			}
+			continue;
+		}
+		if ((size_t)snprintf(next, sizeof(next), "%s%s%.*s", cur, cur[1] ? "/" : "",
+				     (int)cl, p) >= sizeof(next)) {
+			snprintf(why, whylen, "%.200s: name too long", path);
+			return -ENAMETOOLONG;
+		}
+		if (lstat(next, &st) != 0) {
+			err = -errno;
+			snprintf(why, whylen, "%s: %s", next, strerror(errno));
+			return err;
+		}
+		if (S_ISLNK(st.st_mode)) {
+			ssize_t n = readlink(next, target, sizeof(target) - 1);
+			if (n <= 0 || ++hops > 40 || (size_t)n + strlen(after) >= sizeof(rest)) {
+				snprintf(why, whylen, "%s: an unreadable symlink or too many", next);
+				return -ELOOP;
+			}
+			if (target[0] == '/')
+				snprintf(cur, sizeof(cur), "/");
+			memmove(rest + n, after, strlen(after) + 1); /* rest: the target, then after */
+			memcpy(rest, target, (size_t)n);
+			continue;
+		}
+		snprintf(cur, sizeof(cur), "%s", next);
+		memmove(rest, after, strlen(after) + 1);
+		if (last) {
+			if (S_ISDIR(st.st_mode)) {
+				snprintf(why, whylen, "%.200s: a directory", path);
+				return -EISDIR;
+			}
+			err = watch_one(w, cur, 0, why, whylen);
+			break;
+		}
+		if (!S_ISDIR(st.st_mode)) {
+			snprintf(why, whylen, "%s: %s", cur, strerror(ENOTDIR));
+			return -ENOTDIR;
+		}
+		if (!above(cur, prev))
+			err = watch_one(w, cur, 1, why, whylen);
 	}
-	/* and of the file a header symlink names */
-	if (!err && lstat(path, &st) == 0 && S_ISLNK(st.st_mode) && realpath(path, real))
-		err = watch_resolved(w, real, prev_real, why, whylen);
-	snprintf(prev, PATH_MAX, "%s", path);
+	if (!err)
+		snprintf(prev, PATH_MAX, "%s", cur);
 	return err;
 }
 
 unsigned long kc_watch_arm(struct kc_watch *w, const char *list, size_t len)
 {
-	char why[PATH_MAX + 200] = "", path[PATH_MAX], prev[PATH_MAX] = "", prev_real[PATH_MAX] = "";
+	char why[PATH_MAX + 200] = "", path[PATH_MAX], prev[PATH_MAX] = "";
 	pthread_mutex_lock(&w->lock);
 	int err = w->broken ? -EIO : start(w);
 	if (err)
@@ -199,7 +226,7 @@ unsigned long kc_watch_arm(struct kc_watch *w, const char *list, size_t len)
 		memcpy(path, list + off + KC_SHA256_HEXLEN + 1, ll - KC_SHA256_HEXLEN - 1);
 		path[ll - KC_SHA256_HEXLEN - 1] = '\0';
 		off += ll + 1;
-		err = watch_header(w, path, prev, prev_real, why, sizeof(why));
+		err = watch_header(w, path, prev, why, sizeof(why));
 	}
 	unsigned long gen = 0;
 	if (!err && !w->broken) {

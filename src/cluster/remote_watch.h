@@ -10,8 +10,9 @@
  * - Before a rehash looks at any header, kc_watch_arm puts an inotify watch on every listed
  *   header (written, truncated, its attributes or times set, renamed or removed, and opened
  *   by any process: a writable mapping is made through an open, and its writes raise no
- *   event) and on every directory that each path's walk passes through, as written and as
- *   resolved (an entry created, removed or renamed in it; itself renamed or removed).
+ *   event) and on every directory whose entries each path's walk looks up, the walk made
+ *   as the kernel makes it, through every symlink of a chain (an entry created, removed or
+ *   renamed in it; itself renamed or removed).
  * - Any event on any watch, an overflow of the event queue, or a change of this process's
  *   mount table moves the generation on (coarse: every list's proof goes with it), and a
  *   result is taken on the watch's word only while the generation is the one kc_watch_arm

@@ -162,22 +162,101 @@ static void watched_changes(void)
 	put("#define B 1\n");
 }
 
+/* ln -sfn to link: a new symlink renamed over it. */
+static int repoint(const char *link, const char *to)
+{
+	char b[256];
+	snprintf(b, sizeof(b), "%s.new", link);
+	return symlink(to, b) == 0 ? rename(b, link) : -1;
+}
+
+/* Armed on a list of the one header path, then change(root/a, b) (b below root too unless
+ * b_in_root is 0): 1 if the watch saw it. */
+static int sees(const char *path, int (*change)(const char *, const char *), const char *a,
+		const char *b, int b_in_root)
+{
+	char l[512], pa[192], pb[192];
+	struct kc_watch w;
+	kc_watch_init(&w);
+	snprintf(l, sizeof(l), "%064d %s\n", 0, path);
+	snprintf(pa, sizeof(pa), "%s/%s", root, a);
+	snprintf(pb, sizeof(pb), b_in_root ? "%s/%s" : "%.0s%s", root, b);
+	unsigned long gen = kc_watch_arm(&w, l, strlen(l));
+	int quiet = gen && kc_watch_unchanged(&w, gen);
+	int seen = change(pa, pb) == 0 && !kc_watch_unchanged(&w, gen);
+	if (change == rename)
+		rename(pb, pa);
+	kc_watch_destroy(&w);
+	return quiet && seen;
+}
+
 /* Armed on a list of the one header path, then a directory renamed (from / to, below
  * root): 1 if the watch saw it. */
 static int sees_rename(const char *path, const char *from, const char *to)
 {
-	char l[512], a[192], b[192];
-	struct kc_watch w;
-	kc_watch_init(&w);
-	snprintf(l, sizeof(l), "%064d %s\n", 0, path);
-	snprintf(a, sizeof(a), "%s/%s", root, from);
-	snprintf(b, sizeof(b), "%s/%s", root, to);
-	unsigned long gen = kc_watch_arm(&w, l, strlen(l));
-	int quiet = gen && kc_watch_unchanged(&w, gen);
-	int seen = rename(a, b) == 0 && !kc_watch_unchanged(&w, gen);
-	rename(b, a);
-	kc_watch_destroy(&w);
-	return quiet && seen;
+	return sees(path, rename, from, to, 1);
+}
+
+/* Armed on a list of the one header path, then the symlink link (below root) re-pointed at
+ * to, as ln -sfn does: 1 if the watch saw it. */
+static int sees_repoint(const char *path, const char *link, const char *to)
+{
+	return sees(path, repoint, link, to, 0);
+}
+
+/* Make the directories dirs[0..n) below root in turn (make), or remove them in reverse. */
+static void dirs_below(const char *const *dirs, int n, int make)
+{
+	char path[192];
+	for (int i = 0; i < n; i++) {
+		snprintf(path, sizeof(path), "%s/%s", root, dirs[make ? i : n - 1 - i]);
+		if (make)
+			mkdir(path, 0755);
+		else
+			rmdir(path);
+	}
+}
+
+/* A chain of symlinks (a link naming a link), of the header or of a directory on its walk:
+ * re-pointing the link in the middle raises an event only in the directory holding it,
+ * which is on neither the walk as written nor the walk as resolved. */
+static void watched_chains(void)
+{
+	char path[192], target[192];
+	static const char *const dirs[] = {"c1", "c2", "c3", "c3/sub"};
+	dirs_below(dirs, 4, 1);
+	snprintf(path, sizeof(path), "%s/c2/h.h", root);
+	write_file(path, "#define N 1\n");
+	snprintf(path, sizeof(path), "%s/c3/sub/h.h", root);
+	write_file(path, "#define O 1\n");
+
+	snprintf(target, sizeof(target), "%s/c2/h.h", root);
+	snprintf(path, sizeof(path), "%s/c1/mid.h", root);
+	symlink(target, path);
+	snprintf(target, sizeof(target), "%s/c1/mid.h", root);
+	snprintf(path, sizeof(path), "%s/chain.h", inc);
+	symlink(target, path);
+	snprintf(target, sizeof(target), "%s/c3/sub/h.h", root);
+	CHECK(sees_repoint(path, "c1/mid.h", target),
+	      "watched: a header symlink naming a symlink, the middle one re-pointed: seen");
+	unlink(path);
+
+	snprintf(path, sizeof(path), "%s/c1/middir", root);
+	symlink("../c2", path); /* relative: walked from c1 */
+	snprintf(path, sizeof(path), "%s/chaindir", inc);
+	symlink("../c1/middir", path);
+	snprintf(path, sizeof(path), "%s/chaindir/h.h", inc);
+	CHECK(sees_repoint(path, "c1/middir", "../c3/sub"),
+	      "watched: a directory symlink naming a symlink, the middle one re-pointed: seen");
+	snprintf(path, sizeof(path), "%s/chaindir", inc);
+	unlink(path);
+
+	static const char *const files[] = {"c1/mid.h", "c1/middir", "c2/h.h", "c3/sub/h.h"};
+	for (int i = 0; i < 4; i++) {
+		snprintf(path, sizeof(path), "%s/%s", root, files[i]);
+		unlink(path);
+	}
+	dirs_below(dirs, 4, 0);
 }
 
 /* Symlinks on a header's walk: the directories above what they name are watched too (a
@@ -186,10 +265,7 @@ static void watched_symlinks(void)
 {
 	char path[192], target[192];
 	static const char *const dirs[] = {"d1", "d1/far", "d2", "d2/sub", "d2/sub/real"};
-	for (int i = 0; i < 5; i++) {
-		snprintf(path, sizeof(path), "%s/%s", root, dirs[i]);
-		mkdir(path, 0755);
-	}
+	dirs_below(dirs, 5, 1);
 	snprintf(target, sizeof(target), "%s/d1/far/h.h", root);
 	write_file(target, "#define L 1\n");
 	snprintf(path, sizeof(path), "%s/link.h", inc);
@@ -210,10 +286,7 @@ static void watched_symlinks(void)
 	unlink(target);
 	snprintf(path, sizeof(path), "%s/linkdir", inc);
 	unlink(path);
-	for (int i = 4; i >= 0; i--) {
-		snprintf(path, sizeof(path), "%s/%s", root, dirs[i]);
-		rmdir(path);
-	}
+	dirs_below(dirs, 5, 0);
 }
 
 static int own(unsigned long ticket, char mine[KC_MANIFEST_COMPACT_MAX])
@@ -299,6 +372,7 @@ int main(void)
 	if (ns) {
 		watched_changes();
 		watched_symlinks();
+		watched_chains();
 	}
 	else
 		printf("# not root, or no mount namespace: the watch's word is not tested\n");
