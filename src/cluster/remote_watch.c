@@ -88,6 +88,32 @@ static int start(struct kc_watch *w)
 	return 0;
 }
 
+/* 0 if no process has the header path open for writing, checked after its watch is added:
+ * a writable mapping made (or a writable descriptor opened, then mapped) before the watch
+ * was added writes with no event at all, and its IN_OPEN came before the watch. A read
+ * lease can be had only on a file nobody has open for writing (fcntl(2) F_SETLEASE; the
+ * daemon runs as root, or owns the file). Else -EBUSY, or -errno where it cannot tell, with
+ * why filled. The open is this process's own: its IN_OPEN moves the generation before
+ * kc_watch_arm returns it. */
+static int no_writer(const char *path, char *why, size_t whylen)
+{
+	int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC); /* no lease break wait */
+	int err = fd < 0 || fcntl(fd, F_SETLEASE, F_RDLCK) != 0 ? -errno : 0;
+	if (fd >= 0 && !err)
+		fcntl(fd, F_SETLEASE, F_UNLCK);
+	if (fd >= 0)
+		close(fd);
+	if (err == -EAGAIN || err == -EWOULDBLOCK)
+		err = -EBUSY;
+	if (err == -EBUSY)
+		snprintf(why, whylen, "%s is open for writing (a write through a mapping raises "
+			 "no event)", path);
+	else if (err)
+		snprintf(why, whylen, "%s: cannot tell whether it is open for writing: %s", path,
+			 strerror(-err));
+	return err;
+}
+
 /* Watch path (a directory when dir) after checking its filesystem. Returns 0, or -errno
  * with why filled. */
 static int watch_one(struct kc_watch *w, const char *path, int dir, char *why, size_t whylen)
@@ -109,7 +135,7 @@ static int watch_one(struct kc_watch *w, const char *path, int dir, char *why, s
 			 errno == ENOSPC ? " (fs.inotify.max_user_watches)" : "");
 		return err;
 	}
-	return 0;
+	return dir ? 0 : no_writer(path, why, whylen);
 }
 
 /* Whether dir is other or a directory above it, by their strings. */
@@ -234,7 +260,9 @@ unsigned long kc_watch_arm(struct kc_watch *w, const char *list, size_t len)
 		gen = w->broken ? 0 : w->gen;
 	}
 	/* a header missing here is the rehash's to report (a miss), not the watch's */
-	int first = !gen && err != -ENOENT && err != -ENOTDIR && w->unwatched++ == 0;
+	/* nor one open for writing now (for this rehash only) */
+	int first = !gen && err != -ENOENT && err != -ENOTDIR && err != -EBUSY &&
+		    w->unwatched++ == 0;
 	pthread_mutex_unlock(&w->lock);
 	if (first)
 		kc_log(KC_LOG_INFO, "header lists are not watched, each fetch stats its headers: %s",

@@ -13,6 +13,8 @@
  *   event) and on every directory whose entries each path's walk looks up, the walk made
  *   as the kernel makes it, through every symlink of a chain (an entry created, removed or
  *   renamed in it; itself renamed or removed).
+ * - A header that some process has open for writing when its watch is added (a mapping made
+ *   before the watch writes with no event) is not proven: F_SETLEASE, as root or owner.
  * - Any event on any watch, an overflow of the event queue, or a change of this process's
  *   mount table moves the generation on (coarse: every list's proof goes with it), and a
  *   result is taken on the watch's word only while the generation is the one kc_watch_arm
@@ -24,7 +26,7 @@
  * a path on a filesystem other than the local ones of remote_watch.c (NFS, FUSE, a network
  * or cluster filesystem: a change made by another machine raises no event here), a watch
  * that cannot be added (fs.inotify.max_user_watches), no inotify instance to be had
- * (fs.inotify.max_user_instances).
+ * (fs.inotify.max_user_instances), no read lease to be had (no CAP_LEASE, not the owner).
  */
 #ifndef KC_REMOTE_WATCH_H
 #define KC_REMOTE_WATCH_H
