@@ -26,6 +26,9 @@
 #define DIR_EVENTS (IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO | IN_ATTRIB | \
 		    IN_MOVE_SELF | IN_DELETE_SELF | IN_ONLYDIR)
 
+/* statfs(2) f_type of an overlayfs: local (kc_tree_local_type), but not watched. */
+#define OVERLAYFS_MAGIC 0x794C7630ul
+
 void kc_watch_init(struct kc_watch *w)
 {
 	memset(w, 0, sizeof(*w));
@@ -127,6 +130,11 @@ static int watch_one(struct kc_watch *w, const char *path, int dir, char *why, s
 	if (!kc_tree_local_type((unsigned long)fs.f_type)) {
 		snprintf(why, whylen, "%s is on a filesystem (type 0x%lx) whose changes may come "
 			 "from another machine", path, (unsigned long)fs.f_type);
+		return -EXDEV;
+	}
+	if ((unsigned long)fs.f_type == OVERLAYFS_MAGIC) {
+		snprintf(why, whylen, "%s is on an overlayfs: a change made in one of its layers "
+			 "(not through it) raises no event on it", path);
 		return -EXDEV;
 	}
 	if (inotify_add_watch(w->fd, path, dir ? DIR_EVENTS : FILE_EVENTS) < 0) {
