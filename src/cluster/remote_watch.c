@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -101,7 +102,10 @@ static int start(struct kc_watch *w)
 static int no_writer(const char *path, char *why, size_t whylen)
 {
 	int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC); /* no lease break wait */
-	int err = fd < 0 || fcntl(fd, F_SETLEASE, F_RDLCK) != 0 ? -errno : 0;
+	/* a writer's open while the lease is held breaks it with a signal to this process:
+	 * SIGURG, ignored unless handled (SIGIO, the default, would end the daemon) */
+	int err = fd < 0 || fcntl(fd, F_SETSIG, SIGURG) != 0 ||
+			  fcntl(fd, F_SETLEASE, F_RDLCK) != 0 ? -errno : 0;
 	if (fd >= 0 && !err)
 		fcntl(fd, F_SETLEASE, F_UNLCK);
 	if (fd >= 0)

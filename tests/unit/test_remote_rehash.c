@@ -303,6 +303,36 @@ static void watched_symlinks(void)
 	dirs_below(dirs, 5, 0);
 }
 
+static volatile int opening;
+
+/* Open the header for writing (changing nothing) until opening is 0. */
+static void *open_for_writing(void *arg)
+{
+	while (opening) {
+		int fd = open(header, O_WRONLY);
+		if (fd >= 0)
+			close(fd);
+	}
+	return arg;
+}
+
+/* The watch asks for a read lease on each header (is it open for writing?): a writer that
+ * opens it meanwhile breaks the lease, with a signal to this process, which must live. */
+static void armed_while_opened(void)
+{
+	pthread_t th;
+	struct kc_watch w;
+	kc_watch_init(&w);
+	opening = 1;
+	pthread_create(&th, NULL, open_for_writing, NULL);
+	for (int i = 0; i < 20000; i++)
+		kc_watch_arm(&w, list, strlen(list));
+	opening = 0;
+	pthread_join(th, NULL);
+	kc_watch_destroy(&w);
+	CHECK(1, "armed 20000 times while another thread opens the header for writing: alive");
+}
+
 /* A header on an overlayfs whose lower layer is written directly (not through the overlay):
  * its bytes change, and no event comes on the overlay's file. Skipped without overlayfs. */
 static void watched_overlay(void)
@@ -428,6 +458,7 @@ int main(void)
 		printf("# not root, or no mount namespace: the watch's word is not tested\n");
 	if (ns)
 		watched_overlay();
+	armed_while_opened();
 	struct kc_watch other;
 	kc_watch_init(&other);
 	char proc[128];
