@@ -41,7 +41,8 @@ Figures (NAME):
   keys      issue 22: 5 joining nodes in turn, each with a 500-header include tree at
             another prefix, 32 and 128 kernels staged as the nvcc shim stages them: their
             cold starts against their warm restarts (medians), bytes fetched per kernel
-            against the cubin (not in the default list: --only keys; scripts/bench_cluster.py)
+            against the cubin; the nodes on a fresh journalled ext4 of the run's own (a loop
+            device, as root) (not in the default list: --only keys; scripts/bench_cluster.py)
   lag       2 simulated nodes sharing a store (--stores dir,redis): the waiting node's lag
             behind the compiling node per kernel (K kernels of a fake compiler), against one
             fetch of the same kernels by a third node in the same run (not in the default

@@ -14,6 +14,7 @@ keys       issue 22: K real nvcc kernels (32 and 128) staged as the nvcc shim st
            joining nodes in turn, each with the same tree at another prefix (other mtimes),
            start cold with 8 processes: their times against their own warm restarts
            (medians over the 5), and the bytes each fetched per kernel against the cubin's.
+           Every node of a run lives on a fresh journalled ext4 of its own (node_disk).
 cluster64  64 nodes x 2 processes x K kernels of the tests' fast fake compiler, cold
            together: compiles, store operations and bytes per node per kernel from the
            daemons' counters (and, on Redis, the server's own command counts), lease waits;
