@@ -2,9 +2,9 @@
  * without a stat of each header (inotify(7), and poll(2) of the mount table).
  *
  * A joining node's fetch compares a header list with this node's headers as they are when
- * it asks (remote_rehash.h): a stat of each of the list's 133 host headers per kernel, the
- * largest single part of a joining node's time per kernel on the 2-core build machine
- * (doc/performance.md). The watch lets a fetch take the list's last rehash instead, when
+ * it asks (remote_rehash.h): a stat of each of the list's 133 host headers per kernel, which
+ * was the largest single part of a joining node's time per kernel on the 2-core build
+ * machine (doc/performance.md). The watch lets a fetch take the list's last rehash instead, when
  * nothing that rehash looked at can have changed since it began:
  *
  * - Before a rehash looks at any header, kc_watch_arm puts an inotify watch on every listed
@@ -23,7 +23,7 @@
  * Events are queued by the system call that makes the change, before it returns, so a
  * change made before a fetch asks is always seen when the fetch drains the queue. Where
  * inotify cannot see every change, kc_watch_arm returns 0 and every fetch stats as before:
- * a path on a filesystem other than the local ones of remote_watch.c (NFS, FUSE, a network
+ * a path on a filesystem other than the local ones of tree.h (kc_tree_local_type: NFS, FUSE, a network
  * or cluster filesystem: a change made by another machine raises no event here), or on an
  * overlayfs (a change made in a layer, not through the overlay, raises no event on it), a watch
  * that cannot be added (fs.inotify.max_user_watches), no inotify instance to be had
