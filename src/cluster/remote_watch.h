@@ -25,10 +25,10 @@
  * inotify cannot see every change, kc_watch_arm returns 0 and every fetch stats as before:
  * a path on a filesystem other than the local ones of kc_tree_local_type (tree.h): NFS,
  * FUSE, a network or cluster filesystem (a change made by another machine raises no event
- * here); or on an
- * overlayfs (a change made in a layer, not through the overlay, raises no event on it), a watch
- * that cannot be added (fs.inotify.max_user_watches), no inotify instance to be had
- * (fs.inotify.max_user_instances), no read lease to be had (no CAP_LEASE, not the owner).
+ * here); a path on an overlayfs (a change made in a layer, not through the overlay, raises
+ * no event on it); a watch that cannot be added (fs.inotify.max_user_watches); no inotify
+ * instance to be had (fs.inotify.max_user_instances); no read lease to be had (no
+ * CAP_LEASE, not the owner).
  */
 #ifndef KC_REMOTE_WATCH_H
 #define KC_REMOTE_WATCH_H
