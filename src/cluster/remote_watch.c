@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <linux/magic.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -27,8 +28,6 @@
 #define DIR_EVENTS (IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO | IN_ATTRIB | \
 		    IN_MOVE_SELF | IN_DELETE_SELF | IN_ONLYDIR)
 
-/* statfs(2) f_type of an overlayfs: local (kc_tree_local_type), but not watched. */
-#define OVERLAYFS_MAGIC 0x794C7630ul
 
 void kc_watch_init(struct kc_watch *w)
 {
@@ -136,7 +135,7 @@ static int watch_one(struct kc_watch *w, const char *path, int dir, char *why, s
 			 "from another machine", path, (unsigned long)fs.f_type);
 		return -EXDEV;
 	}
-	if ((unsigned long)fs.f_type == OVERLAYFS_MAGIC) {
+	if ((unsigned long)fs.f_type == OVERLAYFS_SUPER_MAGIC) { /* local for the memo, not here */
 		snprintf(why, whylen, "%s is on an overlayfs: a change made in one of its layers "
 			 "(not through it) raises no event on it", path);
 		return -EXDEV;
