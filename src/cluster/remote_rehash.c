@@ -96,6 +96,13 @@ int kc_rehash_own(struct kc_rehash_table *t, unsigned long ticket, const char *h
 
 	char m[KC_MANIFEST_COMPACT_MAX] = "", w[sizeof(s->why)] = "";
 	size_t ml = 0;
+	/* A header read for its hash raises IN_OPEN on its watch, which would end the word of
+	 * the very rehash that read it (a joining node's first fetches then armed and rehashed
+	 * a second time, 3 ms each, while the others waited). So the headers the memo does
+	 * not hold yet are read first; the stats after the arm then open none. Not where the
+	 * watch fails: its result is never taken on the watch's word there. */
+	if (!kc_watch_failing(&t->watch))
+		rehash(list, len, m, &ml, w, sizeof(w));
 	unsigned long watched = kc_watch_arm(&t->watch, list, len); /* before any stat */
 	int err = rehash(list, len, m, &ml, w, sizeof(w));
 

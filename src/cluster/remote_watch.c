@@ -272,6 +272,7 @@ unsigned long kc_watch_arm(struct kc_watch *w, const char *list, size_t len)
 	}
 	/* a header missing here is the rehash's to report (a miss), not the watch's */
 	/* nor one open for writing now (for this rehash only) */
+	w->failing = !gen;
 	int first = !gen && err != -ENOENT && err != -ENOTDIR && err != -EBUSY &&
 		    w->unwatched++ == 0;
 	pthread_mutex_unlock(&w->lock);
@@ -291,4 +292,12 @@ int kc_watch_unchanged(struct kc_watch *w, unsigned long gen)
 	}
 	pthread_mutex_unlock(&w->lock);
 	return same;
+}
+
+int kc_watch_failing(struct kc_watch *w)
+{
+	pthread_mutex_lock(&w->lock);
+	int failing = w->failing;
+	pthread_mutex_unlock(&w->lock);
+	return failing;
 }

@@ -43,6 +43,7 @@ struct kc_watch {
 	int broken;            /* no instance or mount table to be had: never a proof */
 	unsigned long gen;     /* moves on at each batch of events (starts at 1) */
 	unsigned long unwatched; /* arms that returned 0 (for the log's first line only) */
+	int failing;           /* the last arm returned 0 */
 };
 
 /* Initialise w (no inotify instance yet: the first kc_watch_arm makes it). */
@@ -62,5 +63,9 @@ unsigned long kc_watch_arm(struct kc_watch *w, const char *list, size_t len);
  * every event queued so far, so a change whose system call returned before this call is
  * always counted. */
 int kc_watch_unchanged(struct kc_watch *w, unsigned long gen);
+
+/* 1 if w's last kc_watch_arm returned 0 (the list it was armed on cannot be watched), else
+ * 0, also before the first arm. */
+int kc_watch_failing(struct kc_watch *w);
 
 #endif

@@ -176,6 +176,31 @@ static void watched_changes(void)
 	put("#define B 1\n");
 }
 
+/* A list whose header this node has never read: its first rehash reads it, and a fetch
+ * that asks right after takes that rehash on the watch's word (the read was made before
+ * the watch was armed: its own open would otherwise end the word it had just earned). */
+static void watched_first_read(void)
+{
+	char path[192], l[320], m[KC_MANIFEST_COMPACT_MAX], why[200];
+	size_t ml = 0;
+	struct kc_rehash_table t;
+	snprintf(path, sizeof(path), "%s/first.h", inc);
+	write_file(path, "#define FIRST 1\n");
+	/* past the clock's tick of the write, so that the memo may keep its hash */
+	nanosleep(&(struct timespec){.tv_nsec = 30 * 1000000}, NULL);
+	snprintf(l, sizeof(l), "%064d %s\n", 0, path);
+	kc_rehash_init(&t);
+	int first = kc_rehash_own(&t, kc_rehash_ticket(&t), "first", l, strlen(l), m, &ml, why,
+				  sizeof(why));
+	int next = kc_rehash_own(&t, kc_rehash_ticket(&t), "first", l, strlen(l), m, &ml, why,
+				 sizeof(why));
+	CHECK(first == 0 && next == 0 && t.starts == 1 && t.proven == 1,
+	      "watched: a header read for the first time: the next fetch takes that rehash on "
+	      "the watch's word");
+	kc_rehash_destroy(&t);
+	unlink(path);
+}
+
 /* ln -sfn to link: a new symlink renamed over it. */
 static int repoint(const char *link, const char *to)
 {
@@ -450,6 +475,7 @@ int main(void)
 	CHECK(lookups() == before + 1, "and the header was looked up once for all 8");
 
 	if (ns) {
+		watched_first_read();
 		watched_changes();
 		watched_symlinks();
 		watched_chains();
