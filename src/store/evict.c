@@ -27,7 +27,8 @@ struct rec {
 	ino_t ino;
 	uint64_t bytes;
 	int64_t used;      /* milliseconds since the epoch */
-	int64_t persisted; /* seconds: the value in USED_XATTR, 0 if none */
+	int64_t persisted; /* seconds: the last use a restart reads back (USED_XATTR, else the
+			    * cubin's mtime) */
 	unsigned pins;     /* files being staged in it */
 	int indexed;       /* a published entry, counted in entries and bytes */
 	char *path;        /* relative to the backing root as last seen; NULL while pinned */
@@ -206,7 +207,9 @@ static void measure(struct kc_evict *e, int dfd, int now_used)
 		r->used = now_used ? now : (persisted > 0 ? persisted : cubin_mtime) * 1000;
 		if (r->used > now)
 			r->used = now; /* a time in the future (a clock step, a forged mtime) */
-		r->persisted = persisted;
+		/* what a restart would read back as the last use: the record, else the cubin's
+		 * mtime (so a cubin published now is not written to at its first lookups) */
+		r->persisted = persisted > 0 ? persisted : cubin_mtime;
 	} else if (now_used) {
 		r->used = now;
 	}

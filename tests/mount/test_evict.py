@@ -150,7 +150,7 @@ def test_entries_being_staged_or_compiled_are_not_evicted(mount_factory, tmp_pat
 def test_the_index_and_last_use_survive_a_remount(mount_factory):
     m = mount_factory(["max_entries=100"], name="first")
     entries = [compile_variant(m, i) for i in range(3)]
-    touch(entries[0])  # its first use: written at once
+    touch(entries[0])  # its first use, within the hour of its publish: its cubin's mtime stands
     time.sleep(1.1)
     touch(entries[1])
     time.sleep(1.1)

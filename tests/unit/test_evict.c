@@ -151,6 +151,50 @@ static void test_index(struct kc_store *s)
 	rig_destroy(&r);
 }
 
+/* Whether entry i carries a last use (user.kcachefs.used). */
+static int has_used_record(int i)
+{
+	char path[256], v[32];
+	snprintf(path, sizeof(path), "%s/cache/kernel.k%d.%032x", root, i, i);
+	return getxattr(path, "user.kcachefs.used", v, sizeof(v)) > 0;
+}
+
+/* A use is written at most hourly; the cubin's mtime stands for the last use until then
+ * (as a restart reads it back), so a cubin just published is not written to at its first
+ * lookups, and one published long ago with no record is, at its first. */
+static void test_last_use(struct kc_store *s)
+{
+	struct rig r;
+	char path[256];
+	dev_t dev;
+	ino_t ino;
+
+	rig_init(&r, s, 0, 0);
+	snprintf(path, sizeof(path), "%s/cache", root);
+	int cache = open(path, O_PATH | O_DIRECTORY | O_CLOEXEC);
+	make_entry(30, 100, 0);
+	make_entry(31, 100, 0);
+	snprintf(path, sizeof(path), "%s/cache/kernel.k31.%032x/kernel.cubin", root, 31);
+	struct timespec old[2] = {{.tv_sec = time(NULL) - 7200}, {.tv_sec = time(NULL) - 7200}};
+	utimensat(AT_FDCWD, path, old, 0);
+	kc_evict_note(&r.e, cache, "kernel.k30.0000000000000000000000000000001e");
+	kc_evict_note(&r.e, cache, "kernel.k31.0000000000000000000000000000001f");
+	entry_id(30, &dev, &ino);
+	kc_evict_touch(&r.e, dev, ino);
+	CHECK(!has_used_record(30), "last use: a cubin published now is not written to at its "
+				    "first lookup (its mtime stands for the use)");
+	entry_id(31, &dev, &ino);
+	kc_evict_touch(&r.e, dev, ino);
+	CHECK(has_used_record(31), "last use: one published two hours ago with no record is "
+				   "written at its first lookup");
+	close(cache);
+	rig_destroy(&r);
+	for (int i = 30; i <= 31; i++) {
+		snprintf(path, sizeof(path), "%s/cache/kernel.k%d.%032x", root, i, i);
+		kc_store_remove_tree(path);
+	}
+}
+
 static void test_cleaner(struct kc_store *s)
 {
 	struct rig r;
@@ -291,6 +335,7 @@ int main(void)
 	mkdir(path, 0755);
 	if (kc_store_open(&s, root, why, sizeof(why)) == 0) {
 		test_index(&s);
+		test_last_use(&s);
 		test_cleaner(&s);
 		test_moves(&s);
 		kc_store_close(&s);
