@@ -65,6 +65,12 @@ void kc_cache_write_log(struct kc_cache *c, int entry_fd, const char *head, cons
  * stale one was removed so that the recipe is compiled again), -EIO (bad, cannot rebuild). */
 int kc_cache_check_published(struct kc_cache *c, int entry_fd);
 
+/* Remember the cubin behind fd as checked: this daemon has just published it, from bytes
+ * it hashed into its record itself, under the recipe it checked under publish_lock. Its
+ * first lookup then serves it without reading it back; a change since (its ctime or size
+ * moved) has it checked again, as any cubin. */
+void kc_cache_mark_published(struct kc_cache *c, int fd);
+
 /* Nonzero if the entry holds both kernel.cu and kernel.flags: a recipe the client staged
  * for the mount to compile. (With -o autocompile a kernel.cu alone is a recipe too, but an
  * entry like that holding a client's cubin is the older DeepGEMM sequence: the client's

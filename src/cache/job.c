@@ -100,6 +100,8 @@ static int publish(struct compile_job *j, int fd, const char *tmp_name, const ch
 		err = errno == EEXIST ? 0 : -errno;
 		if (!err) /* a client published first: ours is not needed */
 			unlinkat(c->store->tmp_fd, tmp_name, 0);
+	} else if (!err) {
+		kc_cache_mark_published(c, fd); /* its ctime as the rename left it */
 	}
 	pthread_mutex_unlock(&c->publish_lock);
 	if (err == -EAGAIN) {

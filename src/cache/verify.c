@@ -56,6 +56,13 @@ static void mark_verified(struct kc_cache *c, const struct stat *st)
 	pthread_mutex_unlock(&c->verified_lock);
 }
 
+void kc_cache_mark_published(struct kc_cache *c, int fd)
+{
+	struct stat st;
+	if (fstat(fd, &st) == 0)
+		mark_verified(c, &st);
+}
+
 /* Remove entry/kernel.cubin if it is still the file st describes. */
 static void unlink_if_same(int entry_fd, const struct stat *st)
 {
