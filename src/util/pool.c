@@ -14,24 +14,55 @@ struct job {
 	void *arg;
 };
 
+/* A worker: waits on a condition of its own, so that a job wakes the one chosen for it. */
+struct worker {
+	struct kc_pool *pool;
+	pthread_t thread;
+	pthread_cond_t wake;
+	int waiting; /* on the idle stack; cleared by whoever pops it */
+};
+
 struct kc_pool {
 	pthread_mutex_t lock;
-	pthread_cond_t cond;
-	pthread_cond_t idle; /* broadcast when a job ends and none is queued */
+	pthread_cond_t idle; /* broadcast when a job ends and none is queued, and when the
+			      * last worker went idle */
 	struct job *head, *tail;
 	unsigned queued, running, nthreads;
 	int stopping;
-	pthread_t threads[];
+	unsigned nidle;
+	struct worker **idlers; /* idle workers, the most recently idle last */
+	struct worker workers[];
 };
+
+/* Wait (p->lock held) until a job is queued or the pool stops, on the idle stack. */
+static void wait_for_job(struct kc_pool *p, struct worker *w)
+{
+	while (!p->head && !p->stopping) {
+		w->waiting = 1;
+		p->idlers[p->nidle++] = w;
+		if (p->nidle == p->nthreads) /* kc_pool_create waits for all to be idle */
+			pthread_cond_broadcast(&p->idle);
+		while (w->waiting && !p->stopping)
+			pthread_cond_wait(&w->wake, &p->lock);
+		if (w->waiting) { /* stopping: take itself off the stack */
+			for (unsigned i = 0; i < p->nidle; i++)
+				if (p->idlers[i] == w) {
+					p->idlers[i] = p->idlers[--p->nidle];
+					break;
+				}
+			w->waiting = 0;
+		}
+	}
+}
 
 static void *worker(void *arg)
 {
-	struct kc_pool *p = arg;
+	struct worker *w = arg;
+	struct kc_pool *p = w->pool;
 
 	pthread_mutex_lock(&p->lock);
 	for (;;) {
-		while (!p->head && !p->stopping)
-			pthread_cond_wait(&p->cond, &p->lock);
+		wait_for_job(p, w);
 		struct job *j = p->head;
 		if (!j)
 			break;
@@ -56,21 +87,31 @@ struct kc_pool *kc_pool_create(unsigned n)
 {
 	if (n == 0)
 		n = 1;
-	struct kc_pool *p = calloc(1, sizeof(*p) + n * sizeof(pthread_t));
-	if (!p)
+	struct kc_pool *p = calloc(1, sizeof(*p) + n * sizeof(struct worker));
+	if (!p || !(p->idlers = calloc(n, sizeof(*p->idlers)))) {
+		free(p);
+		errno = ENOMEM;
 		return NULL;
+	}
 	pthread_mutex_init(&p->lock, NULL);
-	pthread_cond_init(&p->cond, NULL);
 	pthread_cond_init(&p->idle, NULL);
 	for (unsigned i = 0; i < n; i++) {
-		if (pthread_create(&p->threads[i], NULL, worker, p) != 0) {
+		p->workers[i].pool = p;
+		pthread_cond_init(&p->workers[i].wake, NULL);
+		if (pthread_create(&p->workers[i].thread, NULL, worker, &p->workers[i]) != 0) {
+			pthread_cond_destroy(&p->workers[i].wake);
 			p->nthreads = i;
 			kc_pool_destroy(p);
 			errno = EAGAIN;
 			return NULL;
 		}
 	}
+	/* every worker on the idle stack before the first job, so that it goes to the last */
+	pthread_mutex_lock(&p->lock);
 	p->nthreads = n;
+	while (p->nidle < n)
+		pthread_cond_wait(&p->idle, &p->lock);
+	pthread_mutex_unlock(&p->lock);
 	return p;
 }
 
@@ -94,7 +135,11 @@ int kc_pool_submit(struct kc_pool *p, kc_job_fn fn, void *arg)
 		p->head = j;
 	p->tail = j;
 	p->queued++;
-	pthread_cond_signal(&p->cond);
+	if (p->nidle) { /* the most recently idle: its stack and malloc arena are warm */
+		struct worker *w = p->idlers[--p->nidle];
+		w->waiting = 0;
+		pthread_cond_signal(&w->wake);
+	}
 	pthread_mutex_unlock(&p->lock);
 	return 0;
 }
@@ -137,13 +182,16 @@ void kc_pool_destroy(struct kc_pool *p)
 {
 	pthread_mutex_lock(&p->lock);
 	p->stopping = 1;
-	pthread_cond_broadcast(&p->cond);
-	pthread_mutex_unlock(&p->lock);
 	for (unsigned i = 0; i < p->nthreads; i++)
-		pthread_join(p->threads[i], NULL);
-	pthread_cond_destroy(&p->cond);
+		pthread_cond_signal(&p->workers[i].wake);
+	pthread_mutex_unlock(&p->lock);
+	for (unsigned i = 0; i < p->nthreads; i++) {
+		pthread_join(p->workers[i].thread, NULL);
+		pthread_cond_destroy(&p->workers[i].wake);
+	}
 	pthread_cond_destroy(&p->idle);
 	pthread_mutex_destroy(&p->lock);
+	free(p->idlers);
 	free(p);
 }
 

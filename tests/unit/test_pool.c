@@ -8,6 +8,14 @@
 #include "tap.h"
 
 static struct kc_slots slots;
+static pthread_t ran_on[16];
+static atomic_int nran_on;
+
+static void whoami(void *arg)
+{
+	(void)arg;
+	ran_on[atomic_fetch_add(&nran_on, 1)] = pthread_self();
+}
 static pthread_mutex_t order_lock = PTHREAD_MUTEX_INITIALIZER;
 static int order[8], norder;
 
@@ -125,6 +133,21 @@ int main(void)
 	atomic_store(&hold, 0);
 	CHECK(kc_pool_wait_idle(p, 60) == 0 && atomic_load(&held_ran) == 2,
 	      "the wait ends once every job ran");
+	kc_pool_destroy(p);
+
+	/* jobs one after another go to the worker that went idle last: one worker of 8 */
+	p = kc_pool_create(8);
+	CHECK(p != NULL, "a pool of 8 workers");
+	if (!p)
+		return tap_done();
+	for (int i = 0; i < 16; i++) {
+		kc_pool_submit(p, whoami, NULL);
+		kc_pool_wait_idle(p, 60);
+	}
+	int one = atomic_load(&nran_on) == 16;
+	for (int i = 1; i < 16; i++)
+		one &= pthread_equal(ran_on[i], ran_on[0]);
+	CHECK(one, "16 jobs in turn all ran on the worker that went idle last");
 	kc_pool_destroy(p);
 	return tap_done();
 }
