@@ -176,29 +176,39 @@ static void watched_changes(void)
 	put("#define B 1\n");
 }
 
-/* A list whose header this node has never read: its first rehash reads it, and a fetch
- * that asks right after takes that rehash on the watch's word (the read was made before
- * the watch was armed: its own open would otherwise end the word it had just earned). */
-static void watched_first_read(void)
+/* A list of n headers this node has never read: its first rehash reads them (n = 100: in
+ * parts, by several threads at once), and a fetch that asks right after takes that
+ * rehash on the watch's word (the reads were made before the watch was armed: their own
+ * opens would otherwise end the word they had just earned). */
+static void watched_first_read(int n)
 {
-	char path[192], l[320], m[KC_MANIFEST_COMPACT_MAX], why[200];
-	size_t ml = 0;
+	char path[192], m[KC_MANIFEST_COMPACT_MAX], m2[KC_MANIFEST_COMPACT_MAX], why[200];
+	size_t ml = 0, len = 0;
+	char *l = malloc((size_t)n * 200);
 	struct kc_rehash_table t;
-	snprintf(path, sizeof(path), "%s/first.h", inc);
-	write_file(path, "#define FIRST 1\n");
-	/* past the clock's tick of the write, so that the memo may keep its hash */
+	for (int i = 0; l && i < n; i++) {
+		snprintf(path, sizeof(path), "%s/first%03d.h", inc, i);
+		write_file(path, i % 2 ? "#define ODD 1\n" : "#define EVEN 1\n");
+		len += (size_t)sprintf(l + len, "%064d %s\n", 0, path);
+	}
+	/* past the clock's tick of the writes, so that the memo may keep their hashes */
 	nanosleep(&(struct timespec){.tv_nsec = 30 * 1000000}, NULL);
-	snprintf(l, sizeof(l), "%064d %s\n", 0, path);
 	kc_rehash_init(&t);
-	int first = kc_rehash_own(&t, kc_rehash_ticket(&t), "first", l, strlen(l), m, &ml, why,
-				  sizeof(why));
-	int next = kc_rehash_own(&t, kc_rehash_ticket(&t), "first", l, strlen(l), m, &ml, why,
-				 sizeof(why));
-	CHECK(first == 0 && next == 0 && t.starts == 1 && t.proven == 1,
-	      "watched: a header read for the first time: the next fetch takes that rehash on "
-	      "the watch's word");
+	int first = l ? kc_rehash_own(&t, kc_rehash_ticket(&t), "first", l, len, m, &ml, why,
+				      sizeof(why)) : -ENOMEM;
+	int next = l ? kc_rehash_own(&t, kc_rehash_ticket(&t), "first", l, len, m2, &ml, why,
+				     sizeof(why)) : -ENOMEM;
+	char what[160];
+	snprintf(what, sizeof(what), "watched: %d header%s read for the first time: the next "
+		 "fetch takes that rehash on the watch's word", n, n > 1 ? "s" : "");
+	CHECK(first == 0 && next == 0 && strcmp(m, m2) == 0 && t.starts == 1 && t.proven == 1,
+	      what);
 	kc_rehash_destroy(&t);
-	unlink(path);
+	for (int i = 0; i < n; i++) {
+		snprintf(path, sizeof(path), "%s/first%03d.h", inc, i);
+		unlink(path);
+	}
+	free(l);
 }
 
 /* ln -sfn to link: a new symlink renamed over it. */
@@ -475,7 +485,8 @@ int main(void)
 	CHECK(lookups() == before + 1, "and the header was looked up once for all 8");
 
 	if (ns) {
-		watched_first_read();
+		watched_first_read(1);
+		watched_first_read(100);
 		watched_changes();
 		watched_symlinks();
 		watched_chains();
