@@ -384,23 +384,45 @@ int kc_store_sync_dir(int dir)
 	return err;
 }
 
+/* The attribute calls on a file's descriptor: fsetxattr/fgetxattr, else (an O_PATH
+ * descriptor: EBADF) through its /proc/self/fd link, a path walk through /proc (each
+ * publish set its record and key so, twice a fetched kernel). */
+static int fd_setxattr(int fd, const char *name, const void *val, size_t len)
+{
+	if (fsetxattr(fd, name, val, len, 0) == 0)
+		return 0;
+	if (errno != EBADF)
+		return -errno;
+	char path[32];
+	kc_fd_path(fd, path);
+	return setxattr(path, name, val, len, 0) == 0 ? 0 : -errno;
+}
+
+static ssize_t fd_getxattr(int fd, const char *name, void *val, size_t size)
+{
+	ssize_t n = fgetxattr(fd, name, val, size);
+	if (n >= 0 || errno != EBADF)
+		return n;
+	char path[32];
+	kc_fd_path(fd, path);
+	return getxattr(path, name, val, size);
+}
+
 int kc_record_write(int fd, const struct kc_record *rec)
 {
-	char path[32], val[256];
+	char val[256];
 	int n = snprintf(val, sizeof(val), "v1 %s %llu %s %s", rec->sha256,
 			 (unsigned long long)rec->size, rec->recipe[0] ? rec->recipe : "-",
 			 rec->origin == KC_ORIGIN_COMPILED ? "compiled" : "client");
-	kc_fd_path(fd, path);
-	return setxattr(path, RECORD_XATTR, val, (size_t)n, 0) == 0 ? 0 : -errno;
+	return fd_setxattr(fd, RECORD_XATTR, val, (size_t)n);
 }
 
 int kc_record_read(int fd, struct kc_record *rec)
 {
-	char path[32], val[256], origin[16];
+	char val[256], origin[16];
 	unsigned long long size;
 
-	kc_fd_path(fd, path);
-	ssize_t n = getxattr(path, RECORD_XATTR, val, sizeof(val) - 1);
+	ssize_t n = fd_getxattr(fd, RECORD_XATTR, val, sizeof(val) - 1);
 	if (n < 0)
 		return errno == ENODATA ? -ENODATA : -errno;
 	val[n] = '\0';
@@ -422,9 +444,7 @@ int kc_record_read(int fd, struct kc_record *rec)
 
 int kc_key_record_write(int fd, const char key[KC_SHA256_HEXLEN + 1])
 {
-	char path[32];
-	kc_fd_path(fd, path);
-	return setxattr(path, KC_KEY_XATTR, key, KC_SHA256_HEXLEN, 0) == 0 ? 0 : -errno;
+	return fd_setxattr(fd, KC_KEY_XATTR, key, KC_SHA256_HEXLEN);
 }
 
 int kc_store_mark_rejected(int dir, const char *recipe_hex)
