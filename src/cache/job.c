@@ -53,14 +53,17 @@ static void hold_off(struct kc_cache *c, const struct kc_flight_key *key, const 
 	pthread_mutex_unlock(&c->holdoff_lock);
 }
 
-/* Publish a compiled, checked cubin (fd, the daemon's temporary tmp_name in tmp/) into the
- * entry; durable: fsync it and the entry, so that a compile survives a power loss. A
- * fetched cubin is published without (a fetch is cheap to repeat, and its fsyncs were
- * half of a fetch's time): a power loss may lose it, or leave a torn one, which the record
- * check at the first lookup after the start (check_published) removes, and it is fetched
- * again. Returns 0, -EAGAIN (the recipe changed meanwhile: nothing published) or -EIO. */
+/* Publish a checked cubin (fd, the daemon's temporary tmp_name in tmp/) into the entry.
+ * compiled: this node's compile, fsync'ed with the entry so that it survives a power loss,
+ * and published only if the compiler on disk is still the one that ran. Else a cubin
+ * fetched from the cluster store: no fsyncs (a fetch is cheap to repeat, and its fsyncs
+ * were half of a fetch's time: a power loss may lose it, or leave a torn one, which the
+ * record check at the first lookup after the start (check_published) removes, and it is
+ * fetched again), and no compiler check (none ran here; a compiler changed since the
+ * lookup makes the cubin stale at its next lookup, as any). Returns 0, -EAGAIN (the recipe
+ * or compiler changed meanwhile: nothing published) or -EIO. */
 static int publish(struct compile_job *j, int fd, const char *tmp_name, const char *label,
-		   uint64_t *bytes, int durable)
+		   uint64_t *bytes, int compiled)
 {
 	struct kc_cache *c = j->c;
 	struct kc_record rec = {.origin = KC_ORIGIN_COMPILED};
@@ -75,7 +78,7 @@ static int publish(struct compile_job *j, int fd, const char *tmp_name, const ch
 				     j->recipe.flags_len, key);
 	if (!err)
 		err = kc_key_record_write(fd, key);
-	if (!err && (fchmod(fd, 0444) != 0 || (durable && fsync(fd) != 0)))
+	if (!err && (fchmod(fd, 0444) != 0 || (compiled && fsync(fd) != 0)))
 		err = -errno;
 	if (err) {
 		kc_log(KC_LOG_ERR, "%s: cannot prepare cubin for publishing: %s", label,
@@ -85,7 +88,7 @@ static int publish(struct compile_job *j, int fd, const char *tmp_name, const ch
 	*bytes = rec.size;
 	/* The compiler that ran must be the one the recipe was hashed with: swapped during
 	 * the compile, its output is not this recipe's (and is compiled again). */
-	int unsure = kc_cache_compiler_check(c) < 0;
+	int unsure = compiled && kc_cache_compiler_check(c) < 0;
 	pthread_mutex_lock(&c->publish_lock);
 	err = unsure ? -EAGAIN : kc_recipe_load(j->entry_fd, c->cfg, &now);
 	if (!err) {
@@ -113,7 +116,7 @@ static int publish(struct compile_job *j, int fd, const char *tmp_name, const ch
 		kc_log(KC_LOG_ERR, "%s: cannot publish cubin: %s", label, strerror(-err));
 		return -EIO;
 	}
-	if (durable)
+	if (compiled)
 		kc_store_sync_dir(j->entry_fd);
 	kc_store_clear_rejected(j->entry_fd);
 	return 0;
