@@ -19,6 +19,10 @@
  *   mount table moves the generation on (coarse: every list's proof goes with it), and a
  *   result is taken on the watch's word only while the generation is the one kc_watch_arm
  *   returned before that result's stats began.
+ * - kc_watch_arm gives its word only when nothing but its own opens of the headers (for
+ *   their leases) came while it ran: so a directory walked for one header is not looked up
+ *   again for the next (a change to it since would have come as an event), and a
+ *   filesystem is checked once per device.
  *
  * Events are queued by the system call that makes the change, before it returns, so a
  * change made before a fetch asks is always seen when the fetch drains the queue. Where

@@ -203,6 +203,15 @@ static void watched_first_read(int n)
 		 "fetch takes that rehash on the watch's word", n, n > 1 ? "s" : "");
 	CHECK(first == 0 && next == 0 && strcmp(m, m2) == 0 && t.starts == 1 && t.proven == 1,
 	      what);
+	/* the headers after the first share its walk, not looked up again: still watched */
+	snprintf(path, sizeof(path), "%s/beside.h", inc);
+	write_file(path, "#define BESIDE 1\n");
+	next = l ? kc_rehash_own(&t, kc_rehash_ticket(&t), "first", l, len, m2, &ml, why,
+				 sizeof(why)) : -ENOMEM;
+	snprintf(what, sizeof(what), "watched: a file created beside those %d header%s: looked "
+		 "up again", n, n > 1 ? "s" : "");
+	CHECK(next == 0 && t.starts == 2, what);
+	unlink(path);
 	kc_rehash_destroy(&t);
 	for (int i = 0; i < n; i++) {
 		snprintf(path, sizeof(path), "%s/first%03d.h", inc, i);
