@@ -190,6 +190,21 @@ static int hash_header(const char *path, char hex[KC_SHA256_HEXLEN + 1], uint64_
 	return err;
 }
 
+int kc_manifest_memo_fill(const char *path, int fd)
+{
+	struct stat st;
+	char hex[KC_SHA256_HEXLEN + 1];
+	if (under(path, "/proc") || under(path, "/sys") || under(path, "/dev") ||
+	    fstat(fd, &st) != 0 || admit(&st, 0) != 0 || memo_get(path, &st, hex))
+		return 0;
+	struct timespec changed_before;
+	clock_gettime(CLOCK_REALTIME_COARSE, &changed_before);
+	int err = kc_sha256_fd(fd, hex, NULL);
+	if (!err && kc_tree_memoizable(fd, &st, &changed_before))
+		memo_put(path, &st, hex);
+	return err;
+}
+
 /* Unless err (the result of listing the paths p): sort and deduplicate them, hash each,
  * and write the manifest. Frees p; returns err or the result. */
 static int build(int err, struct kc_argv *p, char **manifest, size_t *mlen, char *why,

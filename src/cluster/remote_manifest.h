@@ -76,6 +76,13 @@ int kc_manifest_compact_list(const char *compact, size_t len, char hex[KC_SHA256
 int kc_manifest_rehash(const char *index, size_t len, char **manifest, size_t *mlen,
 		       char *why, size_t whylen);
 
+/* Put the hash of the header path, open as fd (for reading), in the memo above, unless it
+ * holds it already or the file may not be hashed (as kc_manifest_rehash would refuse it):
+ * for a caller that has the header open anyway (remote_watch.c, with a read lease held on
+ * fd: nobody writes it meanwhile). Returns 0, or -errno of the read (the memo is then left
+ * as it was). */
+int kc_manifest_memo_fill(const char *path, int fd);
+
 /* The toolkit root of the nvcc at nvcc_path into root: the realpath of its directory's
  * parent when that is laid out as a CUDA toolkit (include/cuda.h or targets/), else (a
  * wrapper script elsewhere) that of fallback (the toolkit kcachefs was built against) if

@@ -5,7 +5,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 void kc_rehash_init(struct kc_rehash_table *t)
 {
@@ -41,58 +40,6 @@ static int rehash(const char *list, size_t len, char mine[KC_MANIFEST_COMPACT_MA
 		err = kc_manifest_compact(full, full_len, mine, mlen);
 	free(full);
 	return err;
-}
-
-/* One part of a list read by preread: its lines, and the thread reading it (if any). */
-struct part {
-	const char *lines;
-	size_t len;
-	pthread_t thread;
-	int threaded;
-};
-
-static void *read_part(void *arg)
-{
-	struct part *p = arg;
-	char *full = NULL, why[8];
-	size_t full_len = 0;
-	if (kc_manifest_rehash(p->lines, p->len, &full, &full_len, why, sizeof(why)) == 0)
-		free(full); /* only the memo's new hashes are wanted: the rehash reports errors */
-	return NULL;
-}
-
-/* Read and hash the headers of list/len that the memo does not hold yet, in parts of
- * KC_REHASH_PART lines at least, one per CPU (KC_REHASH_READERS at most), at once: a
- * joining node's first fetch reads its 133 host headers here while its other fetches wait
- * for it, with the node's other CPUs idle. */
-static void preread(const char *list, size_t len)
-{
-	struct part parts[KC_REHASH_READERS];
-	size_t lines = 0;
-	for (const char *c = list; (c = memchr(c, '\n', len - (size_t)(c - list))); c++)
-		lines++;
-	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-	size_t n = lines / KC_REHASH_PART;
-	n = n < 1 ? 1 : n > KC_REHASH_READERS ? KC_REHASH_READERS : n;
-	n = cpus > 0 && (size_t)cpus < n ? (size_t)cpus : n;
-	size_t off = 0;
-	for (size_t i = 0; i < n; i++) {
-		size_t end = i + 1 == n ? len : off + (len - off) / (n - i);
-		const char *nl = end < len ? memchr(list + end, '\n', len - end) : NULL;
-		end = nl ? (size_t)(nl - list) + 1 : len;
-		parts[i] = (struct part){.lines = list + off, .len = end - off};
-		off = end;
-		parts[i].threaded = i > 0 && pthread_create(&parts[i].thread, NULL, read_part,
-							     &parts[i]) == 0;
-	}
-	for (size_t i = 0; i < n; i++) {
-		if (!parts[i].threaded)
-			read_part(&parts[i]);
-	}
-	for (size_t i = 1; i < n; i++) {
-		if (parts[i].threaded)
-			pthread_join(parts[i].thread, NULL);
-	}
 }
 
 /* The slot of hash (t->lock held): its own, else an empty or idle one taken for it (its
@@ -151,12 +98,10 @@ int kc_rehash_own(struct kc_rehash_table *t, unsigned long ticket, const char *h
 	size_t ml = 0;
 	/* A header read for its hash raises IN_OPEN on its watch, which would end the word of
 	 * the very rehash that read it (a joining node's first fetches then armed and rehashed
-	 * a second time, 3 ms each, while the others waited). So the headers the memo does
-	 * not hold yet are read first; the stats after the arm then open none. Not where the
-	 * watch fails: its result is never taken on the watch's word there. */
-	if (!kc_watch_failing(&t->watch))
-		preread(list, len);
-	unsigned long watched = kc_watch_arm(&t->watch, list, len); /* before any stat */
+	 * a second time while the others waited). So the arm itself reads the headers the
+	 * memo lacks, through the descriptor it opens for each one's lease (an open it tells
+	 * from others'), and the stats after it open none. */
+	unsigned long watched = kc_watch_arm(&t->watch, list, len, kc_manifest_memo_fill);
 	int err = rehash(list, len, m, &ml, w, sizeof(w));
 
 	pthread_mutex_lock(&t->lock);

@@ -30,8 +30,6 @@
 #include "remote_manifest.h"
 #include "remote_watch.h"
 
-#define KC_REHASH_READERS 4 /* threads that read a list's new headers at once, at most */
-#define KC_REHASH_PART 32   /* headers a reader takes, at least */
 #define KC_REHASH_SLOTS 16 /* lists whose last rehash is kept (the cluster store keeps as many lists, remote_tier.c) */
 
 struct kc_rehash_table {

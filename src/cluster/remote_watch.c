@@ -114,14 +114,19 @@ static int start(struct kc_watch *w)
  * lease can be had only on a file nobody has open for writing (fcntl(2) F_SETLEASE; the
  * daemon runs as root, or owns the file). Else -EBUSY, or -errno where it cannot tell, with
  * why filled. The open and close are this process's own (drain tells them from others):
- * the lease ends with the close, so that a writer's open that waited on it comes after. */
-static int no_writer(const char *path, char *why, size_t whylen)
+ * the lease ends with the close, so that a writer's open that waited on it comes after.
+ * With the lease held, fill (if any) is given listed (the header's path as listed) and the
+ * descriptor. */
+static int no_writer(const char *path, const char *listed, int (*fill)(const char *, int),
+		     char *why, size_t whylen)
 {
 	int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC); /* no lease break wait */
 	/* a writer's open while the lease is held breaks it with a signal to this process:
 	 * SIGURG, ignored unless handled (SIGIO, the default, would end the daemon) */
 	int err = fd < 0 || fcntl(fd, F_SETSIG, SIGURG) != 0 ||
 			  fcntl(fd, F_SETLEASE, F_RDLCK) != 0 ? -errno : 0;
+	if (!err && fill)
+		fill(listed, fd);
 	if (fd >= 0)
 		close(fd);
 	if (err == -EAGAIN || err == -EWOULDBLOCK)
@@ -142,6 +147,8 @@ struct arm {
 	size_t n, cap;
 	dev_t fs_dev;       /* the device whose filesystem passed the check last */
 	int fs_checked;
+	int (*fill)(const char *path, int fd); /* kc_watch_arm's */
+	const char *listed;  /* the header being watched, as the list names it */
 	char prev[PATH_MAX]; /* the last header's path as walked (no symlink in it): every
 			      * directory above it was looked up and watched by this arm */
 	char why[PATH_MAX + 200];
@@ -192,7 +199,7 @@ static int watch_one(struct arm *a, const char *path, const struct stat *st, int
 		a->cap = cap;
 	}
 	a->own[a->n++] = wd;
-	return no_writer(path, a->why, sizeof(a->why));
+	return no_writer(path, a->listed, a->fill, a->why, sizeof(a->why));
 }
 
 /* Whether dir is a directory strictly above the path other, by their strings. */
@@ -299,9 +306,10 @@ static int watch_header(struct arm *a, const char *path)
 	return err;
 }
 
-unsigned long kc_watch_arm(struct kc_watch *w, const char *list, size_t len)
+unsigned long kc_watch_arm(struct kc_watch *w, const char *list, size_t len,
+			   int (*fill)(const char *path, int fd))
 {
-	struct arm a = {.w = w};
+	struct arm a = {.w = w, .fill = fill, .listed = ""};
 	char path[PATH_MAX];
 	pthread_mutex_lock(&w->lock);
 	int err = w->broken ? -EIO : start(w);
@@ -321,6 +329,7 @@ unsigned long kc_watch_arm(struct kc_watch *w, const char *list, size_t len)
 		memcpy(path, list + off + KC_SHA256_HEXLEN + 1, ll - KC_SHA256_HEXLEN - 1);
 		path[ll - KC_SHA256_HEXLEN - 1] = '\0';
 		off += ll + 1;
+		a.listed = path;
 		err = watch_header(&a, path);
 	}
 	/* Word is given only when nothing but this arm's own opens came meanwhile: a change to
@@ -335,9 +344,9 @@ unsigned long kc_watch_arm(struct kc_watch *w, const char *list, size_t len)
 	free(a.own);
 	/* a header missing here is the rehash's to report (a miss), not the watch's; nor one
 	 * open for writing now, nor a change during the arm (for this rehash only) */
-	w->failing = !gen && (w->broken || (err && err != -ENOENT && err != -ENOTDIR &&
-						   err != -EBUSY));
-	int first = w->failing && w->unwatched++ == 0;
+	int failing = !gen && (w->broken || (err && err != -ENOENT && err != -ENOTDIR &&
+						    err != -EBUSY));
+	int first = failing && w->unwatched++ == 0;
 	pthread_mutex_unlock(&w->lock);
 	if (first)
 		kc_log(KC_LOG_INFO, "header lists are not watched, each fetch stats its headers: %s",
@@ -355,12 +364,4 @@ int kc_watch_unchanged(struct kc_watch *w, unsigned long gen)
 	}
 	pthread_mutex_unlock(&w->lock);
 	return same;
-}
-
-int kc_watch_failing(struct kc_watch *w)
-{
-	pthread_mutex_lock(&w->lock);
-	int failing = w->failing;
-	pthread_mutex_unlock(&w->lock);
-	return failing;
 }

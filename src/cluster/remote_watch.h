@@ -47,7 +47,6 @@ struct kc_watch {
 	int broken;            /* no instance or mount table to be had: never a proof */
 	unsigned long gen;     /* moves on at each batch of events (starts at 1) */
 	unsigned long unwatched; /* arms that returned 0 (for the log's first line only) */
-	int failing;           /* the last arm returned 0 */
 };
 
 /* Initialise w (no inotify instance yet: the first kc_watch_arm makes it). */
@@ -60,16 +59,17 @@ void kc_watch_destroy(struct kc_watch *w);
  * remote_manifest.h) and the directories their walks pass through. Call before the stats
  * of a rehash of that list. Returns the generation that stands for them (> 0), to keep
  * with the rehash's result; 0 when they cannot all be watched (logged once per daemon with
- * why): then the result is never taken on the watch's word. */
-unsigned long kc_watch_arm(struct kc_watch *w, const char *list, size_t len);
+ * why): then the result is never taken on the watch's word. fill (may be NULL) is called
+ * with each header's path as listed and a descriptor of it open for reading, while a read
+ * lease proves that nobody has it open for writing: a caller that reads the headers anyway
+ * reads them there (an open of its own after the arm would be an event that ends the
+ * word). */
+unsigned long kc_watch_arm(struct kc_watch *w, const char *list, size_t len,
+			   int (*fill)(const char *path, int fd));
 
 /* 1 if nothing watched has changed since kc_watch_arm returned gen (> 0), else 0. Reads
  * every event queued so far, so a change whose system call returned before this call is
  * always counted. */
 int kc_watch_unchanged(struct kc_watch *w, unsigned long gen);
-
-/* 1 if w's last kc_watch_arm returned 0 (the list it was armed on cannot be watched), else
- * 0, also before the first arm. */
-int kc_watch_failing(struct kc_watch *w);
 
 #endif

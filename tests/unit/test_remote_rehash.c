@@ -176,10 +176,9 @@ static void watched_changes(void)
 	put("#define B 1\n");
 }
 
-/* A list of n headers this node has never read: its first rehash reads them (n = 100: in
- * parts, by several threads at once), and a fetch that asks right after takes that
- * rehash on the watch's word (the reads were made before the watch was armed: their own
- * opens would otherwise end the word they had just earned). */
+/* A list of n headers this node has never read: its first rehash reads them, and a fetch
+ * that asks right after takes that rehash on the watch's word (the reads were made by the
+ * arm, through its own opens: an open after it would end the word just earned). */
 static void watched_first_read(int n)
 {
 	char path[192], m[KC_MANIFEST_COMPACT_MAX], m2[KC_MANIFEST_COMPACT_MAX], why[200];
@@ -239,7 +238,7 @@ static int sees(const char *path, int (*change)(const char *, const char *), con
 	snprintf(l, sizeof(l), "%064d %s\n", 0, path);
 	snprintf(pa, sizeof(pa), "%s/%s", root, a);
 	snprintf(pb, sizeof(pb), b_in_root ? "%s/%s" : "%.0s%s", root, b);
-	unsigned long gen = kc_watch_arm(&w, l, strlen(l));
+	unsigned long gen = kc_watch_arm(&w, l, strlen(l), NULL);
 	int quiet = gen && kc_watch_unchanged(&w, gen);
 	int seen = change(pa, pb) == 0 && !kc_watch_unchanged(&w, gen);
 	if (change == rename)
@@ -370,7 +369,7 @@ static void armed_while_opened(void)
 	opening = 1;
 	pthread_create(&th, NULL, open_for_writing, NULL);
 	for (int i = 0; i < 20000; i++)
-		kc_watch_arm(&w, list, strlen(list));
+		kc_watch_arm(&w, list, strlen(list), NULL);
 	opening = 0;
 	pthread_join(th, NULL);
 	kc_watch_destroy(&w);
@@ -396,7 +395,7 @@ static void watched_overlay(void)
 		struct kc_watch w;
 		kc_watch_init(&w);
 		snprintf(l, sizeof(l), "%064d %s\n", 0, h);
-		unsigned long gen = kc_watch_arm(&w, l, strlen(l));
+		unsigned long gen = kc_watch_arm(&w, l, strlen(l), NULL);
 		write_file(lower_h, "#define P 2\n");
 		CHECK(!(gen && kc_watch_unchanged(&w, gen)),
 		      "a header on an overlayfs, its lower layer written: never taken unchanged");
@@ -509,7 +508,7 @@ int main(void)
 	kc_watch_init(&other);
 	char proc[128];
 	snprintf(proc, sizeof(proc), "%064d /proc/self/status\n", 0);
-	CHECK(kc_watch_arm(&other, proc, strlen(proc)) == 0,
+	CHECK(kc_watch_arm(&other, proc, strlen(proc), NULL) == 0,
 	      "a header on a filesystem whose changes inotify may not see (/proc) is not watched");
 	kc_watch_destroy(&other);
 
