@@ -116,7 +116,7 @@ static int start(struct kc_watch *w)
  * why filled. The open and close are this process's own (drain tells them from others):
  * the lease ends with the close, so that a writer's open that waited on it comes after.
  * With the lease held, fill (if any) is given listed (the header's path as listed) and the
- * descriptor. */
+ * descriptor; a lease broken meanwhile is -EBUSY. */
 static int no_writer(const char *path, const char *listed, int (*fill)(const char *, int),
 		     char *why, size_t whylen)
 {
@@ -127,6 +127,11 @@ static int no_writer(const char *path, const char *listed, int (*fill)(const cha
 			  fcntl(fd, F_SETLEASE, F_RDLCK) != 0 ? -errno : 0;
 	if (!err && fill)
 		fill(listed, fd);
+	/* still held: a writer's open that broke it (the kernel drops a lease that is not
+	 * released lease-break-time after a break) could have come while the file was open
+	 * here, and its IN_OPEN merged into this process's own */
+	if (!err && fcntl(fd, F_GETLEASE) != F_RDLCK)
+		err = -EBUSY;
 	if (fd >= 0)
 		close(fd);
 	if (err == -EAGAIN || err == -EWOULDBLOCK)
