@@ -611,16 +611,20 @@ static int open_remote(struct start *s, struct kc_fs *fs, struct kc_remote_tier 
 }
 
 /* Grow this process's descriptor table now to hold KC_FD_TABLE descriptors (fewer under a
- * lower limit). The kernel grows it when a new descriptor does not fit, doubling it; in a
+ * lower open file limit); after fuse_daemonize, whose fork gives the child a table sized for
+ * the descriptors open, not the parent's. The kernel grows it when a new descriptor does not fit, doubling it; in a
  * process with threads each growth waits for an RCU grace period (expand_fdtable's
  * synchronize_rcu) while every thread that opens a file waits on it. A joining node's
  * daemon crossed 256 and 512 while it fetched its first kernels (one descriptor per inode
  * it knows, one per store connection), and each of its opens stalled 10 to 27 ms at once
  * on the build machine. The table costs 8 bytes a descriptor. */
 #define KC_FD_TABLE 16384
-static void presize_fd_table(unsigned long limit)
+static void presize_fd_table(void)
 {
-	int high = limit < KC_FD_TABLE ? (int)limit - 1 : KC_FD_TABLE - 1;
+	struct rlimit rl;
+	if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur < 2)
+		return;
+	int high = rl.rlim_cur < KC_FD_TABLE ? (int)rl.rlim_cur - 1 : KC_FD_TABLE - 1;
 	int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
 		return; /* only an optimisation */
@@ -635,7 +639,6 @@ static void presize_fd_table(unsigned long limit)
 static int open_tables(struct start *s, struct kc_fs *fs)
 {
 	unsigned long fd_limit = raise_fd_limit();
-	presize_fd_table(fd_limit);
 	if (kc_inode_table_init(&fs->inodes, fs->store.root_fd) != 0)
 		return -1;
 	kc_evict_init(&fs->evict, &fs->store, &fs->cache.flights, &fs->cache.stats, s->max_size,
@@ -908,6 +911,7 @@ int main(int argc, char *argv[])
 		goto out_unmount;
 	if (!s.cmd.foreground)
 		kc_log_init(1, s.cmd.debug ? KC_LOG_DEBUG : s.level);
+	presize_fd_table();
 	if (start_threads(&s, fs, remote, argc, argv) != 0)
 		goto out_cache;
 	ret = serve(&s, fs);

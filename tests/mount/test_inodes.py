@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 
-from conftest import EM_CUDA, read_result, run_parallel, sample, start_openers
+from conftest import EM_CUDA, KCACHEFS, Mount, read_result, run_parallel, sample, start_openers
 from kcmount import slow_nvcc, wait_for_flight, wait_until
 
 N = 600      # entries, each two inodes (its directory and its cubin) once touched
@@ -214,3 +214,22 @@ def test_the_descriptor_table_is_grown_once_at_start(mount_factory):
     assert size >= min(16384, limit), (size, limit)
     publish(m, 50)  # opens beyond the start's do not grow it
     assert fd_table_size(m.proc.pid) == size
+
+
+def test_the_descriptor_table_is_grown_in_a_background_daemon_too(tmp_path):
+    """Without -f the daemon forks away from its terminal; the child's table is sized for
+    the descriptors open at the fork, so it is grown after that."""
+    m = Mount(tmp_path)
+    r = subprocess.run([str(KCACHEFS), str(m.backing), str(m.mnt)], capture_output=True,
+                       text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    try:
+        pids = subprocess.run(["pgrep", "-f", "^%s %s " % (KCACHEFS, m.backing)],
+                              capture_output=True, text=True).stdout.split()
+        assert len(pids) == 1, pids
+        assert fd_table_size(int(pids[0])) >= 16384
+    finally:
+        subprocess.run(["umount", str(m.mnt)], check=True)
+        wait_until(lambda: subprocess.run(["pgrep", "-f", "^%s %s " % (KCACHEFS, m.backing)],
+                                          capture_output=True).returncode != 0,
+                   "the daemon did not exit", 20)
