@@ -210,6 +210,8 @@ static void measure(struct kc_evict *e, int dfd, int now_used)
 		/* what a restart would read back as the last use: the record, else the cubin's
 		 * mtime (so a cubin published now is not written to at its first lookups) */
 		r->persisted = persisted > 0 ? persisted : cubin_mtime;
+		if (r->persisted > now / 1000) /* a future mtime would stop the writes */
+			r->persisted = now / 1000;
 	} else if (now_used) {
 		r->used = now;
 	}
