@@ -100,7 +100,9 @@ struct kc_pool *kc_pool_create(unsigned n)
 		pthread_cond_init(&p->workers[i].wake, NULL);
 		if (pthread_create(&p->workers[i].thread, NULL, worker, &p->workers[i]) != 0) {
 			pthread_cond_destroy(&p->workers[i].wake);
+			pthread_mutex_lock(&p->lock);
 			p->nthreads = i;
+			pthread_mutex_unlock(&p->lock);
 			kc_pool_destroy(p);
 			errno = EAGAIN;
 			return NULL;
