@@ -25,6 +25,7 @@ int kc_cache_compiler_check(struct kc_cache *c)
 		pthread_mutex_lock(&c->verified_lock);
 		tdestroy(c->verified, free);
 		c->verified = NULL;
+		c->verified_epoch++;
 		pthread_mutex_unlock(&c->verified_lock);
 	}
 	return r;

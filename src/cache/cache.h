@@ -40,6 +40,7 @@ struct kc_cache {
 	pthread_mutex_t publish_lock; /* orders publishes against recipe removal */
 	pthread_mutex_t verified_lock;
 	void *verified;              /* tsearch tree: cubins whose record matched */
+	unsigned long verified_epoch; /* moves on at each emptying of verified (its lock) */
 	pthread_mutex_t holdoff_lock;
 	struct holdoff *holdoffs;    /* recent passing failures, see KC_RETRY_HOLDOFF */
 	struct kc_evict *evict;      /* borrowed, may be NULL: told of every publish */

@@ -68,8 +68,13 @@ int kc_cache_check_published(struct kc_cache *c, int entry_fd);
 /* Remember the cubin behind fd as checked: this daemon has just published it, from bytes
  * it hashed into its record itself, under the recipe it checked under publish_lock. Its
  * first lookup then serves it without reading it back; a change since (its ctime or size
- * moved) has it checked again, as any cubin. */
-void kc_cache_mark_published(struct kc_cache *c, int fd);
+ * moved) has it checked again, as any cubin. Not remembered if the checked cubins were
+ * dropped (a compiler change) since kc_cache_verified_epoch returned epoch, which the
+ * publisher takes before it loads the recipe (that load may have used the old compiler). */
+void kc_cache_mark_published(struct kc_cache *c, int fd, unsigned long epoch);
+
+/* The count of droppings of the checked cubins so far (see kc_cache_mark_published). */
+unsigned long kc_cache_verified_epoch(struct kc_cache *c);
 
 /* Nonzero if the entry holds both kernel.cu and kernel.flags: a recipe the client staged
  * for the mount to compile. (With -o autocompile a kernel.cu alone is a recipe too, but an

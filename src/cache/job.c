@@ -90,6 +90,7 @@ static int publish(struct compile_job *j, int fd, const char *tmp_name, const ch
 	 * the compile, its output is not this recipe's (and is compiled again). */
 	int unsure = compiled && kc_cache_compiler_check(c) < 0;
 	pthread_mutex_lock(&c->publish_lock);
+	unsigned long epoch = kc_cache_verified_epoch(c); /* before the recipe's identity */
 	err = unsure ? -EAGAIN : kc_recipe_load(j->entry_fd, c->cfg, &now);
 	if (!err) {
 		if (strcmp(now.hash, j->recipe.hash) != 0)
@@ -104,7 +105,7 @@ static int publish(struct compile_job *j, int fd, const char *tmp_name, const ch
 		if (!err) /* a client published first: ours is not needed */
 			unlinkat(c->store->tmp_fd, tmp_name, 0);
 	} else if (!err) {
-		kc_cache_mark_published(c, fd); /* its ctime as the rename left it */
+		kc_cache_mark_published(c, fd, epoch); /* its ctime as the rename left it */
 	}
 	pthread_mutex_unlock(&c->publish_lock);
 	if (err == -EAGAIN) {

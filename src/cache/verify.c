@@ -39,14 +39,17 @@ static int is_verified(struct kc_cache *c, const struct stat *st)
 	return ok;
 }
 
-static void mark_verified(struct kc_cache *c, const struct stat *st)
+/* Remember st as checked, unless the checked cubins were dropped since epoch (any: -1). */
+static void mark_verified_since(struct kc_cache *c, const struct stat *st, unsigned long epoch)
 {
 	struct verified *n = malloc(sizeof(*n));
 	if (!n)
 		return;
 	*n = (struct verified){st->st_dev, st->st_ino, st->st_ctim, st->st_size};
 	pthread_mutex_lock(&c->verified_lock);
-	struct verified **v = tsearch(n, &c->verified, verified_cmp);
+	struct verified **v = epoch == (unsigned long)-1 || epoch == c->verified_epoch
+				      ? tsearch(n, &c->verified, verified_cmp)
+				      : NULL;
 	if (v && *v != n) {
 		**v = *n;
 		free(n);
@@ -56,11 +59,24 @@ static void mark_verified(struct kc_cache *c, const struct stat *st)
 	pthread_mutex_unlock(&c->verified_lock);
 }
 
-void kc_cache_mark_published(struct kc_cache *c, int fd)
+static void mark_verified(struct kc_cache *c, const struct stat *st)
+{
+	mark_verified_since(c, st, (unsigned long)-1);
+}
+
+unsigned long kc_cache_verified_epoch(struct kc_cache *c)
+{
+	pthread_mutex_lock(&c->verified_lock);
+	unsigned long epoch = c->verified_epoch;
+	pthread_mutex_unlock(&c->verified_lock);
+	return epoch;
+}
+
+void kc_cache_mark_published(struct kc_cache *c, int fd, unsigned long epoch)
 {
 	struct stat st;
 	if (fstat(fd, &st) == 0)
-		mark_verified(c, &st);
+		mark_verified_since(c, &st, epoch);
 }
 
 /* Remove entry/kernel.cubin if it is still the file st describes. */
