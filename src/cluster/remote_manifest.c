@@ -156,6 +156,25 @@ static int admit(const struct stat *st, uint64_t total)
 	return 0;
 }
 
+/* Whether path is under a pseudo filesystem no header is hashed from. */
+static int pseudo(const char *path)
+{
+	return under(path, "/proc") || under(path, "/sys") || under(path, "/dev");
+}
+
+/* Hash the header path, open as fd (st: its fstat, admitted), into hex, and memoize it
+ * when its stamps may stand for its bytes. Returns 0 or -errno of the read. */
+static int hash_open(const char *path, int fd, const struct stat *st,
+		     char hex[KC_SHA256_HEXLEN + 1])
+{
+	struct timespec changed_before;
+	clock_gettime(CLOCK_REALTIME_COARSE, &changed_before);
+	int err = kc_sha256_fd(fd, hex, NULL);
+	if (!err && kc_tree_memoizable(fd, st, &changed_before))
+		memo_put(path, st, hex);
+	return err;
+}
+
 /* Hash one header as remote_manifest.h says, adding its size to *total. A memoized one is
  * only stat'ed; any other is opened, checked again on its descriptor and read. Returns 0
  * or -errno with why filled. */
@@ -163,8 +182,8 @@ static int hash_header(const char *path, char hex[KC_SHA256_HEXLEN + 1], uint64_
 		       char *why, size_t whylen)
 {
 	struct stat st;
-	int fd = -1, pseudo = under(path, "/proc") || under(path, "/sys") || under(path, "/dev");
-	int err = pseudo ? -EACCES : stat(path, &st) != 0 ? -errno : admit(&st, *total);
+	int fd = -1;
+	int err = pseudo(path) ? -EACCES : stat(path, &st) != 0 ? -errno : admit(&st, *total);
 	if (!err && !memo_get(path, &st, hex)) {
 		pthread_mutex_t *stripe = &hashing[memo_set_of(path) % HASHING_STRIPES];
 		pthread_once(&hashing_once, hashing_init);
@@ -172,11 +191,8 @@ static int hash_header(const char *path, char hex[KC_SHA256_HEXLEN + 1], uint64_
 		if (!memo_get(path, &st, hex)) { /* nobody hashed it meanwhile */
 			fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
 			err = fd < 0 ? -errno : fstat(fd, &st) != 0 ? -errno : admit(&st, *total);
-			struct timespec changed_before;
-			clock_gettime(CLOCK_REALTIME_COARSE, &changed_before);
-			if (!err && !(err = kc_sha256_fd(fd, hex, NULL)))
-				if (kc_tree_memoizable(fd, &st, &changed_before))
-					memo_put(path, &st, hex);
+			if (!err)
+				err = hash_open(path, fd, &st, hex);
 			if (fd >= 0)
 				close(fd);
 		}
@@ -194,15 +210,9 @@ int kc_manifest_memo_fill(const char *path, int fd)
 {
 	struct stat st;
 	char hex[KC_SHA256_HEXLEN + 1];
-	if (under(path, "/proc") || under(path, "/sys") || under(path, "/dev") ||
-	    fstat(fd, &st) != 0 || admit(&st, 0) != 0 || memo_get(path, &st, hex))
+	if (pseudo(path) || fstat(fd, &st) != 0 || admit(&st, 0) != 0 || memo_get(path, &st, hex))
 		return 0;
-	struct timespec changed_before;
-	clock_gettime(CLOCK_REALTIME_COARSE, &changed_before);
-	int err = kc_sha256_fd(fd, hex, NULL);
-	if (!err && kc_tree_memoizable(fd, &st, &changed_before))
-		memo_put(path, &st, hex);
-	return err;
+	return hash_open(path, fd, &st, hex);
 }
 
 /* Unless err (the result of listing the paths p): sort and deduplicate them, hash each,

@@ -22,7 +22,7 @@
 
 /* A header: its content, its times, its name, and any open (a writable mapping's writes
  * raise no event, but the mapping is made through an open) and close without a write (so
- * that kc_watch_arm can tell its own open of a header from another process's: own_events). */
+ * that kc_watch_arm can tell its own open of a header from another process's: drain). */
 #define FILE_EVENTS (IN_MODIFY | IN_ATTRIB | IN_CLOSE_WRITE | IN_OPEN | IN_CLOSE_NOWRITE | \
 		     IN_MOVE_SELF | IN_DELETE_SELF)
 /* A directory a walk passes through: the names in it, and its own name. */

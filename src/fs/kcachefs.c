@@ -611,10 +611,10 @@ static int open_remote(struct start *s, struct kc_fs *fs, struct kc_remote_tier 
 }
 
 /* Grow this process's descriptor table now to hold KC_FD_TABLE descriptors (fewer under a
- * lower open file limit); after fuse_daemonize, whose fork gives the child a table sized for
- * the descriptors open, not the parent's. The kernel grows it when a new descriptor does not fit, doubling it; in a
- * process with threads each growth waits for an RCU grace period (expand_fdtable's
- * synchronize_rcu) while every thread that opens a file waits on it. A joining node's
+ * lower open file limit); after fuse_daemonize, whose fork gives the child a table sized
+ * for the descriptors open, not the parent's. The kernel grows it when a new descriptor
+ * does not fit, doubling it; in a process with threads each growth waits for an RCU grace
+ * period (expand_fdtable's synchronize_rcu) while every thread that opens a file waits. A joining node's
  * daemon crossed 256 and 512 while it fetched its first kernels (one descriptor per inode
  * it knows, one per store connection), and each of its opens stalled 10 to 27 ms at once
  * on the build machine. The table costs 8 bytes a descriptor. */
