@@ -707,19 +707,25 @@ static int wait_notice(struct kc_remote_tier *t, struct kc_remote_watch **w, dou
 	}
 }
 
+/* rj's lease token, random (made at its first miss: a hit needs none). Returns 0 or -1. */
+static int new_token(struct kc_remote_job *rj)
+{
+	unsigned char r[KC_REMOTE_TOKENLEN / 2];
+	if (getrandom(r, sizeof(r), 0) != (ssize_t)sizeof(r))
+		return -1;
+	for (size_t i = 0; i < sizeof(r); i++)
+		snprintf(rj->token + 2 * i, 3, "%02x", r[i]);
+	return 0;
+}
+
 int kc_remote_tier_fetch(struct kc_remote_tier *t, const char *recipe_hash, int use_store,
 			 struct kc_slots *slots, struct kc_remote_job *rj)
 {
-	unsigned char r[KC_REMOTE_TOKENLEN / 2];
 	int slot = 0;
 	memset(rj, 0, sizeof(*rj));
 	if (!t || !use_store || kc_object_manifest_key(recipe_hash, rj->mkey) != 0)
 		return compile_here(slots, &slot);
 	rj->active = 1;
-	if (getrandom(r, sizeof(r), 0) != (ssize_t)sizeof(r))
-		return compile_here(slots, &slot); /* no token: no cluster single flight */
-	for (size_t i = 0; i < sizeof(r); i++)
-		snprintf(rj->token + 2 * i, 3, "%02x", r[i]);
 
 	double start = kc_mono_s();
 	unsigned delay = 50;
@@ -739,6 +745,8 @@ int kc_remote_tier_fetch(struct kc_remote_tier *t, const char *recipe_hash, int 
 		/* A lease is taken only with a slot to compile in: a node holding leases it
 		 * cannot compile yet would make the other nodes wait on its queue. */
 		compile_here(slots, &slot);
+		if (!rj->token[0] && new_token(rj) != 0)
+			break; /* no token: no cluster single flight */
 		enum kc_lease_state state = KC_LEASE_NONE;
 		int err = take(t, rj, &state);
 		if (err == 0) {
