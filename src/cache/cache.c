@@ -206,6 +206,7 @@ int kc_cache_lookup_cubin(struct kc_cache *c, int entry_fd, struct kc_waiter *w,
 		if (!j)
 			return -ENOMEM;
 		j->share_fd = -1;
+		j->recipe_epoch = __atomic_load_n(&c->recipe_epoch, __ATOMIC_ACQUIRE);
 		err = kc_recipe_load(entry_fd, c->cfg, &j->recipe);
 		if (err) {
 			free(j);
@@ -232,7 +233,7 @@ int kc_cache_lookup_cubin(struct kc_cache *c, int entry_fd, struct kc_waiter *w,
 			}
 		}
 		struct kc_flight_key key = {est.st_dev, est.st_ino};
-		if (kc_store_is_rejected(entry_fd, j->recipe.hash) ||
+		if (kc_store_rejection(entry_fd, j->recipe.hash, &j->rejection) ||
 		    kc_cache_held_off(c, &key, j->recipe.hash)) {
 			kc_recipe_free(&j->recipe);
 			free(j);

@@ -17,6 +17,8 @@ struct compile_job {
 	struct kc_flight_key key;
 	int entry_fd;
 	struct kc_recipe recipe;
+	unsigned long recipe_epoch; /* c->recipe_epoch read before the recipe was loaded */
+	int rejection;  /* the entry carried a rejection (another recipe's) when looked up */
 	int transient; /* set by run_compile: the failure had a passing cause */
 	/* Set by run_compile when a published compile is to be shared (share_fd >= 0): the
 	 * cluster's part, run by share_published in c->shares (queued as the single flight

@@ -53,23 +53,47 @@ static void hold_off(struct kc_cache *c, const struct kc_flight_key *key, const 
 	pthread_mutex_unlock(&c->holdoff_lock);
 }
 
+/* 0 if the entry's recipe is still the one j loaded, else -EAGAIN; publish_lock held.
+ * Every change of a recipe file through the mount (an unlink, or a stage after one: what
+ * is staged cannot be replaced in place) ends in kc_cache_unstage, which moves
+ * c->recipe_epoch on under this lock and then removes a compiled cubin. With the epoch
+ * where it was before j's recipe was loaded, a change since is still to be unstaged, and
+ * that removes what is published now; so the files are read again only when the epoch
+ * moved, or the compiler identity (part of the recipe's hash) did. */
+static int recipe_kept(struct compile_job *j)
+{
+	struct kc_cache *c = j->c;
+	struct kc_recipe now;
+	if (c->recipe_epoch == j->recipe_epoch &&
+	    (!c->cfg->compiler ||
+	     kc_compiler_generation(c->cfg->compiler) == j->recipe.compiler_gen))
+		return 0;
+	if (kc_recipe_load(j->entry_fd, c->cfg, &now) != 0)
+		return -EAGAIN;
+	int err = strcmp(now.hash, j->recipe.hash) == 0 ? 0 : -EAGAIN;
+	kc_recipe_free(&now);
+	return err;
+}
+
 /* Publish a checked cubin (fd, the daemon's temporary tmp_name in tmp/) into the entry.
- * compiled: this node's compile, fsync'ed with the entry so that it survives a power loss,
- * and published only if the compiler on disk is still the one that ran. Else a cubin
- * fetched from the cluster store: no fsyncs (a fetch is cheap to repeat, and its fsyncs
+ * fetched NULL: this node's compile, fsync'ed with the entry so that it survives a power
+ * loss, and published only if the compiler on disk is still the one that ran. Else a cubin
+ * fetched from the cluster store, whose fetched_len bytes fd holds (hashed from memory,
+ * not read back): no fsyncs (a fetch is cheap to repeat, and its fsyncs
  * were half of a fetch's time: a power loss may lose it, or leave a torn one, which the
  * record check at the first lookup after the start (check_published) removes, and it is
  * fetched again), and no compiler check (none ran here; a compiler changed since the
  * lookup makes the cubin stale at its next lookup, as any). Returns 0, -EAGAIN (the recipe
  * or compiler changed meanwhile: nothing published) or -EIO. */
 static int publish(struct compile_job *j, int fd, const char *tmp_name, const char *label,
-		   uint64_t *bytes, int compiled)
+		   uint64_t *bytes, const void *fetched, size_t fetched_len)
 {
 	struct kc_cache *c = j->c;
-	struct kc_record rec = {.origin = KC_ORIGIN_COMPILED};
-	struct kc_recipe now;
+	struct kc_record rec = {.origin = KC_ORIGIN_COMPILED, .size = fetched_len};
 	char key[KC_SHA256_HEXLEN + 1];
-	int err = kc_sha256_fd(fd, rec.sha256, &rec.size);
+	int compiled = !fetched;
+	int err = compiled ? kc_sha256_fd(fd, rec.sha256, &rec.size)
+			   : kc_sha256_buf(fetched, fetched_len, rec.sha256);
 	strcpy(rec.recipe, j->recipe.hash);
 	if (!err)
 		err = kc_record_write(fd, &rec);
@@ -91,14 +115,7 @@ static int publish(struct compile_job *j, int fd, const char *tmp_name, const ch
 	int unsure = compiled && kc_cache_compiler_check(c) < 0;
 	pthread_mutex_lock(&c->publish_lock);
 	unsigned long epoch = kc_cache_verified_epoch(c); /* before the recipe's identity */
-	err = unsure ? -EAGAIN : kc_recipe_load(j->entry_fd, c->cfg, &now);
-	if (!err) {
-		if (strcmp(now.hash, j->recipe.hash) != 0)
-			err = -EAGAIN;
-		kc_recipe_free(&now);
-	} else {
-		err = -EAGAIN;
-	}
+	err = unsure ? -EAGAIN : recipe_kept(j);
 	if (!err && renameat2(c->store->tmp_fd, tmp_name, j->entry_fd, KC_CUBIN_NAME,
 			      RENAME_NOREPLACE) != 0) {
 		err = errno == EEXIST ? 0 : -errno;
@@ -119,7 +136,8 @@ static int publish(struct compile_job *j, int fd, const char *tmp_name, const ch
 	}
 	if (compiled)
 		kc_store_sync_dir(j->entry_fd);
-	kc_store_clear_rejected(j->entry_fd);
+	if (j->rejection) /* another recipe's, or the compiler's before it changed */
+		kc_store_clear_rejected(j->entry_fd);
 	return 0;
 }
 
@@ -131,7 +149,8 @@ static int publish_fetched(struct compile_job *j, struct kc_remote_job *rj, int 
 	char head[1024];
 	uint64_t bytes = 0;
 	int result = kc_write_all(out_fd, rj->obj.cubin, rj->obj.cubin_len) == 0
-			     ? publish(j, out_fd, out_name, label, &bytes, 0)
+			     ? publish(j, out_fd, out_name, label, &bytes, rj->obj.cubin,
+				       rj->obj.cubin_len)
 			     : -EIO;
 	snprintf(head, sizeof(head), "kcachefs: compile %s: %s from the cluster store (%s), "
 		 "%zu bytes, not compiled here\n", label,
@@ -332,7 +351,7 @@ static int run_compile(struct compile_job *j)
 		       "rejection discarded", label);
 		result = -EAGAIN;
 	} else if (out.status == KC_COMPILE_OK) {
-		result = publish(j, out_fd, out_name, label, &bytes, 1);
+		result = publish(j, out_fd, out_name, label, &bytes, NULL, 0);
 		if (result == 0) {
 			atomic_fetch_add(&c->stats.compiles, 1);
 			atomic_fetch_add(&c->stats.published_bytes, bytes);

@@ -258,6 +258,7 @@ int kc_cache_unstage(struct kc_cache *c, int entry_fd)
 	int removed = 0;
 
 	pthread_mutex_lock(&c->publish_lock);
+	__atomic_add_fetch(&c->recipe_epoch, 1, __ATOMIC_RELEASE);
 	int fd = openat(entry_fd, KC_CUBIN_NAME, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
 	if (fd >= 0) {
 		if (kc_record_read(fd, &rec) == 0 && rec.origin == KC_ORIGIN_COMPILED)

@@ -454,15 +454,22 @@ int kc_store_mark_rejected(int dir, const char *recipe_hex)
 	return setxattr(path, REJECTED_XATTR, recipe_hex, strlen(recipe_hex), 0) == 0 ? 0 : -errno;
 }
 
-int kc_store_is_rejected(int dir, const char *recipe_hex)
+int kc_store_rejection(int dir, const char *recipe_hex, int *marked)
 {
 	char path[32], val[KC_SHA256_HEXLEN + 1];
 	kc_fd_path(dir, path);
 	ssize_t n = getxattr(path, REJECTED_XATTR, val, sizeof(val) - 1);
+	if (marked)
+		*marked = n > 0 || (n < 0 && errno != ENODATA);
 	if (n <= 0)
 		return 0;
 	val[n] = '\0';
 	return strcmp(val, recipe_hex) == 0;
+}
+
+int kc_store_is_rejected(int dir, const char *recipe_hex)
+{
+	return kc_store_rejection(dir, recipe_hex, NULL);
 }
 
 void kc_store_clear_rejected(int dir)

@@ -107,6 +107,9 @@ int kc_key_record_write(int fd, const char key[KC_SHA256_HEXLEN + 1]);
 int kc_store_mark_rejected(int dir, const char *recipe_hex);
 /* 1 if dir carries a rejection for exactly recipe_hex, else 0. */
 int kc_store_is_rejected(int dir, const char *recipe_hex);
+/* The same, and *marked (if not NULL) set to 0 when dir carries no rejection at all, else
+ * 1 (one for any recipe, or its attribute cannot be read). */
+int kc_store_rejection(int dir, const char *recipe_hex, int *marked);
 void kc_store_clear_rejected(int dir);
 
 /* Refusal marker on an entry directory: the recipe file refused there last (what, e.g.

@@ -7,7 +7,7 @@ import signal
 import time
 
 from conftest import entry_name, run_parallel, sample, start_openers, write_script
-from kcmount import wait_until
+from kcmount import slow_nvcc, wait_for_flight, wait_until
 
 
 def delayed_nvcc(tmp_path, seconds):
@@ -70,6 +70,33 @@ def test_descriptor_on_a_re_staged_entry_keeps_its_recipe(mount_factory, tmp_pat
     assert os.pread(fd1, 1 << 20, 0) == a, "a descriptor of recipe A read another recipe"
     assert os.fstat(fd1).st_size == len(a)
     os.close(fd1)
+
+
+def test_a_recipe_re_staged_during_its_compile_never_gets_the_old_cubin(mount_factory,
+                                                                        tmp_path):
+    # The compile of recipe A waits at the gate while a client unlinks kernel.cu and stages
+    # recipe B: A's cubin is discarded at its publish (the recipe moved on), and the openers
+    # that waited for A get B's compile.
+    release = tmp_path / "release"
+    m = mount_factory(["nvcc=%s" % slow_nvcc(tmp_path, release, "*-DKC_GATE*")])
+    entry = m.mnt / "cache" / entry_name("k", b"re-staged")
+    entry.mkdir(parents=True)
+    (entry / "kernel.flags").write_bytes(b"-O3\n-DKC_GATE\n")
+    (entry / "kernel.cu").write_bytes(sample("saxpy")[0])
+    openers = start_openers(entry / "kernel.cubin", 2)
+    try:
+        wait_for_flight(m)
+        (entry / "kernel.cu").unlink()
+        (entry / "kernel.cu").write_bytes(sample("block_sum")[0])
+    finally:
+        release.write_text("open")
+        outs = [p.communicate(timeout=120)[0].split() for p in openers]
+    data = (entry / "kernel.cubin").read_bytes()
+    assert all(o[0] == "ok" and int(o[1]) == len(data) for o in outs), outs
+    assert b"block_sum" in data and b"saxpy" not in data
+    assert (m.backing / entry.relative_to(m.mnt) / "kernel.cubin").read_bytes() == data
+    assert "recipe or compiler changed during the compile; result discarded" in m.daemon_log()
+    assert m.stats()["compiles_total"] == 1
 
 
 def test_waiter_killed_by_a_core_dumping_signal_goes_at_once(mount_factory, tmp_path):
