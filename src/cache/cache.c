@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "io.h"
 #include "key.h"
 #include "log.h"
 
@@ -61,6 +62,18 @@ void kc_cache_entry_label(struct kc_cache *c, int entry_fd, char *buf, size_t le
 	snprintf(buf, len, "%.*s", (int)(len > 1 ? len - 1 : 0), *rel ? rel : "/");
 }
 
+int kc_cache_entry_paths(struct kc_cache *c, int entry_fd, char *rel, size_t rel_len,
+			 char *label, size_t label_len)
+{
+	int err = kc_store_rel_path(c->store, entry_fd, rel, rel_len);
+	if (err) {
+		rel[0] = '\0';
+		kc_cache_entry_label(c, entry_fd, label, label_len);
+	} else {
+		snprintf(label, label_len, "/%.*s", (int)(label_len > 2 ? label_len - 2 : 0), rel);
+	}
+	return err;
+}
 
 int kc_cache_init(struct kc_cache *c, const struct kc_config *cfg, struct kc_store *store,
 		  struct kc_remote_tier *remote)
@@ -130,7 +143,19 @@ void kc_cache_write_log(struct kc_cache *c, int entry_fd, const char *head, cons
 	memcpy(buf, head, hl);
 	if (body_len)
 		memcpy(buf + hl, body, body_len);
-	int err = kc_store_write_atomic(c->store, entry_fd, KC_LOG_NAME, buf, hl + body_len);
+	size_t len = hl + body_len;
+	int err = -EEXIST;
+	if (len <= KC_LOG_IN_PLACE) { /* a first log (a fetch's): no temporary and rename */
+		int fd = openat(entry_fd, KC_LOG_NAME,
+				O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+		err = fd < 0 ? -errno : kc_write_all(fd, buf, len);
+		if (fd >= 0)
+			close(fd);
+		if (err && fd >= 0)
+			unlinkat(entry_fd, KC_LOG_NAME, 0);
+	}
+	if (err == -EEXIST)
+		err = kc_store_write_atomic(c->store, entry_fd, KC_LOG_NAME, buf, len);
 	if (err)
 		kc_log(KC_LOG_WARN, "cannot write kernel.log: %s", strerror(-err));
 	free(buf);

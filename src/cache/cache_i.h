@@ -56,8 +56,17 @@ int kc_cache_compiler_check(struct kc_cache *c);
  * Returns 0, or -ENAMETOOLONG when the kernel cannot give its path. */
 int kc_cache_entry_name(struct kc_cache *c, int entry_fd, char name[256]);
 
+/* The path of the entry behind entry_fd relative to the backing root into rel (rel_len
+ * bytes) and its label for logs into label, from one readlink. Returns 0, or -errno of
+ * kc_store_rel_path (rel is then "", label as kc_cache_entry_label gives it). */
+int kc_cache_entry_paths(struct kc_cache *c, int entry_fd, char *rel, size_t rel_len,
+			 char *label, size_t label_len);
+
 /* Write kernel.log of the entry: head, then body_len bytes of body (may be NULL with 0),
- * atomically (a failure is logged, not returned). */
+ * atomically (a failure is logged, not returned): a reader sees the old log or the new one
+ * whole, and a first log of at most KC_LOG_IN_PLACE bytes, created in place with one
+ * write, empty or whole. */
+#define KC_LOG_IN_PLACE 4096
 void kc_cache_write_log(struct kc_cache *c, int entry_fd, const char *head, const char *body,
 			size_t body_len);
 

@@ -283,11 +283,13 @@ static int run_compile(struct compile_job *j)
 	const struct kc_config *cfg = c->cfg;
 	struct kc_argv args = {0};
 	struct kc_compile_outcome out;
-	char label[512], scratch[4200], arch[32];
+	char label[512], scratch[4200], arch[32], rel[4096];
 	uint64_t bytes = 0;
-	int result, nvrtc = 0;
+	int result, nvrtc = 0, fetched = 0;
 
-	kc_cache_entry_label(c, j->entry_fd, label, sizeof(label));
+	/* its path now: the eviction index takes it after a fetch (a compile's may have moved) */
+	int placed = kc_cache_entry_paths(c, j->entry_fd, rel, sizeof(rel), label,
+					  sizeof(label)) == 0;
 	if (compile_args(j, label, &args, &nvrtc) != 0) {
 		kc_argv_free(&args);
 		return -EIO;
@@ -310,6 +312,7 @@ static int run_compile(struct compile_job *j)
 		kc_argv_free(&args);
 		result = publish_fetched(j, &rj, out_fd, out_name, label);
 		kc_remote_job_free(&rj);
+		fetched = 1;
 		goto done;
 	}
 	/* Nothing to fetch: lookups that waited for a fetch are answered now (their readers
@@ -386,7 +389,7 @@ done:
 		kc_store_remove_tree(scratch);
 	}
 	if (result == 0 && c->evict)
-		kc_evict_note_fd(c->evict, j->entry_fd);
+		kc_evict_note_fd(c->evict, j->entry_fd, placed && fetched ? rel : NULL);
 	return result;
 }
 

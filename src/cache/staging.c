@@ -222,7 +222,7 @@ int kc_cache_stage(struct kc_cache *c, enum kc_role role, int src_dir, const cha
 	if (!err && role != KC_ROLE_CUBIN && kc_cache_unstage(c, entry_fd))
 		ret = KC_STAGE_CUBIN_REMOVED;
 	if (c->evict)
-		kc_evict_note_fd(c->evict, entry_fd);
+		kc_evict_note_fd(c->evict, entry_fd, NULL);
 	return ret;
 }
 
