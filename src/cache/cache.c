@@ -62,19 +62,6 @@ void kc_cache_entry_label(struct kc_cache *c, int entry_fd, char *buf, size_t le
 	snprintf(buf, len, "%.*s", (int)(len > 1 ? len - 1 : 0), *rel ? rel : "/");
 }
 
-int kc_cache_entry_paths(struct kc_cache *c, int entry_fd, char *rel, size_t rel_len,
-			 char *label, size_t label_len)
-{
-	int err = kc_store_rel_path(c->store, entry_fd, rel, rel_len);
-	if (err) {
-		rel[0] = '\0';
-		kc_cache_entry_label(c, entry_fd, label, label_len);
-	} else {
-		snprintf(label, label_len, "/%.*s", (int)(label_len > 2 ? label_len - 2 : 0), rel);
-	}
-	return err;
-}
-
 int kc_cache_init(struct kc_cache *c, const struct kc_config *cfg, struct kc_store *store,
 		  struct kc_remote_tier *remote)
 {
@@ -133,6 +120,16 @@ void kc_cache_shutdown(struct kc_cache *c)
 	c->tree_memo = NULL;
 }
 
+/* Remove entry/kernel.log if it is still the file open on fd. */
+static void unlink_log_if_same(int entry_fd, int fd)
+{
+	struct stat mine, now;
+	if (fstat(fd, &mine) == 0 &&
+	    fstatat(entry_fd, KC_LOG_NAME, &now, AT_SYMLINK_NOFOLLOW) == 0 &&
+	    now.st_ino == mine.st_ino && now.st_dev == mine.st_dev)
+		unlinkat(entry_fd, KC_LOG_NAME, 0);
+}
+
 void kc_cache_write_log(struct kc_cache *c, int entry_fd, const char *head, const char *body,
 		      size_t body_len)
 {
@@ -149,10 +146,10 @@ void kc_cache_write_log(struct kc_cache *c, int entry_fd, const char *head, cons
 		int fd = openat(entry_fd, KC_LOG_NAME,
 				O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
 		err = fd < 0 ? -errno : kc_write_all(fd, buf, len);
+		if (err && fd >= 0)
+			unlink_log_if_same(entry_fd, fd); /* not one renamed over it meanwhile */
 		if (fd >= 0)
 			close(fd);
-		if (err && fd >= 0)
-			unlinkat(entry_fd, KC_LOG_NAME, 0);
 	}
 	if (err == -EEXIST)
 		err = kc_store_write_atomic(c->store, entry_fd, KC_LOG_NAME, buf, len);
@@ -231,7 +228,6 @@ int kc_cache_lookup_cubin(struct kc_cache *c, int entry_fd, struct kc_waiter *w,
 		if (!j)
 			return -ENOMEM;
 		j->share_fd = -1;
-		j->recipe_epoch = __atomic_load_n(&c->recipe_epoch, __ATOMIC_ACQUIRE);
 		err = kc_recipe_load(entry_fd, c->cfg, &j->recipe);
 		if (err) {
 			free(j);

@@ -38,8 +38,6 @@ struct kc_cache {
 				      * only (without, the pool's size bounds them) */
 	struct kc_stats stats;
 	pthread_mutex_t publish_lock; /* orders publishes against recipe removal */
-	unsigned long recipe_epoch;  /* moves on at each kc_cache_unstage (publish_lock held;
-				      * read with __atomic acquire without it) */
 	pthread_mutex_t verified_lock;
 	void *verified;              /* tsearch tree: cubins whose record matched */
 	unsigned long verified_epoch; /* moves on at each emptying of verified (its lock) */

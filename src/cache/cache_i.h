@@ -17,7 +17,6 @@ struct compile_job {
 	struct kc_flight_key key;
 	int entry_fd;
 	struct kc_recipe recipe;
-	unsigned long recipe_epoch; /* c->recipe_epoch read before the recipe was loaded */
 	int rejection;  /* the entry carried a rejection (another recipe's) when looked up */
 	int transient; /* set by run_compile: the failure had a passing cause */
 	/* Set by run_compile when a published compile is to be shared (share_fd >= 0): the
@@ -55,12 +54,6 @@ int kc_cache_compiler_check(struct kc_cache *c);
 /* The name of the entry directory behind entry_fd, whole (a label is cut for logs).
  * Returns 0, or -ENAMETOOLONG when the kernel cannot give its path. */
 int kc_cache_entry_name(struct kc_cache *c, int entry_fd, char name[256]);
-
-/* The path of the entry behind entry_fd relative to the backing root into rel (rel_len
- * bytes) and its label for logs into label, from one readlink. Returns 0, or -errno of
- * kc_store_rel_path (rel is then "", label as kc_cache_entry_label gives it). */
-int kc_cache_entry_paths(struct kc_cache *c, int entry_fd, char *rel, size_t rel_len,
-			 char *label, size_t label_len);
 
 /* Write kernel.log of the entry: head, then body_len bytes of body (may be NULL with 0),
  * atomically (a failure is logged, not returned): a reader sees the old log or the new one

@@ -54,20 +54,14 @@ static void hold_off(struct kc_cache *c, const struct kc_flight_key *key, const 
 }
 
 /* 0 if the entry's recipe is still the one j loaded, else -EAGAIN; publish_lock held.
- * Every change of a recipe file through the mount (an unlink, or a stage after one: what
- * is staged cannot be replaced in place) ends in kc_cache_unstage, which moves
- * c->recipe_epoch on under this lock and then removes a compiled cubin. With the epoch
- * where it was before j's recipe was loaded, a change since is still to be unstaged, and
- * that removes what is published now; so the files are read again only when the epoch
- * moved, or the compiler identity (part of the recipe's hash) did. */
+ * Its files are read and hashed again: a change need not pass through kc_cache_unstage
+ * (the entry renamed to a plain name, its kernel.cu written as a plain file, and renamed
+ * back; or a hard link of kernel.cu made before it was staged), so no counter of unstages
+ * can stand for this read. */
 static int recipe_kept(struct compile_job *j)
 {
 	struct kc_cache *c = j->c;
 	struct kc_recipe now;
-	if (c->recipe_epoch == j->recipe_epoch &&
-	    (!c->cfg->compiler ||
-	     kc_compiler_generation(c->cfg->compiler) == j->recipe.compiler_gen))
-		return 0;
 	if (kc_recipe_load(j->entry_fd, c->cfg, &now) != 0)
 		return -EAGAIN;
 	int err = strcmp(now.hash, j->recipe.hash) == 0 ? 0 : -EAGAIN;
@@ -283,13 +277,11 @@ static int run_compile(struct compile_job *j)
 	const struct kc_config *cfg = c->cfg;
 	struct kc_argv args = {0};
 	struct kc_compile_outcome out;
-	char label[512], scratch[4200], arch[32], rel[4096];
+	char label[512], scratch[4200], arch[32];
 	uint64_t bytes = 0;
-	int result, nvrtc = 0, fetched = 0;
+	int result, nvrtc = 0;
 
-	/* its path now: the eviction index takes it after a fetch (a compile's may have moved) */
-	int placed = kc_cache_entry_paths(c, j->entry_fd, rel, sizeof(rel), label,
-					  sizeof(label)) == 0;
+	kc_cache_entry_label(c, j->entry_fd, label, sizeof(label));
 	if (compile_args(j, label, &args, &nvrtc) != 0) {
 		kc_argv_free(&args);
 		return -EIO;
@@ -312,7 +304,6 @@ static int run_compile(struct compile_job *j)
 		kc_argv_free(&args);
 		result = publish_fetched(j, &rj, out_fd, out_name, label);
 		kc_remote_job_free(&rj);
-		fetched = 1;
 		goto done;
 	}
 	/* Nothing to fetch: lookups that waited for a fetch are answered now (their readers
@@ -389,7 +380,7 @@ done:
 		kc_store_remove_tree(scratch);
 	}
 	if (result == 0 && c->evict)
-		kc_evict_note_fd(c->evict, j->entry_fd, placed && fetched ? rel : NULL);
+		kc_evict_note_fd(c->evict, j->entry_fd);
 	return result;
 }
 

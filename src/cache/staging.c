@@ -222,7 +222,7 @@ int kc_cache_stage(struct kc_cache *c, enum kc_role role, int src_dir, const cha
 	if (!err && role != KC_ROLE_CUBIN && kc_cache_unstage(c, entry_fd))
 		ret = KC_STAGE_CUBIN_REMOVED;
 	if (c->evict)
-		kc_evict_note_fd(c->evict, entry_fd, NULL);
+		kc_evict_note_fd(c->evict, entry_fd);
 	return ret;
 }
 
@@ -258,7 +258,6 @@ int kc_cache_unstage(struct kc_cache *c, int entry_fd)
 	int removed = 0;
 
 	pthread_mutex_lock(&c->publish_lock);
-	__atomic_add_fetch(&c->recipe_epoch, 1, __ATOMIC_RELEASE);
 	int fd = openat(entry_fd, KC_CUBIN_NAME, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
 	if (fd >= 0) {
 		if (kc_record_read(fd, &rec) == 0 && rec.origin == KC_ORIGIN_COMPILED)

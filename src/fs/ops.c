@@ -559,7 +559,7 @@ static void kc_unlink(fuse_req_t req, fuse_ino_t parent_ino, const char *name)
 		name_gone(fs, &st, 0);
 	recipe_removed(req, parent_ino, parent, name);
 	if (parent->entry)
-		kc_evict_note_fd(&fs->evict, parent->fd, NULL);
+		kc_evict_note_fd(&fs->evict, parent->fd);
 	fuse_reply_err(req, 0);
 }
 

@@ -130,26 +130,24 @@ int kc_evict_init(struct kc_evict *e, struct kc_store *store, struct kc_flight_t
 	return 0;
 }
 
-/* The path of dir relative to the backing root (given: as its caller read it, else read
- * here), or -1 if it is not in the tree (the state directory is not). */
-static int rel_path(struct kc_evict *e, int dir, const char *given, char *out, size_t len)
+/* The path of dir relative to the backing root, or -1 if it is not in the tree (the
+ * state directory is not). */
+static int rel_path(struct kc_evict *e, int dir, char *out, size_t len)
 {
-	if (given ? snprintf(out, len, "%s", given) >= (int)len
-		  : kc_store_rel_path(e->store, dir, out, len) != 0)
+	if (kc_store_rel_path(e->store, dir, out, len) != 0)
 		return -1;
 	return strncmp(out, KC_STATE_DIR "/", sizeof(KC_STATE_DIR)) == 0 ? -1 : 0;
 }
 
-/* Measure the directory open on dfd (O_RDONLY), whose path relative to the root is given
- * (or NULL: read here), and update the index. now_used: mark it used now (a publish), else
- * take the persisted last use or the cubin's mtime (a scan). */
-static void measure(struct kc_evict *e, int dfd, const char *given, int now_used)
+/* Measure the directory open on dfd (O_RDONLY) and update the index. now_used: mark it
+ * used now (a publish), else take the persisted last use or the cubin's mtime (a scan). */
+static void measure(struct kc_evict *e, int dfd, int now_used)
 {
 	char rel[4096];
 	struct stat st;
 	if (fstat(dfd, &st) != 0 || !S_ISDIR(st.st_mode))
 		return;
-	int known = rel_path(e, dfd, given, rel, sizeof(rel)) == 0;
+	int known = rel_path(e, dfd, rel, sizeof(rel)) == 0;
 	const char *base = strrchr(rel, '/');
 	base = base ? base + 1 : rel;
 	uint64_t bytes = 0;
@@ -235,16 +233,16 @@ void kc_evict_note(struct kc_evict *e, int dir, const char *name)
 	int fd = openat(dir, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
 	if (fd < 0)
 		return;
-	measure(e, fd, NULL, 1);
+	measure(e, fd, 1);
 	close(fd);
 }
 
-void kc_evict_note_fd(struct kc_evict *e, int entry_fd, const char *rel)
+void kc_evict_note_fd(struct kc_evict *e, int entry_fd)
 {
 	int fd = openat(entry_fd, ".", O_RDONLY | O_DIRECTORY | O_NONBLOCK | O_CLOEXEC);
 	if (fd < 0)
 		return;
-	measure(e, fd, rel, 1);
+	measure(e, fd, 1);
 	close(fd);
 }
 
@@ -321,7 +319,7 @@ static int scan_visit(const char *path, const struct stat *st, int type, struct 
 		return FTW_CONTINUE;
 	int fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
 	if (fd >= 0) {
-		measure(scanning, fd, NULL, 0);
+		measure(scanning, fd, 0);
 		close(fd);
 	}
 	return kc_ticker_stopping(&scanning->cleaner) ? FTW_STOP : FTW_SKIP_SUBTREE;
@@ -350,7 +348,7 @@ static int current_path(struct kc_evict *e, struct rec *r, char *out, size_t len
 	int fd = open_by_handle_at(e->store->root_fd, r->handle, O_PATH | O_DIRECTORY | O_CLOEXEC);
 	if (fd < 0)
 		return errno == ESTALE || errno == ENOENT ? -ENOENT : -1;
-	int ok = rel_path(e, fd, NULL, out, len) == 0;
+	int ok = rel_path(e, fd, out, len) == 0;
 	close(fd);
 	return ok ? 0 : -ENOENT;
 }

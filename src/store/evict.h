@@ -71,10 +71,8 @@ void kc_evict_destroy(struct kc_evict *e);
  * the index otherwise (it was renamed away or lost its cubin). Wakes the cleaner when a
  * bound is exceeded. Call after a cubin is published into it, or it was renamed. */
 void kc_evict_note(struct kc_evict *e, int dir, const char *name);
-/* The same, for an entry directory given by its own fd (O_PATH allowed); rel, if not NULL,
- * is its path relative to the backing root as the caller just read it (kc_store_rel_path),
- * else it is read here. */
-void kc_evict_note_fd(struct kc_evict *e, int entry_fd, const char *rel);
+/* The same, for an entry directory given by its own fd (O_PATH allowed). */
+void kc_evict_note_fd(struct kc_evict *e, int entry_fd);
 /* Mark the entry directory (dev, ino) used now; nothing if it is not indexed. */
 void kc_evict_touch(struct kc_evict *e, dev_t dev, ino_t ino);
 /* Drop (dev, ino) from the index (the entry directory was removed). */

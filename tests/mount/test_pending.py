@@ -72,31 +72,57 @@ def test_descriptor_on_a_re_staged_entry_keeps_its_recipe(mount_factory, tmp_pat
     os.close(fd1)
 
 
+def change_during_compile(mount_factory, tmp_path, name, openers, change):
+    """Stage saxpy in entry name, with its compile held at a gate while `openers` processes
+    open its cubin; run change(entry), then open the gate. Returns the mount, the entry,
+    the openers' outputs and the cubin the entry then serves."""
+    release = tmp_path / "release"
+    m = mount_factory(["nvcc=%s" % slow_nvcc(tmp_path, release, "*-DKC_GATE*")])
+    entry = m.mnt / "cache" / entry_name("k", name)
+    entry.mkdir(parents=True)
+    (entry / "kernel.flags").write_bytes(b"-O3\n-DKC_GATE\n")
+    (entry / "kernel.cu").write_bytes(sample("saxpy")[0])
+    procs = start_openers(entry / "kernel.cubin", openers)
+    try:
+        wait_for_flight(m)
+        change(entry)
+    finally:
+        release.write_text("open")
+        outs = [p.communicate(timeout=120)[0].split() for p in procs]
+    data = (entry / "kernel.cubin").read_bytes()
+    assert b"block_sum" in data and b"saxpy" not in data, "the old recipe's cubin was served"
+    assert "recipe or compiler changed during the compile; result discarded" in m.daemon_log()
+    return m, entry, outs, data
+
+
 def test_a_recipe_re_staged_during_its_compile_never_gets_the_old_cubin(mount_factory,
                                                                         tmp_path):
     # The compile of recipe A waits at the gate while a client unlinks kernel.cu and stages
     # recipe B: A's cubin is discarded at its publish (the recipe moved on), and the openers
     # that waited for A get B's compile.
-    release = tmp_path / "release"
-    m = mount_factory(["nvcc=%s" % slow_nvcc(tmp_path, release, "*-DKC_GATE*")])
-    entry = m.mnt / "cache" / entry_name("k", b"re-staged")
-    entry.mkdir(parents=True)
-    (entry / "kernel.flags").write_bytes(b"-O3\n-DKC_GATE\n")
-    (entry / "kernel.cu").write_bytes(sample("saxpy")[0])
-    openers = start_openers(entry / "kernel.cubin", 2)
-    try:
-        wait_for_flight(m)
+    def re_stage(entry):
         (entry / "kernel.cu").unlink()
         (entry / "kernel.cu").write_bytes(sample("block_sum")[0])
-    finally:
-        release.write_text("open")
-        outs = [p.communicate(timeout=120)[0].split() for p in openers]
-    data = (entry / "kernel.cubin").read_bytes()
+    m, entry, outs, data = change_during_compile(mount_factory, tmp_path, b"re-staged", 2,
+                                                 re_stage)
     assert all(o[0] == "ok" and int(o[1]) == len(data) for o in outs), outs
-    assert b"block_sum" in data and b"saxpy" not in data
     assert (m.backing / entry.relative_to(m.mnt) / "kernel.cubin").read_bytes() == data
-    assert "recipe or compiler changed during the compile; result discarded" in m.daemon_log()
     assert m.stats()["compiles_total"] == 1
+
+
+def test_a_recipe_changed_out_of_its_entry_during_its_compile_is_not_served(mount_factory,
+                                                                           tmp_path):
+    # While recipe A compiles, the entry is renamed to a plain name, its kernel.cu written
+    # there as a plain file (no stage, no unstage) and renamed back: A's cubin must not be
+    # published for the new bytes (the publish reads the recipe again).
+    def moved_out(entry):
+        plain = entry.parent / "plain"
+        entry.rename(plain)
+        (plain / "kernel.cu").write_bytes(sample("block_sum")[0])
+        plain.rename(entry)
+    _, _, outs, _ = change_during_compile(mount_factory, tmp_path, b"moved-out", 1,
+                                          moved_out)
+    assert all(o[0] in ("ok", "err") for o in outs), outs
 
 
 def test_waiter_killed_by_a_core_dumping_signal_goes_at_once(mount_factory, tmp_path):
