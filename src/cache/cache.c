@@ -120,16 +120,6 @@ void kc_cache_shutdown(struct kc_cache *c)
 	c->tree_memo = NULL;
 }
 
-/* Remove entry/kernel.log if it is still the file open on fd. */
-static void unlink_log_if_same(int entry_fd, int fd)
-{
-	struct stat mine, now;
-	if (fstat(fd, &mine) == 0 &&
-	    fstatat(entry_fd, KC_LOG_NAME, &now, AT_SYMLINK_NOFOLLOW) == 0 &&
-	    now.st_ino == mine.st_ino && now.st_dev == mine.st_dev)
-		unlinkat(entry_fd, KC_LOG_NAME, 0);
-}
-
 void kc_cache_write_log(struct kc_cache *c, int entry_fd, const char *head, const char *body,
 		      size_t body_len)
 {
@@ -145,9 +135,10 @@ void kc_cache_write_log(struct kc_cache *c, int entry_fd, const char *head, cons
 	if (len <= KC_LOG_IN_PLACE) { /* a first log (a fetch's): no temporary and rename */
 		int fd = openat(entry_fd, KC_LOG_NAME,
 				O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+		struct stat st;
 		err = fd < 0 ? -errno : kc_write_all(fd, buf, len);
-		if (err && fd >= 0)
-			unlink_log_if_same(entry_fd, fd); /* not one renamed over it meanwhile */
+		if (err && fd >= 0 && fstat(fd, &st) == 0) /* not one renamed over it meanwhile */
+			kc_store_unlink_if_same(entry_fd, KC_LOG_NAME, &st);
 		if (fd >= 0)
 			close(fd);
 	}

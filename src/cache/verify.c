@@ -79,15 +79,6 @@ void kc_cache_mark_published(struct kc_cache *c, int fd, unsigned long epoch)
 		mark_verified_since(c, &st, epoch);
 }
 
-/* Remove entry/kernel.cubin if it is still the file st describes. */
-static void unlink_if_same(int entry_fd, const struct stat *st)
-{
-	struct stat now;
-	if (fstatat(entry_fd, KC_CUBIN_NAME, &now, AT_SYMLINK_NOFOLLOW) == 0 &&
-	    now.st_ino == st->st_ino && now.st_dev == st->st_dev)
-		unlinkat(entry_fd, KC_CUBIN_NAME, 0);
-}
-
 /* Check the cubin behind fd (stat st) against its integrity record, which is read into rec
  * (the caller remembers a good result with mark_verified). Returns NULL when it may be
  * served, else why not. */
@@ -130,7 +121,7 @@ static int cubin_bad(struct kc_cache *c, int entry_fd, const struct stat *st, co
 	if (kc_recipe_present(entry_fd, c->cfg)) {
 		kc_log(KC_LOG_ERR, "%s: published cubin is corrupt (%s); removed, compiling again",
 		       label, why);
-		unlink_if_same(entry_fd, st);
+		kc_store_unlink_if_same(entry_fd, KC_CUBIN_NAME, st);
 		return -ENOENT;
 	}
 	kc_log(KC_LOG_ERR, "%s: published cubin is corrupt (%s) and has no recipe: refused",
@@ -164,7 +155,7 @@ static int compiled_stale(struct kc_cache *c, int entry_fd, const struct kc_reco
 		kc_cache_entry_label(c, entry_fd, label, sizeof(label));
 		kc_log(KC_LOG_INFO, "%s: cubin was compiled from another recipe, compiler or arch "
 		       "(%.16s, now %.16s); compiling again", label, rec->recipe, r.hash);
-		unlink_if_same(entry_fd, st);
+		kc_store_unlink_if_same(entry_fd, KC_CUBIN_NAME, st);
 	}
 	return stale;
 }
@@ -198,7 +189,7 @@ int kc_cache_check_published(struct kc_cache *c, int entry_fd)
 		kc_cache_entry_label(c, entry_fd, label, sizeof(label));
 		kc_log(KC_LOG_WARN, "%s: kernel.cubin was not compiled by the mount but the entry "
 		       "has a recipe; removed, compiling the recipe", label);
-		unlink_if_same(entry_fd, &st);
+		kc_store_unlink_if_same(entry_fd, KC_CUBIN_NAME, &st);
 		return -ENOENT;
 	}
 	if (rec.origin == KC_ORIGIN_COMPILED && compiled_stale(c, entry_fd, &rec, &st))

@@ -239,11 +239,7 @@ void kc_evict_note(struct kc_evict *e, int dir, const char *name)
 
 void kc_evict_note_fd(struct kc_evict *e, int entry_fd)
 {
-	int fd = openat(entry_fd, ".", O_RDONLY | O_DIRECTORY | O_NONBLOCK | O_CLOEXEC);
-	if (fd < 0)
-		return;
-	measure(e, fd, 1);
-	close(fd);
+	kc_evict_note(e, entry_fd, ".");
 }
 
 void kc_evict_touch(struct kc_evict *e, dev_t dev, ino_t ino)

@@ -372,6 +372,14 @@ int kc_store_write_atomic(struct kc_store *s, int dir, const char *name, const v
 	return err;
 }
 
+void kc_store_unlink_if_same(int dir, const char *name, const struct stat *st)
+{
+	struct stat now;
+	if (fstatat(dir, name, &now, AT_SYMLINK_NOFOLLOW) == 0 && now.st_ino == st->st_ino &&
+	    now.st_dev == st->st_dev)
+		unlinkat(dir, name, 0);
+}
+
 int kc_store_sync_dir(int dir)
 {
 	char path[32];

@@ -22,6 +22,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 
 #include "hash.h"
@@ -72,6 +73,10 @@ int kc_store_same_bytes(int a, int b);
 /* Write buf to dir/name atomically (temp in tmp/ + rename over). Returns 0 or -errno. */
 int kc_store_write_atomic(struct kc_store *s, int dir, const char *name, const void *buf,
 			  size_t len);
+
+/* Remove dir/name if it is still the file st describes (same device and inode): not one
+ * renamed over the name since st was taken. */
+void kc_store_unlink_if_same(int dir, const char *name, const struct stat *st);
 
 /* The current path of the object behind fd (any fd, O_PATH too), relative to the root of
  * s, into out. Returns 0; -ENOENT when it is the root itself, outside the tree or unlinked;
