@@ -28,9 +28,6 @@
 /* A directory a walk passes through: the names in it, and its own name. */
 #define DIR_EVENTS (IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO | IN_ATTRIB | \
 		    IN_MOVE_SELF | IN_DELETE_SELF | IN_ONLYDIR)
-/* An arm walks its list in parts at once (w->parts at most, of KC_WATCH_PART_LINES lines
- * at least). */
-#define KC_WATCH_PART_LINES 32
 
 
 void kc_watch_init(struct kc_watch *w)
@@ -39,8 +36,6 @@ void kc_watch_init(struct kc_watch *w)
 	pthread_mutex_init(&w->lock, NULL);
 	w->fd = w->mounts_fd = -1;
 	w->gen = 1;
-	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-	w->parts = cpus < 1 ? 1 : cpus > KC_WATCH_PARTS ? KC_WATCH_PARTS : (int)cpus;
 }
 
 void kc_watch_destroy(struct kc_watch *w)
@@ -53,36 +48,20 @@ void kc_watch_destroy(struct kc_watch *w)
 	pthread_mutex_destroy(&w->lock);
 }
 
-/* The watches of the headers kc_watch_arm opened for their leases: each distinct watch
- * descriptor once, sorted, with the number of opens made of it (a file listed under two
- * names is opened twice) and the own events seen of it so far. */
-struct own {
-	int wd;
-	unsigned opens;  /* opens made of it by the arm */
-	unsigned seen;   /* its own events drained so far: open, close, open, ... */
-};
-
-static int own_cmp(const void *a, const void *b)
-{
-	int x = ((const struct own *)a)->wd, y = ((const struct own *)b)->wd;
-	return (x > y) - (x < y);
-}
-
-/* Read every queued event and poll the mount table (w->lock held). The events of own (n
- * distinct watches, sorted: the headers kc_watch_arm opened for their leases) are this
- * process's own when each watch's come exactly so: its IN_OPEN, then its IN_CLOSE_NOWRITE,
- * once for each of its opens. The parts of an arm run at once, so the events of different
- * watches interleave; each watch's own must not. Anything else (another process's event,
- * a queue overflow, a change of the mount table) moves the generation on. Returns 1 when
- * nothing else came and all of own's did. A writer's open waits for the lease until the
- * close that ends it, after its IN_CLOSE_NOWRITE is queued (__fput: fsnotify_close, then
- * locks_remove_file), so it is never merged into this process's own IN_OPEN (inotify
- * merges an event only into an identical one just before it); a reader's may be, which
- * proves nothing wrong. */
-static int drain(struct kc_watch *w, struct own *own, size_t n)
+/* Read every queued event and poll the mount table (w->lock held). The events of own (the
+ * watch of each header kc_watch_arm opened for its lease, n of them, in that order) are
+ * this process's own when they come exactly so: each header's IN_OPEN, then its
+ * IN_CLOSE_NOWRITE. Anything else (another process's event, a queue overflow, a change of
+ * the mount table) moves the generation on. Returns 1 when nothing else came and all of
+ * own's did. A writer's open waits for the lease until the close that ends it, after its
+ * IN_CLOSE_NOWRITE is queued (__fput: fsnotify_close, then locks_remove_file), so it is
+ * never merged into this process's own IN_OPEN (inotify merges an event only into an
+ * identical one just before it); a reader's may be, which proves nothing wrong. */
+static int drain(struct kc_watch *w, const int *own, size_t n)
 {
 	char buf[4096] __attribute__((aligned(__alignof__(struct inotify_event))));
 	int other = 0;
+	size_t next = 0; /* the own event expected next: header next / 2, open or close */
 	for (;;) {
 		ssize_t len = read(w->fd, buf, sizeof(buf));
 		if (len < 0 && errno == EINTR)
@@ -94,11 +73,9 @@ static int drain(struct kc_watch *w, struct own *own, size_t n)
 		}
 		for (char *e = buf; e < buf + len;) {
 			const struct inotify_event *ev = (const struct inotify_event *)(void *)e;
-			struct own key = {.wd = ev->wd};
-			struct own *o = n ? bsearch(&key, own, n, sizeof(*own), own_cmp) : NULL;
-			if (o && o->seen < 2 * o->opens &&
-			    ev->mask == (o->seen % 2 ? IN_CLOSE_NOWRITE : IN_OPEN))
-				o->seen++;
+			uint32_t want = next % 2 ? IN_CLOSE_NOWRITE : IN_OPEN;
+			if (next < 2 * n && ev->wd == own[next / 2] && ev->mask == want)
+				next++;
 			else
 				other = 1;
 			e += sizeof(*ev) + ev->len;
@@ -110,9 +87,7 @@ static int drain(struct kc_watch *w, struct own *own, size_t n)
 		other = 1;
 	if (other)
 		w->gen++;
-	for (size_t i = 0; i < n && !other; i++)
-		other = own[i].seen != 2 * own[i].opens;
-	return !other;
+	return !other && next == 2 * n;
 }
 
 /* Make w's inotify instance and open the mount table (w->lock held). Returns 0 or -errno. */
@@ -170,21 +145,17 @@ static int no_writer(const char *path, const char *listed, int (*fill)(const cha
 	return err;
 }
 
-/* One part of a kc_watch_arm under way: a run of the list's lines, walked in order. */
+/* One kc_watch_arm under way. */
 struct arm {
 	struct kc_watch *w;
-	const char *list;   /* the run: list[from, to), whole lines */
-	size_t from, to;
-	int *own;           /* the watch of each header opened for its lease */
+	int *own;           /* the watch of each header opened for its lease, in order */
 	size_t n, cap;
 	dev_t fs_dev;       /* the device whose filesystem passed the check last */
 	int fs_checked;
 	int (*fill)(const char *path, int fd); /* kc_watch_arm's */
 	const char *listed;  /* the header being watched, as the list names it */
 	char prev[PATH_MAX]; /* the last header's path as walked (no symlink in it): every
-			      * directory above it was looked up and watched by this part */
-	int err;            /* 0, or -errno with why filled: the part stopped there */
-	int *stop;          /* set by the first part that fails: the others stop too */
+			      * directory above it was looked up and watched by this arm */
 	char why[PATH_MAX + 200];
 };
 
@@ -340,122 +311,42 @@ static int watch_header(struct arm *a, const char *path)
 	return err;
 }
 
-/* Walk and watch each header of a's run, in order (a thread's body). */
-static void *arm_part(void *arg)
-{
-	struct arm *a = arg;
-	char path[PATH_MAX];
-	for (size_t off = a->from; off < a->to && !a->err;) {
-		if (__atomic_load_n(a->stop, __ATOMIC_RELAXED)) /* another part failed */
-			return NULL;
-		const char *nl = memchr(a->list + off, '\n', a->to - off);
-		size_t ll = nl ? (size_t)(nl - (a->list + off)) : a->to - off;
-		if (ll <= KC_SHA256_HEXLEN + 1 || ll - KC_SHA256_HEXLEN - 1 >= sizeof(path)) {
-			snprintf(a->why, sizeof(a->why), "a malformed header list");
-			a->err = -EINVAL;
-			break;
-		}
-		memcpy(path, a->list + off + KC_SHA256_HEXLEN + 1, ll - KC_SHA256_HEXLEN - 1);
-		path[ll - KC_SHA256_HEXLEN - 1] = '\0';
-		off += ll + 1;
-		a->listed = path;
-		a->err = watch_header(a, path);
-	}
-	if (a->err)
-		__atomic_store_n(a->stop, 1, __ATOMIC_RELAXED);
-	return NULL;
-}
-
-/* The watches the parts a[0..k) opened, distinct and sorted with their counts of opens
- * (*n of them), for drain; NULL with *n 0 when none, or out of memory (*n 1: then no
- * word). */
-static struct own *own_of(const struct arm *a, size_t k, size_t *n)
-{
-	size_t total = 0, d = 0;
-	for (size_t i = 0; i < k; i++)
-		total += a[i].n;
-	struct own *o = total ? calloc(total, sizeof(*o)) : NULL;
-	*n = total && !o;
-	if (!o)
-		return NULL;
-	for (size_t i = 0; i < k; i++)
-		for (size_t j = 0; j < a[i].n; j++)
-			o[d++] = (struct own){.wd = a[i].own[j], .opens = 1};
-	qsort(o, total, sizeof(*o), own_cmp);
-	d = 0;
-	for (size_t i = 0; i < total; i++) {
-		if (d && o[d - 1].wd == o[i].wd)
-			o[d - 1].opens++;
-		else
-			o[d++] = o[i];
-	}
-	*n = d;
-	return o;
-}
-
 unsigned long kc_watch_arm(struct kc_watch *w, const char *list, size_t len,
 			   int (*fill)(const char *path, int fd))
 {
-	struct arm parts[KC_WATCH_PARTS]; /* w->parts is at most KC_WATCH_PARTS */
-	pthread_t threads[KC_WATCH_PARTS];
-	int started[KC_WATCH_PARTS] = {0}, stop = 0;
-	size_t lines = 0, k, from = 0;
-	for (size_t off = 0; off < len; lines++) {
-		const char *nl = memchr(list + off, '\n', len - off);
-		off = nl ? (size_t)(nl - list) + 1 : len;
-	}
-	k = lines / KC_WATCH_PART_LINES; /* one part a CPU, each of a few dozen lines at least */
-	size_t most = w->parts < 1 ? 1 : w->parts > KC_WATCH_PARTS ? KC_WATCH_PARTS
-									: (size_t)w->parts;
-	k = k < 1 ? 1 : k > most ? most : k;
-	/* part i: lines [i * lines / k, (i + 1) * lines / k) */
-	for (size_t i = 0, line = 0; i < k; i++) {
-		size_t to = from, last = (i + 1) * lines / k;
-		for (; line < last && to < len; line++) {
-			const char *nl = memchr(list + to, '\n', len - to);
-			to = nl ? (size_t)(nl - list) + 1 : len;
-		}
-		parts[i] = (struct arm){.w = w, .list = list, .from = from, .to = to,
-					.fill = fill, .listed = "", .stop = &stop};
-		from = to;
-	}
-
+	struct arm a = {.w = w, .fill = fill, .listed = ""};
+	char path[PATH_MAX];
 	pthread_mutex_lock(&w->lock);
 	int err = w->broken ? -EIO : start(w);
 	if (err)
-		snprintf(parts[0].why, sizeof(parts[0].why), "no inotify instance: %s%s",
-			 strerror(-err), err == -EMFILE ? " (fs.inotify.max_user_instances)" : "");
+		snprintf(a.why, sizeof(a.why), "no inotify instance: %s%s", strerror(-err),
+			 err == -EMFILE ? " (fs.inotify.max_user_instances)" : "");
 	else
 		drain(w, NULL, 0); /* what came before (this daemon's own reads too) */
-	if (!err) {
-		/* the parts only add watches and read: w->lock, held here, keeps any drain out */
-		for (size_t i = 1; i < k; i++)
-			started[i] = pthread_create(&threads[i], NULL, arm_part, &parts[i]) == 0;
-		arm_part(&parts[0]);
-		for (size_t i = 1; i < k; i++) {
-			if (started[i])
-				pthread_join(threads[i], NULL);
-			else
-				arm_part(&parts[i]); /* no thread to be had: here, after the others */
+	for (size_t off = 0; off < len && !err;) {
+		const char *nl = memchr(list + off, '\n', len - off);
+		size_t ll = nl ? (size_t)(nl - (list + off)) : len - off;
+		if (ll <= KC_SHA256_HEXLEN + 1 || ll - KC_SHA256_HEXLEN - 1 >= sizeof(path)) {
+			snprintf(a.why, sizeof(a.why), "a malformed header list");
+			err = -EINVAL;
+			break;
 		}
+		memcpy(path, list + off + KC_SHA256_HEXLEN + 1, ll - KC_SHA256_HEXLEN - 1);
+		path[ll - KC_SHA256_HEXLEN - 1] = '\0';
+		off += ll + 1;
+		a.listed = path;
+		err = watch_header(&a, path);
 	}
-	const char *why = parts[0].why;
-	for (size_t i = 0; i < k && !err; i++) /* the first failure in the list's order */
-		if ((err = parts[i].err))
-			why = parts[i].why;
 	/* Word is given only when nothing but this arm's own opens came meanwhile: a change to
 	 * a directory already walked, or to a header already checked, would otherwise pass
 	 * unseen by both this arm and the stats after it. */
 	unsigned long gen = 0;
+	int quiet = 0;
 	if (!err && !w->broken) {
-		size_t n;
-		struct own *own = own_of(parts, k, &n);
-		int quiet = (own || !n) && drain(w, own, n);
+		quiet = drain(w, a.own, a.n);
 		gen = quiet && !w->broken ? w->gen : 0;
-		free(own);
 	}
-	for (size_t i = 0; i < k; i++)
-		free(parts[i].own);
+	free(a.own);
 	/* a header missing here is the rehash's to report (a miss), not the watch's; nor one
 	 * open for writing now, nor a change during the arm (for this rehash only) */
 	int failing = !gen && (w->broken || (err && err != -ENOENT && err != -ENOTDIR &&
@@ -464,7 +355,7 @@ unsigned long kc_watch_arm(struct kc_watch *w, const char *list, size_t len,
 	pthread_mutex_unlock(&w->lock);
 	if (first)
 		kc_log(KC_LOG_INFO, "header lists are not watched, each fetch stats its headers: %s",
-		       why[0] ? why : "cannot read the watch's events");
+		       a.why[0] ? a.why : "cannot read the watch's events");
 	return gen;
 }
 

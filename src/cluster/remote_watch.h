@@ -23,11 +23,6 @@
  *   their leases) came while it ran: so a directory walked for one header is not looked up
  *   again for the next (a change to it since would have come as an event), and a
  *   filesystem is checked once per device.
- * - kc_watch_arm walks the list in parts at once, one thread a CPU (struct kc_watch's
- *   parts), each part a run of whole lines walked in order: a joining node's first fetch
- *   arms the 133 host headers (a dozen system calls each) while its other fetches, and the
- *   readers behind them, wait. The parts' events interleave; each header's own must come
- *   in its order (its open, then its close), whichever part made them.
  *
  * Events are queued by the system call that makes the change, before it returns, so a
  * change made before a fetch asks is always seen when the fetch drains the queue. Where
@@ -45,9 +40,6 @@
 #include <pthread.h>
 #include <stddef.h>
 
-/* The most parts an arm runs at once (struct kc_watch's parts). */
-#define KC_WATCH_PARTS 4
-
 struct kc_watch {
 	pthread_mutex_t lock;  /* guards all below */
 	int fd;                /* the inotify instance; -1 before the first arm or when none */
@@ -55,9 +47,6 @@ struct kc_watch {
 	int broken;            /* no instance or mount table to be had: never a proof */
 	unsigned long gen;     /* moves on at each batch of events (starts at 1) */
 	unsigned long unwatched; /* arms that returned 0 (for the log's first line only) */
-	int parts;             /* an arm walks its list in this many parts at once, one thread
-				* each (1..KC_WATCH_PARTS; kc_watch_init: one a CPU); set
-				* before the first arm only */
 };
 
 /* Initialise w (no inotify instance yet: the first kc_watch_arm makes it). */
@@ -74,8 +63,7 @@ void kc_watch_destroy(struct kc_watch *w);
  * with each header's path as listed and a descriptor of it open for reading, while a read
  * lease proves that nobody has it open for writing: a caller that reads the headers anyway
  * reads them there (an open of its own after the arm would be an event that ends the
- * word); it is called from up to w->parts threads at once, so it must be thread-safe. A
- * part's thread that cannot be started runs on the caller's, after the others. */
+ * word). */
 unsigned long kc_watch_arm(struct kc_watch *w, const char *list, size_t len,
 			   int (*fill)(const char *path, int fd));
 

@@ -219,53 +219,6 @@ static void watched_first_read(int n)
 	free(l);
 }
 
-/* A list armed in parts at once (w.parts, whatever the CPUs here): the word is given as in
- * one part, and a header of the last part opened since, held open for writing during the
- * arm, or gone, is seen as in one. */
-static void watched_in_parts(void)
-{
-	enum { N = KC_WATCH_PARTS * 40 };
-	char path[192], last[192], what[160];
-	size_t len = 0;
-	char *l = malloc((size_t)N * 200);
-	for (int i = 0; l && i < N; i++) {
-		snprintf(path, sizeof(path), "%s/part%03d.h", inc, i);
-		write_file(path, "#define PART 1\n");
-		len += (size_t)sprintf(l + len, "%064d %s\n", 0, path);
-	}
-	snprintf(last, sizeof(last), "%s/part%03d.h", inc, N - 1);
-	struct kc_watch w;
-	kc_watch_init(&w);
-	w.parts = KC_WATCH_PARTS;
-	unsigned long gen = l ? kc_watch_arm(&w, l, len, NULL) : 0;
-	snprintf(what, sizeof(what), "watched in %d parts: %d headers armed, the word is given",
-		 KC_WATCH_PARTS, N);
-	CHECK(gen && kc_watch_unchanged(&w, gen), what);
-	int fd = open(last, O_RDONLY);
-	if (fd >= 0)
-		close(fd);
-	CHECK(fd >= 0 && gen && !kc_watch_unchanged(&w, gen),
-	      "watched in parts: a header of the last part opened since: seen");
-	fd = open(last, O_WRONLY);
-	gen = l && fd >= 0 ? kc_watch_arm(&w, l, len, NULL) : 1;
-	CHECK(gen == 0, "watched in parts: a header of the last part open for writing during "
-	      "the arm: no word");
-	if (fd >= 0)
-		close(fd);
-	gen = l ? kc_watch_arm(&w, l, len, NULL) : 0;
-	CHECK(gen && kc_watch_unchanged(&w, gen),
-	      "watched in parts: armed again once it is closed: the word is given");
-	unlink(last);
-	CHECK(!kc_watch_unchanged(&w, gen) && (l ? kc_watch_arm(&w, l, len, NULL) : 1) == 0,
-	      "watched in parts: a header of the last part gone: seen, and no word after");
-	kc_watch_destroy(&w);
-	for (int i = 0; i < N; i++) {
-		snprintf(path, sizeof(path), "%s/part%03d.h", inc, i);
-		unlink(path);
-	}
-	free(l);
-}
-
 /* ln -sfn to link: a new symlink renamed over it. */
 static int repoint(const char *link, const char *to)
 {
@@ -542,7 +495,6 @@ int main(void)
 	if (ns) {
 		watched_first_read(1);
 		watched_first_read(100);
-		watched_in_parts();
 		watched_changes();
 		watched_symlinks();
 		watched_chains();
