@@ -184,7 +184,10 @@ static int watch_one(struct arm *a, const char *path, const struct stat *st, int
 		a->fs_dev = st->st_dev;
 		a->fs_checked = 1;
 	}
-	int wd = inotify_add_watch(a->w->fd, path, dir ? DIR_EVENTS : FILE_EVENTS);
+	/* IN_MASK_ADD: a watch added again (by another list's arm) keeps its mask, which is
+	 * the same; without it the mask is set anew through 0, and an event that comes in that
+	 * instant is lost */
+	int wd = inotify_add_watch(a->w->fd, path, (dir ? DIR_EVENTS : FILE_EVENTS) | IN_MASK_ADD);
 	if (wd < 0) {
 		int err = -errno;
 		snprintf(a->why, sizeof(a->why), "%s: inotify_add_watch: %s%s", path,
