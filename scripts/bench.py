@@ -38,7 +38,8 @@ Figures (NAME):
   cluster   4 simulated nodes x 8 processes x K real kernels sharing a cluster store
             (--stores dir,redis): compiles, first node against one node alone, a joining
             node against the first and against its warm restart (scripts/bench_cluster.py)
-  keys      issue 22: 5 joining nodes in turn, each with a 500-header include tree at
+  keys      issue 22: 5 joining nodes in turn (a round; --reps 7 per round, so --reps 21
+            runs 3 rounds, medians over 15), each with a 500-header include tree at
             another prefix, 32 and 128 kernels staged as the nvcc shim stages them: their
             cold starts against their warm restarts (medians), bytes fetched per kernel
             against the cubin; the nodes on a fresh journalled ext4 of the run's own (a loop
