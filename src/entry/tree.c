@@ -276,7 +276,8 @@ static long long stamp_granule_ns(const struct timespec *ts)
 	return g;
 }
 
-int kc_tree_memoizable(int fd, const struct stat *before, const struct timespec *now)
+int kc_tree_memoizable(int fd, const struct stat *before, const struct timespec *now,
+		       const dev_t *local_dev)
 {
 	struct stat after;
 	if (fstat(fd, &after) != 0 || before->st_dev != after.st_dev ||
@@ -287,7 +288,7 @@ int kc_tree_memoizable(int fd, const struct stat *before, const struct timespec 
 	long long t = (long long)now->tv_sec * 1000000000ll + now->tv_nsec;
 	if (c + stamp_granule_ns(&before->st_ctim) > t)
 		return 0; /* a write after the read, in the same granule, could keep every field */
-	return local_fs(fd);
+	return (local_dev && *local_dev == after.st_dev) || local_fs(fd);
 }
 
 /* One file of the tree: its path relative to the root and the digest of its bytes. */
@@ -352,12 +353,12 @@ static int tree_visit(const char *path, const struct stat *st, int type, struct 
 			return 1;
 		}
 		clock_gettime(CLOCK_REALTIME_COARSE, &now);
-		walk->err = kc_sha256_fd(fd, f->hex, &size);
+		walk->err = kc_sha256_fd_sized(fd, f->hex, &size, (int64_t)fst.st_size);
 		if (!walk->err && walk->memo) {
 			pthread_mutex_lock(&walk->memo->lock);
 			walk->memo->misses++;
 			pthread_mutex_unlock(&walk->memo->lock);
-			if (size == (uint64_t)fst.st_size && kc_tree_memoizable(fd, &fst, &now))
+			if (size == (uint64_t)fst.st_size && kc_tree_memoizable(fd, &fst, &now, NULL))
 				memo_add(walk->memo, &fst, f->hex);
 		}
 		close(fd);

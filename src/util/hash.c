@@ -62,6 +62,11 @@ int kc_sha256_buf(const void *data, size_t len, char hex[KC_SHA256_HEXLEN + 1])
 
 int kc_sha256_fd(int fd, char hex[KC_SHA256_HEXLEN + 1], uint64_t *size)
 {
+	return kc_sha256_fd_sized(fd, hex, size, -1);
+}
+
+int kc_sha256_fd_sized(int fd, char hex[KC_SHA256_HEXLEN + 1], uint64_t *size, int64_t expect)
+{
 	struct kc_sha256 h;
 	char buf[65536];
 	off_t off = 0;
@@ -82,6 +87,8 @@ int kc_sha256_fd(int fd, char hex[KC_SHA256_HEXLEN + 1], uint64_t *size)
 			break;
 		kc_sha256_update(&h, buf, (size_t)n);
 		off += n;
+		if ((size_t)n < sizeof(buf) && off == expect)
+			break; /* a short read that ends where the stat said: at the end */
 	}
 	kc_sha256_final(&h, hex);
 	if (size)

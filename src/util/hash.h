@@ -31,5 +31,9 @@ int kc_sha256_buf(const void *data, size_t len, char hex[KC_SHA256_HEXLEN + 1]);
  * moved); *size (if not NULL) gets the byte count. Returns 0, -errno of a failed read, or
  * -ENOMEM. */
 int kc_sha256_fd(int fd, char hex[KC_SHA256_HEXLEN + 1], uint64_t *size);
+/* kc_sha256_fd of a file whose fstat gave expect bytes (-1: unknown): a read that returns
+ * less than asked and ends at expect is taken as the end, without the read that would
+ * return 0. A file that is longer, or shorter, is read to its end as kc_sha256_fd does. */
+int kc_sha256_fd_sized(int fd, char hex[KC_SHA256_HEXLEN + 1], uint64_t *size, int64_t expect);
 
 #endif

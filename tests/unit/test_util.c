@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "hash.h"
 #include "tap.h"
 #include "util.h"
 
@@ -155,6 +156,46 @@ static void test_file_id(void)
 	CHECK(kc_file_id_cmp(1, (ino_t)-1, 1, 0) > 0, "file id: the largest ino sorts last");
 }
 
+/* kc_sha256_fd_sized gives kc_sha256_fd's digest and size whatever expect says: a file
+ * that grew or shrank since its stat is read to its end. */
+static void test_sha256_sized(void)
+{
+	static const size_t sizes[] = {0, 100, 65535, 65536, 65537, 200000};
+	static char data[200000];
+	for (size_t i = 0; i < sizeof(data); i++)
+		data[i] = (char)(i * 7 + 3);
+	char path[64];
+	snprintf(path, sizeof(path), "%s/sized", tmpdir);
+	int ok = 1;
+	for (size_t k = 0; k < sizeof(sizes) / sizeof(*sizes); k++) {
+		int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+		if (fd < 0 || write(fd, data, sizes[k]) != (ssize_t)sizes[k]) {
+			ok = 0;
+			if (fd >= 0)
+				close(fd);
+			continue;
+		}
+		char want[KC_SHA256_HEXLEN + 1], got[KC_SHA256_HEXLEN + 1];
+		uint64_t wsize = 0, gsize = 0;
+		kc_sha256_buf(data, sizes[k], want);
+		int64_t expects[] = {(int64_t)sizes[k], -1, (int64_t)sizes[k] / 2,
+				     (int64_t)sizes[k] + 1};
+		for (size_t e = 0; e < sizeof(expects) / sizeof(*expects); e++) {
+			memset(got, 0, sizeof(got));
+			if (kc_sha256_fd_sized(fd, got, &gsize, expects[e]) != 0 ||
+			    strcmp(got, want) != 0 || gsize != sizes[k])
+				ok = 0;
+		}
+		if (kc_sha256_fd(fd, got, &wsize) != 0 || strcmp(got, want) != 0 ||
+		    wsize != sizes[k])
+			ok = 0;
+		close(fd);
+	}
+	unlink(path);
+	CHECK(ok, "sha256 of a file: sized read matches the whole read at 0 B to 200 KB, with "
+		  "the size right, unknown, too small (grown since) or too large (shrunk since)");
+}
+
 int main(void)
 {
 	if (!mkdtemp(tmpdir)) {
@@ -166,6 +207,7 @@ int main(void)
 	test_ticker();
 	test_secret();
 	test_file_id();
+	test_sha256_sized();
 	char cmd[400];
 	snprintf(cmd, sizeof(cmd), "rm -rf %s", tmpdir);
 	if (system(cmd) != 0)
