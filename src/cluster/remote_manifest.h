@@ -77,6 +77,10 @@ int kc_manifest_compact_list(const char *compact, size_t len, char hex[KC_SHA256
 int kc_manifest_rehash(const char *index, size_t len, char **manifest, size_t *mlen,
 		       char *why, size_t whylen);
 
+/* Make the memo above ready (its pages and locks) before the first rehash needs it; a
+ * first rehash makes it ready itself otherwise. Idempotent, thread-safe. */
+void kc_manifest_memo_init(void);
+
 /* Put the hash of the header path, open as fd (for reading), in the memo above, unless it
  * holds it already or the file may not be hashed (as kc_manifest_rehash would refuse it):
  * for a caller that has the header open anyway (remote_watch.c, with a read lease held on
