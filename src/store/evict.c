@@ -139,8 +139,9 @@ static int rel_path(struct kc_evict *e, int dir, char *out, size_t len)
 	return strncmp(out, KC_STATE_DIR "/", sizeof(KC_STATE_DIR)) == 0 ? -1 : 0;
 }
 
-/* Measure the directory open on dfd (O_RDONLY) and update the index. now_used: mark it
- * used now (a publish), else take the persisted last use or the cubin's mtime (a scan). */
+/* Measure the directory open on dfd (O_RDONLY, not read yet: its entries are read here)
+ * and update the index. now_used: mark it used now (a publish), else take the persisted
+ * last use or the cubin's mtime (a scan). */
 static void measure(struct kc_evict *e, int dfd, int now_used)
 {
 	char rel[4096];
@@ -153,24 +154,25 @@ static void measure(struct kc_evict *e, int dfd, int now_used)
 	uint64_t bytes = 0;
 	int64_t cubin_mtime = -1, persisted = 0;
 	if (known && kc_name_classify(base, NULL) == KC_NAME_ENTRY) {
-		int fd = dup(dfd);
-		DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
-		struct dirent *de;
-		while (d && (de = readdir(d)) != NULL) {
-			struct stat fst;
-			if (de->d_type != DT_REG && de->d_type != DT_UNKNOWN)
-				continue; /* ".", "..", and what a stat would not count either */
-			if (fstatat(dfd, de->d_name, &fst, AT_SYMLINK_NOFOLLOW) != 0 ||
-			    !S_ISREG(fst.st_mode))
-				continue;
-			bytes += (uint64_t)fst.st_size;
-			if (strcmp(de->d_name, KC_CUBIN_NAME) == 0)
-				cubin_mtime = fst.st_mtim.tv_sec;
+		/* read on dfd itself (the caller's own, at its start), not through a DIR of a
+		 * dup: a publish's note is on every fetched kernel's path */
+		char ents[4096] __attribute__((aligned(8)));
+		ssize_t got;
+		while ((got = getdents64(dfd, ents, sizeof(ents))) > 0) {
+			for (ssize_t off = 0; off < got;) {
+				const struct dirent64 *de = (const struct dirent64 *)(ents + off);
+				struct stat fst;
+				off += de->d_reclen;
+				if (de->d_type != DT_REG && de->d_type != DT_UNKNOWN)
+					continue; /* ".", "..", and what a stat would not count either */
+				if (fstatat(dfd, de->d_name, &fst, AT_SYMLINK_NOFOLLOW) != 0 ||
+				    !S_ISREG(fst.st_mode))
+					continue;
+				bytes += (uint64_t)fst.st_size;
+				if (strcmp(de->d_name, KC_CUBIN_NAME) == 0)
+					cubin_mtime = fst.st_mtim.tv_sec;
+			}
 		}
-		if (d)
-			closedir(d);
-		else if (fd >= 0)
-			close(fd);
 		char buf[32];
 		ssize_t n = fgetxattr(dfd, USED_XATTR, buf, sizeof(buf) - 1);
 		if (n > 0) {

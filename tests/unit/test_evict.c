@@ -147,8 +147,25 @@ static void test_index(struct kc_store *s)
 	kc_evict_note(&r.e, cache, "kernel.k1.00000000000000000000000000000001");
 	kc_evict_sample(&r.e, &r.es);
 	CHECK(r.es.entries == 0 && r.es.bytes == 0, "note: an entry that lost its cubin leaves");
+	/* more names than one read of the directory returns (4 KB, about 50 of these) */
+	make_entry(3, 10, 0);
+	for (int i = 0; i < 150; i++) {
+		snprintf(path, sizeof(path), "%s/cache/kernel.k3.%032x/extra-%03d-%0*d", root, 3, i,
+			 60, 0);
+		FILE *x = fopen(path, "w");
+		if (x) {
+			fputc('x', x);
+			fclose(x);
+		}
+	}
+	kc_evict_note(&r.e, cache, "kernel.k3.00000000000000000000000000000003");
+	kc_evict_sample(&r.e, &r.es);
+	CHECK(r.es.entries == 1 && r.es.bytes == 160,
+	      "note: every file of an entry counted, past the first read of its directory");
 	close(cache);
 	rig_destroy(&r);
+	snprintf(path, sizeof(path), "%s/cache/kernel.k3.%032x", root, 3);
+	kc_store_remove_tree(path); /* the cleaner's test counts the entries there */
 }
 
 /* Whether entry i carries a last use (user.kcachefs.used). */
