@@ -174,15 +174,14 @@ static int pseudo(const char *path)
 }
 
 /* Hash the header path, open as fd (st: its fstat, admitted), into hex, and memoize it
- * when its stamps may stand for its bytes (local_dev: kc_tree_memoizable's). Returns 0 or
- * -errno of the read. */
+ * when its stamps may stand for its bytes. Returns 0 or -errno of the read. */
 static int hash_open(const char *path, int fd, const struct stat *st,
-		     char hex[KC_SHA256_HEXLEN + 1], const dev_t *local_dev)
+		     char hex[KC_SHA256_HEXLEN + 1])
 {
 	struct timespec changed_before;
 	clock_gettime(CLOCK_REALTIME_COARSE, &changed_before);
 	int err = kc_sha256_fd_sized(fd, hex, NULL, (int64_t)st->st_size);
-	if (!err && kc_tree_memoizable(fd, st, &changed_before, local_dev))
+	if (!err && kc_tree_memoizable(fd, st, &changed_before))
 		memo_put(path, st, hex);
 	return err;
 }
@@ -204,7 +203,7 @@ static int hash_header(const char *path, char hex[KC_SHA256_HEXLEN + 1], uint64_
 			fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
 			err = fd < 0 ? -errno : fstat(fd, &st) != 0 ? -errno : admit(&st, *total);
 			if (!err)
-				err = hash_open(path, fd, &st, hex, NULL);
+				err = hash_open(path, fd, &st, hex);
 			if (fd >= 0)
 				close(fd);
 		}
@@ -218,13 +217,13 @@ static int hash_header(const char *path, char hex[KC_SHA256_HEXLEN + 1], uint64_
 	return err;
 }
 
-int kc_manifest_memo_fill(const char *path, int fd, const dev_t *local_dev)
+int kc_manifest_memo_fill(const char *path, int fd)
 {
 	struct stat st;
 	char hex[KC_SHA256_HEXLEN + 1];
 	if (pseudo(path) || fstat(fd, &st) != 0 || admit(&st, 0) != 0 || memo_get(path, &st, hex))
 		return 0;
-	return hash_open(path, fd, &st, hex, local_dev);
+	return hash_open(path, fd, &st, hex);
 }
 
 /* Unless err (the result of listing the paths p): sort and deduplicate them, hash each,

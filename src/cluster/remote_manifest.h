@@ -28,7 +28,6 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include <sys/types.h>
 
 #include "hash.h"
 
@@ -84,9 +83,9 @@ void kc_manifest_memo_init(void);
 /* Put the hash of the header path, open as fd (for reading), in the memo above, unless it
  * holds it already or the file may not be hashed (as kc_manifest_rehash would refuse it):
  * for a caller that has the header open anyway (remote_watch.c, with a read lease held on
- * fd: nobody writes it meanwhile; local_dev as kc_tree_memoizable's). Returns 0, or -errno
- * of the read (the memo is then left as it was). */
-int kc_manifest_memo_fill(const char *path, int fd, const dev_t *local_dev);
+ * fd: nobody writes it meanwhile). Returns 0, or -errno of the read (the memo is then left
+ * as it was). */
+int kc_manifest_memo_fill(const char *path, int fd);
 
 /* The toolkit root of the nvcc at nvcc_path into root: the realpath of its directory's
  * parent when that is laid out as a CUDA toolkit (include/cuda.h or targets/), else (a

@@ -115,10 +115,9 @@ static int start(struct kc_watch *w)
  * daemon runs as root, or owns the file). Else -EBUSY, or -errno where it cannot tell, with
  * why filled. The open and close are this process's own (drain tells them from others):
  * the lease ends with the close, so that a writer's open that waited on it comes after.
- * With the lease held, fill (if any) is given listed (the header's path as listed), the
- * descriptor and local_dev (kc_watch_arm's); a lease broken meanwhile is -EBUSY. */
-static int no_writer(const char *path, const char *listed,
-		     int (*fill)(const char *, int, const dev_t *), const dev_t *local_dev,
+ * With the lease held, fill (if any) is given listed (the header's path as listed) and the
+ * descriptor; a lease broken meanwhile is -EBUSY. */
+static int no_writer(const char *path, const char *listed, int (*fill)(const char *, int),
 		     char *why, size_t whylen)
 {
 	int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC); /* no lease break wait */
@@ -127,7 +126,7 @@ static int no_writer(const char *path, const char *listed,
 	int err = fd < 0 || fcntl(fd, F_SETSIG, SIGURG) != 0 ||
 			  fcntl(fd, F_SETLEASE, F_RDLCK) != 0 ? -errno : 0;
 	if (!err && fill)
-		fill(listed, fd, local_dev);
+		fill(listed, fd);
 	/* still held: a writer's open that broke it (the kernel drops a lease that is not
 	 * released lease-break-time after a break) could have come while the file was open
 	 * here, and its IN_OPEN merged into this process's own */
@@ -153,7 +152,7 @@ struct arm {
 	size_t n, cap;
 	dev_t fs_dev;       /* the device whose filesystem passed the check last */
 	int fs_checked;
-	int (*fill)(const char *path, int fd, const dev_t *local_dev); /* kc_watch_arm's */
+	int (*fill)(const char *path, int fd); /* kc_watch_arm's */
 	const char *listed;  /* the header being watched, as the list names it */
 	char prev[PATH_MAX]; /* the last header's path as walked (no symlink in it): every
 			      * directory above it was looked up and watched by this arm */
@@ -208,7 +207,7 @@ static int watch_one(struct arm *a, const char *path, const struct stat *st, int
 		a->cap = cap;
 	}
 	a->own[a->n++] = wd;
-	return no_writer(path, a->listed, a->fill, &a->fs_dev, a->why, sizeof(a->why));
+	return no_writer(path, a->listed, a->fill, a->why, sizeof(a->why));
 }
 
 /* Whether dir is a directory strictly above the path other, by their strings. */
@@ -316,7 +315,7 @@ static int watch_header(struct arm *a, const char *path)
 }
 
 unsigned long kc_watch_arm(struct kc_watch *w, const char *list, size_t len,
-			   int (*fill)(const char *path, int fd, const dev_t *local_dev))
+			   int (*fill)(const char *path, int fd))
 {
 	struct arm a = {.w = w, .fill = fill, .listed = ""};
 	char path[PATH_MAX];

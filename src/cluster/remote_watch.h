@@ -39,7 +39,6 @@
 
 #include <pthread.h>
 #include <stddef.h>
-#include <sys/types.h>
 
 struct kc_watch {
 	pthread_mutex_t lock;  /* guards all below */
@@ -64,10 +63,9 @@ void kc_watch_destroy(struct kc_watch *w);
  * with each header's path as listed and a descriptor of it open for reading, while a read
  * lease proves that nobody has it open for writing: a caller that reads the headers anyway
  * reads them there (an open of its own after the arm would be an event that ends the
- * word); and with the device whose filesystem the arm found local last (a watched file
- * on it needs no second look at its filesystem). */
+ * word). */
 unsigned long kc_watch_arm(struct kc_watch *w, const char *list, size_t len,
-			   int (*fill)(const char *path, int fd, const dev_t *local_dev));
+			   int (*fill)(const char *path, int fd));
 
 /* 1 if nothing watched has changed since kc_watch_arm returned gen (> 0), else 0. Reads
  * every event queued so far, so a change whose system call returned before this call is

@@ -276,8 +276,7 @@ static long long stamp_granule_ns(const struct timespec *ts)
 	return g;
 }
 
-int kc_tree_memoizable(int fd, const struct stat *before, const struct timespec *now,
-		       const dev_t *local_dev)
+int kc_tree_memoizable(int fd, const struct stat *before, const struct timespec *now)
 {
 	struct stat after;
 	if (fstat(fd, &after) != 0 || before->st_dev != after.st_dev ||
@@ -288,7 +287,7 @@ int kc_tree_memoizable(int fd, const struct stat *before, const struct timespec 
 	long long t = (long long)now->tv_sec * 1000000000ll + now->tv_nsec;
 	if (c + stamp_granule_ns(&before->st_ctim) > t)
 		return 0; /* a write after the read, in the same granule, could keep every field */
-	return (local_dev && *local_dev == after.st_dev) || local_fs(fd);
+	return local_fs(fd);
 }
 
 /* One file of the tree: its path relative to the root and the digest of its bytes. */
@@ -358,7 +357,7 @@ static int tree_visit(const char *path, const struct stat *st, int type, struct 
 			pthread_mutex_lock(&walk->memo->lock);
 			walk->memo->misses++;
 			pthread_mutex_unlock(&walk->memo->lock);
-			if (size == (uint64_t)fst.st_size && kc_tree_memoizable(fd, &fst, &now, NULL))
+			if (size == (uint64_t)fst.st_size && kc_tree_memoizable(fd, &fst, &now))
 				memo_add(walk->memo, &fst, f->hex);
 		}
 		close(fd);

@@ -66,11 +66,8 @@ int kc_tree_local_type(unsigned long type);
  * fstat before the read), now being the coarse real clock (CLOCK_REALTIME_COARSE) taken
  * after that fstat and before the read: 1 when the file's fstat now is before, its ctime is
  * at least one granule behind now, and it is on a known local filesystem, as the memo above
- * says; else 0. local_dev (may be NULL): a device whose filesystem the caller has just
- * found local itself (remote_watch.c's arm): a file on it is not asked again (fstatfs).
- * Shared by every memo of file digests (also remote_manifest.c's). */
-int kc_tree_memoizable(int fd, const struct stat *before, const struct timespec *now,
-		       const dev_t *local_dev);
+ * says; else 0. Shared by every memo of file digests (also remote_manifest.c's). */
+int kc_tree_memoizable(int fd, const struct stat *before, const struct timespec *now);
 
 /* An empty memo in memory that remembers at most max_files files (past that it is emptied
  * and fills again). Returns it (free with kc_tree_memo_free) or NULL when out of memory. */

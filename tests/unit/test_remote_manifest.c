@@ -15,7 +15,6 @@
 #include "remote_object.h"
 #include "tap.h"
 #include "tmptree.h"
-#include "tree.h"
 
 static char root[64];
 
@@ -53,44 +52,6 @@ static void behind_clock(const char *path)
 			return;
 		usleep(1000);
 	}
-}
-
-/* kc_tree_memoizable's local_dev: a caller that found a device's filesystem local itself
- * (the header watch's arm) is taken at its word for files on that device, and only those;
- * without it the file's own filesystem decides. */
-static void memoizable_local_dev(void)
-{
-	char path[256];
-	struct stat st;
-	struct timespec now;
-	put("inc/memo-local.h", "#define L 1\n", 0644);
-	snprintf(path, sizeof(path), "%s/inc/memo-local.h", root);
-	behind_clock(path);
-	usleep(50000); /* and past a granule of its ctime, however round */
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	clock_gettime(CLOCK_REALTIME_COARSE, &now);
-	dev_t other = 0;
-	CHECK(fd >= 0 && fstat(fd, &st) == 0 && kc_tree_memoizable(fd, &st, &now, NULL) == 1 &&
-		      kc_tree_memoizable(fd, &st, &now, &st.st_dev) == 1 &&
-		      kc_tree_memoizable(fd, &st, &now, &other) == 1,
-	      "memoizable: a file behind the clock on a local filesystem, whatever local_dev");
-	if (fd >= 0)
-		close(fd);
-	/* sysfs: not a filesystem the memo trusts, its attributes' stamps old and steady */
-	fd = open("/sys/devices/system/cpu/online", O_RDONLY | O_CLOEXEC);
-	if (fd < 0 || fstat(fd, &st) != 0) {
-		CHECK(1, "memoizable: no sysfs here (skipped)");
-	} else {
-		clock_gettime(CLOCK_REALTIME_COARSE, &now);
-		other = st.st_dev + 1;
-		CHECK(kc_tree_memoizable(fd, &st, &now, NULL) == 0 &&
-			      kc_tree_memoizable(fd, &st, &now, &other) == 0,
-		      "memoizable: a file on sysfs is not, nor for a local_dev of another device");
-		CHECK(kc_tree_memoizable(fd, &st, &now, &st.st_dev) == 1,
-		      "memoizable: ... unless its own device is the local_dev its caller checked");
-	}
-	if (fd >= 0)
-		close(fd);
 }
 
 /* FNV-1a of s, as the memo places a path (remote_manifest.c). */
@@ -303,7 +264,6 @@ int main(void)
 		      -EACCES, "a file of /proc (regular, readable by all) is not hashed");
 
 	memo_ways();
-	memoizable_local_dev();
 	CHECK(tmptree_remove(root) == 0, "clean up");
 	return tap_done();
 }
