@@ -208,7 +208,6 @@ int kc_remote_tier_open(const struct kc_remote_opts *o, const char *nvcc,
 	}
 	t->stats = stats;
 	t->read_only = o->read_only;
-	kc_manifest_memo_init(); /* at the mount, not at a joining node's first fetch */
 	t->lease_ms = (o->lease_s ? o->lease_s : KC_REMOTE_DEFAULT_LEASE) * 1000u;
 	t->wait_s = o->wait_s ? o->wait_s : KC_REMOTE_DEFAULT_WAIT;
 	if (o->key_file) {
@@ -250,6 +249,7 @@ int kc_remote_tier_open(const struct kc_remote_opts *o, const char *nvcc,
 
 void kc_remote_tier_probe(struct kc_remote_tier *t)
 {
+	kc_manifest_memo_init(); /* after the daemon's fork: its pages are this process's */
 	int err = ask_store(t);
 	if (err == 0) {
 		kc_log(KC_LOG_INFO, "cluster store %s answers", t->b->ops->describe(t->b));

@@ -103,7 +103,9 @@ int kc_remote_tier_open(const struct kc_remote_opts *o, const char *nvcc,
 /* Ask the store once, bounded by remote_timeout: a store that does not answer is said in
  * the log, counted as a get error, and the breaker opens (remote_up is 0: probed again
  * after KC_REMOTE_BREAKER_FIRST_S s, see above); the mount goes on without it. For
- * start-up. */
+ * start-up, in the process that serves (after the daemon's fork): it also makes the header
+ * memo ready (kc_manifest_memo_init), so that a joining node's first fetch does not fault
+ * its pages in. */
 void kc_remote_tier_probe(struct kc_remote_tier *t);
 
 /* Make waiting jobs stop waiting (they compile locally or fail at once); for shutdown. */
