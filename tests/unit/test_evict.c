@@ -147,7 +147,7 @@ static void test_index(struct kc_store *s)
 	kc_evict_note(&r.e, cache, "kernel.k1.00000000000000000000000000000001");
 	kc_evict_sample(&r.e, &r.es);
 	CHECK(r.es.entries == 0 && r.es.bytes == 0, "note: an entry that lost its cubin leaves");
-	/* more names than one read of the directory returns (4 KB, about 50 of these) */
+	/* more names than one read of the directory returns (4 KB, 42 of these) */
 	make_entry(3, 10, 0);
 	for (int i = 0; i < 150; i++) {
 		snprintf(path, sizeof(path), "%s/cache/kernel.k3.%032x/extra-%03d-%0*d", root, 3, i,
