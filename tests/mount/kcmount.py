@@ -30,7 +30,8 @@ BUILD = KCACHEFS.parent  # the build directory, for meson install
 
 
 def _reachable(path):
-    return all(os.stat(p).st_mode & 0o001 for p in path.parents)
+    """Whether every directory above path (which exists) may be searched by all."""
+    return path.exists() and all(os.stat(p).st_mode & 0o001 for p in path.parents)
 
 
 def _open_to_compiles():
