@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -397,23 +398,82 @@ int kc_manifest_from_deps(const char *deps, size_t len, const char *skip_dir,
 	return build(err, &p, manifest, mlen, why, whylen);
 }
 
-int kc_manifest_rehash(const char *index, size_t len, char **manifest, size_t *mlen,
-		       char *why, size_t whylen)
+/* The paths of the header list index/len into p. Returns 0; -EINVAL with why filled (a
+ * malformed line); -EFBIG (too many); -ENOMEM. */
+static int list_paths(const char *index, size_t len, struct kc_argv *p, char *why,
+		      size_t whylen)
 {
-	struct kc_argv p = {0};
 	int err = 0;
 	for (size_t off = 0; off < len && !err;) {
 		const char *nl = memchr(index + off, '\n', len - off);
 		size_t ll = nl ? (size_t)(nl - (index + off)) : len - off;
 		if (ll <= KC_SHA256_HEXLEN + 1) {
 			snprintf(why, whylen, "malformed manifest line");
-			err = -EINVAL;
-			break;
+			return -EINVAL;
 		}
-		err = paths_add(&p, index + off + KC_SHA256_HEXLEN + 1, ll - KC_SHA256_HEXLEN - 1);
+		err = paths_add(p, index + off + KC_SHA256_HEXLEN + 1, ll - KC_SHA256_HEXLEN - 1);
 		off += ll + 1;
 	}
+	return err;
+}
+
+int kc_manifest_rehash(const char *index, size_t len, char **manifest, size_t *mlen,
+		       char *why, size_t whylen)
+{
+	struct kc_argv p = {0};
+	int err = list_paths(index, len, &p, why, whylen);
 	return build(err, &p, manifest, mlen, why, whylen);
+}
+
+/* The headers of one kc_manifest_prefill, taken in turn by its threads. */
+struct prefill {
+	char **paths;
+	size_t n;
+	size_t next; /* the next path to take (__atomic) */
+	uint64_t total; /* bytes hashed so far (__atomic): none past KC_MANIFEST_MAX_TOTAL,
+			 * which the rehash refuses anyway */
+};
+
+static void *prefill_some(void *arg)
+{
+	struct prefill *f = arg;
+	for (;;) {
+		size_t i = __atomic_fetch_add(&f->next, 1, __ATOMIC_RELAXED);
+		uint64_t total = __atomic_load_n(&f->total, __ATOMIC_RELAXED);
+		if (i >= f->n || total > KC_MANIFEST_MAX_TOTAL)
+			return NULL;
+		char hex[KC_SHA256_HEXLEN + 1], why[8];
+		uint64_t size = 0;
+		hash_header(f->paths[i], hex, &size, why, sizeof(why)); /* the rehash reports */
+		__atomic_fetch_add(&f->total, size, __ATOMIC_RELAXED);
+	}
+}
+
+void kc_manifest_prefill(const char *list, size_t len)
+{
+	struct kc_argv p = {0};
+	char why[64];
+	pthread_t th[KC_MANIFEST_PREFILL_THREADS];
+	cpu_set_t set; /* the CPUs this daemon may run on (a cpuset, taskset), not the machine's */
+	long cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set)
+								 : sysconf(_SC_NPROCESSORS_ONLN);
+	size_t helpers = 0, started = 0;
+	if (list_paths(list, len, &p, why, sizeof(why)) == 0)
+		helpers = p.n / KC_MANIFEST_PREFILL_PER_THREAD;
+	if (helpers > KC_MANIFEST_PREFILL_THREADS)
+		helpers = KC_MANIFEST_PREFILL_THREADS;
+	if (cpus > 0 && helpers > (size_t)cpus - 1)
+		helpers = (size_t)cpus - 1;
+	struct prefill f = {.paths = p.v, .n = p.n};
+	pthread_once(&hashing_once, hashing_init);
+	for (; started < helpers; started++)
+		if (pthread_create(&th[started], NULL, prefill_some, &f) != 0)
+			break;
+	if (started)
+		prefill_some(&f); /* this thread too; with no helper, the rehash reads them */
+	for (size_t i = 0; i < started; i++)
+		pthread_join(th[i], NULL);
+	kc_argv_free(&p);
 }
 
 int kc_manifest_compact(const char *full, size_t len, char out[KC_MANIFEST_COMPACT_MAX],

@@ -76,6 +76,19 @@ int kc_manifest_compact_list(const char *compact, size_t len, char hex[KC_SHA256
 int kc_manifest_rehash(const char *index, size_t len, char **manifest, size_t *mlen,
 		       char *why, size_t whylen);
 
+#define KC_MANIFEST_PREFILL_THREADS 7     /* helper threads of kc_manifest_prefill, at most */
+#define KC_MANIFEST_PREFILL_PER_THREAD 16 /* listed headers a helper thread is worth */
+
+/* Read and hash the headers of the list list/len (as kc_manifest_rehash takes) that the
+ * memo above lacks into it, on helper threads (one per 16 headers, at most 7 and the CPUs
+ * this process may run on less one) beside this one, so that a list's first rehash on this
+ * node (the memo empty) only stats them: on a node with cores to spare, the largest part
+ * of a joining node's first fetch was hashing 133 host headers one after the other while
+ * every other fetch waited (doc/performance.md). With no helper to be had (a small list,
+ * one CPU), nothing is done: the rehash reads them itself. Errors are left to the rehash;
+ * no more than KC_MANIFEST_MAX_TOTAL bytes are read. */
+void kc_manifest_prefill(const char *list, size_t len);
+
 /* Make the memo above ready (its pages and locks) before the first rehash needs it; a
  * first rehash makes it ready itself otherwise. Idempotent, thread-safe. */
 void kc_manifest_memo_init(void);

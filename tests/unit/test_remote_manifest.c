@@ -3,6 +3,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -108,6 +109,72 @@ static void memo_ways(void)
 	CHECK(read0 && read1 - read0 < cost + 12,
 	      "four headers in one place of the memo: all four from the memo, none read");
 	free(m2);
+	free(m);
+}
+
+/* A list's headers read and hashed into the memo on helper threads (kc_manifest_prefill):
+ * every header read once, the rehash after it reads none and gives each header the hash
+ * of its bytes; a list with a header missing or a malformed line is left to the rehash,
+ * which says why. */
+static void prefill(void)
+{
+	enum { N = 64, SIZE = 1000 };
+	static char list[N * 200], text[SIZE + 1];
+	char p[256], why[300], want[KC_SHA256_HEXLEN + 1], *m = NULL;
+	size_t len = 0, ml = 0;
+	tmptree_mkdir(root, "pre");
+	for (int i = 0; i < N; i++) {
+		memset(text, ' ', SIZE); /* SIZE bytes: "// header i", spaces, a newline */
+		memcpy(text, p, (size_t)snprintf(p, sizeof(p), "// header %d", i));
+		text[SIZE - 1] = '\n';
+		text[SIZE] = '\0';
+		snprintf(p, sizeof(p), "pre/h%02d.h", i);
+		put(p, text, 0644);
+		len += (size_t)snprintf(list + len, sizeof(list) - len, "%064d %s/%s\n", 0, root, p);
+	}
+	snprintf(p, sizeof(p), "%s/pre/h%02d.h", root, N - 1);
+	behind_clock(p);
+	kc_sha256_buf(text, SIZE, want); /* the last header's bytes */
+	uint64_t read0 = bytes_read(), cost = bytes_read() - read0;
+	read0 = bytes_read();
+	kc_manifest_prefill(list, len);
+	uint64_t read1 = bytes_read();
+	cpu_set_t cpus;
+	if (sched_getaffinity(0, sizeof(cpus), &cpus) != 0 || CPU_COUNT(&cpus) > 1)
+		CHECK(read1 - read0 >= (uint64_t)N * SIZE &&
+		      read1 - read0 < (uint64_t)N * SIZE + cost + 12,
+		      "prefill: each of 64 headers read once, on helper threads and this one");
+	else
+		CHECK(read1 - read0 < cost + 12, "prefill: one CPU, no helper: left to the rehash");
+	read0 = bytes_read();
+	int err = kc_manifest_rehash(list, len, &m, &ml, why, sizeof(why));
+	read1 = bytes_read();
+	CHECK(err == 0 && m && strstr(m, want),
+	      "prefill: the rehash after it gives a header the hash of its bytes");
+	free(m);
+	m = NULL;
+	read0 = bytes_read();
+	err = kc_manifest_rehash(list, len, &m, &ml, why, sizeof(why));
+	read1 = bytes_read();
+	CHECK(err == 0 && read1 - read0 < cost + 12, "prefill: a rehash after that reads none");
+	free(m);
+	m = NULL;
+	read0 = bytes_read();
+	kc_manifest_prefill(list, len);
+	read1 = bytes_read();
+	CHECK(read1 - read0 < cost + 12, "prefill: a list the memo holds: nothing read again");
+
+	len += (size_t)snprintf(list + len, sizeof(list) - len, "%064d %s/pre/gone.h\n", 0, root);
+	kc_manifest_prefill(list, len);
+	err = kc_manifest_rehash(list, len, &m, &ml, why, sizeof(why));
+	CHECK(err == -ENOENT && strstr(why, "gone.h"),
+	      "prefill: a header missing: left to the rehash, which names it (ENOENT)");
+	free(m);
+	m = NULL;
+	len += (size_t)snprintf(list + len, sizeof(list) - len, "short\n");
+	kc_manifest_prefill(list, len);
+	err = kc_manifest_rehash(list, len, &m, &ml, why, sizeof(why));
+	CHECK(err == -EINVAL, "prefill: a malformed line: nothing done, the rehash refuses it");
 	free(m);
 }
 
@@ -264,6 +331,7 @@ int main(void)
 		      -EACCES, "a file of /proc (regular, readable by all) is not hashed");
 
 	memo_ways();
+	prefill();
 	CHECK(tmptree_remove(root) == 0, "clean up");
 	return tap_done();
 }
