@@ -19,6 +19,17 @@
  * before that result's stats began, says that nothing it looked at has changed since: on a
  * joining node, whose fetches arrive one per rehash, that turns a stat of every header per
  * kernel into one read of the watch's events.
+ *
+ * The watch is armed behind the fetches, not in their way. Arming it walks, watches, leases
+ * and reads every header (3 ms for 133 host headers inside a join on an H200 node), and
+ * every reader of a joining node waited for it before its first cubin: the largest part of
+ * a 32-kernel join there (doc/performance.md). So a rehash of a list that the watch does
+ * not cover is a plain one (stats, and reads of what the memo lacks, spread over helper
+ * threads at a list's first rehash: kc_manifest_prefill), and its end starts one thread,
+ * the armer, that arms the watch for the list and then runs one rehash under it. Results
+ * of rehashes that began after that arm returned are the ones the watch's word may stand
+ * for. The armer reads the headers only where the memo lacks them, so its arm sees no open
+ * of the fetches' rehashes (which only stat, once the memo holds the list).
  */
 #ifndef KC_REMOTE_REHASH_H
 #define KC_REMOTE_REHASH_H
@@ -34,17 +45,23 @@
 
 struct kc_rehash_table {
 	pthread_mutex_t lock;
-	pthread_cond_t done; /* a rehash ended */
+	pthread_cond_t done; /* a rehash or the armer ended */
 	unsigned long starts; /* rehashes begun so far: a ticket is its value when taken */
 	unsigned next;        /* the slot a new list takes next (round robin) */
 	unsigned long proven; /* results taken on the watch's word (for the tests) */
+	unsigned long armer_starts; /* rehashes the armer began (for the tests) */
+	int arming;           /* the armer is running (one at a time, for any list) */
+	int armer_live;       /* armer holds a thread not yet joined */
+	pthread_t armer;
 	struct kc_watch watch;
 	struct kc_rehash_slot {
 		char hash[KC_SHA256_HEXLEN + 1]; /* the list's digest; "" empty slot */
 		int running;                     /* a rehash of it is under way */
 		unsigned long seq;               /* the number of the last rehash that ended (0: none) */
 		int err;                         /* its result: 0, or kc_manifest_rehash's error */
-		unsigned long watched;           /* the watch's generation for it (0: unwatched) */
+		unsigned long cover_gen;         /* the watch's generation for the list (0: none) */
+		unsigned long cover_at;          /* starts when that arm returned: a rehash
+						  * numbered above began after it */
 		char mine[KC_MANIFEST_COMPACT_MAX];
 		size_t mine_len;
 		char why[200];
@@ -54,8 +71,13 @@ struct kc_rehash_table {
 /* Initialise t (empty). */
 void kc_rehash_init(struct kc_rehash_table *t);
 
-/* Release what kc_rehash_init took; no call may be under way. */
+/* Release what kc_rehash_init took, after the armer (if any) ends; no call may be under
+ * way. */
 void kc_rehash_destroy(struct kc_rehash_table *t);
+
+/* Wait until the armer (if any) has ended: its watch armed and its rehash done (for the
+ * tests, which count rehashes). */
+void kc_rehash_settle(struct kc_rehash_table *t);
 
 /* A ticket for a fetch that asks now: pass it to kc_rehash_own. */
 unsigned long kc_rehash_ticket(struct kc_rehash_table *t);
@@ -63,7 +85,9 @@ unsigned long kc_rehash_ticket(struct kc_rehash_table *t);
 /* This node's compact manifest (kc_manifest_compact of kc_manifest_rehash) of the header
  * list list/len whose digest is hash, from a rehash that began after ticket was taken (a
  * running one's result, or one run here), or from an earlier one that the watch proves
- * still true. Returns 0 with mine / *mlen filled; the error of
+ * still true. A rehash run here that the watch does not cover starts the armer for the
+ * list (unless it is running already), which copies list. Returns 0 with mine / *mlen
+ * filled; the error of
  * kc_manifest_rehash (-ENOENT, -EACCES, -EFBIG, -EINVAL) with why filled when a header
  * cannot be hashed here; -ENOMEM. */
 int kc_rehash_own(struct kc_rehash_table *t, unsigned long ticket, const char *hash,

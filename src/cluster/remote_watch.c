@@ -320,6 +320,7 @@ unsigned long kc_watch_arm(struct kc_watch *w, const char *list, size_t len,
 	struct arm a = {.w = w, .fill = fill, .listed = ""};
 	char path[PATH_MAX];
 	pthread_mutex_lock(&w->lock);
+	__atomic_store_n(&w->arming, 1, __ATOMIC_RELAXED);
 	int err = w->broken ? -EIO : start(w);
 	if (err)
 		snprintf(a.why, sizeof(a.why), "no inotify instance: %s%s", strerror(-err),
@@ -355,6 +356,7 @@ unsigned long kc_watch_arm(struct kc_watch *w, const char *list, size_t len,
 	int failing = !gen && (w->broken || (err && err != -ENOENT && err != -ENOTDIR &&
 						    err != -EBUSY));
 	int first = failing && w->unwatched++ == 0;
+	__atomic_store_n(&w->arming, 0, __ATOMIC_RELAXED);
 	pthread_mutex_unlock(&w->lock);
 	if (first)
 		kc_log(KC_LOG_INFO, "header lists are not watched, each fetch stats its headers: %s",
@@ -364,7 +366,11 @@ unsigned long kc_watch_arm(struct kc_watch *w, const char *list, size_t len,
 
 int kc_watch_unchanged(struct kc_watch *w, unsigned long gen)
 {
-	pthread_mutex_lock(&w->lock);
+	if (pthread_mutex_trylock(&w->lock) != 0) {
+		if (__atomic_load_n(&w->arming, __ATOMIC_RELAXED))
+			return -EBUSY;
+		pthread_mutex_lock(&w->lock); /* another drain: microseconds */
+	}
 	int same = 0;
 	if (gen && w->fd >= 0 && !w->broken) {
 		drain(w, NULL, 0);

@@ -47,6 +47,7 @@ struct kc_watch {
 	int broken;            /* no instance or mount table to be had: never a proof */
 	unsigned long gen;     /* moves on at each batch of events (starts at 1) */
 	unsigned long unwatched; /* arms that returned 0 (for the log's first line only) */
+	int arming;            /* an arm holds lock (read without it, __atomic) */
 };
 
 /* Initialise w (no inotify instance yet: the first kc_watch_arm makes it). */
@@ -69,7 +70,8 @@ unsigned long kc_watch_arm(struct kc_watch *w, const char *list, size_t len,
 
 /* 1 if nothing watched has changed since kc_watch_arm returned gen (> 0), else 0. Reads
  * every event queued so far, so a change whose system call returned before this call is
- * always counted. */
+ * always counted. -EBUSY at once, without waiting, while an arm runs (milliseconds, and
+ * it reads the events itself: the caller stats the headers instead of waiting). */
 int kc_watch_unchanged(struct kc_watch *w, unsigned long gen);
 
 #endif

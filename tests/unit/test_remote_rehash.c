@@ -50,12 +50,14 @@ static void put_keeping_mtime(const char *text)
 	utimensat(AT_FDCWD, header, times, 0);
 }
 
-/* Rehashes begun so far: each looks the list's one header up (a stat, and a read when it
- * changed). */
+/* Rehashes begun so far for the fetches, once the armer has ended: each looks the list's
+ * one header up (a stat, and a read when it changed). The armer's own rehash, after each
+ * uncovered one, is not counted. */
 static unsigned long lookups(void)
 {
+	kc_rehash_settle(&table);
 	pthread_mutex_lock(&table.lock);
-	unsigned long n = table.starts;
+	unsigned long n = table.starts - table.armer_starts;
 	pthread_mutex_unlock(&table.lock);
 	return n;
 }
@@ -70,6 +72,7 @@ static unsigned long proven(void)
 }
 
 static int own(unsigned long ticket, char mine[KC_MANIFEST_COMPACT_MAX]);
+static int own_as(const char *hash, unsigned long ticket, char mine[KC_MANIFEST_COMPACT_MAX]);
 
 /* Fetches in turn, each asking after the last rehash, until one takes a result on the
  * watch's word (a rehash reads a header changed since the one before, and the memo keeps
@@ -195,13 +198,14 @@ static void watched_first_read(int n)
 	kc_rehash_init(&t);
 	int first = l ? kc_rehash_own(&t, kc_rehash_ticket(&t), "first", l, len, m, &ml, why,
 				      sizeof(why)) : -ENOMEM;
+	kc_rehash_settle(&t); /* the armer: the watch armed, one rehash under it */
 	int next = l ? kc_rehash_own(&t, kc_rehash_ticket(&t), "first", l, len, m2, &ml, why,
 				     sizeof(why)) : -ENOMEM;
 	char what[160];
 	snprintf(what, sizeof(what), "watched: %d header%s read for the first time: the next "
 		 "fetch takes that rehash on the watch's word", n, n > 1 ? "s" : "");
-	CHECK(first == 0 && next == 0 && strcmp(m, m2) == 0 && t.starts == 1 && t.proven == 1,
-	      what);
+	CHECK(first == 0 && next == 0 && strcmp(m, m2) == 0 && t.starts == 2 &&
+	      t.armer_starts == 1 && t.proven == 1, what);
 	/* the headers after the first share its walk, not looked up again: still watched */
 	snprintf(path, sizeof(path), "%s/beside.h", inc);
 	write_file(path, "#define BESIDE 1\n");
@@ -209,7 +213,8 @@ static void watched_first_read(int n)
 				 sizeof(why)) : -ENOMEM;
 	snprintf(what, sizeof(what), "watched: a file created beside those %d header%s: looked "
 		 "up again", n, n > 1 ? "s" : "");
-	CHECK(next == 0 && t.starts == 2, what);
+	kc_rehash_settle(&t);
+	CHECK(next == 0 && t.starts - t.armer_starts == 2, what);
 	unlink(path);
 	kc_rehash_destroy(&t);
 	for (int i = 0; i < n; i++) {
@@ -239,8 +244,8 @@ static int sees(const char *path, int (*change)(const char *, const char *), con
 	snprintf(pa, sizeof(pa), "%s/%s", root, a);
 	snprintf(pb, sizeof(pb), b_in_root ? "%s/%s" : "%.0s%s", root, b);
 	unsigned long gen = kc_watch_arm(&w, l, strlen(l), NULL);
-	int quiet = gen && kc_watch_unchanged(&w, gen);
-	int seen = change(pa, pb) == 0 && !kc_watch_unchanged(&w, gen);
+	int quiet = gen && kc_watch_unchanged(&w, gen) == 1;
+	int seen = change(pa, pb) == 0 && kc_watch_unchanged(&w, gen) == 0;
 	if (change == rename)
 		rename(pb, pa);
 	kc_watch_destroy(&w);
@@ -397,7 +402,7 @@ static void watched_overlay(void)
 		snprintf(l, sizeof(l), "%064d %s\n", 0, h);
 		unsigned long gen = kc_watch_arm(&w, l, strlen(l), NULL);
 		write_file(lower_h, "#define P 2\n");
-		CHECK(!(gen && kc_watch_unchanged(&w, gen)),
+		CHECK(!(gen && kc_watch_unchanged(&w, gen) == 1),
 		      "a header on an overlayfs, its lower layer written: never taken unchanged");
 		kc_watch_destroy(&w);
 		umount(dirs[3]);
@@ -412,18 +417,8 @@ static void watched_overlay(void)
 		rmdir(dirs[i]);
 }
 
-static int own(unsigned long ticket, char mine[KC_MANIFEST_COMPACT_MAX])
-{
-	char why[200];
-	size_t ml = 0;
-	int err = kc_rehash_own(&table, ticket, "ab", list, strlen(list), mine, &ml, why,
-				sizeof(why));
-	if (!err && ml != KC_MANIFEST_LINE_LEN)
-		return -EINVAL;
-	return err;
-}
-
 struct racer {
+	const char *hash; /* the list's digest: "ab" unless set */
 	unsigned long ticket;
 	char mine[KC_MANIFEST_COMPACT_MAX];
 	int err;
@@ -432,8 +427,72 @@ struct racer {
 static void *race(void *arg)
 {
 	struct racer *r = arg;
-	r->err = own(r->ticket, r->mine);
+	r->err = own_as(r->hash ? r->hash : "ab", r->ticket, r->mine);
 	return NULL;
+}
+
+/* One fetch of the list hash on a thread of its own: 1 if it ended within 10 s (with r
+ * filled), else 0 (the thread is then left to end when the watch's lock is let go). */
+static int answered(const char *hash, struct racer *r, pthread_t *th)
+{
+	struct timespec by;
+	*r = (struct racer){.hash = hash, .ticket = kc_rehash_ticket(&table)};
+	pthread_create(th, NULL, race, r);
+	clock_gettime(CLOCK_REALTIME, &by);
+	by.tv_sec += 10;
+	return pthread_timedjoin_np(*th, NULL, &by) == 0;
+}
+
+/* The watch is armed behind the fetches. While an arm holds the watch (taken here, as a
+ * slow arm of another list would), a fetch of a covered list stats (the watch cannot give
+ * its word) and is answered; the first fetch of another list is answered, its armer
+ * waiting to arm, and so is its next. Once the arm is let go, the armer covers that list
+ * and its next fetch takes the watch's word. */
+static void arm_behind_fetches(void)
+{
+	char m[KC_MANIFEST_COMPACT_MAX], before[KC_MANIFEST_COMPACT_MAX];
+	struct racer r;
+	pthread_t th;
+	settle(before);
+	unsigned long l = lookups(), p = proven();
+	pthread_mutex_lock(&table.watch.lock);
+	__atomic_store_n(&table.watch.arming, 1, __ATOMIC_RELAXED);
+	int ok = answered("ab", &r, &th);
+	CHECK(ok && r.err == 0 && strcmp(r.mine, before) == 0 && table.proven == p &&
+	      table.starts - table.armer_starts == l + 1,
+	      "arm behind: a covered list's fetch while an arm runs: stats, not waiting for it");
+	ok = ok && answered("ef", &r, &th);
+	CHECK(ok && r.err == 0 && strcmp(r.mine, before) == 0 && table.arming,
+	      "arm behind: another list's first fetch is answered, its armer waiting to arm");
+	ok = ok && answered("ef", &r, &th);
+	CHECK(ok && r.err == 0 && table.arming,
+	      "arm behind: and so is its next, the armer still waiting");
+	__atomic_store_n(&table.watch.arming, 0, __ATOMIC_RELAXED);
+	pthread_mutex_unlock(&table.watch.lock);
+	if (!ok)
+		pthread_join(th, NULL);
+	kc_rehash_settle(&table);
+	p = proven();
+	CHECK(own_as("ef", kc_rehash_ticket(&table), m) == 0 && strcmp(m, before) == 0 &&
+	      proven() == p + 1,
+	      "arm behind: the arm let go, the armer covers that list: its next fetch takes the "
+	      "watch's word");
+}
+
+static int own(unsigned long ticket, char mine[KC_MANIFEST_COMPACT_MAX])
+{
+	return own_as("ab", ticket, mine);
+}
+
+static int own_as(const char *hash, unsigned long ticket, char mine[KC_MANIFEST_COMPACT_MAX])
+{
+	char why[200];
+	size_t ml = 0;
+	int err = kc_rehash_own(&table, ticket, hash, list, strlen(list), mine, &ml, why,
+				sizeof(why));
+	if (!err && ml != KC_MANIFEST_LINE_LEN)
+		return -EINVAL;
+	return err;
 }
 
 int main(void)
@@ -475,13 +534,15 @@ int main(void)
 	CHECK(own(t1, m2) == 0 && strcmp(m2, m3) == 0 && lookups() == before,
 	      "an older ticket takes the newer result, which began after it");
 
-	/* 8 fetches that ask at once share one rehash */
+	/* 8 fetches that ask at once, after a change (the same bytes written again: no result
+	 * may stand on the watch's word), share one rehash */
+	before = lookups(); /* the armer ended: no rehash of its begins after the ticket */
+	put("#define B 1\n");
 	unsigned long t3 = kc_rehash_ticket(&table);
 	struct racer r[8];
 	pthread_t th[8];
-	before = lookups();
 	for (int i = 0; i < 8; i++) {
-		r[i].ticket = t3;
+		r[i] = (struct racer){.ticket = t3};
 		pthread_create(&th[i], NULL, race, &r[i]);
 	}
 	int same = 1;
@@ -496,6 +557,7 @@ int main(void)
 		watched_first_read(1);
 		watched_first_read(100);
 		watched_changes();
+		arm_behind_fetches();
 		watched_symlinks();
 		watched_chains();
 	}
