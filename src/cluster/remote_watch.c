@@ -7,6 +7,7 @@
 #include <limits.h>
 #include <linux/magic.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -319,8 +320,8 @@ unsigned long kc_watch_arm(struct kc_watch *w, const char *list, size_t len,
 {
 	struct arm a = {.w = w, .fill = fill, .listed = ""};
 	char path[PATH_MAX];
+	__atomic_add_fetch(&w->arming, 1, __ATOMIC_SEQ_CST); /* before the lock: see unchanged */
 	pthread_mutex_lock(&w->lock);
-	__atomic_store_n(&w->arming, 1, __ATOMIC_RELAXED);
 	int err = w->broken ? -EIO : start(w);
 	if (err)
 		snprintf(a.why, sizeof(a.why), "no inotify instance: %s%s", strerror(-err),
@@ -356,8 +357,8 @@ unsigned long kc_watch_arm(struct kc_watch *w, const char *list, size_t len,
 	int failing = !gen && (w->broken || (err && err != -ENOENT && err != -ENOTDIR &&
 						    err != -EBUSY));
 	int first = failing && w->unwatched++ == 0;
-	__atomic_store_n(&w->arming, 0, __ATOMIC_RELAXED);
 	pthread_mutex_unlock(&w->lock);
+	__atomic_sub_fetch(&w->arming, 1, __ATOMIC_SEQ_CST);
 	if (first)
 		kc_log(KC_LOG_INFO, "header lists are not watched, each fetch stats its headers: %s",
 		       a.why[0] ? a.why : "cannot read the watch's events");
@@ -366,10 +367,12 @@ unsigned long kc_watch_arm(struct kc_watch *w, const char *list, size_t len,
 
 int kc_watch_unchanged(struct kc_watch *w, unsigned long gen)
 {
-	if (pthread_mutex_trylock(&w->lock) != 0) {
-		if (__atomic_load_n(&w->arming, __ATOMIC_RELAXED))
+	/* an arm counts itself in arming before it waits for the lock, so a drain never
+	 * queues behind one (it would wait the whole arm) */
+	while (pthread_mutex_trylock(&w->lock) != 0) {
+		if (__atomic_load_n(&w->arming, __ATOMIC_SEQ_CST))
 			return -EBUSY;
-		pthread_mutex_lock(&w->lock); /* another drain: microseconds */
+		sched_yield(); /* another drain: microseconds */
 	}
 	int same = 0;
 	if (gen && w->fd >= 0 && !w->broken) {

@@ -47,7 +47,7 @@ struct kc_watch {
 	int broken;            /* no instance or mount table to be had: never a proof */
 	unsigned long gen;     /* moves on at each batch of events (starts at 1) */
 	unsigned long unwatched; /* arms that returned 0 (for the log's first line only) */
-	int arming;            /* an arm holds lock (read without it, __atomic) */
+	int arming;            /* arms holding or waiting for lock (__atomic, read without it) */
 };
 
 /* Initialise w (no inotify instance yet: the first kc_watch_arm makes it). */
