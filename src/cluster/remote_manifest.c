@@ -439,13 +439,18 @@ static void *prefill_some(void *arg)
 	struct prefill *f = arg;
 	for (;;) {
 		size_t i = __atomic_fetch_add(&f->next, 1, __ATOMIC_RELAXED);
-		uint64_t total = __atomic_load_n(&f->total, __ATOMIC_RELAXED);
-		if (i >= f->n || total > KC_MANIFEST_MAX_TOTAL)
+		if (i >= f->n)
+			return NULL;
+		struct stat st;
+		if (stat(f->paths[i], &st) != 0 || st.st_size < 0)
+			continue; /* the rehash reports it */
+		/* its bytes counted before they are read: no thread reads past the limit */
+		if (__atomic_add_fetch(&f->total, (uint64_t)st.st_size, __ATOMIC_RELAXED) >
+		    KC_MANIFEST_MAX_TOTAL)
 			return NULL;
 		char hex[KC_SHA256_HEXLEN + 1], why[8];
 		uint64_t size = 0;
-		hash_header(f->paths[i], hex, &size, why, sizeof(why)); /* the rehash reports */
-		__atomic_fetch_add(&f->total, size, __ATOMIC_RELAXED);
+		hash_header(f->paths[i], hex, &size, why, sizeof(why));
 	}
 }
 

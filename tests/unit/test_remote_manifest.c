@@ -143,7 +143,7 @@ static void prefill(void)
 	if (sched_getaffinity(0, sizeof(cpus), &cpus) != 0 || CPU_COUNT(&cpus) > 1)
 		CHECK(read1 - read0 >= (uint64_t)N * SIZE &&
 		      read1 - read0 < (uint64_t)N * SIZE + cost + 12,
-		      "prefill: each of 64 headers read once, on helper threads and this one");
+		      "prefill: each of 64 headers read once (helper threads: CPUs less one)");
 	else
 		CHECK(read1 - read0 < cost + 12, "prefill: one CPU, no helper: left to the rehash");
 	read0 = bytes_read();
