@@ -119,13 +119,15 @@ static void *arm_behind(void *arg)
 	unsigned long gen = kc_watch_arm(&t->watch, j->list, j->len, kc_manifest_memo_fill);
 	unsigned long ticket = 0;
 	pthread_mutex_lock(&t->lock);
-	struct kc_rehash_slot *s = gen ? slot_if_any(t, j->hash) : NULL;
-	if (s) {
+	struct kc_rehash_slot *s = slot_if_any(t, j->hash);
+	if (s && gen) {
 		s->cover_gen = gen;
 		s->cover_at = ticket = t->starts;
 	}
+	else if (s) /* not to be watched now: a thread per rehash would not help */
+		s->arm_skip = KC_REHASH_ARM_BACKOFF;
 	pthread_mutex_unlock(&t->lock);
-	if (s) {
+	if (s && gen) {
 		char m[KC_MANIFEST_COMPACT_MAX], w[200];
 		size_t ml = 0;
 		own(t, ticket, j->hash, j->list, j->len, m, &ml, w, sizeof(w), 1);
@@ -162,6 +164,7 @@ static void start_armer(struct kc_rehash_table *t, const char *hash, const char 
 		return;
 	}
 	t->arming = t->armer_live = 1;
+	t->arms++;
 }
 
 int kc_rehash_own(struct kc_rehash_table *t, unsigned long ticket, const char *hash,
@@ -237,7 +240,7 @@ static int own(struct kc_rehash_table *t, unsigned long ticket, const char *hash
 	memcpy(s->mine, m, sizeof(m));
 	s->mine_len = ml;
 	memcpy(s->why, w, sizeof(w));
-	if (!armer && !err && !s->cover_gen)
+	if (!armer && !err && !s->cover_gen && (!s->arm_skip || !--s->arm_skip))
 		start_armer(t, hash, list, len);
 	pthread_cond_broadcast(&t->done);
 	pthread_mutex_unlock(&t->lock);

@@ -42,6 +42,8 @@
 #include "remote_watch.h"
 
 #define KC_REHASH_SLOTS 16 /* lists whose last rehash is kept (the cluster store keeps as many lists, remote_tier.c) */
+#define KC_REHASH_ARM_BACKOFF 16 /* a list whose arm gave no word (a header on NFS, or open
+				  * for writing) is armed again after this many rehashes */
 
 struct kc_rehash_table {
 	pthread_mutex_t lock;
@@ -50,6 +52,7 @@ struct kc_rehash_table {
 	unsigned next;        /* the slot a new list takes next (round robin) */
 	unsigned long proven; /* results taken on the watch's word (for the tests) */
 	unsigned long armer_starts; /* rehashes the armer began (for the tests) */
+	unsigned long arms;   /* armers started (for the tests) */
 	int arming;           /* the armer is running (one at a time, for any list) */
 	int armer_live;       /* armer holds a thread not yet joined */
 	pthread_t armer;
@@ -62,6 +65,8 @@ struct kc_rehash_table {
 		unsigned long cover_gen;         /* the watch's generation for the list (0: none) */
 		unsigned long cover_at;          /* starts when that arm returned: a rehash
 						  * numbered above began after it */
+		unsigned arm_skip;               /* uncovered rehashes left to start no armer,
+						  * after an arm that gave no word */
 		char mine[KC_MANIFEST_COMPACT_MAX];
 		size_t mine_len;
 		char why[200];

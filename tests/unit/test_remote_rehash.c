@@ -179,9 +179,9 @@ static void watched_changes(void)
 	put("#define B 1\n");
 }
 
-/* A list of n headers this node has never read: its first rehash reads them, and a fetch
- * that asks right after takes that rehash on the watch's word (the reads were made by the
- * arm, through its own opens: an open after it would end the word just earned). */
+/* A list of n headers this node has never read: its first rehash reads them (a plain
+ * one), its armer arms the watch and rehashes under it, and a fetch that asks after that
+ * takes the armer's rehash on the watch's word (the reads came before the arm). */
 static void watched_first_read(int n)
 {
 	char path[192], m[KC_MANIFEST_COMPACT_MAX], m2[KC_MANIFEST_COMPACT_MAX], why[200];
@@ -443,6 +443,83 @@ static int answered(const char *hash, struct racer *r, pthread_t *th)
 	return pthread_timedjoin_np(*th, NULL, &by) == 0;
 }
 
+/* Hold the watch (hold 1) as a slow arm would, counted as an arm; let it go (0). */
+static void hold_watch(struct kc_watch *w, int hold)
+{
+	if (hold) {
+		__atomic_add_fetch(&w->arming, 1, __ATOMIC_SEQ_CST);
+		pthread_mutex_lock(&w->lock);
+	}
+	else {
+		pthread_mutex_unlock(&w->lock);
+		__atomic_sub_fetch(&w->arming, 1, __ATOMIC_SEQ_CST);
+	}
+}
+
+/* A fetch of list l/len in the table t, asking now. */
+static int own_in(struct kc_rehash_table *t, const char *l, size_t len,
+		  char mine[KC_MANIFEST_COMPACT_MAX])
+{
+	char why[200];
+	size_t ml = 0;
+	return kc_rehash_own(t, kc_rehash_ticket(t), "first", l, len, mine, &ml, why, sizeof(why));
+}
+
+/* A header changed between a list's plain rehash and its arm: the arm reads it (through
+ * the descriptor of its lease), so the armer's rehash after it only stats, and the next
+ * fetch takes that rehash, with the new bytes, on the watch's word. (Had the armer's
+ * rehash read it, its own open would have ended the word.) */
+static void arm_reads_changed(void)
+{
+	char path[192], l[300], m[KC_MANIFEST_COMPACT_MAX], m2[KC_MANIFEST_COMPACT_MAX];
+	struct kc_rehash_table t;
+	snprintf(path, sizeof(path), "%s/armed.h", inc);
+	write_file(path, "#define ARMED 1\n");
+	size_t len = (size_t)snprintf(l, sizeof(l), "%064d %s\n", 0, path);
+	nanosleep(&(struct timespec){.tv_nsec = 30 * 1000000}, NULL); /* memoizable */
+	kc_rehash_init(&t);
+	hold_watch(&t.watch, 1);
+	int first = own_in(&t, l, len, m); /* plain; its armer waits for the watch */
+	write_file(path, "#define ARMED 22\n");
+	nanosleep(&(struct timespec){.tv_nsec = 30 * 1000000}, NULL);
+	hold_watch(&t.watch, 0);
+	kc_rehash_settle(&t);
+	unsigned long p = t.proven;
+	int next = own_in(&t, l, len, m2);
+	CHECK(first == 0 && next == 0 && strcmp(m, m2) != 0 && t.proven == p + 1 && t.arms == 1,
+	      "a header changed before the arm: the arm reads it, the next fetch takes the "
+	      "new bytes on the watch's word");
+	kc_rehash_destroy(&t);
+	unlink(path);
+}
+
+/* A list whose arm gives no word (its header open for writing: no lease) starts no armer
+ * for its next KC_REHASH_ARM_BACKOFF - 1 rehashes, and then one again. */
+static void arm_backoff(void)
+{
+	char path[192], l[300], m[KC_MANIFEST_COMPACT_MAX];
+	struct kc_rehash_table t;
+	snprintf(path, sizeof(path), "%s/written.h", inc);
+	write_file(path, "#define WRITTEN 1\n");
+	size_t len = (size_t)snprintf(l, sizeof(l), "%064d %s\n", 0, path);
+	int fd = open(path, O_WRONLY);
+	kc_rehash_init(&t);
+	int ok = fd >= 0;
+	for (int i = 0; i < KC_REHASH_ARM_BACKOFF; i++) {
+		ok &= own_in(&t, l, len, m) == 0;
+		kc_rehash_settle(&t);
+	}
+	CHECK(ok && t.arms == 1 && t.proven == 0,
+	      "an arm that gave no word (a header open for writing): no armer for the next rehashes");
+	ok &= own_in(&t, l, len, m) == 0;
+	kc_rehash_settle(&t);
+	CHECK(ok && t.arms == 2 && t.proven == 0, "and after them, one arm again");
+	kc_rehash_destroy(&t);
+	if (fd >= 0)
+		close(fd);
+	unlink(path);
+}
+
 /* The watch is armed behind the fetches. While an arm holds the watch (taken here, as a
  * slow arm of another list would), a fetch of a covered list stats (the watch cannot give
  * its word) and is answered; the first fetch of another list is answered, its armer
@@ -453,10 +530,9 @@ static void arm_behind_fetches(void)
 	char m[KC_MANIFEST_COMPACT_MAX], before[KC_MANIFEST_COMPACT_MAX];
 	struct racer r;
 	pthread_t th;
-	settle(before);
+	CHECK(settle(before), "arm behind: the list is covered to begin with");
 	unsigned long l = lookups(), p = proven();
-	pthread_mutex_lock(&table.watch.lock);
-	__atomic_store_n(&table.watch.arming, 1, __ATOMIC_RELAXED);
+	hold_watch(&table.watch, 1);
 	int ok = answered("ab", &r, &th);
 	CHECK(ok && r.err == 0 && strcmp(r.mine, before) == 0 && table.proven == p &&
 	      table.starts - table.armer_starts == l + 1,
@@ -467,8 +543,7 @@ static void arm_behind_fetches(void)
 	ok = ok && answered("ef", &r, &th);
 	CHECK(ok && r.err == 0 && table.arming,
 	      "arm behind: and so is its next, the armer still waiting");
-	__atomic_store_n(&table.watch.arming, 0, __ATOMIC_RELAXED);
-	pthread_mutex_unlock(&table.watch.lock);
+	hold_watch(&table.watch, 0);
 	if (!ok)
 		pthread_join(th, NULL);
 	kc_rehash_settle(&table);
@@ -558,6 +633,8 @@ int main(void)
 		watched_first_read(100);
 		watched_changes();
 		arm_behind_fetches();
+		arm_reads_changed();
+		arm_backoff();
 		watched_symlinks();
 		watched_chains();
 	}
