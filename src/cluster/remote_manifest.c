@@ -430,8 +430,9 @@ struct prefill {
 	char **paths;
 	size_t n;
 	size_t next; /* the next path to take (__atomic) */
-	uint64_t total; /* bytes hashed so far (__atomic): none past KC_MANIFEST_MAX_TOTAL,
-			 * which the rehash refuses anyway */
+	uint64_t total; /* bytes of the headers taken so far, counted before they are read
+			 * (__atomic): none read past KC_MANIFEST_MAX_TOTAL, which the rehash
+			 * refuses anyway */
 };
 
 static void *prefill_some(void *arg)
@@ -444,7 +445,6 @@ static void *prefill_some(void *arg)
 		struct stat st;
 		if (stat(f->paths[i], &st) != 0 || st.st_size < 0)
 			continue; /* the rehash reports it */
-		/* its bytes counted before they are read: no thread reads past the limit */
 		if (__atomic_add_fetch(&f->total, (uint64_t)st.st_size, __ATOMIC_RELAXED) >
 		    KC_MANIFEST_MAX_TOTAL)
 			return NULL;

@@ -72,7 +72,10 @@ static unsigned long proven(void)
 }
 
 static int own(unsigned long ticket, char mine[KC_MANIFEST_COMPACT_MAX]);
-static int own_as(const char *hash, unsigned long ticket, char mine[KC_MANIFEST_COMPACT_MAX]);
+/* A fetch of the one-header list l (digest hash) in t with ticket: 0 with mine (one
+ * compact line), or its error. */
+static int fetch(struct kc_rehash_table *t, const char *hash, unsigned long ticket,
+		 const char *l, char mine[KC_MANIFEST_COMPACT_MAX]);
 
 /* Fetches in turn, each asking after the last rehash, until one takes a result on the
  * watch's word (a rehash reads a header changed since the one before, and the memo keeps
@@ -427,7 +430,7 @@ struct racer {
 static void *race(void *arg)
 {
 	struct racer *r = arg;
-	r->err = own_as(r->hash ? r->hash : "ab", r->ticket, r->mine);
+	r->err = fetch(&table, r->hash ? r->hash : "ab", r->ticket, list, r->mine);
 	return NULL;
 }
 
@@ -456,15 +459,6 @@ static void hold_watch(struct kc_watch *w, int hold)
 	}
 }
 
-/* A fetch of list l/len in the table t, asking now. */
-static int own_in(struct kc_rehash_table *t, const char *l, size_t len,
-		  char mine[KC_MANIFEST_COMPACT_MAX])
-{
-	char why[200];
-	size_t ml = 0;
-	return kc_rehash_own(t, kc_rehash_ticket(t), "first", l, len, mine, &ml, why, sizeof(why));
-}
-
 /* A header changed between a list's plain rehash and its arm: the arm reads it (through
  * the descriptor of its lease), so the armer's rehash after it only stats, and the next
  * fetch takes that rehash, with the new bytes, on the watch's word. (Had the armer's
@@ -475,17 +469,17 @@ static void arm_reads_changed(void)
 	struct kc_rehash_table t;
 	snprintf(path, sizeof(path), "%s/armed.h", inc);
 	write_file(path, "#define ARMED 1\n");
-	size_t len = (size_t)snprintf(l, sizeof(l), "%064d %s\n", 0, path);
+	snprintf(l, sizeof(l), "%064d %s\n", 0, path);
 	nanosleep(&(struct timespec){.tv_nsec = 30 * 1000000}, NULL); /* memoizable */
 	kc_rehash_init(&t);
 	hold_watch(&t.watch, 1);
-	int first = own_in(&t, l, len, m); /* plain; its armer waits for the watch */
+	int first = fetch(&t, "first", kc_rehash_ticket(&t), l, m); /* plain; its armer waits for the watch */
 	write_file(path, "#define ARMED 22\n");
 	nanosleep(&(struct timespec){.tv_nsec = 30 * 1000000}, NULL);
 	hold_watch(&t.watch, 0);
 	kc_rehash_settle(&t);
 	unsigned long p = t.proven;
-	int next = own_in(&t, l, len, m2);
+	int next = fetch(&t, "first", kc_rehash_ticket(&t), l, m2);
 	CHECK(first == 0 && next == 0 && strcmp(m, m2) != 0 && t.proven == p + 1 && t.arms == 1,
 	      "a header changed before the arm: the arm reads it, the next fetch takes the "
 	      "new bytes on the watch's word");
@@ -501,17 +495,17 @@ static void arm_backoff(void)
 	struct kc_rehash_table t;
 	snprintf(path, sizeof(path), "%s/written.h", inc);
 	write_file(path, "#define WRITTEN 1\n");
-	size_t len = (size_t)snprintf(l, sizeof(l), "%064d %s\n", 0, path);
+	snprintf(l, sizeof(l), "%064d %s\n", 0, path);
 	int fd = open(path, O_WRONLY);
 	kc_rehash_init(&t);
 	int ok = fd >= 0;
 	for (int i = 0; i < KC_REHASH_ARM_BACKOFF; i++) {
-		ok &= own_in(&t, l, len, m) == 0;
+		ok &= fetch(&t, "first", kc_rehash_ticket(&t), l, m) == 0;
 		kc_rehash_settle(&t);
 	}
 	CHECK(ok && t.arms == 1 && t.proven == 0,
 	      "an arm that gave no word (a header open for writing): no armer for the next rehashes");
-	ok &= own_in(&t, l, len, m) == 0;
+	ok &= fetch(&t, "first", kc_rehash_ticket(&t), l, m) == 0;
 	kc_rehash_settle(&t);
 	CHECK(ok && t.arms == 2 && t.proven == 0, "and after them, one arm again");
 	kc_rehash_destroy(&t);
@@ -548,7 +542,7 @@ static void arm_behind_fetches(void)
 		pthread_join(th, NULL);
 	kc_rehash_settle(&table);
 	p = proven();
-	CHECK(own_as("ef", kc_rehash_ticket(&table), m) == 0 && strcmp(m, before) == 0 &&
+	CHECK(fetch(&table, "ef", kc_rehash_ticket(&table), list, m) == 0 && strcmp(m, before) == 0 &&
 	      proven() == p + 1,
 	      "arm behind: the arm let go, the armer covers that list: its next fetch takes the "
 	      "watch's word");
@@ -556,15 +550,15 @@ static void arm_behind_fetches(void)
 
 static int own(unsigned long ticket, char mine[KC_MANIFEST_COMPACT_MAX])
 {
-	return own_as("ab", ticket, mine);
+	return fetch(&table, "ab", ticket, list, mine);
 }
 
-static int own_as(const char *hash, unsigned long ticket, char mine[KC_MANIFEST_COMPACT_MAX])
+static int fetch(struct kc_rehash_table *t, const char *hash, unsigned long ticket,
+		 const char *l, char mine[KC_MANIFEST_COMPACT_MAX])
 {
 	char why[200];
 	size_t ml = 0;
-	int err = kc_rehash_own(&table, ticket, hash, list, strlen(list), mine, &ml, why,
-				sizeof(why));
+	int err = kc_rehash_own(t, ticket, hash, l, strlen(l), mine, &ml, why, sizeof(why));
 	if (!err && ml != KC_MANIFEST_LINE_LEN)
 		return -EINVAL;
 	return err;
