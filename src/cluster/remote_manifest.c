@@ -187,22 +187,28 @@ static int hash_open(const char *path, int fd, const struct stat *st,
 	return err;
 }
 
-/* Hash one header as remote_manifest.h says, adding its size to *total. A memoized one is
- * only stat'ed; any other is opened, checked again on its descriptor and read. Returns 0
- * or -errno with why filled. */
+/* Hash one header as remote_manifest.h says, adding its size to *total: after the hash,
+ * or with shared (a total that threads add to at once, __atomic) as soon as it is
+ * stat'ed, before it is read, so that no thread reads past KC_MANIFEST_MAX_TOTAL. A
+ * memoized one is only stat'ed; any other is opened, checked again on its descriptor and
+ * read. Returns 0 or -errno with why filled. */
 static int hash_header(const char *path, char hex[KC_SHA256_HEXLEN + 1], uint64_t *total,
-		       char *why, size_t whylen)
+		       int shared, char *why, size_t whylen)
 {
 	struct stat st;
 	int fd = -1;
-	int err = pseudo(path) ? -EACCES : stat(path, &st) != 0 ? -errno : admit(&st, *total);
+	uint64_t before = shared ? 0 : *total; /* shared: counted below instead */
+	int err = pseudo(path) ? -EACCES : stat(path, &st) != 0 ? -errno : admit(&st, before);
+	if (!err && shared &&
+	    __atomic_add_fetch(total, (uint64_t)st.st_size, __ATOMIC_RELAXED) > KC_MANIFEST_MAX_TOTAL)
+		err = -EFBIG;
 	if (!err && !memo_get(path, &st, hex)) {
 		pthread_mutex_t *stripe = &hashing[memo_set_of(path) % HASHING_STRIPES];
 		pthread_once(&hashing_once, hashing_init);
 		pthread_mutex_lock(stripe);
 		if (!memo_get(path, &st, hex)) { /* nobody hashed it meanwhile */
 			fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
-			err = fd < 0 ? -errno : fstat(fd, &st) != 0 ? -errno : admit(&st, *total);
+			err = fd < 0 ? -errno : fstat(fd, &st) != 0 ? -errno : admit(&st, before);
 			if (!err)
 				err = hash_open(path, fd, &st, hex);
 			if (fd >= 0)
@@ -210,7 +216,7 @@ static int hash_header(const char *path, char hex[KC_SHA256_HEXLEN + 1], uint64_
 		}
 		pthread_mutex_unlock(stripe);
 	}
-	if (!err)
+	if (!err && !shared)
 		*total += (uint64_t)st.st_size;
 	if (err)
 		snprintf(why, whylen, "header %s: %s", path,
@@ -227,10 +233,84 @@ int kc_manifest_memo_fill(const char *path, int fd)
 	return hash_open(path, fd, &st, hex);
 }
 
-/* Unless err (the result of listing the paths p): sort and deduplicate them, hash each,
- * and write the manifest. Frees p; returns err or the result. */
-static int build(int err, struct kc_argv *p, char **manifest, size_t *mlen, char *why,
-		 size_t whylen)
+/* The headers of one spread rehash (build), taken in turn by its threads. */
+struct spread {
+	char **paths; /* sorted */
+	size_t n;
+	size_t next;    /* the next path to take (__atomic) */
+	uint64_t total; /* bytes of the headers taken so far, counted before they are read
+			 * (__atomic, hash_header's shared total) */
+	char (*hex)[KC_SHA256_HEXLEN + 1]; /* each header's digest */
+	int *err;                         /* each header's error, or 0 */
+	char **why;                       /* each failed header's reason (malloc'd) */
+};
+
+static void *spread_some(void *arg)
+{
+	struct spread *f = arg;
+	char why[400];
+	for (;;) {
+		size_t i = __atomic_fetch_add(&f->next, 1, __ATOMIC_RELAXED);
+		if (i >= f->n)
+			return NULL;
+		if (i && strcmp(f->paths[i], f->paths[i - 1]) == 0)
+			continue; /* a duplicate: build skips it */
+		f->err[i] = hash_header(f->paths[i], f->hex[i], &f->total, 1, why, sizeof(why));
+		if (f->err[i])
+			f->why[i] = strdup(why);
+	}
+}
+
+/* Helper threads worth starting for n headers: one per KC_MANIFEST_SPREAD_PER_THREAD, at
+ * most KC_MANIFEST_SPREAD_THREADS and the CPUs this process may run on (a cpuset, taskset;
+ * not the machine's) less one. */
+static size_t spread_helpers(size_t n)
+{
+	cpu_set_t set;
+	long cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set)
+								 : sysconf(_SC_NPROCESSORS_ONLN);
+	size_t helpers = n / KC_MANIFEST_SPREAD_PER_THREAD;
+	if (helpers > KC_MANIFEST_SPREAD_THREADS)
+		helpers = KC_MANIFEST_SPREAD_THREADS;
+	if (cpus > 0 && helpers > (size_t)cpus - 1)
+		helpers = (size_t)cpus - 1;
+	return helpers;
+}
+
+/* Hash the n sorted paths of f on helper threads (spread_helpers, if they can be had)
+ * and this one, each header once. Returns 0 or -ENOMEM (nothing hashed). */
+static int spread_run(struct spread *f, char **paths, size_t n)
+{
+	pthread_t th[KC_MANIFEST_SPREAD_THREADS];
+	size_t helpers = spread_helpers(n), started = 0;
+	*f = (struct spread){.paths = paths, .n = n, .hex = calloc(n, sizeof(*f->hex)),
+			     .err = calloc(n, sizeof(*f->err)), .why = calloc(n, sizeof(*f->why))};
+	if (!f->hex || !f->err || !f->why)
+		return -ENOMEM;
+	pthread_once(&hashing_once, hashing_init);
+	for (; started < helpers; started++)
+		if (pthread_create(&th[started], NULL, spread_some, f) != 0)
+			break;
+	spread_some(f);
+	for (size_t i = 0; i < started; i++)
+		pthread_join(th[i], NULL);
+	return 0;
+}
+
+static void spread_free(struct spread *f)
+{
+	for (size_t i = 0; f->why && i < f->n; i++)
+		free(f->why[i]);
+	free(f->hex);
+	free(f->err);
+	free(f->why);
+}
+
+/* Unless err (the result of listing the paths p): sort and deduplicate them, hash each
+ * (with spread, on helper threads: spread_run), and write the manifest. Frees p; returns
+ * err or the result. */
+static int build(int err, struct kc_argv *p, int spread, char **manifest, size_t *mlen,
+		 char *why, size_t whylen)
 {
 	char *out = NULL;
 	size_t len = 0;
@@ -244,7 +324,10 @@ static int build(int err, struct kc_argv *p, char **manifest, size_t *mlen, char
 	}
 	if (p->n)
 		qsort(p->v, p->n, sizeof(*p->v), cmp_path);
-	if (!(f = open_memstream(&out, &len))) {
+	struct spread sp = {0};
+	spread = spread && spread_helpers(p->n) > 0;
+	if ((spread && spread_run(&sp, p->v, p->n) != 0) || !(f = open_memstream(&out, &len))) {
+		spread_free(&sp);
 		kc_argv_free(p);
 		return -ENOMEM;
 	}
@@ -253,11 +336,18 @@ static int build(int err, struct kc_argv *p, char **manifest, size_t *mlen, char
 		char hex[KC_SHA256_HEXLEN + 1];
 		if (i && strcmp(p->v[i], p->v[i - 1]) == 0)
 			continue;
-		if (!(err = hash_header(p->v[i], hex, &total, why, whylen)))
+		if (!spread)
+			err = hash_header(p->v[i], hex, &total, 0, why, whylen);
+		else if ((err = sp.err[i])) /* the first in the list's order, as one thread says */
+			snprintf(why, whylen, "%s", sp.why[i] ? sp.why[i] : strerror(-err));
+		else
+			memcpy(hex, sp.hex[i], sizeof(hex));
+		if (!err)
 			fprintf(f, "%s %s\n", hex, p->v[i]);
 	}
 	if (fclose(f) != 0 && !err)
 		err = -ENOMEM;
+	spread_free(&sp);
 	kc_argv_free(p);
 	if (err) {
 		free(out);
@@ -395,7 +485,7 @@ int kc_manifest_from_deps(const char *deps, size_t len, const char *skip_dir,
 	}
 	free(word);
 	kc_argv_free(&roots);
-	return build(err, &p, manifest, mlen, why, whylen);
+	return build(err, &p, 0, manifest, mlen, why, whylen);
 }
 
 /* The paths of the header list index/len into p. Returns 0; -EINVAL with why filled (a
@@ -417,68 +507,25 @@ static int list_paths(const char *index, size_t len, struct kc_argv *p, char *wh
 	return err;
 }
 
-int kc_manifest_rehash(const char *index, size_t len, char **manifest, size_t *mlen,
-		       char *why, size_t whylen)
+/* kc_manifest_rehash and kc_manifest_rehash_spread, spread or not. */
+static int rehash_list(const char *index, size_t len, int spread, char **manifest,
+		       size_t *mlen, char *why, size_t whylen)
 {
 	struct kc_argv p = {0};
 	int err = list_paths(index, len, &p, why, whylen);
-	return build(err, &p, manifest, mlen, why, whylen);
+	return build(err, &p, spread, manifest, mlen, why, whylen);
 }
 
-/* The headers of one kc_manifest_prefill, taken in turn by its threads. */
-struct prefill {
-	char **paths;
-	size_t n;
-	size_t next; /* the next path to take (__atomic) */
-	uint64_t total; /* bytes of the headers taken so far, counted before they are read
-			 * (__atomic): none read past KC_MANIFEST_MAX_TOTAL, which the rehash
-			 * refuses anyway */
-};
-
-static void *prefill_some(void *arg)
+int kc_manifest_rehash(const char *index, size_t len, char **manifest, size_t *mlen,
+		       char *why, size_t whylen)
 {
-	struct prefill *f = arg;
-	for (;;) {
-		size_t i = __atomic_fetch_add(&f->next, 1, __ATOMIC_RELAXED);
-		if (i >= f->n)
-			return NULL;
-		struct stat st;
-		if (stat(f->paths[i], &st) != 0 || st.st_size < 0)
-			continue; /* the rehash reports it */
-		if (__atomic_add_fetch(&f->total, (uint64_t)st.st_size, __ATOMIC_RELAXED) >
-		    KC_MANIFEST_MAX_TOTAL)
-			return NULL;
-		char hex[KC_SHA256_HEXLEN + 1], why[8];
-		uint64_t size = 0;
-		hash_header(f->paths[i], hex, &size, why, sizeof(why));
-	}
+	return rehash_list(index, len, 0, manifest, mlen, why, whylen);
 }
 
-void kc_manifest_prefill(const char *list, size_t len)
+int kc_manifest_rehash_spread(const char *index, size_t len, char **manifest, size_t *mlen,
+			      char *why, size_t whylen)
 {
-	struct kc_argv p = {0};
-	char why[64];
-	pthread_t th[KC_MANIFEST_PREFILL_THREADS];
-	cpu_set_t set; /* the CPUs this daemon may run on (a cpuset, taskset), not the machine's */
-	long cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set)
-								 : sysconf(_SC_NPROCESSORS_ONLN);
-	size_t helpers = 0, started = 0;
-	if (list_paths(list, len, &p, why, sizeof(why)) == 0)
-		helpers = p.n / KC_MANIFEST_PREFILL_PER_THREAD;
-	if (helpers > KC_MANIFEST_PREFILL_THREADS)
-		helpers = KC_MANIFEST_PREFILL_THREADS;
-	if (cpus > 0 && helpers > (size_t)cpus - 1)
-		helpers = (size_t)cpus - 1;
-	struct prefill f = {.paths = p.v, .n = p.n};
-	pthread_once(&hashing_once, hashing_init);
-	for (; started < helpers; started++)
-		if (pthread_create(&th[started], NULL, prefill_some, &f) != 0)
-			break;
-	if (started)
-		prefill_some(&f); /* this thread too; with no helper, the rehash reads them */
-	for (size_t i = 0; i < started; i++)
-		pthread_join(th[i], NULL);
-	kc_argv_free(&p);
+	return rehash_list(index, len, 1, manifest, mlen, why, whylen);
 }
 
 int kc_manifest_compact(const char *full, size_t len, char out[KC_MANIFEST_COMPACT_MAX],

@@ -76,18 +76,20 @@ int kc_manifest_compact_list(const char *compact, size_t len, char hex[KC_SHA256
 int kc_manifest_rehash(const char *index, size_t len, char **manifest, size_t *mlen,
 		       char *why, size_t whylen);
 
-#define KC_MANIFEST_PREFILL_THREADS 7     /* helper threads of kc_manifest_prefill, at most */
-#define KC_MANIFEST_PREFILL_PER_THREAD 16 /* listed headers a helper thread is worth */
+#define KC_MANIFEST_SPREAD_THREADS 7     /* helper threads of kc_manifest_rehash_spread */
+#define KC_MANIFEST_SPREAD_PER_THREAD 16 /* listed headers a helper thread is worth */
 
-/* Read and hash the headers of the list list/len (as kc_manifest_rehash takes) that the
- * memo above lacks into it, on helper threads (one per 16 headers, at most 7 and the CPUs
- * this process may run on less one) beside this one, so that a list's first rehash on this
- * node (the memo empty) only stats them: on a node with cores to spare, the largest part
- * of a joining node's first fetch was hashing 133 host headers one after the other while
- * every other fetch waited (doc/performance.md). With no helper to be had (a small list,
- * one CPU), nothing is done: the rehash reads them itself. Errors are left to the rehash;
- * no more than KC_MANIFEST_MAX_TOTAL bytes are read. */
-void kc_manifest_prefill(const char *list, size_t len);
+/* kc_manifest_rehash, the same result and errors, with the headers stat'ed, and read and
+ * hashed where the memo above lacks them, on helper threads (one per 16 headers, at most 7
+ * and the CPUs this process may run on less one) beside this one: for a list's first
+ * rehash on a node, the memo empty, where a joining node's first fetch hashed 133 host
+ * headers one after the other while every other fetch waited (doc/performance.md). With
+ * no helper to be had (a small list, one CPU) it is kc_manifest_rehash. Where several
+ * headers fail, the error is the first's in the list's order, as there; where the bytes in
+ * all pass KC_MANIFEST_MAX_TOTAL (-EFBIG), the header named may be another, and no more
+ * than that many bytes are read. */
+int kc_manifest_rehash_spread(const char *index, size_t len, char **manifest, size_t *mlen,
+			      char *why, size_t whylen);
 
 /* Make the memo above ready (its pages and locks) before the first rehash needs it; a
  * first rehash makes it ready itself otherwise. Idempotent, thread-safe. */

@@ -40,13 +40,15 @@ unsigned long kc_rehash_ticket(struct kc_rehash_table *t)
 	return ticket;
 }
 
-/* The rehash itself: this node's compact manifest of list/len. */
-static int rehash(const char *list, size_t len, char mine[KC_MANIFEST_COMPACT_MAX],
+/* The rehash itself: this node's compact manifest of list/len (with spread, its headers
+ * on helper threads: kc_manifest_rehash_spread). */
+static int rehash(const char *list, size_t len, int spread, char mine[KC_MANIFEST_COMPACT_MAX],
 		  size_t *mlen, char *why, size_t whylen)
 {
 	char *full = NULL;
 	size_t full_len = 0;
-	int err = kc_manifest_rehash(list, len, &full, &full_len, why, whylen);
+	int err = (spread ? kc_manifest_rehash_spread : kc_manifest_rehash)(list, len, &full,
+									    &full_len, why, whylen);
 	if (!err)
 		err = kc_manifest_compact(full, full_len, mine, mlen);
 	free(full);
@@ -187,7 +189,7 @@ static int own(struct kc_rehash_table *t, unsigned long ticket, const char *hash
 		s = slot_of(t, hash);
 		if (!s) { /* 16 other lists at once: not shared */
 			pthread_mutex_unlock(&t->lock);
-			return rehash(list, len, mine, mlen, why, whylen);
+			return rehash(list, len, 0, mine, mlen, why, whylen);
 		}
 		/* begun after this fetch asked: as fresh as its own */
 		if (s->seq > ticket) {
@@ -229,9 +231,7 @@ static int own(struct kc_rehash_table *t, unsigned long ticket, const char *hash
 
 	char m[KC_MANIFEST_COMPACT_MAX] = "", w[sizeof(s->why)] = "";
 	size_t ml = 0;
-	if (first)
-		kc_manifest_prefill(list, len);
-	int err = rehash(list, len, m, &ml, w, sizeof(w));
+	int err = rehash(list, len, first, m, &ml, w, sizeof(w));
 
 	pthread_mutex_lock(&t->lock);
 	s->running = 0; /* the slot stays this list's while running: slot_of skips it */

@@ -25,10 +25,10 @@
  * every reader of a joining node waited for it before its first cubin: the largest part of
  * a 32-kernel join there (doc/performance.md). So a rehash of a list that the watch does
  * not cover is a plain one (stats, and reads of what the memo lacks, spread over helper
- * threads at a list's first rehash: kc_manifest_prefill), and its end starts one thread,
- * the armer, that arms the watch for the list and then runs one rehash under it. Results
- * of rehashes that began after that arm returned are the ones the watch's word may stand
- * for. The armer reads the headers only where the memo lacks them, so its arm sees no open
+ * threads at a list's first rehash: kc_manifest_rehash_spread), and its end starts one
+ * thread, the armer, that arms the watch for the list and then runs one rehash under it.
+ * Results of rehashes that began after that arm returned are the ones the watch's word
+ * may stand for. The armer reads the headers only where the memo lacks them, so its arm sees no open
  * of the fetches' rehashes (which only stat, once the memo holds the list).
  */
 #ifndef KC_REMOTE_REHASH_H

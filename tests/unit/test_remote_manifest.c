@@ -112,69 +112,139 @@ static void memo_ways(void)
 	free(m);
 }
 
-/* A list's headers read and hashed into the memo on helper threads (kc_manifest_prefill):
- * every header read once, the rehash after it reads none and gives each header the hash
- * of its bytes; a list with a header missing or a malformed line is left to the rehash,
- * which says why. */
-static void prefill(void)
+/* n headers of size bytes each under dir, "// header i" and spaces, listed into list
+ * (cap bytes; the digests as another node's, zeros) at *len; want gets the last one's
+ * digest. */
+static void spread_tree(const char *dir, int n, size_t size, char *list, size_t cap,
+			size_t *len, char want[KC_SHA256_HEXLEN + 1])
+{
+	static char text[4096];
+	char p[256];
+	tmptree_mkdir(root, dir);
+	for (int i = 0; i < n; i++) {
+		memset(text, ' ', size);
+		memcpy(text, p, (size_t)snprintf(p, sizeof(p), "// header %d", i));
+		text[size - 1] = '\n';
+		text[size] = '\0';
+		snprintf(p, sizeof(p), "%s/h%02d.h", dir, i);
+		put(p, text, 0644);
+		*len += (size_t)snprintf(list + *len, cap - *len, "%064d %s/%s\n", 0, root, p);
+	}
+	snprintf(p, sizeof(p), "%s/%s/h%02d.h", root, dir, n - 1);
+	behind_clock(p);
+	kc_sha256_buf(text, size, want);
+}
+
+/* A list's first rehash spread over helper threads (kc_manifest_rehash_spread): every
+ * header read once, the same manifest as the rehash on one thread, the same errors; on
+ * one CPU it is that rehash. */
+static void spread(void)
 {
 	enum { N = 64, SIZE = 1000 };
-	static char list[N * 200], text[SIZE + 1];
-	char p[256], why[300], want[KC_SHA256_HEXLEN + 1], *m = NULL;
-	size_t len = 0, ml = 0;
-	tmptree_mkdir(root, "pre");
-	for (int i = 0; i < N; i++) {
-		memset(text, ' ', SIZE); /* SIZE bytes: "// header i", spaces, a newline */
-		memcpy(text, p, (size_t)snprintf(p, sizeof(p), "// header %d", i));
-		text[SIZE - 1] = '\n';
-		text[SIZE] = '\0';
-		snprintf(p, sizeof(p), "pre/h%02d.h", i);
-		put(p, text, 0644);
-		len += (size_t)snprintf(list + len, sizeof(list) - len, "%064d %s/%s\n", 0, root, p);
-	}
-	snprintf(p, sizeof(p), "%s/pre/h%02d.h", root, N - 1);
-	behind_clock(p);
-	kc_sha256_buf(text, SIZE, want); /* the last header's bytes */
+	static char list[N * 400];
+	char why[300], want[KC_SHA256_HEXLEN + 1], *m = NULL, *m1 = NULL;
+	size_t len = 0, ml = 0, ml1 = 0;
+	spread_tree("spread", N, SIZE, list, sizeof(list), &len, want);
 	uint64_t read0 = bytes_read(), cost = bytes_read() - read0;
 	read0 = bytes_read();
-	kc_manifest_prefill(list, len);
+	int err = kc_manifest_rehash_spread(list, len, &m, &ml, why, sizeof(why));
 	uint64_t read1 = bytes_read();
-	cpu_set_t cpus;
-	if (sched_getaffinity(0, sizeof(cpus), &cpus) != 0 || CPU_COUNT(&cpus) > 1)
-		CHECK(read1 - read0 >= (uint64_t)N * SIZE &&
-		      read1 - read0 < (uint64_t)N * SIZE + cost + 12,
-		      "prefill: each of 64 headers read once (helper threads: CPUs less one)");
-	else
-		CHECK(read1 - read0 < cost + 12, "prefill: one CPU, no helper: left to the rehash");
+	CHECK(err == 0 && m && strstr(m, want), "spread: a header gets the hash of its bytes");
+	CHECK(read1 - read0 >= (uint64_t)N * SIZE && read1 - read0 < (uint64_t)N * SIZE + cost + 12,
+	      "spread: each of 64 headers read once");
 	read0 = bytes_read();
-	int err = kc_manifest_rehash(list, len, &m, &ml, why, sizeof(why));
+	err = kc_manifest_rehash(list, len, &m1, &ml1, why, sizeof(why));
 	read1 = bytes_read();
-	CHECK(err == 0 && m && strstr(m, want),
-	      "prefill: the rehash after it gives a header the hash of its bytes");
+	CHECK(err == 0 && ml1 == ml && m && m1 && memcmp(m, m1, ml) == 0 && read1 - read0 < cost + 12,
+	      "spread: the rehash on one thread after it gives the same manifest, reading none");
+	free(m1);
+	m1 = NULL;
 	free(m);
 	m = NULL;
 	read0 = bytes_read();
-	err = kc_manifest_rehash(list, len, &m, &ml, why, sizeof(why));
+	err = kc_manifest_rehash_spread(list, len, &m, &ml, why, sizeof(why));
 	read1 = bytes_read();
-	CHECK(err == 0 && read1 - read0 < cost + 12, "prefill: a rehash after that reads none");
+	CHECK(err == 0 && read1 - read0 < cost + 12, "spread: a list the memo holds: none read again");
 	free(m);
 	m = NULL;
-	read0 = bytes_read();
-	kc_manifest_prefill(list, len);
-	read1 = bytes_read();
-	CHECK(read1 - read0 < cost + 12, "prefill: a list the memo holds: nothing read again");
 
-	len += (size_t)snprintf(list + len, sizeof(list) - len, "%064d %s/pre/gone.h\n", 0, root);
-	kc_manifest_prefill(list, len);
-	err = kc_manifest_rehash(list, len, &m, &ml, why, sizeof(why));
-	CHECK(err == -ENOENT && strstr(why, "gone.h"),
-	      "prefill: a header missing: left to the rehash, which names it (ENOENT)");
+	/* one CPU: no helper, the same manifest */
+	static char list1[N * 400];
+	size_t len1 = 0;
+	char want1[KC_SHA256_HEXLEN + 1];
+	spread_tree("spread1", N, SIZE, list1, sizeof(list1), &len1, want1);
+	cpu_set_t all, one;
+	if (sched_getaffinity(0, sizeof(all), &all) == 0) {
+		CPU_ZERO(&one);
+		for (int c = 0; c < CPU_SETSIZE; c++)
+			if (CPU_ISSET(c, &all)) {
+				CPU_SET(c, &one);
+				break;
+			}
+		int pinned = sched_setaffinity(0, sizeof(one), &one) == 0;
+		read0 = bytes_read();
+		err = kc_manifest_rehash_spread(list1, len1, &m, &ml, why, sizeof(why));
+		read1 = bytes_read();
+		if (pinned)
+			sched_setaffinity(0, sizeof(all), &all);
+		err = err || kc_manifest_rehash(list1, len1, &m1, &ml1, why, sizeof(why));
+		CHECK(pinned && err == 0 && m && m1 && ml == ml1 && memcmp(m, m1, ml) == 0 &&
+		      strstr(m, want1) && read1 - read0 < (uint64_t)N * SIZE + cost + 12,
+		      "spread: on one CPU, each header read once, the same manifest");
+		free(m);
+		free(m1);
+		m = m1 = NULL;
+	}
+
+	/* errors: the first in the list's order, named, as on one thread */
+	size_t base = len;
+	put("spread/z-private.h", "#define Z 1\n", 0600);
+	len += (size_t)snprintf(list + len, sizeof(list) - len, "%064d %s/spread/z-private.h\n", 0,
+				root);
+	err = kc_manifest_rehash_spread(list, len, &m, &ml, why, sizeof(why));
+	CHECK(err == -EACCES && strstr(why, "z-private.h"),
+	      "spread: a header not readable by all: EACCES, named");
 	free(m);
 	m = NULL;
+	len += (size_t)snprintf(list + len, sizeof(list) - len, "%064d %s/spread/a-gone.h\n", 0, root);
+	err = kc_manifest_rehash_spread(list, len, &m, &ml, why, sizeof(why));
+	int err1 = kc_manifest_rehash(list, len, &m1, &ml1, why, sizeof(why));
+	CHECK(err == -ENOENT && err1 == -ENOENT && strstr(why, "a-gone.h"),
+	      "spread: two headers that fail: the first's error in the list's order (ENOENT)");
+	free(m);
+	free(m1);
+	m = m1 = NULL;
+	len = base;
 	len += (size_t)snprintf(list + len, sizeof(list) - len, "short\n");
-	kc_manifest_prefill(list, len);
-	err = kc_manifest_rehash(list, len, &m, &ml, why, sizeof(why));
-	CHECK(err == -EINVAL, "prefill: a malformed line: nothing done, the rehash refuses it");
+	err = kc_manifest_rehash_spread(list, len, &m, &ml, why, sizeof(why));
+	CHECK(err == -EINVAL, "spread: a malformed line: refused (EINVAL)");
+	free(m);
+	m = NULL;
+
+	/* more than KC_MANIFEST_MAX_TOTAL bytes in all (sparse files): EFBIG, and no thread
+	 * reads past it */
+	enum { BIG = 10 };
+	const uint64_t each = KC_MANIFEST_MAX_HEADER - (4u << 20); /* each may be hashed; 9 pass
+								     * the bytes in all */
+	static char blist[N * 400 + BIG * 300];
+	size_t blen = base; /* after the 64 small ones: helpers to share them */
+	memcpy(blist, list, base);
+	tmptree_mkdir(root, "big");
+	for (int i = 0; i < BIG; i++) {
+		char p[256];
+		snprintf(p, sizeof(p), "%s/big/b%d.h", root, i);
+		int fd = open(p, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+		if (fd < 0 || ftruncate(fd, (off_t)each) != 0)
+			CHECK(0, "spread: a sparse header made");
+		if (fd >= 0)
+			close(fd);
+		blen += (size_t)snprintf(blist + blen, sizeof(blist) - blen, "%064d %s\n", 0, p);
+	}
+	read0 = bytes_read();
+	err = kc_manifest_rehash_spread(blist, blen, &m, &ml, why, sizeof(why));
+	read1 = bytes_read();
+	CHECK(err == -EFBIG && read1 - read0 <= KC_MANIFEST_MAX_TOTAL,
+	      "spread: headers past the bytes in all: EFBIG, none read past them");
 	free(m);
 }
 
@@ -331,7 +401,7 @@ int main(void)
 		      -EACCES, "a file of /proc (regular, readable by all) is not hashed");
 
 	memo_ways();
-	prefill();
+	spread();
 	CHECK(tmptree_remove(root) == 0, "clean up");
 	return tap_done();
 }
