@@ -189,7 +189,8 @@ static int hash_open(const char *path, int fd, const struct stat *st,
 
 /* Hash one header as remote_manifest.h says, adding its size to *total: after the hash,
  * or with shared (a total that threads add to at once, __atomic) as soon as it is
- * stat'ed, before it is read, so that no thread reads past KC_MANIFEST_MAX_TOTAL. A
+ * stat'ed, and its growth by the open, before it is read, so that the threads' reads stay
+ * within KC_MANIFEST_MAX_TOTAL (but for a header growing while it is read). A
  * memoized one is only stat'ed; any other is opened, checked again on its descriptor and
  * read. Returns 0 or -errno with why filled. */
 static int hash_header(const char *path, char hex[KC_SHA256_HEXLEN + 1], uint64_t *total,
@@ -199,8 +200,8 @@ static int hash_header(const char *path, char hex[KC_SHA256_HEXLEN + 1], uint64_
 	int fd = -1;
 	uint64_t before = shared ? 0 : *total; /* shared: counted below instead */
 	int err = pseudo(path) ? -EACCES : stat(path, &st) != 0 ? -errno : admit(&st, before);
-	if (!err && shared &&
-	    __atomic_add_fetch(total, (uint64_t)st.st_size, __ATOMIC_RELAXED) > KC_MANIFEST_MAX_TOTAL)
+	uint64_t counted = err ? 0 : (uint64_t)st.st_size; /* shared: what *total holds of it */
+	if (!err && shared && __atomic_add_fetch(total, counted, __ATOMIC_RELAXED) > KC_MANIFEST_MAX_TOTAL)
 		err = -EFBIG;
 	if (!err && !memo_get(path, &st, hex)) {
 		pthread_mutex_t *stripe = &hashing[memo_set_of(path) % HASHING_STRIPES];
@@ -209,6 +210,11 @@ static int hash_header(const char *path, char hex[KC_SHA256_HEXLEN + 1], uint64_
 		if (!memo_get(path, &st, hex)) { /* nobody hashed it meanwhile */
 			fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
 			err = fd < 0 ? -errno : fstat(fd, &st) != 0 ? -errno : admit(&st, before);
+			/* grown since the stat: the growth counted too, before the read */
+			if (!err && shared && (uint64_t)st.st_size > counted &&
+			    __atomic_add_fetch(total, (uint64_t)st.st_size - counted, __ATOMIC_RELAXED) >
+				    KC_MANIFEST_MAX_TOTAL)
+				err = -EFBIG;
 			if (!err)
 				err = hash_open(path, fd, &st, hex);
 			if (fd >= 0)
@@ -243,6 +249,8 @@ struct spread {
 	char (*hex)[KC_SHA256_HEXLEN + 1]; /* each header's digest */
 	int *err;                         /* each header's error, or 0 */
 	char **why;                       /* each failed header's reason (malloc'd) */
+	int failed; /* a header failed (__atomic): none after it is taken. Paths are taken in
+		     * order, so every one before it is (build stops at the first error) */
 };
 
 static void *spread_some(void *arg)
@@ -251,14 +259,23 @@ static void *spread_some(void *arg)
 	char why[400];
 	for (;;) {
 		size_t i = __atomic_fetch_add(&f->next, 1, __ATOMIC_RELAXED);
-		if (i >= f->n)
+		if (i >= f->n || __atomic_load_n(&f->failed, __ATOMIC_RELAXED))
 			return NULL;
 		if (i && strcmp(f->paths[i], f->paths[i - 1]) == 0)
 			continue; /* a duplicate: build skips it */
 		f->err[i] = hash_header(f->paths[i], f->hex[i], &f->total, 1, why, sizeof(why));
-		if (f->err[i])
+		if (f->err[i]) {
 			f->why[i] = strdup(why);
+			__atomic_store_n(&f->failed, 1, __ATOMIC_RELAXED);
+		}
 	}
+}
+
+static unsigned long spread_threads; /* helpers started so far (__atomic) */
+
+unsigned long kc_manifest_spread_threads(void)
+{
+	return __atomic_load_n(&spread_threads, __ATOMIC_RELAXED);
 }
 
 /* Helper threads worth starting for n headers: one per KC_MANIFEST_SPREAD_PER_THREAD, at
@@ -291,6 +308,7 @@ static int spread_run(struct spread *f, char **paths, size_t n)
 	for (; started < helpers; started++)
 		if (pthread_create(&th[started], NULL, spread_some, f) != 0)
 			break;
+	__atomic_add_fetch(&spread_threads, started, __ATOMIC_RELAXED);
 	spread_some(f);
 	for (size_t i = 0; i < started; i++)
 		pthread_join(th[i], NULL);

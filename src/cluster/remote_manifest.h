@@ -85,11 +85,17 @@ int kc_manifest_rehash(const char *index, size_t len, char **manifest, size_t *m
  * rehash on a node, the memo empty, where a joining node's first fetch hashed 133 host
  * headers one after the other while every other fetch waited (doc/performance.md). With
  * no helper to be had (a small list, one CPU) it is kc_manifest_rehash. Where several
- * headers fail, the error is the first's in the list's order, as there; where the bytes in
- * all pass KC_MANIFEST_MAX_TOTAL (-EFBIG), the header named may be another, and no more
- * than that many bytes are read. */
+ * headers fail, the error is the first's in the list's order, as there, and no header
+ * after a failed one is taken; but where the bytes in all pass KC_MANIFEST_MAX_TOTAL, the
+ * error may be -EFBIG naming another header (the threads count bytes in the order they
+ * take headers, one thread in the list's). Each header's size is counted before it is
+ * read, its growth since its stat too, so the reads stay within that many bytes but for a
+ * header that grows while it is read (as there). */
 int kc_manifest_rehash_spread(const char *index, size_t len, char **manifest, size_t *mlen,
 			      char *why, size_t whylen);
+
+/* Helper threads kc_manifest_rehash_spread has started in this process (for tests). */
+unsigned long kc_manifest_spread_threads(void);
 
 /* Make the memo above ready (its pages and locks) before the first rehash needs it; a
  * first rehash makes it ready itself otherwise. Idempotent, thread-safe. */

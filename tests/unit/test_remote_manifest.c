@@ -135,6 +135,23 @@ static void spread_tree(const char *dir, int n, size_t size, char *list, size_t 
 	kc_sha256_buf(text, size, want);
 }
 
+/* n sparse headers of size bytes, <prefix>0.h and on under root, listed into list (cap
+ * bytes) at *len. */
+static void sparse_headers(const char *prefix, int n, uint64_t size, char *list, size_t cap,
+			   size_t *len)
+{
+	for (int i = 0; i < n; i++) {
+		char p[256];
+		snprintf(p, sizeof(p), "%s/%s%d.h", root, prefix, i);
+		int fd = open(p, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+		if (fd < 0 || ftruncate(fd, (off_t)size) != 0)
+			CHECK(0, "spread: a sparse header made");
+		if (fd >= 0)
+			close(fd);
+		*len += (size_t)snprintf(list + *len, cap - *len, "%064d %s\n", 0, p);
+	}
+}
+
 /* A list's first rehash spread over helper threads (kc_manifest_rehash_spread): every
  * header read once, the same manifest as the rehash on one thread, the same errors; on
  * one CPU it is that rehash. */
@@ -145,11 +162,17 @@ static void spread(void)
 	char why[300], want[KC_SHA256_HEXLEN + 1], *m = NULL, *m1 = NULL;
 	size_t len = 0, ml = 0, ml1 = 0;
 	spread_tree("spread", N, SIZE, list, sizeof(list), &len, want);
+	cpu_set_t all;
+	int cpus = sched_getaffinity(0, sizeof(all), &all) == 0 ? CPU_COUNT(&all) : 1;
+	unsigned long threads = kc_manifest_spread_threads();
 	uint64_t read0 = bytes_read(), cost = bytes_read() - read0;
 	read0 = bytes_read();
 	int err = kc_manifest_rehash_spread(list, len, &m, &ml, why, sizeof(why));
 	uint64_t read1 = bytes_read();
 	CHECK(err == 0 && m && strstr(m, want), "spread: a header gets the hash of its bytes");
+	if (cpus > 1)
+		CHECK(kc_manifest_spread_threads() > threads,
+		      "spread: helper threads ran (more than one CPU)");
 	CHECK(read1 - read0 >= (uint64_t)N * SIZE && read1 - read0 < (uint64_t)N * SIZE + cost + 12,
 	      "spread: each of 64 headers read once");
 	read0 = bytes_read();
@@ -173,7 +196,7 @@ static void spread(void)
 	size_t len1 = 0;
 	char want1[KC_SHA256_HEXLEN + 1];
 	spread_tree("spread1", N, SIZE, list1, sizeof(list1), &len1, want1);
-	cpu_set_t all, one;
+	cpu_set_t one;
 	if (sched_getaffinity(0, sizeof(all), &all) == 0) {
 		CPU_ZERO(&one);
 		for (int c = 0; c < CPU_SETSIZE; c++)
@@ -182,15 +205,17 @@ static void spread(void)
 				break;
 			}
 		int pinned = sched_setaffinity(0, sizeof(one), &one) == 0;
+		threads = kc_manifest_spread_threads();
 		read0 = bytes_read();
 		err = kc_manifest_rehash_spread(list1, len1, &m, &ml, why, sizeof(why));
 		read1 = bytes_read();
+		pinned = pinned && kc_manifest_spread_threads() == threads; /* no helper */
 		if (pinned)
 			sched_setaffinity(0, sizeof(all), &all);
 		err = err || kc_manifest_rehash(list1, len1, &m1, &ml1, why, sizeof(why));
 		CHECK(pinned && err == 0 && m && m1 && ml == ml1 && memcmp(m, m1, ml) == 0 &&
 		      strstr(m, want1) && read1 - read0 < (uint64_t)N * SIZE + cost + 12,
-		      "spread: on one CPU, each header read once, the same manifest");
+		      "spread: on one CPU, no helper, each header read once, the same manifest");
 		free(m);
 		free(m1);
 		m = m1 = NULL;
@@ -207,9 +232,10 @@ static void spread(void)
 	free(m);
 	m = NULL;
 	len += (size_t)snprintf(list + len, sizeof(list) - len, "%064d %s/spread/a-gone.h\n", 0, root);
+	char why1[300] = "";
 	err = kc_manifest_rehash_spread(list, len, &m, &ml, why, sizeof(why));
-	int err1 = kc_manifest_rehash(list, len, &m1, &ml1, why, sizeof(why));
-	CHECK(err == -ENOENT && err1 == -ENOENT && strstr(why, "a-gone.h"),
+	int err1 = kc_manifest_rehash(list, len, &m1, &ml1, why1, sizeof(why1));
+	CHECK(err == -ENOENT && err1 == -ENOENT && strstr(why, "a-gone.h") && strcmp(why, why1) == 0,
 	      "spread: two headers that fail: the first's error in the list's order (ENOENT)");
 	free(m);
 	free(m1);
@@ -230,21 +256,30 @@ static void spread(void)
 	size_t blen = base; /* after the 64 small ones: helpers to share them */
 	memcpy(blist, list, base);
 	tmptree_mkdir(root, "big");
-	for (int i = 0; i < BIG; i++) {
-		char p[256];
-		snprintf(p, sizeof(p), "%s/big/b%d.h", root, i);
-		int fd = open(p, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-		if (fd < 0 || ftruncate(fd, (off_t)each) != 0)
-			CHECK(0, "spread: a sparse header made");
-		if (fd >= 0)
-			close(fd);
-		blen += (size_t)snprintf(blist + blen, sizeof(blist) - blen, "%064d %s\n", 0, p);
-	}
+	sparse_headers("big/b", BIG, each, blist, sizeof(blist), &blen);
 	read0 = bytes_read();
 	err = kc_manifest_rehash_spread(blist, blen, &m, &ml, why, sizeof(why));
 	read1 = bytes_read();
 	CHECK(err == -EFBIG && read1 - read0 <= KC_MANIFEST_MAX_TOTAL,
 	      "spread: headers past the bytes in all: EFBIG, none read past them");
+	free(m);
+	m = NULL;
+
+	/* a header that fails before the big ones: the threads stop taking headers, each
+	 * reads at most the one or two it took before it saw the failure */
+	size_t glen = base;
+	char gone[256];
+	snprintf(gone, sizeof(gone), "%s/big/c-gone.h", root); /* before c0.h */
+	memcpy(blist, list, base);
+	glen += (size_t)snprintf(blist + glen, sizeof(blist) - glen, "%064d %s\n", 0, gone);
+	sparse_headers("big/c", BIG, each, blist, sizeof(blist), &glen); /* none in the memo */
+	threads = kc_manifest_spread_threads();
+	read0 = bytes_read();
+	err = kc_manifest_rehash_spread(blist, glen, &m, &ml, why, sizeof(why));
+	read1 = bytes_read();
+	uint64_t took = kc_manifest_spread_threads() - threads + 1; /* and this thread */
+	CHECK(err == -ENOENT && strstr(why, "c-gone.h") && read1 - read0 <= 2 * took * each + cost,
+	      "spread: after a header fails, the threads stop: ENOENT, the big ones mostly unread");
 	free(m);
 }
 
