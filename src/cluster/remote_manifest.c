@@ -249,8 +249,9 @@ struct spread {
 	char (*hex)[KC_SHA256_HEXLEN + 1]; /* each header's digest */
 	int *err;                         /* each header's error, or 0 */
 	char **why;                       /* each failed header's reason (malloc'd) */
-	int failed; /* a header failed (__atomic): none after it is taken. Paths are taken in
-		     * order, so every one before it is (build stops at the first error) */
+	int failed; /* a header failed (__atomic): no more are taken. Paths are taken in
+		     * order and each taken one is hashed, so every one before it is (build
+		     * stops at the first error) */
 };
 
 static void *spread_some(void *arg)
@@ -258,8 +259,10 @@ static void *spread_some(void *arg)
 	struct spread *f = arg;
 	char why[400];
 	for (;;) {
+		if (__atomic_load_n(&f->failed, __ATOMIC_RELAXED))
+			return NULL; /* before taking one: every path taken is hashed */
 		size_t i = __atomic_fetch_add(&f->next, 1, __ATOMIC_RELAXED);
-		if (i >= f->n || __atomic_load_n(&f->failed, __ATOMIC_RELAXED))
+		if (i >= f->n)
 			return NULL;
 		if (i && strcmp(f->paths[i], f->paths[i - 1]) == 0)
 			continue; /* a duplicate: build skips it */

@@ -85,12 +85,12 @@ int kc_manifest_rehash(const char *index, size_t len, char **manifest, size_t *m
  * rehash on a node, the memo empty, where a joining node's first fetch hashed 133 host
  * headers one after the other while every other fetch waited (doc/performance.md). With
  * no helper to be had (a small list, one CPU) it is kc_manifest_rehash. Where several
- * headers fail, the error is the first's in the list's order, as there, and no header
- * after a failed one is taken; but where the bytes in all pass KC_MANIFEST_MAX_TOTAL, the
- * error may be -EFBIG naming another header (the threads count bytes in the order they
- * take headers, one thread in the list's). Each header's size is counted before it is
- * read, its growth since its stat too, so the reads stay within that many bytes but for a
- * header that grows while it is read (as there). */
+ * headers fail, the error is the first's in the list's order, as there, and the threads
+ * stop taking headers once one fails; but where the bytes in all pass
+ * KC_MANIFEST_MAX_TOTAL, the error may be -EFBIG naming another header (the threads count
+ * bytes in the order they take headers, one thread in the list's). Each header's size is
+ * counted before it is read, its growth since its stat too, so the reads stay within that
+ * many bytes but for a header that grows while it is read (as there). */
 int kc_manifest_rehash_spread(const char *index, size_t len, char **manifest, size_t *mlen,
 			      char *why, size_t whylen);
 
