@@ -210,11 +210,14 @@ static int hash_header(const char *path, char hex[KC_SHA256_HEXLEN + 1], uint64_
 		if (!memo_get(path, &st, hex)) { /* nobody hashed it meanwhile */
 			fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
 			err = fd < 0 ? -errno : fstat(fd, &st) != 0 ? -errno : admit(&st, before);
-			/* grown since the stat: the growth counted too, before the read */
+			/* grown since the stat: the growth counted too, before the read; shrunk:
+			 * only what is there, as one thread counts it */
 			if (!err && shared && (uint64_t)st.st_size > counted &&
 			    __atomic_add_fetch(total, (uint64_t)st.st_size - counted, __ATOMIC_RELAXED) >
 				    KC_MANIFEST_MAX_TOTAL)
 				err = -EFBIG;
+			else if (!err && shared && (uint64_t)st.st_size < counted)
+				__atomic_sub_fetch(total, counted - (uint64_t)st.st_size, __ATOMIC_RELAXED);
 			if (!err)
 				err = hash_open(path, fd, &st, hex);
 			if (fd >= 0)
