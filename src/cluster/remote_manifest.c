@@ -156,14 +156,13 @@ static void memo_put(const char *path, const struct stat *st, const char hex[KC_
 	pthread_mutex_unlock(&memo_mu[set % HASHING_STRIPES]);
 }
 
-/* Whether a header st describes may be hashed, *total bytes hashed before it: 0, -EACCES
- * or -EFBIG. */
-static int admit(const struct stat *st, uint64_t total)
+/* Whether a header st describes may be hashed (the bytes in all are hash_header's to
+ * count): 0, -EACCES or -EFBIG. */
+static int admit(const struct stat *st)
 {
 	if (!S_ISREG(st->st_mode) || !(st->st_mode & S_IROTH))
 		return -EACCES;
-	if ((uint64_t)st->st_size > KC_MANIFEST_MAX_HEADER ||
-	    total + (uint64_t)st->st_size > KC_MANIFEST_MAX_TOTAL)
+	if ((uint64_t)st->st_size > KC_MANIFEST_MAX_HEADER)
 		return -EFBIG;
 	return 0;
 }
@@ -187,21 +186,19 @@ static int hash_open(const char *path, int fd, const struct stat *st,
 	return err;
 }
 
-/* Hash one header as remote_manifest.h says, adding its size to *total: after the hash,
- * or with shared (a total that threads add to at once, __atomic) as soon as it is
- * stat'ed, and its growth by the open, before it is read, so that the threads' reads stay
- * within KC_MANIFEST_MAX_TOTAL (but for a header growing while it is read). A
- * memoized one is only stat'ed; any other is opened, checked again on its descriptor and
- * read. Returns 0 or -errno with why filled. */
+/* Hash one header as remote_manifest.h says, adding its size to *total (__atomic: the
+ * threads of a spread rehash share one) before it is read: its stat's size, then its
+ * size on the descriptor, so that the reads stay within KC_MANIFEST_MAX_TOTAL (but for a
+ * header growing while it is read). A memoized one is only stat'ed; any other is opened,
+ * checked again on its descriptor and read. Returns 0 or -errno with why filled. */
 static int hash_header(const char *path, char hex[KC_SHA256_HEXLEN + 1], uint64_t *total,
-		       int shared, char *why, size_t whylen)
+		       char *why, size_t whylen)
 {
 	struct stat st;
 	int fd = -1;
-	uint64_t before = shared ? 0 : *total; /* shared: counted below instead */
-	int err = pseudo(path) ? -EACCES : stat(path, &st) != 0 ? -errno : admit(&st, before);
-	uint64_t counted = err ? 0 : (uint64_t)st.st_size; /* shared: what *total holds of it */
-	if (!err && shared && __atomic_add_fetch(total, counted, __ATOMIC_RELAXED) > KC_MANIFEST_MAX_TOTAL)
+	int err = pseudo(path) ? -EACCES : stat(path, &st) != 0 ? -errno : admit(&st);
+	uint64_t counted = err ? 0 : (uint64_t)st.st_size; /* what *total holds of it */
+	if (!err && __atomic_add_fetch(total, counted, __ATOMIC_RELAXED) > KC_MANIFEST_MAX_TOTAL)
 		err = -EFBIG;
 	if (!err && !memo_get(path, &st, hex)) {
 		pthread_mutex_t *stripe = &hashing[memo_set_of(path) % HASHING_STRIPES];
@@ -209,15 +206,14 @@ static int hash_header(const char *path, char hex[KC_SHA256_HEXLEN + 1], uint64_
 		pthread_mutex_lock(stripe);
 		if (!memo_get(path, &st, hex)) { /* nobody hashed it meanwhile */
 			fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
-			err = fd < 0 ? -errno : fstat(fd, &st) != 0 ? -errno : admit(&st, before);
-			/* grown since the stat: the growth counted too, before the read; shrunk:
-			 * only what is there, as one thread counts it */
-			if (!err && shared && (uint64_t)st.st_size > counted &&
-			    __atomic_add_fetch(total, (uint64_t)st.st_size - counted, __ATOMIC_RELAXED) >
-				    KC_MANIFEST_MAX_TOTAL)
-				err = -EFBIG;
-			else if (!err && shared && (uint64_t)st.st_size < counted)
-				__atomic_sub_fetch(total, counted - (uint64_t)st.st_size, __ATOMIC_RELAXED);
+			err = fd < 0 ? -errno : fstat(fd, &st) != 0 ? -errno : admit(&st);
+			if (!err) { /* changed since the stat: counted at its size now (the
+				     * difference wraps for a shrink); grown past the cap, refused */
+				uint64_t now = __atomic_add_fetch(total, (uint64_t)st.st_size - counted,
+								  __ATOMIC_RELAXED);
+				if ((uint64_t)st.st_size > counted && now > KC_MANIFEST_MAX_TOTAL)
+					err = -EFBIG;
+			}
 			if (!err)
 				err = hash_open(path, fd, &st, hex);
 			if (fd >= 0)
@@ -225,8 +221,6 @@ static int hash_header(const char *path, char hex[KC_SHA256_HEXLEN + 1], uint64_
 		}
 		pthread_mutex_unlock(stripe);
 	}
-	if (!err && !shared)
-		*total += (uint64_t)st.st_size;
 	if (err)
 		snprintf(why, whylen, "header %s: %s", path,
 			 err == -EACCES ? "not a regular file readable by all" : strerror(-err));
@@ -237,7 +231,7 @@ int kc_manifest_memo_fill(const char *path, int fd)
 {
 	struct stat st;
 	char hex[KC_SHA256_HEXLEN + 1];
-	if (pseudo(path) || fstat(fd, &st) != 0 || admit(&st, 0) != 0 || memo_get(path, &st, hex))
+	if (pseudo(path) || fstat(fd, &st) != 0 || admit(&st) != 0 || memo_get(path, &st, hex))
 		return 0;
 	return hash_open(path, fd, &st, hex);
 }
@@ -247,8 +241,7 @@ struct spread {
 	char **paths; /* sorted */
 	size_t n;
 	size_t next;    /* the next path to take (__atomic) */
-	uint64_t total; /* bytes of the headers taken so far, counted before they are read
-			 * (__atomic, hash_header's shared total) */
+	uint64_t total; /* bytes of the headers taken so far (hash_header's) */
 	char (*hex)[KC_SHA256_HEXLEN + 1]; /* each header's digest */
 	int *err;                         /* each header's error, or 0 */
 	char **why;                       /* each failed header's reason (malloc'd) */
@@ -269,7 +262,7 @@ static void *spread_some(void *arg)
 			return NULL;
 		if (i && strcmp(f->paths[i], f->paths[i - 1]) == 0)
 			continue; /* a duplicate: build skips it */
-		f->err[i] = hash_header(f->paths[i], f->hex[i], &f->total, 1, why, sizeof(why));
+		f->err[i] = hash_header(f->paths[i], f->hex[i], &f->total, why, sizeof(why));
 		if (f->err[i]) {
 			f->why[i] = strdup(why);
 			__atomic_store_n(&f->failed, 1, __ATOMIC_RELAXED);
@@ -300,12 +293,12 @@ static size_t spread_helpers(size_t n)
 	return helpers;
 }
 
-/* Hash the n sorted paths of f on helper threads (spread_helpers, if they can be had)
- * and this one, each header once. Returns 0 or -ENOMEM (nothing hashed). */
-static int spread_run(struct spread *f, char **paths, size_t n)
+/* Hash the n sorted paths of f on helper threads (spread_helpers' count, those that can
+ * be had) and this one, each header once. Returns 0 or -ENOMEM (nothing hashed). */
+static int spread_run(struct spread *f, char **paths, size_t n, size_t helpers)
 {
 	pthread_t th[KC_MANIFEST_SPREAD_THREADS];
-	size_t helpers = spread_helpers(n), started = 0;
+	size_t started = 0;
 	*f = (struct spread){.paths = paths, .n = n, .hex = calloc(n, sizeof(*f->hex)),
 			     .err = calloc(n, sizeof(*f->err)), .why = calloc(n, sizeof(*f->why))};
 	if (!f->hex || !f->err || !f->why)
@@ -349,8 +342,9 @@ static int build(int err, struct kc_argv *p, int spread, char **manifest, size_t
 	if (p->n)
 		qsort(p->v, p->n, sizeof(*p->v), cmp_path);
 	struct spread sp = {0};
-	spread = spread && spread_helpers(p->n) > 0;
-	if ((spread && spread_run(&sp, p->v, p->n) != 0) || !(f = open_memstream(&out, &len))) {
+	size_t helpers = spread ? spread_helpers(p->n) : 0; /* none: as on one thread */
+	if ((helpers && spread_run(&sp, p->v, p->n, helpers) != 0) ||
+	    !(f = open_memstream(&out, &len))) {
 		spread_free(&sp);
 		kc_argv_free(p);
 		return -ENOMEM;
@@ -360,8 +354,8 @@ static int build(int err, struct kc_argv *p, int spread, char **manifest, size_t
 		char hex[KC_SHA256_HEXLEN + 1];
 		if (i && strcmp(p->v[i], p->v[i - 1]) == 0)
 			continue;
-		if (!spread)
-			err = hash_header(p->v[i], hex, &total, 0, why, whylen);
+		if (!helpers)
+			err = hash_header(p->v[i], hex, &total, why, whylen);
 		else if ((err = sp.err[i])) /* the first in the list's order, as one thread says */
 			snprintf(why, whylen, "%s", sp.why[i] ? sp.why[i] : strerror(-err));
 		else

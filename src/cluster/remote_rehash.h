@@ -28,8 +28,8 @@
  * threads at a list's first rehash: kc_manifest_rehash_spread), and its end starts one
  * thread, the armer, that arms the watch for the list and then runs one rehash under it.
  * Results of rehashes that began after that arm returned are the ones the watch's word
- * may stand for. The armer reads the headers only where the memo lacks them, so its arm sees no open
- * of the fetches' rehashes (which only stat, once the memo holds the list).
+ * may stand for. The armer reads the headers only where the memo lacks them, so its arm
+ * sees no open of the fetches' rehashes (which only stat, once the memo holds the list).
  */
 #ifndef KC_REMOTE_REHASH_H
 #define KC_REMOTE_REHASH_H

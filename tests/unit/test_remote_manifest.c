@@ -152,6 +152,19 @@ static void sparse_headers(const char *prefix, int n, uint64_t size, char *list,
 	}
 }
 
+/* Pin this process to the first k CPUs of all (its affinity). Returns 1 if pinned. */
+static int pin_first(const cpu_set_t *all, int k)
+{
+	cpu_set_t some;
+	CPU_ZERO(&some);
+	for (int c = 0, n = 0; c < CPU_SETSIZE && n < k; c++)
+		if (CPU_ISSET(c, all)) {
+			CPU_SET(c, &some);
+			n++;
+		}
+	return sched_setaffinity(0, sizeof(some), &some) == 0;
+}
+
 /* A list's first rehash spread over helper threads (kc_manifest_rehash_spread): every
  * header read once, the same manifest as the rehash on one thread, the same errors; on
  * one CPU it is that rehash. */
@@ -163,7 +176,8 @@ static void spread(void)
 	size_t len = 0, ml = 0, ml1 = 0;
 	spread_tree("spread", N, SIZE, list, sizeof(list), &len, want);
 	cpu_set_t all;
-	int cpus = sched_getaffinity(0, sizeof(all), &all) == 0 ? CPU_COUNT(&all) : 1;
+	int have = sched_getaffinity(0, sizeof(all), &all) == 0;
+	int cpus = have ? CPU_COUNT(&all) : 1;
 	unsigned long threads = kc_manifest_spread_threads();
 	uint64_t read0 = bytes_read(), cost = bytes_read() - read0;
 	read0 = bytes_read();
@@ -196,15 +210,8 @@ static void spread(void)
 	size_t len1 = 0;
 	char want1[KC_SHA256_HEXLEN + 1];
 	spread_tree("spread1", N, SIZE, list1, sizeof(list1), &len1, want1);
-	cpu_set_t one;
-	if (sched_getaffinity(0, sizeof(all), &all) == 0) {
-		CPU_ZERO(&one);
-		for (int c = 0; c < CPU_SETSIZE; c++)
-			if (CPU_ISSET(c, &all)) {
-				CPU_SET(c, &one);
-				break;
-			}
-		int pinned = sched_setaffinity(0, sizeof(one), &one) == 0;
+	if (have) {
+		int pinned = pin_first(&all, 1);
 		threads = kc_manifest_spread_threads();
 		read0 = bytes_read();
 		err = kc_manifest_rehash_spread(list1, len1, &m, &ml, why, sizeof(why));
@@ -273,14 +280,8 @@ static void spread(void)
 	memcpy(blist, list, base);
 	glen += (size_t)snprintf(blist + glen, sizeof(blist) - glen, "%064d %s\n", 0, gone);
 	sparse_headers("big/c", BIG, each, blist, sizeof(blist), &glen); /* none in the memo */
-	cpu_set_t two; /* at most two threads, so that all 8 the cap lets in are more */
-	CPU_ZERO(&two);
-	for (int c = 0, n = 0; c < CPU_SETSIZE && n < 2; c++)
-		if (CPU_ISSET(c, &all)) {
-			CPU_SET(c, &two);
-			n++;
-		}
-	int pinned = sched_setaffinity(0, sizeof(two), &two) == 0;
+	/* at most two threads, so that all 8 the cap lets in are more */
+	int pinned = have && pin_first(&all, 2);
 	threads = kc_manifest_spread_threads();
 	read0 = bytes_read();
 	err = kc_manifest_rehash_spread(blist, glen, &m, &ml, why, sizeof(why));
