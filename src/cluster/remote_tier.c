@@ -577,74 +577,107 @@ static enum found look(struct kc_remote_tier *t, struct kc_remote_job *rj, int d
 	return f;
 }
 
-/* look's reading of the index (its second step), ticket and t0 as there. */
-static enum found look_index(struct kc_remote_tier *t, struct kc_remote_job *rj,
-			     unsigned long ticket, double t0)
+/* The compact lines of the index-kind record under key (an index, or the lists record;
+ * what: its name in the log), verified: 0 with *lines (malloc'd, KC_MANIFEST_LINE_LEN
+ * bytes each) / *n; -ENOENT when there is none; -EBADMSG when it is refused (counted,
+ * logged); -ENOMEM; another store fault. */
+static int index_lines(struct kc_remote_tier *t, const char *key, const char *what,
+		       char **lines, size_t *n)
 {
-	char *data = NULL, *list = NULL, why[400] = "";
-	char lhash[KC_SHA256_HEXLEN + 1], mine[KC_MANIFEST_COMPACT_MAX] = "";
-	size_t len = 0, mlen = 0, list_len = 0;
+	char *data = NULL, why[400] = "";
+	size_t len = 0;
 	struct kc_object idx;
-	int err = t->b->ops->get(t->b, rj->mkey, &data, &len);
-	outcome(t, FAULT_GET, err, -ENOENT, "of an index");
+	char of[80];
+	snprintf(of, sizeof(of), "of the %s", what);
+	int err = t->b->ops->get(t->b, key, &data, &len);
+	outcome(t, FAULT_GET, err, -ENOENT, of);
 	if (err)
-		return err == -ENOENT ? FOUND_NONE : FOUND_FAULT;
+		return err;
 	atomic_fetch_add(&t->stats->remote_bytes_in, len);
-	err = kc_object_parse(data, len, KC_OBJECT_INDEX, rj->mkey, &t->secret, &idx, why,
+	err = kc_object_parse(data, len, KC_OBJECT_INDEX, key, &t->secret, &idx, why,
 			      sizeof(why));
-	/* the index lists up to KC_MANIFEST_PER_KEY compact manifests, newest first */
-	char *lines = NULL;
-	size_t nlines = 0;
+	/* up to KC_MANIFEST_PER_KEY compact manifests, newest first */
 	if (!err && (idx.manifest_len % KC_MANIFEST_LINE_LEN || !idx.manifest_len ||
 		     idx.manifest[KC_SHA256_HEXLEN + 1] != KC_MANIFEST_LIST_NAME[0])) {
 		snprintf(why, sizeof(why), "its manifest is not a compact one");
 		err = -EBADMSG;
 	}
-	if (!err && !(lines = malloc(idx.manifest_len)))
+	if (!err && !(*lines = malloc(idx.manifest_len)))
 		err = -ENOMEM;
 	if (!err) {
-		memcpy(lines, idx.manifest, idx.manifest_len);
-		nlines = idx.manifest_len / KC_MANIFEST_LINE_LEN;
+		memcpy(*lines, idx.manifest, idx.manifest_len);
+		*n = idx.manifest_len / KC_MANIFEST_LINE_LEN;
 	}
-	if (err && err != -ENOMEM)
-		atomic_fetch_add(&t->stats->remote_rejected, 1);
 	free(data);
-	if (err == -ENOMEM)
-		return FOUND_FAULT;
-	if (err) {
-		kc_log(KC_LOG_WARN, "cluster store: index %.16s refused: %s", rj->mkey, why);
-		return FOUND_NONE;
+	if (err && err != -ENOMEM) {
+		atomic_fetch_add(&t->stats->remote_rejected, 1);
+		kc_log(KC_LOG_WARN, "cluster store: %s %.16s refused: %s", what, key, why);
+		err = -EBADMSG;
 	}
-	int matched = 0;
-	for (size_t i = 0; i < nlines && !matched; i++) {
+	return err;
+}
+
+/* The first of the n compact lines whose header list is this node's: its list's digest
+ * into lhash and this node's compact manifest of it (from a rehash begun after ticket)
+ * into mine / *mlen. Returns its index, -1 when none is (why says why, for the log), or
+ * -EIO on a store fault (or -ENOMEM). */
+static long match_line(struct kc_remote_tier *t, unsigned long ticket, const char *lines,
+		       size_t n, char lhash[KC_SHA256_HEXLEN + 1],
+		       char mine[KC_MANIFEST_COMPACT_MAX], size_t *mlen, char *why, size_t whylen)
+{
+	for (size_t i = 0; i < n; i++) {
 		const char *line = lines + i * KC_MANIFEST_LINE_LEN;
+		char *list = NULL;
+		size_t list_len = 0;
 		memcpy(lhash, line, KC_SHA256_HEXLEN);
 		lhash[KC_SHA256_HEXLEN] = '\0';
 		if (strcmp(lhash, EMPTY_LIST) != 0) {
-			err = list_get(t, lhash, &list, &list_len, why, sizeof(why));
-			if (err && err != -ENOENT) {
-				free(lines);
-				return FOUND_FAULT;
-			}
+			int err = list_get(t, lhash, &list, &list_len, why, whylen);
+			if (err && err != -ENOENT)
+				return err == -ENOMEM ? -ENOMEM : -EIO;
 			if (err)
 				continue;
 		}
-		if (own_manifest(t, ticket, lhash, list, list_len, mine, &mlen, why,
-				 sizeof(why)) == 0)
-			matched = mlen == KC_MANIFEST_LINE_LEN && memcmp(mine, line, mlen) == 0;
+		int matched = own_manifest(t, ticket, lhash, list, list_len, mine, mlen, why,
+					   whylen) == 0 &&
+			      *mlen == KC_MANIFEST_LINE_LEN && memcmp(mine, line, *mlen) == 0;
 		free(list);
-		list = NULL;
+		if (matched)
+			return (long)i;
 	}
+	return -1;
+}
+
+/* Make lhash the list whose manifest last matched here (look_direct's), and wake the looks
+ * that wait for one. */
+static void list_matched(struct kc_remote_tier *t, const char *lhash)
+{
+	pthread_mutex_lock(&t->lock);
+	memcpy(t->last_list, lhash, KC_SHA256_HEXLEN + 1);
+	pthread_cond_broadcast(&t->list_cv);
+	pthread_mutex_unlock(&t->lock);
+}
+
+/* look's reading of the index (its second step), ticket and t0 as there. */
+static enum found look_index(struct kc_remote_tier *t, struct kc_remote_job *rj,
+			     unsigned long ticket, double t0)
+{
+	char *lines = NULL, why[400] = "";
+	char lhash[KC_SHA256_HEXLEN + 1], mine[KC_MANIFEST_COMPACT_MAX] = "";
+	size_t nlines = 0, mlen = 0;
+	int err = index_lines(t, rj->mkey, "index", &lines, &nlines);
+	if (err)
+		return err == -ENOENT || err == -EBADMSG ? FOUND_NONE : FOUND_FAULT;
+	long m = match_line(t, ticket, lines, nlines, lhash, mine, &mlen, why, sizeof(why));
 	free(lines);
-	if (!matched) { /* no image's headers in the index are this node's */
+	if (m == -EIO || m == -ENOMEM)
+		return FOUND_FAULT;
+	if (m < 0) { /* no image's headers in the index are this node's */
 		kc_log(KC_LOG_DEBUG, "cluster store: index %.16s: none of its %zu manifests is this "
 		       "node's%s%s", rj->mkey, nlines, why[0] ? ": " : "", why);
 		return FOUND_OTHER_HEADERS;
 	}
-	pthread_mutex_lock(&t->lock);
-	memcpy(t->last_list, lhash, sizeof(lhash));
-	pthread_cond_broadcast(&t->list_cv);
-	pthread_mutex_unlock(&t->lock);
+	list_matched(t, lhash);
 	err = fetch_object(t, rj, mine, mlen, t0);
 	return err == 0 ? FOUND_CUBIN : err == -ENOENT || err == -EBADMSG ? FOUND_OTHER_HEADERS
 	       : FOUND_FAULT;
@@ -837,11 +870,12 @@ static int put_object(struct kc_remote_tier *t, enum kc_object_kind kind, const 
 	return store_object(t, kind, key, manifest, mlen, cubin, clen, 0);
 }
 
-/* Add the compact manifest line (KC_MANIFEST_LINE_LEN bytes) to the index under rj->mkey:
- * a new index, or the line first and the index's others after it, the oldest dropped past
- * KC_MANIFEST_PER_KEY (a store without replace keeps its first index). Returns 0 when the
- * index lists it (or cannot be made to), or a fault. */
-static int index_add(struct kc_remote_tier *t, struct kc_remote_job *rj, const char *line)
+/* Add the compact manifest line (KC_MANIFEST_LINE_LEN bytes) to the index-kind record
+ * under key (an index, or the lists record): a new record, or the line first and the
+ * record's others after it, the oldest dropped past KC_MANIFEST_PER_KEY (a store without
+ * replace keeps its first record). Returns 0 when the record lists it (or cannot be made
+ * to), or a fault. */
+static int index_add(struct kc_remote_tier *t, const char *key, const char *line)
 {
 	for (int tries = 0; tries < 3; tries++) {
 		char *data = NULL, why[200], next[KC_MANIFEST_PER_KEY * KC_MANIFEST_LINE_LEN];
@@ -849,10 +883,10 @@ static int index_add(struct kc_remote_tier *t, struct kc_remote_job *rj, const c
 		struct kc_object idx;
 		if (!store_usable(t))
 			return -EIO;
-		int err = t->b->ops->get(t->b, rj->mkey, &data, &len);
+		int err = t->b->ops->get(t->b, key, &data, &len);
 		outcome(t, FAULT_GET, err, -ENOENT, "of an index");
 		if (err == -ENOENT) {
-			err = store_object(t, KC_OBJECT_INDEX, rj->mkey, line, n, NULL, 0, 0);
+			err = store_object(t, KC_OBJECT_INDEX, key, line, n, NULL, 0, 0);
 			if (err == 0 && t->b->ops->replace)
 				continue; /* look again: another node's may have come first (EEXIST) */
 			return err;
@@ -860,7 +894,7 @@ static int index_add(struct kc_remote_tier *t, struct kc_remote_job *rj, const c
 		if (err)
 			return err;
 		memcpy(next, line, n);
-		if (kc_object_parse(data, len, KC_OBJECT_INDEX, rj->mkey, &t->secret, &idx, why,
+		if (kc_object_parse(data, len, KC_OBJECT_INDEX, key, &t->secret, &idx, why,
 				    sizeof(why)) == 0 &&
 		    idx.manifest_len % KC_MANIFEST_LINE_LEN == 0) {
 			for (size_t off = 0; off < idx.manifest_len; off += KC_MANIFEST_LINE_LEN) {
@@ -877,7 +911,7 @@ static int index_add(struct kc_remote_tier *t, struct kc_remote_job *rj, const c
 		free(data);
 		if (!t->b->ops->replace)
 			return 0; /* first-come */
-		return store_object(t, KC_OBJECT_INDEX, rj->mkey, next, n, NULL, 0, 1);
+		return store_object(t, KC_OBJECT_INDEX, key, next, n, NULL, 0, 1);
 	}
 	return 0;
 }
@@ -915,10 +949,11 @@ static void share(struct kc_remote_tier *t, struct kc_remote_job *rj, int fd, co
 	    kc_read_all(dup, KC_OBJECT_MAX_CUBIN, &cubin, &clen) == 0 &&
 	    kc_object_cubin_key(rj->mkey, compact, cml, okey) == 0) {
 		if (put_object(t, KC_OBJECT_CUBIN, okey, compact, cml, cubin, clen) == 0 &&
-		    index_add(t, rj, compact) == 0)
+		    index_add(t, rj->mkey, compact) == 0) {
 			kc_log(KC_LOG_INFO, "cluster store: %.16s stored (%zu bytes; %zu headers "
 			       "listed in %zu bytes, %zu bytes of manifest)", rj->mkey, clen,
 			       count_lines(manifest, mlen), mlen, cml);
+		}
 	}
 	if (dup >= 0)
 		close(dup);
