@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from kccluster import Cluster, RedisServer, lags_behind, read_all_kernels, stage_all
+from kccluster import LISTS_KEY, Cluster, RedisServer, lags_behind, read_all_kernels, stage_all
 from kcmount import KERNELS, NVCC, Mount, elf_symbols, run_parallel, write_script
 
 UIDS = 0x7F000000  # cluster64's compile uid ranges: UIDS + node x 256
@@ -434,7 +434,8 @@ def keys_once(tmp, kind, n, jobs, joins=5, per_node=8):
                 raise RuntimeError("the first node did not store its kernels")
             time.sleep(0.1)
         index = max(p.stat().st_size for p in (root / "store" / "objects").glob("*/*")
-                    if p.read_bytes()[19:25] == b"index " and b" @headers\n" in p.read_bytes()) \
+                    if p.read_bytes()[19:25] == b"index " and b" @headers\n" in p.read_bytes()
+                    and p.name != LISTS_KEY) \
             if cluster.store else 0
         out = []
         for j in range(joins):

@@ -42,6 +42,11 @@ int kc_object_list_key(const char *list_hash, char key[KC_SHA256_HEXLEN + 1])
 	return derive("kcachefs-header-list-key-v1\n", list_hash, NULL, 0, key);
 }
 
+int kc_object_lists_key(char key[KC_SHA256_HEXLEN + 1])
+{
+	return derive("kcachefs-header-lists-key-v1\n", "", NULL, 0, key);
+}
+
 int kc_object_cubin_key(const char *manifest_key, const char *manifest, size_t manifest_len,
 			char key[KC_SHA256_HEXLEN + 1])
 {

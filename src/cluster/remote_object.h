@@ -69,6 +69,12 @@ int kc_object_manifest_key(const char *recipe_hash, char key[KC_SHA256_HEXLEN + 
 /* The key of the header list whose SHA-256 is list_hash (64 hex). Returns 0 or -ENOMEM. */
 int kc_object_list_key(const char *list_hash, char key[KC_SHA256_HEXLEN + 1]);
 
+/* The key of the cluster's record of the header lists its nodes stored last: an index-kind
+ * object whose manifest is up to KC_MANIFEST_PER_KEY compact lines, newest first, one per
+ * image (remote_tier.h). A joining node reads it at start to check those lists against its
+ * own headers before its first fetch asks. Returns 0 or -ENOMEM. */
+int kc_object_lists_key(char key[KC_SHA256_HEXLEN + 1]);
+
 /* The object key of (manifest key, manifest). Returns 0 or -ENOMEM. */
 int kc_object_cubin_key(const char *manifest_key, const char *manifest, size_t manifest_len,
 			char key[KC_SHA256_HEXLEN + 1]);

@@ -64,7 +64,11 @@ struct kc_remote_tier {
 	 * instead of each reading its own index (a joining node's first fetches) */
 	int establishing;
 	pthread_cond_t list_cv; /* CLOCK_MONOTONIC; last_list set or establishing ended */
+	pthread_t prewarm;      /* kc_remote_tier_probe's check of the cluster's lists */
+	int prewarm_live;       /* it holds a thread not yet joined */
 };
+
+static void prewarm_start(struct kc_remote_tier *t);
 
 /* Open the breaker at now (t->lock held): the store is asked again, with one probe, after
  * KC_REMOTE_BREAKER_FIRST_S seconds. */
@@ -253,6 +257,7 @@ void kc_remote_tier_probe(struct kc_remote_tier *t)
 	int err = ask_store(t);
 	if (err == 0) {
 		kc_log(KC_LOG_INFO, "cluster store %s answers", t->b->ops->describe(t->b));
+		prewarm_start(t);
 		return;
 	}
 	atomic_fetch_add(&t->stats->remote_get_errors, 1);
@@ -277,6 +282,8 @@ void kc_remote_tier_close(struct kc_remote_tier *t)
 {
 	if (!t)
 		return;
+	if (t->prewarm_live)
+		pthread_join(t->prewarm, NULL); /* bounded: its gets by remote_timeout */
 	t->b->ops->destroy(t->b);
 	pthread_mutex_destroy(&t->lock);
 	pthread_mutex_destroy(&t->list_fetch);
@@ -683,6 +690,60 @@ static enum found look_index(struct kc_remote_tier *t, struct kc_remote_job *rj,
 	       : FOUND_FAULT;
 }
 
+/* The check of the cluster's header lists at start (kc_remote_tier_probe): the lists
+ * record names the lists the nodes stored last, newest first, one per image; the first
+ * whose headers are this node's (this node's manifest of it is the one the record names)
+ * becomes last_list, as if an index had matched it here. So a joining node's first
+ * fetches ask for their objects directly, and its rehash of that list (remote_rehash.h:
+ * its headers read and hashed into the memo, the watch armed behind it) is done before
+ * they ask, instead of on the first fetch's path while every reader waits. The looks that
+ * begin meanwhile wait for it as for an establishing look (KC_REMOTE_FIRST_WAIT_MS).
+ * Nothing is taken on its word that a look would not check: a look rehashes the list
+ * after it asks (or takes the watch's proof) and verifies the object it finds. A record
+ * that is missing, refused or names no list of this node's leaves the node as before: its
+ * first look reads an index. */
+static void *prewarm(void *arg)
+{
+	struct kc_remote_tier *t = arg;
+	char key[KC_SHA256_HEXLEN + 1], lhash[KC_SHA256_HEXLEN + 1];
+	char mine[KC_MANIFEST_COMPACT_MAX], why[400] = "", *lines = NULL;
+	size_t n = 0, mlen = 0;
+	long m = -1;
+	int err = kc_object_lists_key(key) ? -ENOMEM
+		  : store_usable(t) ? index_lines(t, key, "header lists' record", &lines, &n)
+				    : -EIO;
+	if (!err) {
+		m = match_line(t, kc_rehash_ticket(&t->rehash), lines, n, lhash, mine, &mlen, why,
+			       sizeof(why));
+		free(lines);
+	}
+	if (m >= 0) {
+		list_matched(t, lhash);
+		kc_log(KC_LOG_INFO, "cluster store: header list %.16s, %ld of the %zu the cluster "
+		       "stored last, is this node's headers: fetches ask for its objects directly",
+		       lhash, m + 1, n);
+	} else if (!err) {
+		kc_log(KC_LOG_INFO, "cluster store: none of the %zu header lists the cluster "
+		       "stored last is this node's headers%s%s", n, why[0] ? ": " : "", why);
+	}
+	pthread_mutex_lock(&t->lock);
+	t->establishing = 0;
+	pthread_cond_broadcast(&t->list_cv);
+	pthread_mutex_unlock(&t->lock);
+	return NULL;
+}
+
+/* Start prewarm on a thread of its own, the looks that begin meanwhile waiting for it;
+ * without a thread, the node goes on as before. */
+static void prewarm_start(struct kc_remote_tier *t)
+{
+	pthread_mutex_lock(&t->lock);
+	t->establishing = 1;
+	t->prewarm_live = pthread_create(&t->prewarm, NULL, prewarm, t) == 0;
+	t->establishing = t->prewarm_live;
+	pthread_mutex_unlock(&t->lock);
+}
+
 /* Try to take the lease. Returns 0 taken, -EBUSY (*state says why), or a fault. A
  * read-only node takes none (it compiles what it does not find, unannounced) but waits
  * for a holder all the same: -EBUSY while one holds the key, else -EIO. */
@@ -916,6 +977,19 @@ static int index_add(struct kc_remote_tier *t, const char *key, const char *line
 	return 0;
 }
 
+/* Name the header list lhash (its compact line) first in the cluster's lists record
+ * (kc_object_lists_key), unless it is listed there already or is the empty list: nodes
+ * that start later check it against their headers before their first fetch
+ * (kc_remote_tier_probe). One get per compile shared, and a put when the list is new
+ * there. Returns 0 or a fault (counted, logged as any). */
+static int announce(struct kc_remote_tier *t, const char *lhash, const char *line)
+{
+	char key[KC_SHA256_HEXLEN + 1];
+	if (!lhash[0] || strcmp(lhash, EMPTY_LIST) == 0)
+		return 0;
+	return kc_object_lists_key(key) ? -ENOMEM : index_add(t, key, line);
+}
+
 /* Share the compiled cubin behind fd: the object, then the index that leads to it. */
 static void share(struct kc_remote_tier *t, struct kc_remote_job *rj, int fd, const char *deps,
 		  size_t deps_len)
@@ -936,7 +1010,7 @@ static void share(struct kc_remote_tier *t, struct kc_remote_job *rj, int fd, co
 	/* the full header list under its own key (put with each compile shared, so a store
 	 * that lost it has it again; one copy is kept), then the object and the index that
 	 * name it */
-	char compact[KC_MANIFEST_COMPACT_MAX], lhash[KC_SHA256_HEXLEN + 1];
+	char compact[KC_MANIFEST_COMPACT_MAX], lhash[KC_SHA256_HEXLEN + 1] = "";
 	char lkey[KC_SHA256_HEXLEN + 1];
 	size_t cml = 0;
 	int err = kc_manifest_compact(manifest, mlen, compact, &cml);
@@ -950,6 +1024,7 @@ static void share(struct kc_remote_tier *t, struct kc_remote_job *rj, int fd, co
 	    kc_object_cubin_key(rj->mkey, compact, cml, okey) == 0) {
 		if (put_object(t, KC_OBJECT_CUBIN, okey, compact, cml, cubin, clen) == 0 &&
 		    index_add(t, rj->mkey, compact) == 0) {
+			announce(t, lhash, compact); /* a hint: its fault is counted, no more */
 			kc_log(KC_LOG_INFO, "cluster store: %.16s stored (%zu bytes; %zu headers "
 			       "listed in %zu bytes, %zu bytes of manifest)", rj->mkey, clen,
 			       count_lines(manifest, mlen), mlen, cml);

@@ -14,7 +14,9 @@
  *      Once one index matched here, a job's first look asks for the object of this node's
  *      manifest of that header list before the index (one get instead of two), and this
  *      node's manifest of a list is shared by the looks that ask together
- *      (remote_rehash.h).
+ *      (remote_rehash.h). At start, the lists record (kc_object_lists_key: the lists the
+ *      cluster's nodes stored last, which each share names) is checked against this
+ *      node's headers, so that a joining node's first look asks directly too.
  *   2. no index: take the lease on mkey and look again (the holder may just have
  *      published); holding it, compile, put the object and then the index, release,
  *      and notify the key's waiters (remote.h's notify: a Redis PUBLISH). A
@@ -105,7 +107,10 @@ int kc_remote_tier_open(const struct kc_remote_opts *o, const char *nvcc,
  * after KC_REMOTE_BREAKER_FIRST_S s, see above); the mount goes on without it. For
  * start-up, in the process that serves (after the daemon's fork): it also makes the header
  * memo ready (kc_manifest_memo_init), so that a joining node's first fetch does not fault
- * its pages in. */
+ * its pages in, and, when the store answers, starts a thread (joined by
+ * kc_remote_tier_close) that checks the lists record against this node's headers: the
+ * first list it names that is this node's is then asked for directly, its headers hashed
+ * and watched before the first fetch (doc/cluster.md). */
 void kc_remote_tier_probe(struct kc_remote_tier *t);
 
 /* Make waiting jobs stop waiting (they compile locally or fail at once); for shutdown. */

@@ -10,6 +10,7 @@ twice); its dependency pass (-M -MF, run after the publish of a compile to be sh
 lists a header of each -I directory. Every compile is logged in one file for the whole
 cluster.
 """
+import hashlib
 import os
 import random
 import signal
@@ -35,6 +36,11 @@ def make_template(d):
 
 
 KERNELS = 8
+
+# The key of the cluster's record of the header lists its nodes stored last
+# (src/cluster/remote_object.h, kc_object_lists_key): an index-kind object, which
+# objects() leaves out (record() reads it).
+LISTS_KEY = hashlib.sha256(b"kcachefs-header-lists-key-v1\n" + b"0\n\n").hexdigest()
 
 
 INC_HEADER = "kc_cluster.h"
@@ -110,10 +116,10 @@ class Cluster:
         return m.start()
 
     def shared(self, node, n, leases=0, timeout=60):
-        """Wait until node has stored n kernels (object and index each: the share runs after
-        the opener is answered) and at most leases leases or notes are
-        left."""
-        wait_until(lambda: (node.stats()["remote_puts_total"] >= 2 * n and
+        """Wait until node has stored n kernels (object and index each, logged once both
+        are: the share runs after the opener is answered) and at most leases leases or
+        notes are left."""
+        wait_until(lambda: (node.daemon_log().count(" stored (") >= n and
                             len(self.lease_keys()) <= leases), node.daemon_log, timeout)
 
     def compiles(self):
@@ -149,14 +155,20 @@ class Cluster:
         os.utime(d / key, (time.time() + 86400, time.time() + 86400))
 
     def objects(self, kind):
-        """Paths of the stored objects of kind (b"cubin" or b"index"); dir: store only."""
+        """Paths of the stored objects of kind (b"cubin" or b"index": the indexes and the
+        header lists, not the lists record); dir: store only."""
         out = []
         for p in sorted((self.store / "objects").glob("*/*")):
-            if p.name.startswith("."):
+            if p.name.startswith(".") or p.name == LISTS_KEY:
                 continue
             if p.read_bytes()[19:19 + len(kind) + 1] == kind + b" ":
                 out.append(p)
         return out
+
+    def record(self):
+        """The lists record's bytes, or None."""
+        p = self.store / "objects" / LISTS_KEY[:2] / LISTS_KEY
+        return p.read_bytes() if p.exists() else None
 
 
 def source(k):
@@ -414,15 +426,27 @@ class RedisCluster(Cluster):
             assert s.cli("SET", "kcachefs:lease:" + key, record) == b"OK"
 
     def objects(self, kind):
-        """Names of the stored objects of kind (b"cubin" or b"index"), on every live shard."""
+        """Names of the stored objects of kind (b"cubin" or b"index", not the lists
+        record), on every live shard."""
         out = []
         for s in self.servers:
             if s.proc is None:
                 continue
             for k in s.keys("kcachefs:obj:*"):
+                if k.endswith(LISTS_KEY.encode() if isinstance(k, bytes) else LISTS_KEY):
+                    continue
                 if s.cli("GETRANGE", k, "19", str(19 + len(kind)))[:len(kind) + 1] == kind + b" ":
                     out.append(k)
         return out
+
+    def record(self):
+        """The lists record's bytes (from the first live shard that has it), or None."""
+        for s in self.servers:
+            if s.proc is not None:
+                got = s.cli("GET", "kcachefs:obj:" + LISTS_KEY)
+                if got:
+                    return got
+        return None
 
 
 class FakeRedis:
@@ -508,13 +532,15 @@ def compiles_each_kernel_once(cluster):
     assert total(nodes, "compiles_total") == KERNELS
     assert total(nodes, "remote_hits_total") == 3 * KERNELS
     assert total(nodes, "remote_misses_total") == KERNELS
-    # a cubin and an index each, and the one header list every kernel's compile read
-    assert total(nodes, "remote_puts_total") == 2 * KERNELS + 1
+    # a cubin and an index each, the one header list every kernel's compile read, and the
+    # record that names it for nodes that start later
+    assert total(nodes, "remote_puts_total") == 2 * KERNELS + 2
     assert total(nodes, "remote_rejected_total") == 0
     assert total(nodes, "remote_get_errors_total") == 0
     assert all(m.stats()["remote_up"] == 1 for m in nodes)
     assert len(cluster.objects(b"cubin")) == KERNELS
     assert len(cluster.objects(b"index")) == KERNELS + 1
+    assert cluster.record() is not None and b" @headers\n" in cluster.record()
     # a hit's kernel.log says where it came from
     logs = [(p.parent / "kernel.log").read_text() for m in nodes for p in stage_all(cluster, m)]
     assert sum("from the cluster store" in l for l in logs) == 3 * KERNELS

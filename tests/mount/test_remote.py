@@ -15,7 +15,7 @@ import pytest
 
 from conftest import KERNELS as SAMPLES, Mount, read_result
 from kcmount import wait_until
-from kccluster import (INC_HEADER, KERNELS, Cluster, compiles_each_kernel_once,
+from kccluster import (INC_HEADER, KERNELS, LISTS_KEY, Cluster, compiles_each_kernel_once,
                        dead_holder_is_taken_over_within_seconds, holding_and_waiting,
                        live_holder_keeps_its_lease, planted_record_is_ignored,
                        run_parallel_background, source, stage_all, start_holding, waiter_lag)
@@ -241,7 +241,7 @@ def test_real_nvcc_shares_with_its_header_manifest(mount_factory, tmp_path, coun
     assert calls() == 1
     assert b.stats()["remote_hits_total"] == 1
     index = [p.read_bytes() for p in (tmp_path / "store" / "objects").glob("*/*")
-             if p.read_bytes()[19:25] == b"index "]
+             if p.read_bytes()[19:25] == b"index " and p.name != LISTS_KEY]
     # the index (its compact manifest names the header list) and the header list
     assert len(index) == 2 and sum(b" @headers\n" in i for i in index) == 1
     index = [i for i in index if b" @headers\n" not in i]
@@ -431,13 +431,91 @@ def test_header_changed_between_fetches_is_seen(cluster):
     for p in pb[:4]:  # the first rehashes read the header; the later fetches may take them
         assert read_result(p)[0] == "ok", b.daemon_log()
     assert b.stats()["remote_hits_total"] == 4 and len(cluster.compiles()) == 5
-    st = os.stat(cluster.header)
-    cluster.header.write_text("#define KC_CLUSTER 2\n")
-    os.utime(cluster.header, ns=(st.st_atime_ns, st.st_mtime_ns))
+    keep_size_and_mtime(cluster.header, "#define KC_CLUSTER 2\n")
     assert read_result(pb[4])[0] == "ok", b.daemon_log()
     s = b.stats()
     assert s["remote_hits_total"] == 4 and s["compiles_total"] == 1, b.daemon_log()
     assert len(cluster.compiles()) == 6
+
+
+def keep_size_and_mtime(header, text):
+    """Give header other bytes of the same length, its mtime kept (as rsync -t does)."""
+    st = os.stat(header)
+    header.write_text(text)
+    os.utime(header, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def checked_at_start(node):
+    """Wait until node's check of the cluster's header lists at start has ended; its log."""
+    wait_until(lambda: " the cluster stored last" in node.daemon_log(), node.daemon_log)
+    return node.daemon_log()
+
+
+def test_a_node_started_later_needs_no_index(cluster):
+    """Issue 22: a node that starts after the cluster stored kernels checks, at start, the
+    header lists that the cluster's lists record names against its own headers. Its first
+    fetches then ask for their objects directly: with every kernel's index gone from the
+    store, it still fetches them all (without the check its first look reads the index,
+    finds none, and compiles)."""
+    a = cluster.node("a")
+    first = {p.parent.name: read_result(p) for p in stage_all(cluster, a, range(3))}
+    cluster.shared(a, 3)
+    indexes = [p for p in cluster.objects(b"index") if b" @headers\n" in p.read_bytes()]
+    assert len(indexes) == 3 and b" @headers\n" in cluster.record()
+    for p in indexes:
+        p.unlink()
+    b = cluster.node("b")
+    assert "1 of the 1 the cluster stored last, is this node's headers" in checked_at_start(b)
+    got = {p.parent.name: read_result(p) for p in stage_all(cluster, b, range(3))}
+    assert got == first
+    s = b.stats()
+    assert s["remote_hits_total"] == 3 and s["compiles_total"] == 0, b.daemon_log()
+    assert len(cluster.compiles()) == 3
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_a_header_changed_around_the_start_check_is_seen(cluster, when):
+    """A listed header given other bytes (its size and mtime kept) before the node starts,
+    or after its check at start matched: the node compiles, never serving the cubin of the
+    headers it checked (the watch armed behind that check, or a rehash, sees the change)."""
+    a = cluster.node("a")
+    ra = read_result(stage_all(cluster, a, [0])[0])
+    cluster.shared(a, 1)
+    if when == "before":
+        keep_size_and_mtime(cluster.header, "#define KC_CLUSTER 2\n")
+    b = cluster.node("b")
+    matched = "stored last, is this node's headers" in checked_at_start(b)
+    assert matched == (when == "after"), b.daemon_log()
+    if when == "after":
+        keep_size_and_mtime(cluster.header, "#define KC_CLUSTER 2\n")
+    rb = read_result(stage_all(cluster, b, [0])[0])
+    assert rb[0] == "ok" and rb != ra
+    s = b.stats()
+    assert s["remote_hits_total"] == 0 and s["compiles_total"] == 1, b.daemon_log()
+
+
+@pytest.mark.parametrize("how", ["signature", "garbage"])
+def test_a_refused_lists_record_costs_only_the_check(cluster, tmp_path, how):
+    """A lists record that does not verify (a flipped byte under remote_key, or garbage) is
+    refused, counted and logged at start; the node's fetches read the index as before."""
+    key = tmp_path / "cluster.key"
+    key.write_bytes(os.urandom(32))
+    os.chmod(key, 0o600)
+    a = cluster.node("a", ["remote_key=%s" % key])
+    first = {p.parent.name: read_result(p) for p in stage_all(cluster, a, range(2))}
+    cluster.shared(a, 2)
+    record = cluster.store / "objects" / LISTS_KEY[:2] / LISTS_KEY
+    data = record.read_bytes()
+    record.write_bytes(data[:-10] + bytes([data[-10] ^ 1]) + data[-9:] if how == "signature"
+                       else os.urandom(len(data)))
+    b = cluster.node("b", ["remote_key=%s" % key])
+    wait_until(lambda: "header lists' record %s refused" % LISTS_KEY[:16] in b.daemon_log(),
+               b.daemon_log)
+    got = {p.parent.name: read_result(p) for p in stage_all(cluster, b, range(2))}
+    assert got == first
+    s = b.stats()
+    assert s["remote_rejected_total"] == 1 and s["remote_hits_total"] == 2, b.daemon_log()
+    assert len(cluster.compiles()) == 2
 
 
 def test_nodes_of_two_images_alternating_each_compile_once(cluster):

@@ -128,8 +128,9 @@ def test_redis_two_shards_one_stopped(tmp_path, template, redis_factory):
         first = cold_run(cluster, [cluster.node("a"), cluster.node("b")], per_node=4)
         assert len(cluster.compiles()) == KERNELS
         held = [len(s.keys("kcachefs:obj:*")) for s in shards]
-        # a cubin and an index each, and the one header list that all their compiles read
-        assert sum(held) == 2 * KERNELS + 1 and all(held), held
+        # a cubin and an index each, the one header list that all their compiles read,
+        # and the record that names it
+        assert sum(held) == 2 * KERNELS + 2 and all(held), held
         shards[1].stop()
         late = cluster.node("late")
         got = cold_run(cluster, [late], per_node=4)
