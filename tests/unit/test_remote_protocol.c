@@ -24,6 +24,7 @@
 #include "hash.h"
 #include "log.h"
 #include "remote.h"
+#include "remote_manifest.h"
 #include "remote_tier.h"
 #include "tap.h"
 #include "util.h"
@@ -364,6 +365,19 @@ static int make_cubin(void)
 	return 0;
 }
 
+/* Whether the record under key names the compact line (the header list) of the index
+ * under mkey: its bytes hold that 74-byte line. */
+static int record_names_index_line(const char *key, const char *mkey)
+{
+	pthread_mutex_lock(&mem.mu);
+	const struct mem_object *rec = *object_at(key), *idx = *object_at(mkey);
+	const char *at = idx ? memmem(idx->data, idx->len, " @headers\n", 10) : NULL;
+	int named = rec && at && at - idx->data >= KC_SHA256_HEXLEN &&
+		    memmem(rec->data, rec->len, at - KC_SHA256_HEXLEN, KC_MANIFEST_LINE_LEN);
+	pthread_mutex_unlock(&mem.mu);
+	return named;
+}
+
 /* ---- the protocol ---- */
 
 static void share_then_fetch(struct node *a, struct node *b)
@@ -378,8 +392,11 @@ static void share_then_fetch(struct node *a, struct node *b)
 	CHECK(kc_remote_tier_shares(a->t, &ja), "A's compile is to be shared");
 	int puts = atomic_load(&mem.puts);
 	finish_published(a, &ja);
-	CHECK(atomic_load(&mem.puts) - puts == 3 && atomic_load(&a->stats.remote_puts) == 3,
-	      "A's finish stores the header list, the object and the index");
+	CHECK(atomic_load(&mem.puts) - puts == 4 && atomic_load(&a->stats.remote_puts) == 4,
+	      "A's finish stores the header list, the object, the index and the lists record");
+	char lk[KC_SHA256_HEXLEN + 1];
+	CHECK(kc_object_lists_key(lk) == 0 && record_names_index_line(lk, ja.mkey),
+	      "the lists record names the header list that the index names");
 	CHECK(kc_remote_tier_fetch(b->t, r, 1, NULL, &jb) == 1, "B fetches it: a hit");
 	CHECK(jb.obj.cubin_len == cubin_len && memcmp(jb.obj.cubin, cubin, cubin_len) == 0,
 	      "B's object carries A's cubin, byte for byte");
