@@ -100,9 +100,14 @@ static int coverable(const struct kc_rehash_slot *s, unsigned long ticket)
 	       s->seq > s->cover_at;
 }
 
+/* Who asks own for a rehash: a fetch (an uncovered rehash of its starts the armer), the
+ * armer (its rehash counts in armer_starts, and starts none), or kc_rehash_check (starts
+ * none). */
+enum asker { ASK_FETCH, ASK_ARMER, ASK_CHECK };
+
 static int own(struct kc_rehash_table *t, unsigned long ticket, const char *hash,
 	       const char *list, size_t len, char mine[KC_MANIFEST_COMPACT_MAX], size_t *mlen,
-	       char *why, size_t whylen, int armer);
+	       char *why, size_t whylen, enum asker who);
 
 struct arm_job {
 	struct kc_rehash_table *t;
@@ -132,7 +137,7 @@ static void *arm_behind(void *arg)
 	if (s && gen) {
 		char m[KC_MANIFEST_COMPACT_MAX], w[200];
 		size_t ml = 0;
-		own(t, ticket, j->hash, j->list, j->len, m, &ml, w, sizeof(w), 1);
+		own(t, ticket, j->hash, j->list, j->len, m, &ml, w, sizeof(w), ASK_ARMER);
 	}
 	pthread_mutex_lock(&t->lock);
 	t->arming = 0;
@@ -173,14 +178,31 @@ int kc_rehash_own(struct kc_rehash_table *t, unsigned long ticket, const char *h
 		  const char *list, size_t len, char mine[KC_MANIFEST_COMPACT_MAX], size_t *mlen,
 		  char *why, size_t whylen)
 {
-	return own(t, ticket, hash, list, len, mine, mlen, why, whylen, 0);
+	return own(t, ticket, hash, list, len, mine, mlen, why, whylen, ASK_FETCH);
 }
 
-/* kc_rehash_own, for a fetch (armer 0) or for the armer (1: a rehash it starts counts in
- * armer_starts, and starts no armer). */
+int kc_rehash_check(struct kc_rehash_table *t, unsigned long ticket, const char *hash,
+		    const char *list, size_t len, char mine[KC_MANIFEST_COMPACT_MAX],
+		    size_t *mlen, char *why, size_t whylen)
+{
+	return own(t, ticket, hash, list, len, mine, mlen, why, whylen, ASK_CHECK);
+}
+
+void kc_rehash_arm(struct kc_rehash_table *t, const char *hash, const char *list, size_t len)
+{
+	pthread_mutex_lock(&t->lock);
+	while (t->arming) /* another list's: an arm is milliseconds */
+		pthread_cond_wait(&t->done, &t->lock);
+	struct kc_rehash_slot *s = slot_if_any(t, hash);
+	if (s && s->seq && !s->err && !s->cover_gen && !s->arm_skip)
+		start_armer(t, hash, list, len);
+	pthread_mutex_unlock(&t->lock);
+}
+
+/* kc_rehash_own for who (enum asker). */
 static int own(struct kc_rehash_table *t, unsigned long ticket, const char *hash,
 	       const char *list, size_t len, char mine[KC_MANIFEST_COMPACT_MAX], size_t *mlen,
-	       char *why, size_t whylen, int armer)
+	       char *why, size_t whylen, enum asker who)
 {
 	struct kc_rehash_slot *s;
 	int disproved = 0;
@@ -226,7 +248,7 @@ static int own(struct kc_rehash_table *t, unsigned long ticket, const char *hash
 	unsigned long seq = ++t->starts;
 	int first = !s->seq; /* the list's first rehash in this process: the memo lacks it */
 	s->running = 1;
-	t->armer_starts += (unsigned long)armer;
+	t->armer_starts += who == ASK_ARMER;
 	pthread_mutex_unlock(&t->lock);
 
 	char m[KC_MANIFEST_COMPACT_MAX] = "", w[sizeof(s->why)] = "";
@@ -240,7 +262,7 @@ static int own(struct kc_rehash_table *t, unsigned long ticket, const char *hash
 	memcpy(s->mine, m, sizeof(m));
 	s->mine_len = ml;
 	memcpy(s->why, w, sizeof(w));
-	if (!armer && !err && !s->cover_gen && (!s->arm_skip || !--s->arm_skip))
+	if (who == ASK_FETCH && !err && !s->cover_gen && (!s->arm_skip || !--s->arm_skip))
 		start_armer(t, hash, list, len);
 	pthread_cond_broadcast(&t->done);
 	pthread_mutex_unlock(&t->lock);

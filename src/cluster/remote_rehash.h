@@ -99,4 +99,19 @@ int kc_rehash_own(struct kc_rehash_table *t, unsigned long ticket, const char *h
 		  const char *list, size_t len, char mine[KC_MANIFEST_COMPACT_MAX], size_t *mlen,
 		  char *why, size_t whylen);
 
+/* kc_rehash_own for a list that may not be this node's (the check of the cluster's lists
+ * at start, remote_tier.h): the same result, but its rehash starts no armer, so that the
+ * watch is not spent on a list whose headers are here with other bytes. Arm the one that
+ * matched with kc_rehash_arm. Returns as kc_rehash_own. */
+int kc_rehash_check(struct kc_rehash_table *t, unsigned long ticket, const char *hash,
+		    const char *list, size_t len, char mine[KC_MANIFEST_COMPACT_MAX],
+		    size_t *mlen, char *why, size_t whylen);
+
+/* Start the armer for the list list/len whose digest is hash, as a fetch's uncovered
+ * rehash does, after waiting for a running armer (another list's) to end: unless the
+ * list's last rehash failed, the watch covers it already, or its last arm gave no word
+ * (KC_REHASH_ARM_BACKOFF). Copies list. A thread that
+ * cannot be had leaves it uncovered (its next fetch's rehash asks again). */
+void kc_rehash_arm(struct kc_rehash_table *t, const char *hash, const char *list, size_t len);
+
 #endif

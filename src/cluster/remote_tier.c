@@ -275,6 +275,7 @@ void kc_remote_tier_stop(struct kc_remote_tier *t)
 	pthread_mutex_lock(&t->lock);
 	t->stopping = 1;
 	pthread_cond_broadcast(&t->stop_cv);
+	pthread_cond_broadcast(&t->list_cv); /* looks waiting for an index reader */
 	pthread_mutex_unlock(&t->lock);
 }
 
@@ -282,8 +283,8 @@ void kc_remote_tier_close(struct kc_remote_tier *t)
 {
 	if (!t)
 		return;
-	if (t->prewarm_live)
-		pthread_join(t->prewarm, NULL); /* bounded: its gets by remote_timeout */
+	if (t->prewarm_live) /* stopped between lists: at most one list's gets and rehash */
+		pthread_join(t->prewarm, NULL);
 	t->b->ops->destroy(t->b);
 	pthread_mutex_destroy(&t->lock);
 	pthread_mutex_destroy(&t->list_fetch);
@@ -510,14 +511,16 @@ static int fetch_object(struct kc_remote_tier *t, struct kc_remote_job *rj, cons
 
 /* This node's compact manifest of the header list with digest lhash (list/list_len; none
  * for the empty list's digest) into mine / *mlen, from a rehash begun after ticket
- * (remote_rehash.h). Returns 0 or kc_rehash_own's error, why filled. */
+ * (remote_rehash.h; with check, one that arms no watch: kc_rehash_check). Returns 0 or
+ * kc_rehash_own's error, why filled. */
 static int own_manifest(struct kc_remote_tier *t, unsigned long ticket, const char *lhash,
 			const char *list, size_t list_len, char *mine, size_t *mlen, char *why,
-			size_t whylen)
+			size_t whylen, int check)
 {
 	if (strcmp(lhash, EMPTY_LIST) == 0) /* no header outside toolkit and roots */
 		return kc_manifest_compact("", 0, mine, mlen);
-	return kc_rehash_own(&t->rehash, ticket, lhash, list, list_len, mine, mlen, why, whylen);
+	return (check ? kc_rehash_check : kc_rehash_own)(&t->rehash, ticket, lhash, list,
+							 list_len, mine, mlen, why, whylen);
 }
 
 /* The object of rj->mkey under this node's manifest of the header list that last matched
@@ -546,7 +549,7 @@ static enum found look_direct(struct kc_remote_tier *t, struct kc_remote_job *rj
 		return FOUND_NONE;
 	if (strcmp(lhash, EMPTY_LIST) != 0 && list_cached(t, lhash, &list, &list_len) != 1)
 		return FOUND_NONE; /* replaced in the table: the index names it again */
-	int err = own_manifest(t, ticket, lhash, list, list_len, mine, &mlen, why, sizeof(why));
+	int err = own_manifest(t, ticket, lhash, list, list_len, mine, &mlen, why, sizeof(why), 0);
 	free(list);
 	if (err)
 		return err == -ENOMEM ? FOUND_FAULT : FOUND_NONE;
@@ -625,12 +628,13 @@ static int index_lines(struct kc_remote_tier *t, const char *key, const char *wh
 }
 
 /* The first of the n compact lines whose header list is this node's: its list's digest
- * into lhash and this node's compact manifest of it (from a rehash begun after ticket)
- * into mine / *mlen. Returns its index, -1 when none is (why says why, for the log), or
- * -EIO on a store fault (or -ENOMEM). */
+ * into lhash and this node's compact manifest of it (from a rehash begun after ticket;
+ * check as own_manifest's) into mine / *mlen. Returns its index; -ENOENT when none is (why
+ * says why, for the log); -EIO on a store fault; -ENOMEM. */
 static long match_line(struct kc_remote_tier *t, unsigned long ticket, const char *lines,
 		       size_t n, char lhash[KC_SHA256_HEXLEN + 1],
-		       char mine[KC_MANIFEST_COMPACT_MAX], size_t *mlen, char *why, size_t whylen)
+		       char mine[KC_MANIFEST_COMPACT_MAX], size_t *mlen, char *why, size_t whylen,
+		       int check)
 {
 	for (size_t i = 0; i < n; i++) {
 		const char *line = lines + i * KC_MANIFEST_LINE_LEN;
@@ -646,13 +650,13 @@ static long match_line(struct kc_remote_tier *t, unsigned long ticket, const cha
 				continue;
 		}
 		int matched = own_manifest(t, ticket, lhash, list, list_len, mine, mlen, why,
-					   whylen) == 0 &&
+					   whylen, check) == 0 &&
 			      *mlen == KC_MANIFEST_LINE_LEN && memcmp(mine, line, *mlen) == 0;
 		free(list);
 		if (matched)
 			return (long)i;
 	}
-	return -1;
+	return -ENOENT;
 }
 
 /* Make lhash the list whose manifest last matched here (look_direct's), and wake the looks
@@ -675,7 +679,7 @@ static enum found look_index(struct kc_remote_tier *t, struct kc_remote_job *rj,
 	int err = index_lines(t, rj->mkey, "index", &lines, &nlines);
 	if (err)
 		return err == -ENOENT || err == -EBADMSG ? FOUND_NONE : FOUND_FAULT;
-	long m = match_line(t, ticket, lines, nlines, lhash, mine, &mlen, why, sizeof(why));
+	long m = match_line(t, ticket, lines, nlines, lhash, mine, &mlen, why, sizeof(why), 0);
 	free(lines);
 	if (m == -EIO || m == -ENOMEM)
 		return FOUND_FAULT;
@@ -690,58 +694,63 @@ static enum found look_index(struct kc_remote_tier *t, struct kc_remote_job *rj,
 	       : FOUND_FAULT;
 }
 
+/* Whether the cluster store is stopping (kc_remote_tier_stop). */
+static int stopping(struct kc_remote_tier *t)
+{
+	pthread_mutex_lock(&t->lock);
+	int stop = t->stopping;
+	pthread_mutex_unlock(&t->lock);
+	return stop;
+}
+
 /* The check of the cluster's header lists at start (kc_remote_tier_probe): the lists
- * record names the lists the nodes stored last, newest first, one per image; the first
- * whose headers are this node's (this node's manifest of it is the one the record names)
- * becomes last_list, as if an index had matched it here. So a joining node's first
- * fetches ask for their objects directly, and its rehash of that list (remote_rehash.h:
- * its headers read and hashed into the memo, the watch armed behind it) is done before
- * they ask, instead of on the first fetch's path while every reader waits. The looks that
- * begin meanwhile wait for it as for an establishing look (KC_REMOTE_FIRST_WAIT_MS).
- * Nothing is taken on its word that a look would not check: a look rehashes the list
- * after it asks (or takes the watch's proof) and verifies the object it finds. A record
- * that is missing, refused or names no list of this node's leaves the node as before: its
- * first look reads an index. */
+ * record names the header lists the nodes stored last, newest first; the first whose
+ * headers are this node's (this node's manifest of it is the one the record names)
+ * becomes last_list, as if an index had matched it here, and the watch is armed for it
+ * (only for it: a list whose headers are here with other bytes is not worth the watch).
+ * So a joining node's first fetches ask for their objects directly, with its headers read
+ * and hashed into the memo and watched, instead of doing that on the first fetch's path
+ * while every reader waits. It holds no look back: a look that comes before it ends reads
+ * an index as before (and shares its rehash, remote_rehash.h). Nothing is taken on its
+ * word: each look rehashes the list after it asks (or takes the watch's proof) and
+ * verifies the object it finds. A record that is missing, refused or names no list of
+ * this node's leaves the node as before. It stops between lists once the store stops. */
 static void *prewarm(void *arg)
 {
 	struct kc_remote_tier *t = arg;
 	char key[KC_SHA256_HEXLEN + 1], lhash[KC_SHA256_HEXLEN + 1];
-	char mine[KC_MANIFEST_COMPACT_MAX], why[400] = "", *lines = NULL;
-	size_t n = 0, mlen = 0;
-	long m = -1;
-	int err = kc_object_lists_key(key) ? -ENOMEM
-		  : store_usable(t) ? index_lines(t, key, "header lists' record", &lines, &n)
-				    : -EIO;
-	if (!err) {
-		m = match_line(t, kc_rehash_ticket(&t->rehash), lines, n, lhash, mine, &mlen, why,
-			       sizeof(why));
-		free(lines);
+	char mine[KC_MANIFEST_COMPACT_MAX], why[400] = "", *lines = NULL, *list = NULL;
+	size_t n = 0, mlen = 0, list_len = 0;
+	long m = -ENOENT;
+	if (kc_object_lists_key(key) != 0 || !store_usable(t) ||
+	    index_lines(t, key, "header lists' record", &lines, &n) != 0)
+		return NULL; /* none, or refused (logged), or a fault (counted, logged) */
+	for (size_t i = 0; i < n && m == -ENOENT && !stopping(t); i++) {
+		m = match_line(t, kc_rehash_ticket(&t->rehash), lines + i * KC_MANIFEST_LINE_LEN,
+			       1, lhash, mine, &mlen, why, sizeof(why), 1);
+		if (m == 0)
+			m = (long)i;
 	}
+	free(lines);
 	if (m >= 0) {
 		list_matched(t, lhash);
 		kc_log(KC_LOG_INFO, "cluster store: header list %.16s, %ld of the %zu the cluster "
 		       "stored last, is this node's headers: fetches ask for its objects directly",
 		       lhash, m + 1, n);
-	} else if (!err) {
+		if (strcmp(lhash, EMPTY_LIST) != 0 && list_cached(t, lhash, &list, &list_len) == 1)
+			kc_rehash_arm(&t->rehash, lhash, list, list_len);
+		free(list);
+	} else if (m == -ENOENT && !stopping(t)) {
 		kc_log(KC_LOG_INFO, "cluster store: none of the %zu header lists the cluster "
 		       "stored last is this node's headers%s%s", n, why[0] ? ": " : "", why);
 	}
-	pthread_mutex_lock(&t->lock);
-	t->establishing = 0;
-	pthread_cond_broadcast(&t->list_cv);
-	pthread_mutex_unlock(&t->lock);
 	return NULL;
 }
 
-/* Start prewarm on a thread of its own, the looks that begin meanwhile waiting for it;
- * without a thread, the node goes on as before. */
+/* Start prewarm on a thread of its own; without one, the node goes on as before. */
 static void prewarm_start(struct kc_remote_tier *t)
 {
-	pthread_mutex_lock(&t->lock);
-	t->establishing = 1;
 	t->prewarm_live = pthread_create(&t->prewarm, NULL, prewarm, t) == 0;
-	t->establishing = t->prewarm_live;
-	pthread_mutex_unlock(&t->lock);
 }
 
 /* Try to take the lease. Returns 0 taken, -EBUSY (*state says why), or a fault. A
@@ -932,11 +941,12 @@ static int put_object(struct kc_remote_tier *t, enum kc_object_kind kind, const 
 }
 
 /* Add the compact manifest line (KC_MANIFEST_LINE_LEN bytes) to the index-kind record
- * under key (an index, or the lists record): a new record, or the line first and the
+ * under key (an index, or the lists record; what: its name in the log): a new record, or the line first and the
  * record's others after it, the oldest dropped past KC_MANIFEST_PER_KEY (a store without
  * replace keeps its first record). Returns 0 when the record lists it (or cannot be made
  * to), or a fault. */
-static int index_add(struct kc_remote_tier *t, const char *key, const char *line)
+static int index_add(struct kc_remote_tier *t, const char *key, const char *line,
+		     const char *what)
 {
 	for (int tries = 0; tries < 3; tries++) {
 		char *data = NULL, why[200], next[KC_MANIFEST_PER_KEY * KC_MANIFEST_LINE_LEN];
@@ -944,8 +954,10 @@ static int index_add(struct kc_remote_tier *t, const char *key, const char *line
 		struct kc_object idx;
 		if (!store_usable(t))
 			return -EIO;
+		char of[80];
+		snprintf(of, sizeof(of), "of the %s", what);
 		int err = t->b->ops->get(t->b, key, &data, &len);
-		outcome(t, FAULT_GET, err, -ENOENT, "of an index");
+		outcome(t, FAULT_GET, err, -ENOENT, of);
 		if (err == -ENOENT) {
 			err = store_object(t, KC_OBJECT_INDEX, key, line, n, NULL, 0, 0);
 			if (err == 0 && t->b->ops->replace)
@@ -987,12 +999,23 @@ static int announce(struct kc_remote_tier *t, const char *lhash, const char *lin
 	char key[KC_SHA256_HEXLEN + 1];
 	if (!lhash[0] || strcmp(lhash, EMPTY_LIST) == 0)
 		return 0;
-	return kc_object_lists_key(key) ? -ENOMEM : index_add(t, key, line);
+	return kc_object_lists_key(key) ? -ENOMEM
+	       : index_add(t, key, line, "header lists' record");
 }
 
-/* Share the compiled cubin behind fd: the object, then the index that leads to it. */
+/* What share stored: for its log line and the lists record, which come after the nodes
+ * that wait on the key are told (a hint never delays them). */
+struct stored {
+	int done;                             /* the object and the index are stored */
+	char lhash[KC_SHA256_HEXLEN + 1];     /* the header list's digest */
+	char line[KC_MANIFEST_COMPACT_MAX];   /* its compact line */
+	size_t cubin, headers, list, compact; /* bytes, headers listed, bytes, bytes */
+};
+
+/* Share the compiled cubin behind fd: the object, then the index that leads to it; *out
+ * says what was stored. */
 static void share(struct kc_remote_tier *t, struct kc_remote_job *rj, int fd, const char *deps,
-		  size_t deps_len)
+		  size_t deps_len, struct stored *out)
 {
 	char *manifest = NULL, *cubin = NULL, why[400], okey[KC_SHA256_HEXLEN + 1];
 	size_t mlen = 0, clen = 0;
@@ -1023,11 +1046,12 @@ static void share(struct kc_remote_tier *t, struct kc_remote_job *rj, int fd, co
 	    kc_read_all(dup, KC_OBJECT_MAX_CUBIN, &cubin, &clen) == 0 &&
 	    kc_object_cubin_key(rj->mkey, compact, cml, okey) == 0) {
 		if (put_object(t, KC_OBJECT_CUBIN, okey, compact, cml, cubin, clen) == 0 &&
-		    index_add(t, rj->mkey, compact) == 0) {
-			announce(t, lhash, compact); /* a hint: its fault is counted, no more */
-			kc_log(KC_LOG_INFO, "cluster store: %.16s stored (%zu bytes; %zu headers "
-			       "listed in %zu bytes, %zu bytes of manifest)", rj->mkey, clen,
-			       count_lines(manifest, mlen), mlen, cml);
+		    index_add(t, rj->mkey, compact, "index") == 0) {
+			*out = (struct stored){.done = 1, .cubin = clen, .list = mlen,
+					       .headers = count_lines(manifest, mlen),
+					       .compact = cml};
+			memcpy(out->lhash, lhash, sizeof(lhash));
+			memcpy(out->line, compact, sizeof(compact));
 		}
 	}
 	if (dup >= 0)
@@ -1060,8 +1084,9 @@ void kc_remote_tier_finish(struct kc_remote_tier *t, struct kc_remote_job *rj, i
 		return;
 	renewer_stop(rj);
 	int told = rj->holder || (ok && !t->read_only);
+	struct stored st = {0};
 	if (ok && !t->read_only)
-		share(t, rj, cubin_fd, deps, deps_len);
+		share(t, rj, cubin_fd, deps, deps_len, &st);
 	if (rj->holder) {
 		int err = t->b->ops->lease_release(t->b, rj->mkey, rj->token,
 						   rejected ? KC_REMOTE_FAIL_NOTE_MS : 0);
@@ -1070,6 +1095,12 @@ void kc_remote_tier_finish(struct kc_remote_tier *t, struct kc_remote_job *rj, i
 	}
 	if (told)
 		notify(t, rj);
+	if (st.done) {
+		announce(t, st.lhash, st.line); /* a hint: its fault is counted, no more */
+		kc_log(KC_LOG_INFO, "cluster store: %.16s stored (%zu bytes; %zu headers listed in "
+		       "%zu bytes, %zu bytes of manifest)", rj->mkey, st.cubin, st.headers, st.list,
+		       st.compact);
+	}
 	kc_remote_job_free(rj);
 }
 

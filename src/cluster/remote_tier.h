@@ -108,9 +108,10 @@ int kc_remote_tier_open(const struct kc_remote_opts *o, const char *nvcc,
  * start-up, in the process that serves (after the daemon's fork): it also makes the header
  * memo ready (kc_manifest_memo_init), so that a joining node's first fetch does not fault
  * its pages in, and, when the store answers, starts a thread (joined by
- * kc_remote_tier_close) that checks the lists record against this node's headers: the
- * first list it names that is this node's is then asked for directly, its headers hashed
- * and watched before the first fetch (doc/cluster.md). */
+ * kc_remote_tier_close, stopped by kc_remote_tier_stop between lists) that checks the
+ * lists record against this node's headers: the first list it names that is this node's
+ * is then asked for directly, its headers hashed and watched, if that ends before the
+ * first fetch; a fetch never waits for it (doc/cluster.md). */
 void kc_remote_tier_probe(struct kc_remote_tier *t);
 
 /* Make waiting jobs stop waiting (they compile locally or fail at once); for shutdown. */

@@ -473,6 +473,30 @@ def test_a_node_started_later_needs_no_index(cluster):
     assert len(cluster.compiles()) == 3
 
 
+def test_the_start_check_finds_an_older_image_s_list(cluster):
+    """The lists record names image 2's list first (the newest) and image 1's after it: a
+    node of image 1 that starts later checks both, matches the second, and fetches image
+    1's cubins directly (every index gone), compiling nothing."""
+    got = {}
+    for n in (1, 2):
+        keep_size_and_mtime(cluster.header, "#define KC_CLUSTER %d\n" % n)
+        node = cluster.node("img%d" % n)
+        got[n] = {p.parent.name: read_result(p) for p in stage_all(cluster, node, range(2))}
+        cluster.shared(node, 2)
+    assert got[1] != got[2] and len(cluster.compiles()) == 4
+    assert cluster.record().count(b" @headers\n") == 2
+    for p in cluster.objects(b"index"):
+        if b" @headers\n" in p.read_bytes():
+            p.unlink()
+    keep_size_and_mtime(cluster.header, "#define KC_CLUSTER 1\n")
+    b = cluster.node("b")
+    assert "2 of the 2 the cluster stored last, is this node's headers" in checked_at_start(b)
+    assert {p.parent.name: read_result(p) for p in stage_all(cluster, b, range(2))} == got[1]
+    s = b.stats()
+    assert s["remote_hits_total"] == 2 and s["compiles_total"] == 0, b.daemon_log()
+    assert len(cluster.compiles()) == 4
+
+
 @pytest.mark.parametrize("when", ["before", "after"])
 def test_a_header_changed_around_the_start_check_is_seen(cluster, when):
     """A listed header given other bytes (its size and mtime kept) before the node starts,

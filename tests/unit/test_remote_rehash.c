@@ -548,6 +548,36 @@ static void arm_behind_fetches(void)
 	      "watch's word");
 }
 
+/* The check of the cluster's lists at start: kc_rehash_check's rehash arms nothing (the
+ * list may be another image's); kc_rehash_arm then arms the one that matched, once, and a
+ * fetch after that takes the armer's rehash on the watch's word. */
+static void checked_then_armed(void)
+{
+	char m[KC_MANIFEST_COMPACT_MAX], m2[KC_MANIFEST_COMPACT_MAX], why[200];
+	size_t ml = 0, len = strlen(list);
+	struct kc_rehash_table t;
+	kc_rehash_init(&t);
+	kc_rehash_arm(&t, "chk", list, len);
+	kc_rehash_settle(&t);
+	CHECK(t.arms == 0, "arm: a list never rehashed here is not armed");
+	int err = kc_rehash_check(&t, kc_rehash_ticket(&t), "chk", list, len, m, &ml, why,
+				  sizeof(why));
+	kc_rehash_settle(&t);
+	CHECK(err == 0 && ml == KC_MANIFEST_LINE_LEN && t.starts == 1 && t.arms == 0,
+	      "check: this node's manifest, from a rehash that starts no armer");
+	kc_rehash_arm(&t, "chk", list, len);
+	kc_rehash_settle(&t);
+	unsigned long p = t.proven;
+	err = kc_rehash_own(&t, kc_rehash_ticket(&t), "chk", list, len, m2, &ml, why, sizeof(why));
+	CHECK(err == 0 && strcmp(m, m2) == 0 && t.arms == 1 && t.armer_starts == 1 &&
+	      t.proven == p + 1,
+	      "arm: the checked list armed; the next fetch takes the watch's word");
+	kc_rehash_arm(&t, "chk", list, len);
+	kc_rehash_settle(&t);
+	CHECK(t.arms == 1, "arm: a list the watch covers is not armed again");
+	kc_rehash_destroy(&t);
+}
+
 static int own(unsigned long ticket, char mine[KC_MANIFEST_COMPACT_MAX])
 {
 	return fetch(&table, "ab", ticket, list, mine);
@@ -629,6 +659,7 @@ int main(void)
 		arm_behind_fetches();
 		arm_reads_changed();
 		arm_backoff();
+		checked_then_armed();
 		watched_symlinks();
 		watched_chains();
 	}
