@@ -63,7 +63,8 @@ struct kc_remote_tier {
 	 * wait for it (at most KC_REMOTE_FIRST_WAIT_MS, on list_cv) and then ask directly,
 	 * instead of each reading its own index (a joining node's first fetches) */
 	int establishing;
-	pthread_cond_t list_cv; /* CLOCK_MONOTONIC; last_list set or establishing ended */
+	pthread_cond_t list_cv; /* CLOCK_MONOTONIC; last_list set, establishing ended, or
+				 * the store stopping */
 	pthread_t prewarm;      /* kc_remote_tier_probe's check of the cluster's lists */
 	int prewarm_live;       /* it holds a thread not yet joined */
 };
@@ -659,12 +660,14 @@ static long match_line(struct kc_remote_tier *t, unsigned long ticket, const cha
 	return -ENOENT;
 }
 
-/* Make lhash the list whose manifest last matched here (look_direct's), and wake the looks
- * that wait for one. */
-static void list_matched(struct kc_remote_tier *t, const char *lhash)
+/* Make lhash the list whose manifest last matched here (look_direct's), unless keep and
+ * one is set already (by a look's index, which is as good), and wake the looks that wait
+ * for one. */
+static void list_matched(struct kc_remote_tier *t, const char *lhash, int keep)
 {
 	pthread_mutex_lock(&t->lock);
-	memcpy(t->last_list, lhash, KC_SHA256_HEXLEN + 1);
+	if (!keep || !t->last_list[0])
+		memcpy(t->last_list, lhash, KC_SHA256_HEXLEN + 1);
 	pthread_cond_broadcast(&t->list_cv);
 	pthread_mutex_unlock(&t->lock);
 }
@@ -688,7 +691,7 @@ static enum found look_index(struct kc_remote_tier *t, struct kc_remote_job *rj,
 		       "node's%s%s", rj->mkey, nlines, why[0] ? ": " : "", why);
 		return FOUND_OTHER_HEADERS;
 	}
-	list_matched(t, lhash);
+	list_matched(t, lhash, 0);
 	err = fetch_object(t, rj, mine, mlen, t0);
 	return err == 0 ? FOUND_CUBIN : err == -ENOENT || err == -EBADMSG ? FOUND_OTHER_HEADERS
 	       : FOUND_FAULT;
@@ -733,16 +736,20 @@ static void *prewarm(void *arg)
 	}
 	free(lines);
 	if (m >= 0) {
-		list_matched(t, lhash);
+		list_matched(t, lhash, 1);
 		kc_log(KC_LOG_INFO, "cluster store: header list %.16s, %ld of the %zu the cluster "
 		       "stored last, is this node's headers: fetches ask for its objects directly",
 		       lhash, m + 1, n);
-		if (strcmp(lhash, EMPTY_LIST) != 0 && list_cached(t, lhash, &list, &list_len) == 1)
+		if (strcmp(lhash, EMPTY_LIST) != 0 && !stopping(t) &&
+		    list_cached(t, lhash, &list, &list_len) == 1)
 			kc_rehash_arm(&t->rehash, lhash, list, list_len);
 		free(list);
 	} else if (m == -ENOENT && !stopping(t)) {
 		kc_log(KC_LOG_INFO, "cluster store: none of the %zu header lists the cluster "
 		       "stored last is this node's headers%s%s", n, why[0] ? ": " : "", why);
+	} else if (m == -ENOMEM) {
+		kc_log(KC_LOG_WARN, "cluster store: the header lists the cluster stored last were "
+		       "not checked: out of memory");
 	}
 	return NULL;
 }
@@ -941,10 +948,10 @@ static int put_object(struct kc_remote_tier *t, enum kc_object_kind kind, const 
 }
 
 /* Add the compact manifest line (KC_MANIFEST_LINE_LEN bytes) to the index-kind record
- * under key (an index, or the lists record; what: its name in the log): a new record, or the line first and the
- * record's others after it, the oldest dropped past KC_MANIFEST_PER_KEY (a store without
- * replace keeps its first record). Returns 0 when the record lists it (or cannot be made
- * to), or a fault. */
+ * under key (an index, or the lists record; what: its name in the log): a new record, or
+ * the line first and the record's others after it, the oldest dropped past
+ * KC_MANIFEST_PER_KEY (a store without replace keeps its first record). Returns 0 when the
+ * record lists it (or cannot be made to), or a fault. */
 static int index_add(struct kc_remote_tier *t, const char *key, const char *line,
 		     const char *what)
 {
