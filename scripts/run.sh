@@ -73,5 +73,6 @@ echo "log:     $(head -n1 "$entry/kernel.log")"
 echo "stats:   ($mnt/.kcachefs/stats)"
 sed 's/^/  /' "$mnt/.kcachefs/stats"
 echo
-echo "kcachefs stays mounted on $mnt. Point a JIT cache at it, e.g. DG_JIT_CACHE_DIR=$mnt"
+echo "kcachefs stays mounted on $mnt. Point a JIT cache at it, e.g. for DeepGEMM (README.md):"
+echo "  DG_JIT_CACHE_DIR=$mnt/deepgemm/\$USER DG_JIT_NVCC_COMPILER=$PWD/build/kcachefs-nvcc"
 echo "Unmount with:  fusermount3 -u $mnt    (or: umount $mnt)"
