@@ -355,6 +355,9 @@ def test_sibling_writers_of_an_inherited_descriptor_stage_the_whole_file(mount_f
                         str(tmp_path / "b.cu"), str(entry)], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0, r.stderr
+    # the last close is the shell's, whose release the kernel sends the daemon after the
+    # close returns (FUSE's RELEASE is asynchronous): the commit may come just after bash
+    wait_until(lambda: (entry / "kernel.cu").exists(), m.daemon_log)
     assert (entry / "kernel.cu").read_bytes() == PART_A + PART_B
     assert {"part_a", "part_b"} <= elf_symbols((entry / "kernel.cubin").read_bytes())
 
