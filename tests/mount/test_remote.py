@@ -445,6 +445,19 @@ def keep_size_and_mtime(header, text):
     os.utime(header, ns=(st.st_atime_ns, st.st_mtime_ns))
 
 
+def read_kernels(cluster, node, kernels):
+    """Stage kernels on node and read each cubin: {entry name: read_result}."""
+    return {p.parent.name: read_result(p) for p in stage_all(cluster, node, kernels)}
+
+
+def drop_indexes(cluster):
+    """Remove every kernel's index from the store (the header lists and the lists record
+    stay): only the record can lead a node to the objects then."""
+    for p in cluster.objects(b"index"):
+        if b" @headers\n" in p.read_bytes():
+            p.unlink()
+
+
 def checked_at_start(node):
     """Wait until node's check of the cluster's header lists at start has ended; its log."""
     wait_until(lambda: " the cluster stored last" in node.daemon_log(), node.daemon_log)
@@ -458,16 +471,14 @@ def test_a_node_started_later_needs_no_index(cluster):
     store, it still fetches them all (without the check its first look reads the index,
     finds none, and compiles)."""
     a = cluster.node("a")
-    first = {p.parent.name: read_result(p) for p in stage_all(cluster, a, range(3))}
+    first = read_kernels(cluster, a, range(3))
     cluster.shared(a, 3)
     indexes = [p for p in cluster.objects(b"index") if b" @headers\n" in p.read_bytes()]
     assert len(indexes) == 3 and b" @headers\n" in cluster.record()
-    for p in indexes:
-        p.unlink()
+    drop_indexes(cluster)
     b = cluster.node("b")
     assert "1 of the 1 the cluster stored last, is this node's headers" in checked_at_start(b)
-    got = {p.parent.name: read_result(p) for p in stage_all(cluster, b, range(3))}
-    assert got == first
+    assert read_kernels(cluster, b, range(3)) == first
     s = b.stats()
     assert s["remote_hits_total"] == 3 and s["compiles_total"] == 0, b.daemon_log()
     assert len(cluster.compiles()) == 3
@@ -481,17 +492,15 @@ def test_the_start_check_finds_an_older_image_s_list(cluster):
     for n in (1, 2):
         keep_size_and_mtime(cluster.header, "#define KC_CLUSTER %d\n" % n)
         node = cluster.node("img%d" % n)
-        got[n] = {p.parent.name: read_result(p) for p in stage_all(cluster, node, range(2))}
+        got[n] = read_kernels(cluster, node, range(2))
         cluster.shared(node, 2)
     assert got[1] != got[2] and len(cluster.compiles()) == 4
     assert cluster.record().count(b" @headers\n") == 2
-    for p in cluster.objects(b"index"):
-        if b" @headers\n" in p.read_bytes():
-            p.unlink()
+    drop_indexes(cluster)
     keep_size_and_mtime(cluster.header, "#define KC_CLUSTER 1\n")
     b = cluster.node("b")
     assert "2 of the 2 the cluster stored last, is this node's headers" in checked_at_start(b)
-    assert {p.parent.name: read_result(p) for p in stage_all(cluster, b, range(2))} == got[1]
+    assert read_kernels(cluster, b, range(2)) == got[1]
     s = b.stats()
     assert s["remote_hits_total"] == 2 and s["compiles_total"] == 0, b.daemon_log()
     assert len(cluster.compiles()) == 4
@@ -526,7 +535,7 @@ def test_a_refused_lists_record_costs_only_the_check(cluster, tmp_path, how):
     key.write_bytes(os.urandom(32))
     os.chmod(key, 0o600)
     a = cluster.node("a", ["remote_key=%s" % key])
-    first = {p.parent.name: read_result(p) for p in stage_all(cluster, a, range(2))}
+    first = read_kernels(cluster, a, range(2))
     cluster.shared(a, 2)
     record = cluster.store / "objects" / LISTS_KEY[:2] / LISTS_KEY
     data = record.read_bytes()
@@ -535,8 +544,7 @@ def test_a_refused_lists_record_costs_only_the_check(cluster, tmp_path, how):
     b = cluster.node("b", ["remote_key=%s" % key])
     wait_until(lambda: "header lists' record %s refused" % LISTS_KEY[:16] in b.daemon_log(),
                b.daemon_log)
-    got = {p.parent.name: read_result(p) for p in stage_all(cluster, b, range(2))}
-    assert got == first
+    assert read_kernels(cluster, b, range(2)) == first
     s = b.stats()
     assert s["remote_rejected_total"] == 1 and s["remote_hits_total"] == 2, b.daemon_log()
     assert len(cluster.compiles()) == 2
