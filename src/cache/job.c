@@ -384,9 +384,9 @@ done:
 	return result;
 }
 
-/* The cluster's part of a published compile: nvcc's dependency pass (the same source and
- * flags, sandboxed as a compile) gives the header list, then the object and index are put
- * and the lease released. Runs in c->shares after the openers were answered and holds no
+/* The cluster's part of a published compile: the dependency pass (the same compile again,
+ * traced, compile.h) gives the list of what the toolchain looked up, then the object and
+ * index are put and the lease released. Runs in c->shares after the openers were answered and holds no
  * job slot nor compile worker: the node's next compile need not wait for it. A pass that fails only means "not shared":
  * the published cubin stays, the lease is released, so another node compiles. */
 static void share_published(struct compile_job *j)
@@ -401,6 +401,7 @@ static void share_published(struct compile_job *j)
 		.source_len = j->recipe.source_len, .scratch = scratch, .scratch_fd = scratch_fd,
 		.timeout_s = cfg->compile_timeout, .first_uid = cfg->compile_uids,
 		.ns_flags = cfg->ns_flags, .out_fd = -1, .deps_only = 1, .pool = c->nvrtc,
+		.tracer = cfg->tracer,
 	};
 	if (scratch_fd < 0)
 		snprintf(out.why, sizeof(out.why), "no scratch directory: %s", strerror(-scratch_fd));

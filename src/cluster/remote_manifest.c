@@ -2,6 +2,7 @@
 #define _GNU_SOURCE
 #include "remote_manifest.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -174,15 +175,49 @@ static int pseudo(const char *path)
 }
 
 /* Hash the header path, open as fd (st: its fstat, admitted), into hex, and memoize it
- * when its stamps may stand for its bytes. Returns 0 or -errno of the read. */
+ * when its stamps may stand for its bytes (kc_tree_memoizable; leased: 1 when the caller
+ * holds a read lease on fd, -1 to take one here over the read). Returns 0 or -errno of
+ * the read. */
 static int hash_open(const char *path, int fd, const struct stat *st,
-		     char hex[KC_SHA256_HEXLEN + 1])
+		     char hex[KC_SHA256_HEXLEN + 1], int leased)
 {
 	struct timespec changed_before;
 	clock_gettime(CLOCK_REALTIME_COARSE, &changed_before);
+	if (leased < 0)
+		leased = kc_tree_lease(fd);
 	int err = kc_sha256_fd_sized(fd, hex, NULL, (int64_t)st->st_size);
-	if (!err && kc_tree_memoizable(fd, st, &changed_before))
+	if (!err && kc_tree_memoizable(fd, st, &changed_before, leased))
 		memo_put(path, st, hex);
+	return err;
+}
+
+static int cmp_dirent(const struct dirent **a, const struct dirent **b)
+{
+	return strcmp((*a)->d_name, (*b)->d_name);
+}
+
+/* The digest of the names in directory dir (a trace's "d" line: a tool read it whole) into
+ * hex: SHA-256 over each name and its type ('d' directory, 'l' link, 'f' anything else), in
+ * byte order. Returns 0 or -errno. */
+static int listing_digest(const char *dir, char hex[KC_SHA256_HEXLEN + 1])
+{
+	struct dirent **names = NULL;
+	int n = scandir(dir, &names, NULL, cmp_dirent);
+	if (n < 0)
+		return -errno;
+	char *text = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&text, &len);
+	for (int i = 0; i < n; i++) {
+		const char *name = names[i]->d_name;
+		unsigned char t = names[i]->d_type;
+		if (f && strcmp(name, ".") != 0 && strcmp(name, "..") != 0)
+			fprintf(f, "%c %s\n", t == DT_DIR ? 'd' : t == DT_LNK ? 'l' : 'f', name);
+		free(names[i]);
+	}
+	free(names);
+	int err = !f || fclose(f) != 0 ? -ENOMEM : kc_sha256_buf(text, len, hex) ? -ENOMEM : 0;
+	free(text);
 	return err;
 }
 
@@ -196,7 +231,21 @@ static int hash_header(const char *path, char hex[KC_SHA256_HEXLEN + 1], uint64_
 {
 	struct stat st;
 	int fd = -1;
-	int err = pseudo(path) ? -EACCES : stat(path, &st) != 0 ? -errno : admit(&st);
+	size_t pl = strlen(path);
+	if (!pseudo(path) && pl > 1 && path[pl - 1] == '/') {
+		int err = listing_digest(path, hex);
+		if (err)
+			snprintf(why, whylen, "directory %s: %s", path, strerror(-err));
+		return err;
+	}
+	int err = pseudo(path) ? -EACCES : stat(path, &st) != 0 ? -errno : 0;
+	if (err == -ENOENT || err == -ENOTDIR || (!err && S_ISDIR(st.st_mode))) {
+		/* a lookup that found nothing, or a directory: the outcome is the evidence */
+		memcpy(hex, err ? KC_MANIFEST_ABSENT : KC_MANIFEST_DIRECTORY, KC_SHA256_HEXLEN + 1);
+		return 0;
+	}
+	if (!err)
+		err = admit(&st);
 	uint64_t counted = err ? 0 : (uint64_t)st.st_size; /* what *total holds of it */
 	if (!err && __atomic_add_fetch(total, counted, __ATOMIC_RELAXED) > KC_MANIFEST_MAX_TOTAL)
 		err = -EFBIG;
@@ -215,7 +264,7 @@ static int hash_header(const char *path, char hex[KC_SHA256_HEXLEN + 1], uint64_
 					err = -EFBIG;
 			}
 			if (!err)
-				err = hash_open(path, fd, &st, hex);
+				err = hash_open(path, fd, &st, hex, -1);
 			if (fd >= 0)
 				close(fd);
 		}
@@ -233,7 +282,7 @@ int kc_manifest_memo_fill(const char *path, int fd)
 	char hex[KC_SHA256_HEXLEN + 1];
 	if (pseudo(path) || fstat(fd, &st) != 0 || admit(&st) != 0 || memo_get(path, &st, hex))
 		return 0;
-	return hash_open(path, fd, &st, hex);
+	return hash_open(path, fd, &st, hex, 1);
 }
 
 /* The headers of one spread rehash (build), taken in turn by its threads. */
@@ -376,45 +425,6 @@ static int build(int err, struct kc_argv *p, int spread, char **manifest, size_t
 	return 0;
 }
 
-/* realpath of dir into root if it is laid out as a CUDA toolkit (include/cuda.h, or
- * targets/ as the packages lay it out). Returns 0 or -ENOENT. */
-static int toolkit_at(const char *dir, char *root, size_t rootlen)
-{
-	char real[PATH_MAX], probe[PATH_MAX + 32];
-	struct stat st;
-	if (!realpath(dir, real))
-		return -ENOENT;
-	snprintf(probe, sizeof(probe), "%s/include/cuda.h", real);
-	int is = stat(probe, &st) == 0;
-	snprintf(probe, sizeof(probe), "%s/targets", real);
-	is = is || (stat(probe, &st) == 0 && S_ISDIR(st.st_mode));
-	if (!is || strlen(real) >= rootlen)
-		return -ENOENT;
-	strcpy(root, real);
-	return 0;
-}
-
-int kc_manifest_toolkit_root(const char *nvcc_path, const char *fallback, char *root,
-			     size_t rootlen)
-{
-	char real[PATH_MAX + 8];
-	if (realpath(nvcc_path, real)) {
-		for (int up = 0; up < 2; up++) {
-			char *slash = strrchr(real, '/');
-			if (slash && slash != real)
-				*slash = '\0';
-		}
-		if (toolkit_at(real, root, rootlen) == 0)
-			return 0;
-	}
-	return fallback ? toolkit_at(fallback, root, rootlen) : -ENOENT;
-}
-
-static int blank(char ch)
-{
-	return ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r';
-}
-
 /* The include roots that kernel.flags (flags, len bytes) names by content into roots. */
 static int root_dirs(const char *flags, size_t len, struct kc_argv *roots)
 {
@@ -437,71 +447,80 @@ static int root_dirs(const char *flags, size_t len, struct kc_argv *roots)
 	return 0;
 }
 
-/* Add one prerequisite of the dependency file to p unless it is left out. */
-static int add_dep(struct kc_argv *p, const char *word, size_t wl, const char *skip_dir,
-		   const char *toolkit_root, const struct kc_argv *roots, char *why,
-		   size_t whylen)
+/* Whether path (absolute) names a component "..". */
+static int has_dotdot(const char *path)
 {
-	char real[PATH_MAX];
-	if (word[0] != '/') {
-		snprintf(why, whylen, "dependency %s is a relative path", word);
-		return -EINVAL;
-	}
-	for (size_t i = 0; i < roots->n; i++)
-		if (under(word, roots->v[i]))
-			return 0; /* its bytes are in the recipe's key (key.h) */
-	if ((skip_dir && under(word, skip_dir)) ||
-	    (toolkit_root && realpath(word, real) && under(real, toolkit_root)))
-		return 0;
-	return paths_add(p, word, wl);
+	for (const char *p = strstr(path, "/.."); p; p = strstr(p + 1, "/.."))
+		if (p[3] == '/' || p[3] == '\0')
+			return 1;
+	return 0;
 }
 
-int kc_manifest_from_deps(const char *deps, size_t len, const char *skip_dir,
-			  const char *toolkit_root, const char *flags, size_t flags_len,
-			  char **manifest, size_t *mlen, char *why, size_t whylen)
+/* Whether the lookup of path, under root as the words go, stays in the tree whose bytes
+ * the recipe's key holds (tree.h: every file below root, symlinks followed). A path that
+ * climbs out with ".." through a symbolic link leaves it: the directory part is then
+ * resolved, and must lie below the resolved root. One whose directory part is missing
+ * found nothing in the tree, which the tree's digest shows too. */
+static int in_root(const char *path, const char *root)
+{
+	if (!under(path, root))
+		return 0;
+	if (!has_dotdot(path))
+		return 1;
+	char dir[PATH_MAX], rdir[PATH_MAX], rroot[PATH_MAX];
+	snprintf(dir, sizeof(dir), "%s", path);
+	char *slash = strrchr(dir, '/');
+	if (slash && slash != dir)
+		*slash = '\0';
+	if (!realpath(dir, rdir))
+		return 1;
+	return realpath(root, rroot) && under(rdir, rroot);
+}
+
+/* Add one path of the trace to p unless it is left out. */
+static int add_traced(struct kc_argv *p, char kind, const char *path, size_t pl,
+		      const char *skip_dir, const struct kc_argv *roots, char *why,
+		      size_t whylen)
+{
+	if (path[0] != '/') {
+		snprintf(why, whylen, "traced path %.200s is relative", path);
+		return -EINVAL;
+	}
+	if (pseudo(path) || (skip_dir && under(path, skip_dir)))
+		return 0;
+	for (size_t i = 0; i < roots->n; i++)
+		if (in_root(path, roots->v[i]))
+			return 0; /* its bytes are in the recipe's key (key.h) */
+	if (kind != 'd')
+		return paths_add(p, path, pl);
+	char listed[PATH_MAX + 1]; /* a directory read whole: "dir/" stands for its names */
+	if (pl + 2 > sizeof(listed))
+		return 0;
+	snprintf(listed, sizeof(listed), "%s/", path);
+	return paths_add(p, listed, pl + 1);
+}
+
+int kc_manifest_from_trace(const char *trace, size_t len, const char *skip_dir,
+			   const char *flags, size_t flags_len, char **manifest, size_t *mlen,
+			   char *why, size_t whylen)
 {
 	struct kc_argv p = {0}, roots = {0};
-	char *word = malloc(len + 1);
-	size_t wl = 0, i = 0;
-	int err = word ? root_dirs(flags, flags_len, &roots) : -ENOMEM;
-
-	/* the first rule's colon: one followed by a blank or the end */
-	for (; i < len; i++) {
-		if (deps[i] == '\\' && i + 1 < len) {
-			i++;
-			continue;
-		}
-		if (deps[i] == ':' && (i + 1 == len || blank(deps[i + 1])))
+	char path[PATH_MAX];
+	int err = root_dirs(flags, flags_len, &roots);
+	for (size_t off = 0; off < len && !err;) {
+		const char *line = trace + off, *nl = memchr(line, '\n', len - off);
+		size_t ll = nl ? (size_t)(nl - line) : len - off;
+		off += ll + 1;
+		if (ll < 3 || line[1] != ' ' || !strchr("osxd", line[0]) || ll - 2 >= sizeof(path)) {
+			snprintf(why, whylen, "malformed trace line %zu bytes into the trace",
+				 off - ll - 1);
+			err = -EINVAL;
 			break;
-	}
-	if (!err && i >= len) {
-		snprintf(why, whylen, "dependency output has no rule");
-		err = -EINVAL;
-	}
-	/* its prerequisites, up to the end of its (continued) line */
-	for (i++; i <= len && !err; i++) {
-		char ch = i < len ? deps[i] : '\n';
-		if (ch == '\\' && i + 1 < len && deps[i + 1] == '\n') {
-			i++;
-			ch = ' ';
-		} else if ((ch == '\\' && i + 1 < len && (deps[i + 1] == ' ' || deps[i + 1] == '#')) ||
-			   (ch == '$' && i + 1 < len && deps[i + 1] == '$')) {
-			word[wl++] = deps[++i];
-			continue;
 		}
-		if (!blank(ch)) {
-			word[wl++] = ch;
-			continue;
-		}
-		if (wl) {
-			word[wl] = '\0';
-			err = add_dep(&p, word, wl, skip_dir, toolkit_root, &roots, why, whylen);
-			wl = 0;
-		}
-		if (ch == '\n')
-			break;
+		memcpy(path, line + 2, ll - 2);
+		path[ll - 2] = '\0';
+		err = add_traced(&p, line[0], path, ll - 2, skip_dir, &roots, why, whylen);
 	}
-	free(word);
 	kc_argv_free(&roots);
 	return build(err, &p, 0, manifest, mlen, why, whylen);
 }

@@ -1,13 +1,23 @@
-/* remote_manifest.h - the header manifest of a compile for the cluster store
- * (remote_object.h): which headers it read and their SHA-256, so that a node uses another
- * node's cubin only when its own copies of those headers are the same bytes.
+/* remote_manifest.h - the evidence of a compile for the cluster store (remote_object.h):
+ * every path its toolchain looked up and what the lookup found, so that a node uses
+ * another node's cubin only where its own compile would look up the same paths and find
+ * the same things, and so make the same bytes.
  *
- * The list comes from the compiler itself: nvcc's dependency output (-MD -MF, make syntax;
- * compile.h's deps_only). Headers under the toolkit (kc_manifest_toolkit_root) are left out: the compiler identity in the recipe
- * covers them. Every other header (-I trees, the host's /usr/include) is listed and hashed.
+ * The list comes from the compiler itself: the dependency pass runs the same compile again
+ * under kcachefs-trace (compile.h), which writes down every path any process of the
+ * toolchain opened, stat'ed, tested for access, executed or read as a directory: nvcc,
+ * nvcc.profile, the host compiler's driver and cc1plus, cicc, ptxas, libdevice, the shared
+ * libraries they load, every header, and every lookup that found nothing (an include
+ * searched through the -I directories in order, __has_include, #include_next, a program
+ * searched through PATH). Each path is listed with its outcome: the SHA-256 of its bytes
+ * (a regular file, symlinks followed as the lookup followed them), KC_MANIFEST_ABSENT (the
+ * lookup found nothing: ENOENT, ENOTDIR), KC_MANIFEST_DIRECTORY (a directory), and for a
+ * directory a tool read whole (listed as "dir/") the digest of its names. Left out: paths
+ * under the compile's scratch, /proc, /sys and /dev, and paths under an include root that
+ * the recipe names by content (tree.h: the key holds that whole tree's bytes).
  * A manifest is "<sha256-hex> <path>\n" lines sorted by path (kc_object_manifest_check).
  *
- * NVRTC-backend entries have no dependency output: they are not shared through the store
+ * NVRTC-backend entries have no trace: they are not shared through the store
  * (remote_tier.c), as a header they include could differ between nodes unseen.
  *
  * Hashing reads files as the daemon: only regular files that everyone may read (mode o+r;
@@ -16,12 +26,16 @@
  * private file.
  *
  * Hashes are memoized per process (a bounded table of 4096 paths, 4 ways a set, a full
- * set's least recently used path replaced): a header whose path, device, inode, size,
- * mtime and ctime are those it had when hashed is not read again; any change to it
- * changes its ctime, so it is hashed anew. A file whose ctime was
- * not yet behind the clock when it was hashed is not memoized (a second write in the same
- * clock tick could leave every stat field as it was). Jobs that need the same header at
- * once wait for the one that reads it (striped locks), so it is read once.
+ * set's least recently used path replaced): a file whose path, device, inode, size,
+ * mtime and ctime are those it had when hashed is not read again. Stamps can lie: a write
+ * through a shared writable mapping whose page is already dirty moves none of them. So a
+ * hash is memoized only when nobody had the file open for writing while it was read (a
+ * read lease, F_SETLEASE, held over the read: a writable mapping keeps its file open for
+ * writing), on a local filesystem that stamps a mapping's first write to a clean page
+ * (tree.h, kc_tree_memoizable), and when its ctime was behind the clock; any later writer
+ * must open the file, and its first write (by write(2), or a fault on a page of a new
+ * mapping) moves mtime and ctime. Jobs that need the same file at once wait for the one
+ * that reads it (striped locks), so it is read once.
  */
 #ifndef KC_REMOTE_MANIFEST_H
 #define KC_REMOTE_MANIFEST_H
@@ -31,23 +45,28 @@
 
 #include "hash.h"
 
-#define KC_MANIFEST_MAX_HEADER (64u << 20) /* bytes of one header hashed, at most */
-#define KC_MANIFEST_MAX_HEADERS 20000      /* headers of one compile, at most */
-#define KC_MANIFEST_MAX_TOTAL (512u << 20) /* bytes of all headers of one manifest hashed */
+#define KC_MANIFEST_MAX_HEADER (256u << 20) /* bytes of one file hashed, at most (cicc: 73 MiB) */
+#define KC_MANIFEST_MAX_HEADERS 20000      /* paths of one compile, at most (block_sum: 2,760) */
+#define KC_MANIFEST_MAX_TOTAL (1024u << 20) /* bytes of all files of one manifest hashed */
 
-/* Build the manifest of a compile from its dependency file (deps/len, make syntax: the
- * first target's prerequisites; "\ " escapes a blank, "$$" a '$', backslash-newline joins
- * lines). The source itself and paths under skip_dir (the compile's scratch as it saw it)
- * are left out, and so are paths under toolkit_root, and paths under an include root that
- * the recipe's kernel.flags (flags/flags_len, may be NULL) names by content (tree.h): the
- * bytes of that whole tree are in the recipe's key already. Returns 0 with *manifest (malloc'd,
- * owned by the caller; "" when no header is listed) / *mlen; -EINVAL with why filled when
- * the file cannot be parsed or lists a relative path; -EACCES / -ENOENT / -EFBIG with why
- * filled when a header cannot be hashed (no longer there, not readable by all, too big): a
- * compile whose headers cannot be shown is not shared; -ENOMEM. */
-int kc_manifest_from_deps(const char *deps, size_t len, const char *skip_dir,
-			  const char *toolkit_root, const char *flags, size_t flags_len,
-			  char **manifest, size_t *mlen, char *why, size_t whylen);
+/* The outcome of a lookup that found nothing, and of one that found a directory, where a
+ * file's SHA-256 stands (the SHA-256 of "kcachefs: a lookup that found nothing\n" and of
+ * "kcachefs: a directory\n": no file's bytes are those). */
+#define KC_MANIFEST_ABSENT "3e144f3ec7178ebad4c924e5d523e6f4bb43b02860e4bb9ef1ac958f6e2b0075"
+#define KC_MANIFEST_DIRECTORY "12a476a2c53aa668e257ea001a336e1d142050e88dca0eb9732e07fc390e4d3d"
+
+/* Build the manifest of a compile from its trace (trace/len, kcachefs-trace's "<kind>
+ * <path>" lines, kind o, s, x or d). Paths under skip_dir, under /proc, /sys and /dev,
+ * and under an include root that the recipe's kernel.flags (flags/flags_len, may be NULL)
+ * names by content (tree.h) are left out; each other path is listed once with its
+ * outcome, as above. Returns 0 with *manifest (malloc'd, owned by the caller; "" when no
+ * path is listed) / *mlen; -EINVAL with why filled when a line cannot be parsed or names
+ * a relative path; -EACCES / -EFBIG / -errno with why filled when a file cannot be hashed
+ * (not readable by all, too big) or a lookup failed otherwise than finding nothing: a
+ * compile whose evidence cannot be shown is not shared; -ENOMEM. */
+int kc_manifest_from_trace(const char *trace, size_t len, const char *skip_dir,
+			   const char *flags, size_t flags_len, char **manifest, size_t *mlen,
+			   char *why, size_t whylen);
 
 /* The compact manifest that the cubin object carries (remote_object.h): one line
  * "<SHA-256 of the full list> @headers\n" (the SHA-256 of "" for a compile that read no
@@ -69,10 +88,10 @@ int kc_manifest_compact(const char *full, size_t len, char out[KC_MANIFEST_COMPA
  * -EBADMSG for anything else. */
 int kc_manifest_compact_list(const char *compact, size_t len, char hex[KC_SHA256_HEXLEN + 1]);
 
-/* This node's manifest for the headers another node's manifest (index, a checked
- * manifest) lists: the same paths, hashed here. Returns 0 with *manifest / *mlen (as
- * above); -ENOENT / -EACCES / -EFBIG with why filled when a header cannot be hashed here
- * (a miss: compile locally); -ENOMEM. */
+/* This node's manifest for the paths another node's manifest (index, a checked
+ * manifest) lists: the same paths, looked up here, each with its outcome here. Returns 0
+ * with *manifest / *mlen (as above); -EACCES / -EFBIG / -errno with why filled when a file
+ * cannot be hashed here (a miss: compile locally); -ENOMEM. */
 int kc_manifest_rehash(const char *index, size_t len, char **manifest, size_t *mlen,
 		       char *why, size_t whylen);
 
@@ -107,12 +126,5 @@ void kc_manifest_memo_init(void);
  * fd: nobody writes it meanwhile). Returns 0, or -errno of the read (the memo is then left
  * as it was). */
 int kc_manifest_memo_fill(const char *path, int fd);
-
-/* The toolkit root of the nvcc at nvcc_path into root: the realpath of its directory's
- * parent when that is laid out as a CUDA toolkit (include/cuda.h or targets/), else (a
- * wrapper script elsewhere) that of fallback (the toolkit kcachefs was built against) if
- * it is one. Returns 0 or -ENOENT (none: every header is then hashed). */
-int kc_manifest_toolkit_root(const char *nvcc_path, const char *fallback, char *root,
-			     size_t rootlen);
 
 #endif

@@ -34,7 +34,7 @@ static int derive(const char *tag, const char *a, const char *b, size_t blen,
 
 int kc_object_manifest_key(const char *recipe_hash, char key[KC_SHA256_HEXLEN + 1])
 {
-	return derive("kcachefs-manifest-key-v2\n", recipe_hash, NULL, 0, key);
+	return derive("kcachefs-manifest-key-v3\n", recipe_hash, NULL, 0, key);
 }
 
 int kc_object_list_key(const char *list_hash, char key[KC_SHA256_HEXLEN + 1])

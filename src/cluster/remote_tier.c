@@ -34,7 +34,6 @@ struct kc_remote_tier {
 	struct kc_object_secret secret;
 	int read_only;
 	unsigned lease_ms, wait_s;
-	char toolkit[PATH_MAX];
 	pthread_mutex_t lock;
 	pthread_cond_t stop_cv; /* CLOCK_MONOTONIC: waits between polls end early at stop */
 	int stopping;
@@ -202,7 +201,7 @@ static int load_secret(struct kc_remote_tier *t, const char *path, char *why, si
 	return 0;
 }
 
-int kc_remote_tier_open(const struct kc_remote_opts *o, const char *nvcc,
+int kc_remote_tier_open(const struct kc_remote_opts *o,
 			struct kc_stats *stats, struct kc_remote_tier **out, char *why,
 			size_t whylen)
 {
@@ -234,8 +233,6 @@ int kc_remote_tier_open(const struct kc_remote_opts *o, const char *nvcc,
 	t->b->secret = &t->secret; /* len 0 without a key: records unsigned, still bounded */
 	t->b->held_max_ms = t->lease_ms;
 	t->b->note_max_ms = KC_REMOTE_FAIL_NOTE_MS;
-	if (kc_manifest_toolkit_root(nvcc, KC_CUDA_HOME, t->toolkit, sizeof(t->toolkit)) != 0)
-		t->toolkit[0] = '\0'; /* every header is then hashed */
 	pthread_mutex_init(&t->lock, NULL);
 	pthread_mutex_init(&t->list_fetch, NULL);
 	kc_rehash_init(&t->rehash);
@@ -518,7 +515,7 @@ static int own_manifest(struct kc_remote_tier *t, unsigned long ticket, const ch
 			const char *list, size_t list_len, char *mine, size_t *mlen, char *why,
 			size_t whylen, int check)
 {
-	if (strcmp(lhash, EMPTY_LIST) == 0) /* no header outside toolkit and roots */
+	if (strcmp(lhash, EMPTY_LIST) == 0) /* no lookup outside the include roots */
 		return kc_manifest_compact("", 0, mine, mlen);
 	return (check ? kc_rehash_check : kc_rehash_own)(&t->rehash, ticket, lhash, list,
 							 list_len, mine, mlen, why, whylen);
@@ -1027,13 +1024,12 @@ static void share(struct kc_remote_tier *t, struct kc_remote_job *rj, int fd, co
 	char *manifest = NULL, *cubin = NULL, why[400], okey[KC_SHA256_HEXLEN + 1];
 	size_t mlen = 0, clen = 0;
 	if (!deps) {
-		kc_log(KC_LOG_INFO, "cluster store: %.16s not shared: the compiler wrote no "
-		       "dependency file", rj->mkey);
+		kc_log(KC_LOG_INFO, "cluster store: %.16s not shared: the dependency pass gave no "
+		       "trace", rj->mkey);
 		return;
 	}
-	if (kc_manifest_from_deps(deps, deps_len, KC_COMPILE_CWD,
-				  t->toolkit[0] ? t->toolkit : NULL, rj->flags, rj->flags_len,
-				  &manifest, &mlen, why, sizeof(why)) != 0) {
+	if (kc_manifest_from_trace(deps, deps_len, KC_COMPILE_CWD, rj->flags, rj->flags_len,
+				   &manifest, &mlen, why, sizeof(why)) != 0) {
 		kc_log(KC_LOG_INFO, "cluster store: %.16s not shared: %s", rj->mkey, why);
 		return;
 	}

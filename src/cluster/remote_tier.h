@@ -92,13 +92,12 @@ struct kc_remote_job {
 	size_t flags_len;
 };
 
-/* Open the cluster store for -o remote= (with the compiler at nvcc, whose toolkit is left out of
- * manifests), counting into stats (borrowed, outlives the store). Returns 0 and *out, or
+/* Open the cluster store for -o remote=, counting into stats (borrowed, outlives the store). Returns 0 and *out, or
  * with why filled: -EINVAL for a usage error (a malformed or unknown URL, remote_auth=
  * with a dir: store), -EACCES for a key or auth file that someone other than root could
  * read, that cannot be read, or whose secret is shorter than KC_OBJECT_MIN_SECRET bytes,
  * -ENOMEM. Warns (log) when no key is given. Does not connect (kc_remote_tier_probe). */
-int kc_remote_tier_open(const struct kc_remote_opts *o, const char *nvcc,
+int kc_remote_tier_open(const struct kc_remote_opts *o,
 			struct kc_stats *stats, struct kc_remote_tier **out, char *why,
 			size_t whylen);
 

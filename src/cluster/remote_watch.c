@@ -278,6 +278,13 @@ static int watch_header(struct arm *a, const char *path)
 		}
 		if (lstat(next, &st) != 0) {
 			err = -errno;
+			if (err == -ENOENT) {
+				/* a lookup that finds nothing (a header searched in a directory
+				 * before the one that has it, __has_include): a name made in cur,
+				 * watched on this walk, raises an event there */
+				err = 0;
+				break;
+			}
 			snprintf(a->why, sizeof(a->why), "%s: %s", next, strerror(errno));
 			return err;
 		}
@@ -297,16 +304,16 @@ static int watch_header(struct arm *a, const char *path)
 		snprintf(cur, sizeof(cur), "%s", next);
 		memmove(rest, after, strlen(after) + 1);
 		if (last) {
-			if (S_ISDIR(st.st_mode)) {
-				snprintf(a->why, sizeof(a->why), "%.200s: a directory", path);
-				return -EISDIR;
-			}
-			err = watch_one(a, cur, &st, 0);
+			/* a directory looked up (an include directory tested) or read whole:
+			 * watched as the walk's directories are, so that a name made or removed
+			 * in it raises an event */
+			err = watch_one(a, cur, &st, S_ISDIR(st.st_mode));
 			break;
 		}
 		if (!S_ISDIR(st.st_mode)) {
-			snprintf(a->why, sizeof(a->why), "%s: %s", cur, strerror(ENOTDIR));
-			return -ENOTDIR;
+			/* the lookup found nothing (ENOTDIR): cur, which holds this name, is
+			 * watched, and a directory made in its place raises an event there */
+			break;
 		}
 		err = watch_one(a, cur, &st, 1);
 	}

@@ -12,7 +12,10 @@
  *   by any process: a writable mapping is made through an open, and its writes raise no
  *   event) and on every directory whose entries each path's walk looks up, the walk made
  *   as the kernel makes it, through every symlink of a chain (an entry created, removed or
- *   renamed in it; itself renamed or removed).
+ *   renamed in it; itself renamed or removed). A listed path whose lookup finds nothing
+ *   (ENOENT, or ENOTDIR at a component that is a file) is covered by the watch of the last
+ *   directory its walk reached, where a name made later raises an event; a listed
+ *   directory is watched as a walk's directories are.
  * - A header that some process has open for writing when its watch is added (a mapping made
  *   before the watch writes with no event) is not proven: F_SETLEASE, as root or owner.
  * - Any event on any watch, an overflow of the event queue, or a change of this process's

@@ -362,7 +362,7 @@ static pid_t spawn_compiler(const struct kc_compile_spec *spec, char *const argv
 		return -ENOMEM;
 	}
 	struct kc_spawn sp = {
-		.path = spec->nvcc, .argv = argv, .envp = envp, .cwd_fd = cwd_fd,
+		.path = argv[0], .argv = argv, .envp = envp, .cwd_fd = cwd_fd,
 		.out_fd = log_fd, .in_fd = in_fd, .uid = uid, .gid = (gid_t)uid, .ns_flags = spec->ns_flags,
 		.dirs = dirs, .start_timeout_s = spec->timeout_s,
 		.started = slot >= 0 ? track_started : NULL, .arg = &running[slot >= 0 ? slot : 0],
@@ -485,21 +485,41 @@ static int take_cubin(const struct kc_compile_spec *spec, uid_t uid, char *why, 
 	return err ? -EINVAL : kc_cubin_check(spec->out_fd, why, whylen);
 }
 
-/* The dependency file the compiler wrote (deps_only): into out->deps, or left NULL when
- * it is not a file of the compiler's own of at most 4 MiB. */
+/* The trace the dependency pass wrote (deps_only): into out->deps, less the lines of paths
+ * under the scratch (its source, temporaries and outputs: another node's are elsewhere);
+ * out->deps left NULL when it is not the pass's own regular file. */
 static void take_deps(const struct kc_compile_spec *spec, uid_t uid,
 		      struct kc_compile_outcome *out)
 {
 	struct stat st;
-	int fd = openat(spec->scratch_fd, "kernel.d", O_RDONLY | O_CLOEXEC | O_NOFOLLOW |
+	char *trace = NULL;
+	size_t len = 0;
+	int fd = openat(spec->scratch_fd, "kernel.trace", O_RDONLY | O_CLOEXEC | O_NOFOLLOW |
 			O_NONBLOCK);
 	if (fd < 0)
 		return;
-	if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_nlink == 1 &&
-	    (uid == KC_SANDBOX_AS_DAEMON || st.st_uid == uid) &&
-	    kc_read_all(fd, 4u << 20, &out->deps, &out->deps_len) != 0)
-		out->deps = NULL;
+	int own = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_nlink == 1 &&
+		  (uid == KC_SANDBOX_AS_DAEMON || st.st_uid == uid);
+	if (!own || kc_read_all(fd, 64u << 20, &trace, &len) != 0)
+		trace = NULL;
 	close(fd);
+	if (!trace)
+		return;
+	size_t sl = strlen(spec->scratch), kept = 0;
+	for (size_t off = 0; off < len;) {
+		char *line = trace + off, *nl = memchr(line, '\n', len - off);
+		size_t ll = nl ? (size_t)(nl - line) + 1 : len - off;
+		off += ll;
+		int scratch = ll > 2 + sl && strncmp(line + 2, spec->scratch, sl) == 0 &&
+			      (line[2 + sl] == '/' || line[2 + sl] == '\n');
+		if (!scratch) {
+			memmove(trace + kept, line, ll);
+			kept += ll;
+		}
+	}
+	trace[kept] = '\0';
+	out->deps = trace;
+	out->deps_len = kept;
 }
 
 /* The compiler exited with status code != 0: rejected only when it said why, else a
@@ -828,19 +848,25 @@ int kc_compile_run(const struct kc_compile_spec *spec, struct kc_compile_outcome
 		release_slot(slot);
 		return 0;
 	}
+	if (spec->deps_only && !spec->tracer) {
+		release_slot(slot);
+		snprintf(out->why, sizeof(out->why), "has no tracer: kcachefs-trace is not next to "
+			 "kcachefs");
+		return 0;
+	}
 	int err = stage_source(spec, uid);
 	if (err) {
 		release_slot(slot);
 		snprintf(out->why, sizeof(out->why), "cannot write scratch source: %s", strerror(-err));
 		return 0;
 	}
-	/* The dependency pass names no -o: nvcc writes the dependency list there, not to -MF */
-	if (kc_argv_push(&argv, spec->nvcc) || kc_argv_push(&argv, KC_COMPILE_CWD "/kernel.cu") ||
-	    kc_argv_push(&argv, "-cubin") ||
-	    (spec->deps_only ? kc_argv_push(&argv, "-M") || kc_argv_push(&argv, "-MF") ||
-				       kc_argv_push(&argv, KC_COMPILE_CWD "/kernel.d")
-			     : kc_argv_push(&argv, "-o") ||
-				       kc_argv_push(&argv, KC_COMPILE_CWD "/kernel.cubin")) ||
+	/* The dependency pass is the same compile under the tracer, into a cubin of its own */
+	if ((spec->deps_only && (kc_argv_push(&argv, spec->tracer) ||
+				 kc_argv_push(&argv, "kernel.trace"))) ||
+	    kc_argv_push(&argv, spec->nvcc) || kc_argv_push(&argv, KC_COMPILE_CWD "/kernel.cu") ||
+	    kc_argv_push(&argv, "-cubin") || kc_argv_push(&argv, "-o") ||
+	    kc_argv_push(&argv, spec->deps_only ? KC_COMPILE_CWD "/pass.cubin"
+						: KC_COMPILE_CWD "/kernel.cubin") ||
 	    kc_argv_extend(&argv, spec->args)) {
 		release_slot(slot);
 		kc_argv_free(&argv);
@@ -904,8 +930,8 @@ int kc_compile_run(const struct kc_compile_spec *spec, struct kc_compile_outcome
 	if (spec->deps_only) {
 		take_deps(spec, uid, out);
 		if (!out->deps) {
-			snprintf(out->why, sizeof(out->why), "compiler exited 0 but wrote no "
-				 "dependency file of its own");
+			snprintf(out->why, sizeof(out->why), "compiler exited 0 but its trace "
+				 "is missing");
 			return 0;
 		}
 	} else if (take_cubin(spec, uid, why, sizeof(why)) != 0) {

@@ -46,10 +46,13 @@ struct kc_compile_spec {
 	int ns_flags;              /* CLONE_NEW* it runs in (kc_sandbox_namespaces) */
 	int out_fd;                /* an empty file of the daemon's: the cubin is copied here
 				    * (unused with deps_only) */
-	int deps_only;             /* nvcc only: run nvcc's dependency pass alone (-M -MF
-				    * <scratch>/kernel.d, the same flags, no cubin) and return the
-				    * dependency file in the outcome's deps: the header list of a
-				    * compile of the same source and flags, off its critical path */
+	int deps_only;             /* nvcc only: the dependency pass. The same compile again (the
+				    * same source and flags, into a cubin of the scratch's own)
+				    * under tracer (kcachefs-trace), which writes down every path
+				    * the toolchain looked up, found or not; the outcome's deps is
+				    * that trace (less the scratch's own paths). Off the compile's
+				    * critical path */
+	const char *tracer;        /* deps_only: absolute path of kcachefs-trace */
 	struct kc_nvrtc_pool *pool; /* the mount's warm NVRTC workers (nvrtc_pool.h), or NULL.
 				    * Set for every compile: one that kills its uid's processes at
 				    * its end tells the table that the uid's idle workers are gone */
@@ -70,9 +73,10 @@ struct kc_compile_outcome {
 	double seconds; /* wall time of the compiler run */
 	int timed_out;  /* killed at timeout_s */
 	char why[256];  /* one line: "exit status 1", "killed by signal 9", ... */
-	char *deps;     /* deps_only and KC_COMPILE_OK: the dependency file (make syntax, paths
-			 * of the scratch as KC_COMPILE_CWD), owned, NUL-terminated; NULL when
-			 * the compiler wrote none (deps_only: status is then not OK) */
+	char *deps;     /* deps_only and KC_COMPILE_OK: the trace ("<kind> <path>" lines,
+			 * kcachefs-trace.c), less the lines of paths under the scratch,
+			 * owned, NUL-terminated; NULL when there is none (deps_only: status is
+			 * then not OK) */
 	size_t deps_len;
 };
 

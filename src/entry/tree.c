@@ -7,6 +7,7 @@
 #include <ftw.h>
 #include <limits.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -257,12 +258,6 @@ int kc_tree_local_type(unsigned long type)
 	return 0;
 }
 
-static int local_fs(int fd)
-{
-	struct statfs fs;
-	return fstatfs(fd, &fs) == 0 && kc_tree_local_type((unsigned long)fs.f_type);
-}
-
 /* The granularity of the filesystem clock that stamped ts, at most: the largest power of ten
  * (in ns) that divides its nanoseconds, 2 s when they are 0 (FAT's 2 s, ext4's 1 s with small
  * inodes). A fine stamp that happens to end in zeros only gets a wider margin. */
@@ -276,9 +271,20 @@ static long long stamp_granule_ns(const struct timespec *ts)
 	return g;
 }
 
-int kc_tree_memoizable(int fd, const struct stat *before, const struct timespec *now)
+int kc_tree_lease(int fd)
+{
+	return fcntl(fd, F_SETSIG, SIGURG) == 0 && fcntl(fd, F_SETLEASE, F_RDLCK) == 0;
+}
+
+int kc_tree_memoizable(int fd, const struct stat *before, const struct timespec *now,
+		       int leased)
 {
 	struct stat after;
+	struct statfs fs;
+	if (!leased || fcntl(fd, F_GETLEASE) != F_RDLCK)
+		return 0; /* a writer could have written it unstamped, before or during the read */
+	if (fstatfs(fd, &fs) != 0 || !kc_tree_local_type((unsigned long)fs.f_type))
+		return 0;
 	if (fstat(fd, &after) != 0 || before->st_dev != after.st_dev ||
 	    before->st_ino != after.st_ino || before->st_size != after.st_size ||
 	    !same_ts(&before->st_mtim, &after.st_mtim) || !same_ts(&before->st_ctim, &after.st_ctim))
@@ -287,7 +293,7 @@ int kc_tree_memoizable(int fd, const struct stat *before, const struct timespec 
 	long long t = (long long)now->tv_sec * 1000000000ll + now->tv_nsec;
 	if (c + stamp_granule_ns(&before->st_ctim) > t)
 		return 0; /* a write after the read, in the same granule, could keep every field */
-	return local_fs(fd);
+	return 1;
 }
 
 /* One file of the tree: its path relative to the root and the digest of its bytes. */
@@ -352,12 +358,13 @@ static int tree_visit(const char *path, const struct stat *st, int type, struct 
 			return 1;
 		}
 		clock_gettime(CLOCK_REALTIME_COARSE, &now);
+		int leased = walk->memo && kc_tree_lease(fd);
 		walk->err = kc_sha256_fd_sized(fd, f->hex, &size, (int64_t)fst.st_size);
 		if (!walk->err && walk->memo) {
 			pthread_mutex_lock(&walk->memo->lock);
 			walk->memo->misses++;
 			pthread_mutex_unlock(&walk->memo->lock);
-			if (size == (uint64_t)fst.st_size && kc_tree_memoizable(fd, &fst, &now))
+			if (size == (uint64_t)fst.st_size && kc_tree_memoizable(fd, &fst, &now, leased))
 				memo_add(walk->memo, &fst, f->hex);
 		}
 		close(fd);

@@ -44,8 +44,10 @@ int kc_tree_root_line(const char *line, size_t ll, const char **digest, const ch
  * is the one before it (not changed while hashed); its ctime is at least one granule of its
  * filesystem's clock behind the coarse clock (a second write in the same granule could keep
  * every field; the granule is bounded from the stamp's trailing zeros, 2 s for a whole
- * second); and the file is on a local filesystem known to stamp every write (ext4, xfs,
- * btrfs, tmpfs, overlayfs, zfs, ...; never NFS or FUSE, whose stats may be cached).
+ * second); nobody had it open for writing while it was read (kc_tree_lease: a writable
+ * mapping made earlier writes with no stamp once its page is dirty); and the file is on a
+ * local filesystem known to stamp every write (ext4, xfs, btrfs, tmpfs, overlayfs, zfs,
+ * ...; never NFS or FUSE, whose stats may be cached).
  * Mtimes only gate the memo; they never enter a digest. Thread-safe (a mutex: the daemon's
  * compiles run in parallel). A memo file is trusted only when it is a regular file owned by
  * the caller and writable by no one else. */
@@ -62,12 +64,26 @@ struct kc_tree_memo;
  * (Documentation/filesystems/overlayfs.rst), so every change goes through it. */
 int kc_tree_local_type(unsigned long type);
 
+/* Take a read lease on fd (open O_RDONLY) before its bytes are read for a memo: 1 when the
+ * kernel grants it, that is when nobody has the file open for writing, a writable shared
+ * mapping included (fcntl(2) F_SETLEASE; the caller is root or the file's owner); else 0
+ * (a writer has it, or leases are not to be had here). A writer's open while it is held
+ * breaks it with SIGURG (ignored unless handled) and waits until the caller closes fd. */
+int kc_tree_lease(int fd);
+
 /* Whether a digest of the file open as fd may be remembered under the stamps before (its
  * fstat before the read), now being the coarse real clock (CLOCK_REALTIME_COARSE) taken
- * after that fstat and before the read: 1 when the file's fstat now is before, its ctime is
- * at least one granule behind now, and it is on a known local filesystem, as the memo above
- * says; else 0. Shared by every memo of file digests (also remote_manifest.c's). */
-int kc_tree_memoizable(int fd, const struct stat *before, const struct timespec *now);
+ * after that fstat and before the read, leased kc_tree_lease's answer before the read: 1
+ * when the lease was held over the whole read (granted, not broken: nobody could write
+ * the file meanwhile, through a mapping made earlier neither), the file's fstat now is
+ * before, its ctime is at least one granule behind now, and it is on a known local
+ * filesystem, as the memo above says; else 0. The first write through a new mapping moves
+ * mtime and ctime (page_mkwrite, or the fault path's file_update_time where a filesystem
+ * has none: seen on ext4 and tmpfs, Linux 6.18), but further writes through it while its
+ * page stays dirty move nothing: the lease is what shows that no such mapping existed.
+ * Shared by every memo of file digests (also remote_manifest.c's). */
+int kc_tree_memoizable(int fd, const struct stat *before, const struct timespec *now,
+		       int leased);
 
 /* An empty memo in memory that remembers at most max_files files (past that it is emptied
  * and fills again). Returns it (free with kc_tree_memo_free) or NULL when out of memory. */

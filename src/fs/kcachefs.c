@@ -603,7 +603,7 @@ static int open_remote(struct start *s, struct kc_fs *fs, struct kc_remote_tier 
 		.lease_s = (unsigned)s->remote_lease, .wait_s = (unsigned)s->remote_wait,
 		.timeout_ms = (unsigned)s->remote_timeout,
 	};
-	int err = kc_remote_tier_open(&ro, fs->cfg.nvcc, &fs->cache.stats, remote, why, whylen);
+	int err = kc_remote_tier_open(&ro, &fs->cache.stats, remote, why, whylen);
 	if (!err)
 		return 0;
 	fprintf(stderr, "kcachefs: %s\n", why);

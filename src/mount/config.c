@@ -30,8 +30,9 @@ static int runnable_file(const char *path)
 	return access(path, X_OK) == 0;
 }
 
-/* kcachefs-nvrtc in the directory of the running program, or NULL. */
-static char *find_nvrtc(void)
+/* The program name in the directory of the running program (kcachefs-nvrtc,
+ * kcachefs-trace), malloc'd, or NULL when it is not there or not executable. */
+static char *find_beside(const char *name)
 {
 	char self[4096], path[4200];
 	ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
@@ -42,7 +43,7 @@ static char *find_nvrtc(void)
 	if (!slash)
 		return NULL;
 	*slash = '\0';
-	snprintf(path, sizeof(path), "%s/kcachefs-nvrtc", self);
+	snprintf(path, sizeof(path), "%s/%s", self, name);
 	return access(path, X_OK) == 0 ? strdup(path) : NULL;
 }
 
@@ -195,7 +196,9 @@ int kc_config_resolve(struct kc_config *c, char *why, size_t whylen)
 	if (!c->nvcc)
 		return -ENOMEM;
 	if (!c->nvrtc)
-		c->nvrtc = find_nvrtc();
+		c->nvrtc = find_beside("kcachefs-nvrtc");
+	if (!c->tracer)
+		c->tracer = find_beside("kcachefs-trace");
 	if (c->backend_nvrtc && !c->nvrtc) {
 		snprintf(why, whylen, "compiler=nvrtc: kcachefs-nvrtc is not next to kcachefs "
 			 "(it is built when meson finds libnvrtc)");
@@ -286,12 +289,14 @@ void kc_config_free(struct kc_config *c)
 	}
 	free(c->nvcc);
 	free(c->nvrtc);
+	free(c->tracer);
 	free(c->compile_uids_opt);
 	c->compile_uids_opt = NULL;
 	if (c->uids_lock_fd > 0)
 		close(c->uids_lock_fd);
 	c->uids_lock_fd = 0;
 	c->nvrtc = NULL;
+	c->tracer = NULL;
 	free(c->arch);
 	free(c->flags);
 	kc_argv_free(&c->mount_flags);

@@ -44,6 +44,9 @@ struct kc_config {
 	size_t max_source_size; /* bytes of kernel.cu / kernel.flags accepted */
 	char *nvrtc;           /* the kcachefs-nvrtc backend (NVRTC in its own process), found
 				* next to the daemon; NULL when this build has none */
+	char *tracer;          /* kcachefs-trace, found next to the daemon: the cluster's
+				* dependency pass runs under it (compile.h); NULL: nothing is
+				* shared through the store */
 	int backend_nvrtc;     /* -o compiler=nvrtc: entries that do not choose use NVRTC */
 	unsigned nvrtc_idle;   /* seconds a warm NVRTC worker (nvrtc_pool.h) may stay idle;
 				* 0: KC_NVRTC_IDLE_DEFAULT */

@@ -77,6 +77,7 @@ struct run {
 };
 
 static int deps_only; /* run_compile runs the dependency pass alone */
+static int no_tracer; /* ... with no kcachefs-trace */
 
 /* Run compiler on the sample kernel `kernel` (a file in tests/kernels, or source text when
  * it starts with '#') with args, in a fresh scratch directory under base. */
@@ -115,6 +116,7 @@ static void run_compile(struct run *r, const char *compiler, const char *kernel,
 		.timeout_s = timeout_s,
 		.out_fd = r->out_fd,
 		.deps_only = deps_only,
+		.tracer = no_tracer ? NULL : getenv("KC_TEST_TRACER"),
 	};
 	double t0 = now_s();
 	r->ret = kc_compile_run(&spec, &r->out);
@@ -247,34 +249,46 @@ static void test_nvcc(const char *cubin_copy)
 	run_done(&r);
 	kc_argv_free(&args);
 
-	/* the dependency file of a compile that includes a header of an -I tree, and the
-	 * manifest from it */
+	/* the trace of a compile that includes a header of an -I tree, and the manifest from
+	 * it: what it found, what it looked for and did not find, the toolchain it ran */
 	struct kc_argv inc = {0};
-	char *m = NULL, root[4200];
+	char *m = NULL, idir[4200];
 	size_t ml = 0;
-	snprintf(path, sizeof(path), "-I%s/include", kernels);
-	kc_argv_push(&inc, path);
+	snprintf(idir, sizeof(idir), "-I%s/include", kernels);
+	kc_argv_push(&inc, idir);
 	deps_only = 1;
 	run_compile(&r, NVCC, "#include <kc_test/scale.cuh>\n#include <cuda_fp16.h>\n"
+		    "#if __has_include(<kc_test/no_such_header.h>)\n#error\n#endif\n"
 		    "extern \"C\" __global__ void k(float *x) { x[0] = 1; }\n", &inc, 120);
 	deps_only = 0;
 	CHECK(r.out.status == KC_COMPILE_OK && r.out.deps &&
-		      strstr(r.out.deps, "/kc_test/scale.cuh") &&
-		      strstr(r.out.deps, KC_COMPILE_CWD "/kernel.cu"),
-	      "nvcc -M in the sandbox: the dependency file lists the -I header and the source");
+		      strstr(r.out.deps, "/kc_test/scale.cuh\n") &&
+		      strstr(r.out.deps, "/kc_test/no_such_header.h\n") &&
+		      strstr(r.out.deps, "/cicc\n") && strstr(r.out.deps, "/ptxas\n") &&
+		      strstr(r.out.deps, "/nvcc.profile\n") && !strstr(r.out.deps, r.scratch),
+	      "the traced pass: the -I header, a __has_include probe, cicc, ptxas and "
+	      "nvcc.profile, nothing of its scratch");
 	if (r.out.status != KC_COMPILE_OK)
 		show(&r);
 	struct stat dst;
 	CHECK(fstat(r.out_fd, &dst) == 0 && dst.st_size == 0 &&
 		      faccessat(r.scratch_fd, "kernel.cubin", F_OK, 0) != 0,
-	      "the dependency pass writes no cubin");
-	CHECK(kc_manifest_toolkit_root(NVCC, NULL, root, sizeof(root)) == 0 && r.out.deps &&
-		      kc_manifest_from_deps(r.out.deps, r.out.deps_len, KC_COMPILE_CWD, root, NULL, 0, &m,
-					    &ml, why, sizeof(why)) == 0 &&
-		      memmem(m, ml, "/kc_test/scale.cuh\n", 19) && !memmem(m, ml, "cuda_fp16", 9) &&
-		      !memmem(m, ml, "kernel.cu", 9),
-	      "its manifest: the -I header, no toolkit header, not the source");
+	      "the dependency pass publishes no cubin");
+	CHECK(r.out.deps &&
+		      kc_manifest_from_trace(r.out.deps, r.out.deps_len, KC_COMPILE_CWD, NULL, 0, &m,
+					     &ml, why, sizeof(why)) == 0 &&
+		      memmem(m, ml, "/kc_test/scale.cuh\n", 19) &&
+		      memmem(m, ml, KC_MANIFEST_ABSENT, 64) && memmem(m, ml, "cuda_fp16.h\n", 12) &&
+		      !memmem(m, ml, "kernel.cu\n", 10),
+	      "its manifest: the -I header, the toolkit's, a lookup that found nothing, not "
+	      "the source");
 	free(m);
+	run_done(&r);
+	deps_only = no_tracer = 1;
+	run_compile(&r, NVCC, "extern \"C\" __global__ void k(void) {}\n", NULL, 120);
+	deps_only = no_tracer = 0;
+	CHECK(r.out.status != KC_COMPILE_OK && !r.out.deps && why_has(&r, "kcachefs-trace"),
+	      "a dependency pass with no tracer fails and says why");
 	run_done(&r);
 	kc_argv_free(&inc);
 

@@ -88,17 +88,16 @@ static void memo_ways(void)
 	CHECK(n == 4, "four header paths that share a place in the memo");
 	if (n != 4)
 		return;
-	snprintf(deps, sizeof(deps), "/proc/self/cwd/kernel.cubin : /proc/self/cwd/kernel.cu");
+	snprintf(deps, sizeof(deps), "o /proc/self/cwd/kernel.cu\n");
 	for (int i = 0; i < 4; i++) {
 		snprintf(p, sizeof(p), "ways/h%d.h", pick[i]);
 		put(p, "#define W 1\n", 0644);
-		snprintf(deps + strlen(deps), sizeof(deps) - strlen(deps), " %s/%s", root, p);
+		snprintf(deps + strlen(deps), sizeof(deps) - strlen(deps), "o %s/%s\n", root, p);
 	}
-	strcat(deps, "\n");
 	snprintf(p, sizeof(p), "%s/ways/h%d.h", root, pick[3]);
 	behind_clock(p);
-	CHECK(kc_manifest_from_deps(deps, strlen(deps), "/proc/self/cwd", NULL, NULL, 0, &m, &ml,
-				    why, sizeof(why)) == 0 && ml > 0, "their manifest");
+	CHECK(kc_manifest_from_trace(deps, strlen(deps), "/proc/self/cwd", NULL, 0, &m, &ml,
+				     why, sizeof(why)) == 0 && ml > 0, "their manifest");
 	CHECK(kc_manifest_rehash(m, ml, &m2, &ml2, why, sizeof(why)) == 0, "rehash to memoize");
 	free(m2);
 	uint64_t read0 = bytes_read(), cost = bytes_read() - read0;
@@ -230,6 +229,7 @@ static void spread(void)
 
 	/* errors: the first in the list's order, named, as on one thread */
 	size_t base = len;
+	char gone_[256];
 	put("spread/z-private.h", "#define Z 1\n", 0600);
 	len += (size_t)snprintf(list + len, sizeof(list) - len, "%064d %s/spread/z-private.h\n", 0,
 				root);
@@ -238,12 +238,17 @@ static void spread(void)
 	      "spread: a header not readable by all: EACCES, named");
 	free(m);
 	m = NULL;
-	len += (size_t)snprintf(list + len, sizeof(list) - len, "%064d %s/spread/a-gone.h\n", 0, root);
+	put("spread/a-fifo.h", "", 0644);
+	snprintf(gone_, sizeof(gone_), "%s/spread/a-fifo.h", root);
+	unlink(gone_);
+	mkfifo(gone_, 0644);
+	len += (size_t)snprintf(list + len, sizeof(list) - len, "%064d %s\n", 0, gone_);
 	char why1[300] = "";
 	err = kc_manifest_rehash_spread(list, len, &m, &ml, why, sizeof(why));
 	int err1 = kc_manifest_rehash(list, len, &m1, &ml1, why1, sizeof(why1));
-	CHECK(err == -ENOENT && err1 == -ENOENT && strstr(why, "a-gone.h") && strcmp(why, why1) == 0,
-	      "spread: two headers that fail: the first's error in the list's order (ENOENT)");
+	CHECK(err == -EACCES && err1 == -EACCES && strstr(why, "a-fifo.h") &&
+		      strcmp(why, why1) == 0,
+	      "spread: two headers that fail: the first's error in the list's order (a fifo)");
 	free(m);
 	free(m1);
 	m = m1 = NULL;
@@ -257,7 +262,7 @@ static void spread(void)
 	/* more than KC_MANIFEST_MAX_TOTAL bytes in all (sparse files): EFBIG, and no thread
 	 * reads past it */
 	enum { BIG = 10 };
-	const uint64_t each = KC_MANIFEST_MAX_HEADER - (4u << 20); /* each may be hashed; 9 pass
+	const uint64_t each = KC_MANIFEST_MAX_HEADER - (4u << 20); /* each may be hashed; 5 pass
 								     * the bytes in all */
 	static char blist[N * 400 + BIG * 300];
 	size_t blen = base; /* after the 64 small ones: helpers to share them */
@@ -276,7 +281,8 @@ static void spread(void)
 	 * reads at most the one or two it took before it saw the failure */
 	size_t glen = base;
 	char gone[256];
-	snprintf(gone, sizeof(gone), "%s/big/c-gone.h", root); /* before c0.h */
+	snprintf(gone, sizeof(gone), "%s/big/c-private.h", root); /* before c0.h */
+	put("big/c-private.h", "#define C 1\n", 0600);
 	memcpy(blist, list, base);
 	glen += (size_t)snprintf(blist + glen, sizeof(blist) - glen, "%064d %s\n", 0, gone);
 	sparse_headers("big/c", BIG, each, blist, sizeof(blist), &glen); /* none in the memo */
@@ -289,9 +295,9 @@ static void spread(void)
 	uint64_t took = kc_manifest_spread_threads() - threads + 1; /* and this thread */
 	if (pinned)
 		sched_setaffinity(0, sizeof(all), &all);
-	CHECK(pinned && took <= 2 && err == -ENOENT && strstr(why, "c-gone.h") &&
+	CHECK(pinned && took <= 2 && err == -EACCES && strstr(why, "c-private.h") &&
 	      read1 - read0 <= 2 * took * each + cost,
-	      "spread: after a header fails, the threads stop: ENOENT, the big ones mostly unread");
+	      "spread: after a header fails, the threads stop: EACCES, the big ones mostly unread");
 	free(m);
 }
 
@@ -315,41 +321,55 @@ int main(void)
 	kc_sha256_buf("#define A 1\n", 12, ha);
 	kc_sha256_buf("#define B 2\n", 12, hb);
 
-	char root_of[256], path_[256];
-	put("inc/nvcc-wrapper", "", 0755);
-	snprintf(d, sizeof(d), "%s/tk/bin/nvcc", root);
-	CHECK(kc_manifest_toolkit_root(d, NULL, root_of, sizeof(root_of)) == -ENOENT,
-	      "no toolkit layout around the nvcc, no fallback: no toolkit root");
-	snprintf(path_, sizeof(path_), "%s/tk/targets", root);
-	mkdir(path_, 0755);
-	CHECK(kc_manifest_toolkit_root(d, NULL, root_of, sizeof(root_of)) == 0 &&
-		      strcmp(root_of, tk) == 0, "toolkit root is the nvcc's directory's parent");
-	snprintf(path_, sizeof(path_), "%s/inc/nvcc-wrapper", root);
-	CHECK(kc_manifest_toolkit_root(path_, tk, root_of, sizeof(root_of)) == 0 &&
-		      strcmp(root_of, tk) == 0, "a wrapper elsewhere: the fallback toolkit");
-
+	tmptree_mkdir(root, "inc/sub");
 	snprintf(deps, sizeof(deps),
-		 "/proc/self/cwd/kernel.cubin : /proc/self/cwd/kernel.cu \\\n"
-		 "    %s/inc/b\\ c\\#.h %s/tk/bin/../t.h \\\n"
-		 "    %s/inc/a.h %s/inc/a.h\n\n%s/inc/a.h:\n", root, root, root, root, root);
-	int err = kc_manifest_from_deps(deps, strlen(deps), "/proc/self/cwd", tk, NULL, 0, &m, &ml, why,
-					sizeof(why));
-	snprintf(want, sizeof(want), "%s %s/inc/a.h\n%s %s/inc/b c#.h\n", ha, root, hb, root);
+		 "o /proc/self/cwd/kernel.cu\n"
+		 "o %s/inc/b c#.h\ns %s/tk/bin/../t.h\n"
+		 "o %s/inc/a.h\no %s/inc/a.h\nx %s/inc/a.h\n"
+		 "o %s/inc/none.h\ns %s/inc/a.h/x.h\ns %s/inc/sub\no /dev/zero\n"
+		 "o /proc/self/cmdline\n",
+		 root, root, root, root, root, root, root, root);
+	int err = kc_manifest_from_trace(deps, strlen(deps), "/proc/self/cwd", NULL, 0, &m, &ml,
+					 why, sizeof(why));
+	char ht[65];
+	kc_sha256_buf("#define T 3\n", 12, ht);
+	snprintf(want, sizeof(want),
+		 "%s %s/inc/a.h\n%s %s/inc/a.h/x.h\n%s %s/inc/b c#.h\n%s %s/inc/none.h\n"
+		 "%s %s/inc/sub\n%s %s/tk/bin/../t.h\n",
+		 ha, root, KC_MANIFEST_ABSENT, root, hb, root, KC_MANIFEST_ABSENT, root,
+		 KC_MANIFEST_DIRECTORY, root, ht, root);
 	CHECK(err == 0 && ml == strlen(want) && memcmp(m, want, ml) == 0,
-	      "manifest: headers sorted, hashed, escapes undone, source and toolkit left out");
+	      "manifest: every lookup once, sorted, with its outcome (bytes, nothing found, a "
+	      "directory); the toolkit's files in it; the source, /dev and /proc left out");
 	if (err || ml != strlen(want))
-		printf("# %d %s\n# got: %.*s\n", err, why, (int)ml, m ? m : "");
+		printf("# %d %s\n# got: %.*s\n# want: %s", err, why, (int)ml, m ? m : "", want);
 	CHECK(kc_object_manifest_check(m, ml, why, sizeof(why)) == 0, "it is a valid manifest");
 
 	CHECK(kc_manifest_rehash(m, ml, &m2, &ml2, why, sizeof(why)) == 0 && ml2 == ml &&
 		      memcmp(m, m2, ml) == 0, "rehash on the same files: the same manifest");
 	free(m2);
-	char rflags[1200];
+	char rflags[1200], path_[256];
 	snprintf(rflags, sizeof(rflags), "# include-root %064d %s/inc/\n-I%s/inc/\n", 0, root, root);
-	CHECK(kc_manifest_from_deps(deps, strlen(deps), "/proc/self/cwd", tk, rflags,
-				    strlen(rflags), &m2, &ml2, why, sizeof(why)) == 0 && ml2 == 0,
-	      "manifest: headers under an include root named by content are left out");
+	snprintf(want, sizeof(want), "%s %s/tk/bin/../t.h\n", ht, root);
+	CHECK(kc_manifest_from_trace(deps, strlen(deps), "/proc/self/cwd", rflags,
+				     strlen(rflags), &m2, &ml2, why, sizeof(why)) == 0 &&
+		      ml2 == strlen(want) && memcmp(m2, want, ml2) == 0,
+	      "manifest: lookups under an include root named by content are left out");
 	free(m2);
+	/* a ".." out of the root through a symlink leaves the tree the key holds */
+	snprintf(d, sizeof(d), "%s/tk", root);
+	snprintf(path_, sizeof(path_), "%s/inc/tklink", root);
+	CHECK(symlink(d, path_) == 0, "a symlink in the root to a directory outside it");
+	snprintf(deps, sizeof(deps), "o %s/inc/tklink/bin/../t.h\no %s/inc/sub/../a.h\n", root,
+		 root);
+	snprintf(want, sizeof(want), "%s %s/inc/tklink/bin/../t.h\n", ht, root);
+	CHECK(kc_manifest_from_trace(deps, strlen(deps), NULL, rflags, strlen(rflags), &m2, &ml2,
+				     why, sizeof(why)) == 0 &&
+		      ml2 == strlen(want) && memcmp(m2, want, ml2) == 0,
+	      "manifest: a \"..\" that climbs out of the root through a symlink is listed, one "
+	      "that stays in it is not");
+	free(m2);
+	unlink(path_);
 	char compact[KC_MANIFEST_COMPACT_MAX], hx[KC_SHA256_HEXLEN + 1], hm[KC_SHA256_HEXLEN + 1];
 	size_t cl = 0;
 	CHECK(kc_manifest_compact(m, ml, compact, &cl) == 0 &&
@@ -425,27 +445,52 @@ int main(void)
 		      strstr(why, "a.h"), "a header not readable by all is not hashed");
 	snprintf(d, sizeof(d), "%s/inc/a.h", root);
 	unlink(d);
-	CHECK(kc_manifest_rehash(m, ml, &m2, &ml2, why, sizeof(why)) == -ENOENT,
-	      "a missing header: -ENOENT");
-	CHECK(kc_manifest_from_deps(deps, strlen(deps), "/proc/self/cwd", tk, NULL, 0, &m2, &ml2, why,
-				    sizeof(why)) == -ENOENT, "a compile's header gone: not shared");
+	CHECK(kc_manifest_rehash(m, ml, &m2, &ml2, why, sizeof(why)) == 0 && m2 &&
+		      (ml2 != ml || memcmp(m, m2, ml) != 0),
+	      "a header gone: another manifest (its lookup finds nothing)");
+	free(m2);
+	mkdir(d, 0755);
+	CHECK(kc_manifest_rehash(m, ml, &m2, &ml2, why, sizeof(why)) == 0 && m2 &&
+		      strstr(m2, KC_MANIFEST_DIRECTORY),
+	      "a header replaced by a directory: another outcome");
+	free(m2);
+	rmdir(d);
+	snprintf(path_, sizeof(path_), "%s/inc/none.h", root);
+	put("inc/none.h", "#define N 1\n", 0644);
+	put("inc/a.h", "#define A 1\n", 0644);
+	CHECK(kc_manifest_rehash(m, ml, &m2, &ml2, why, sizeof(why)) == 0 && m2 &&
+		      (ml2 != ml || memcmp(m, m2, ml) != 0),
+	      "a header where the compile found nothing (shadowing, __has_include): another "
+	      "manifest");
+	free(m2);
+	unlink(path_);
 	free(m);
 
-	const char *none = "/proc/self/cwd/kernel.cubin: /proc/self/cwd/kernel.cu\n";
-	CHECK(kc_manifest_from_deps(none, strlen(none), "/proc/self/cwd", tk, NULL, 0, &m, &ml, why,
-				    sizeof(why)) == 0 && ml == 0, "no header: an empty manifest");
+	/* a directory read whole: the digest of its names */
+	snprintf(deps, sizeof(deps), "d %s/inc\n", root);
+	CHECK(kc_manifest_from_trace(deps, strlen(deps), NULL, NULL, 0, &m, &ml, why,
+				     sizeof(why)) == 0 && ml > 0 && m[ml - 2] == '/',
+	      "a directory read: listed as \"dir/\"");
+	put("inc/new.h", "", 0644);
+	CHECK(kc_manifest_rehash(m, ml, &m2, &ml2, why, sizeof(why)) == 0 &&
+		      (ml2 != ml || memcmp(m, m2, ml) != 0), "a name added: another digest");
+	free(m2);
 	free(m);
-	const char *rel = "k.cubin: k.cu inc/x.h\n";
-	CHECK(kc_manifest_from_deps(rel, strlen(rel), NULL, NULL, NULL, 0, &m, &ml, why, sizeof(why)) ==
-		      -EINVAL, "a relative dependency refused");
-	CHECK(kc_manifest_from_deps("garbage", 7, NULL, NULL, NULL, 0, &m, &ml, why, sizeof(why)) ==
-		      -EINVAL, "no rule refused");
-	snprintf(deps, sizeof(deps), "x: /dev/zero\n");
-	CHECK(kc_manifest_from_deps(deps, strlen(deps), NULL, NULL, NULL, 0, &m, &ml, why, sizeof(why)) ==
-		      -EACCES, "a device is not hashed");
-	snprintf(deps, sizeof(deps), "x: /proc/self/cmdline\n");
-	CHECK(kc_manifest_from_deps(deps, strlen(deps), NULL, NULL, NULL, 0, &m, &ml, why, sizeof(why)) ==
-		      -EACCES, "a file of /proc (regular, readable by all) is not hashed");
+
+	CHECK(kc_manifest_from_trace("", 0, "/proc/self/cwd", NULL, 0, &m, &ml, why,
+				     sizeof(why)) == 0 && ml == 0, "nothing looked up: an empty manifest");
+	free(m);
+	const char *rel = "o inc/x.h\n";
+	CHECK(kc_manifest_from_trace(rel, strlen(rel), NULL, NULL, 0, &m, &ml, why, sizeof(why)) ==
+		      -EINVAL, "a relative path refused");
+	CHECK(kc_manifest_from_trace("garbage", 7, NULL, NULL, 0, &m, &ml, why, sizeof(why)) ==
+		      -EINVAL, "a malformed trace refused");
+	snprintf(deps, sizeof(deps), "%s /dev/zero\n", KC_MANIFEST_ABSENT);
+	CHECK(kc_manifest_rehash(deps, strlen(deps), &m, &ml, why, sizeof(why)) == -EACCES,
+	      "a list naming a device: not looked at");
+	snprintf(deps, sizeof(deps), "%s /proc/self/cmdline\n", KC_MANIFEST_ABSENT);
+	CHECK(kc_manifest_rehash(deps, strlen(deps), &m, &ml, why, sizeof(why)) == -EACCES,
+	      "a list naming a file of /proc (regular, readable by all): not looked at");
 
 	memo_ways();
 	spread();

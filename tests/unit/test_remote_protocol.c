@@ -305,7 +305,7 @@ static int node_open(struct node *n, const char *name)
 	memset(n, 0, sizeof(*n));
 	snprintf(url, sizeof(url), "mem:%s", name);
 	struct kc_remote_opts o = {.url = url, .wait_s = 60, .timeout_ms = 2000};
-	int err = kc_remote_tier_open(&o, NVCC, &n->stats, &n->t, why, sizeof(why));
+	int err = kc_remote_tier_open(&o, &n->stats, &n->t, why, sizeof(why));
 	if (err)
 		printf("# %s\n", why);
 	return err;
@@ -319,10 +319,10 @@ static void recipe(int k, char hex[KC_SHA256_HEXLEN + 1])
 	kc_sha256_buf(text, strlen(text), hex);
 }
 
-/* What nvcc's dependency pass writes for a compile that read header. */
+/* What the traced dependency pass writes for a compile that read header. */
 static void deps_of(char *out, size_t len)
 {
-	snprintf(out, len, "/proc/self/cwd/kernel.cubin : /proc/self/cwd/kernel.cu %s\n", header);
+	snprintf(out, len, "o /proc/self/cwd/kernel.cu\no %s\n", header);
 }
 
 /* A compile on node n that published: its finish shares cubin with its headers. */

@@ -60,7 +60,7 @@ int main(void)
 	snprintf(store, sizeof(store), "%s/store", root);
 	snprintf(url, sizeof(url), "dir:%s", store);
 	struct kc_remote_opts o = {.url = url, .timeout_ms = 2000};
-	CHECK(kc_remote_tier_open(&o, "/usr/local/cuda/bin/nvcc", &stats, &t, why,
+	CHECK(kc_remote_tier_open(&o, &stats, &t, why,
 				  sizeof(why)) == 0, "a dir: store that is not there yet opens");
 	kc_remote_tier_probe(t);
 	double opened = now_s();
