@@ -85,10 +85,11 @@ class Store:
 
 
 def counting_nvcc(cluster):
-    """Real nvcc behind a wrapper that logs each compile (not a dependency pass, -M) in the
+    """Real nvcc behind a wrapper that logs each compile (not a dependency pass, whose output is
+    pass.cubin) in the
     cluster's compile log."""
     return write_script(cluster.tmp / "nvcc-counting",
-                        'case " $* " in *" -M "*) ;; *-cubin*) sha256sum "$1" | cut -c1-64 >> %s;; esac\n'
+                        'case " $* " in *"/pass.cubin "*) ;; *-cubin*) sha256sum "$1" | cut -c1-64 >> %s;; esac\n'
                         'exec %s "$@"\n' % (cluster.log, NVCC))
 
 

@@ -256,7 +256,7 @@ def main():
         mount_counter = share / "mount-compiles"
         mount_counter.write_text("")
         mount_counter.chmod(0o666)  # appended to by the compiles' own uids
-        mount_nvcc = kcmount.write_script(share / "nvcc-mount", 'case " $* " in *" -M "*) ;; '
+        mount_nvcc = kcmount.write_script(share / "nvcc-mount", 'case " $* " in *"/pass.cubin "*) ;; '
                                           '*-cubin*) echo x >>%s;; esac\nexec %s "$@"\n' % (mount_counter, nvcc))
         opts = ["remote=dir:%s" % store, "remote_key=%s" % key, "nvcc=%s" % mount_nvcc] + \
             [o for o in args.options.split(",") if o]

@@ -6,8 +6,9 @@
  * and writes to OUT (created, mode 0600, relative to the working directory) one line per
  * file-system lookup of a path that any of them made:
  *
- *   o <path>   an open (open, openat, openat2, creat: the bytes it read, or the absence it
- *              found: a header search is a row of failed opens)
+ *   o <path>   an open that may read (open, openat, openat2; not one for writing only,
+ *              nor creat: a log appended to decides no output): the bytes it read, or the
+ *              absence it found (a header search is a row of failed opens)
  *   s <path>   a stat or an access test (stat, lstat, newfstatat, statx, access,
  *              faccessat, faccessat2: an include directory tested, a program searched)
  *   x <path>   an exec (execve, execveat: a program of the toolchain)
@@ -67,38 +68,36 @@
 
 /* A traced call: its number, the argument that holds the path (or the descriptor for
  * getdents64), the argument that holds the directory descriptor (-1: none, relative to
- * the working directory), the line's kind. */
+ * the working directory), the argument that holds open(2)'s flags (-1: none), the line's
+ * kind. */
 struct traced {
 	long nr;
-	int path_arg, dirfd_arg;
+	int path_arg, dirfd_arg, flags_arg;
 	char kind;
 };
 
 static const struct traced calls[] = {
 #ifdef __NR_open
-	{__NR_open, 0, -1, 'o'},
-#endif
-#ifdef __NR_creat
-	{__NR_creat, 0, -1, 'o'},
+	{__NR_open, 0, -1, 1, 'o'},
 #endif
 #ifdef __NR_stat
-	{__NR_stat, 0, -1, 's'},
+	{__NR_stat, 0, -1, -1, 's'},
 #endif
 #ifdef __NR_lstat
-	{__NR_lstat, 0, -1, 's'},
+	{__NR_lstat, 0, -1, -1, 's'},
 #endif
 #ifdef __NR_access
-	{__NR_access, 0, -1, 's'},
+	{__NR_access, 0, -1, -1, 's'},
 #endif
-	{__NR_openat, 1, 0, 'o'},
-	{__NR_openat2, 1, 0, 'o'},
-	{__NR_newfstatat, 1, 0, 's'},
-	{__NR_statx, 1, 0, 's'},
-	{__NR_faccessat, 1, 0, 's'},
-	{__NR_faccessat2, 1, 0, 's'},
-	{__NR_execve, 0, -1, 'x'},
-	{__NR_execveat, 1, 0, 'x'},
-	{__NR_getdents64, -1, 0, 'd'},
+	{__NR_openat, 1, 0, 2, 'o'},
+	{__NR_openat2, 1, 0, -1, 'o'},
+	{__NR_newfstatat, 1, 0, -1, 's'},
+	{__NR_statx, 1, 0, -1, 's'},
+	{__NR_faccessat, 1, 0, -1, 's'},
+	{__NR_faccessat2, 1, 0, -1, 's'},
+	{__NR_execve, 0, -1, -1, 'x'},
+	{__NR_execveat, 1, 0, -1, 'x'},
+	{__NR_getdents64, -1, 0, -1, 'd'},
 };
 #define NCALLS (sizeof(calls) / sizeof(calls[0]))
 
@@ -178,6 +177,8 @@ static void record(FILE *out, pid_t pid, const struct __ptrace_syscall_info *inf
 	char path[PATH_MAX], dir[PATH_MAX];
 	if (!t)
 		return;
+	if (t->flags_arg >= 0 && (info->seccomp.args[t->flags_arg] & O_ACCMODE) == O_WRONLY)
+		return; /* written, not read */
 	if (t->kind == 'd') {
 		if (base_dir(pid, (long)info->seccomp.args[0], dir, sizeof(dir)) > 0)
 			fprintf(out, "d %s\n", dir);

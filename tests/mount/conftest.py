@@ -66,8 +66,8 @@ def mount_factory(tmp_path):
 
 @pytest.fixture
 def counting_nvcc(tmp_path):
-    """A compiler that records each compile (not --version, nor the dependency pass -M of
-    a compile to be shared) in a file, then runs nvcc. Returns (path, calls) where calls()
+    """A compiler that records each compile (not --version, nor the dependency pass of a
+    compile to be shared, whose output is pass.cubin) in a file, then runs nvcc. Returns (path, calls) where calls()
     is the number of compiles so far."""
     log = tmp_path / "compiler-calls"
     log.write_text("")
@@ -76,7 +76,7 @@ def counting_nvcc(tmp_path):
     def make(delay=0):
         script = write_script(
             tmp_path / "nvcc-counting",
-            'case " $* " in *" -M "*) ;; *-cubin*) echo "$$ $*" >> %s; sleep %s;; esac\n'
+            'case " $* " in *"/pass.cubin "*) ;; *-cubin*) echo "$$ $*" >> %s; sleep %s;; esac\n'
             'exec %s "$@"\n'
             % (log, delay, NVCC))
         return script

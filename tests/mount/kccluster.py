@@ -6,8 +6,8 @@ their own store.
 
 Compiles are a fast fake compiler (a real cubin, marked with the source's SHA-256 and a
 random nonce, so that identical bytes on two nodes prove they were shared, not compiled
-twice); its dependency pass (-M -MF, run after the publish of a compile to be shared)
-lists a header of each -I directory. Every compile is logged in one file for the whole
+twice); its dependency pass (the compile again into pass.cubin, traced, run after the
+publish of a compile to be shared) reads a header of each -I directory. Every compile is logged in one file for the whole
 cluster.
 """
 import hashlib
@@ -79,32 +79,30 @@ class Cluster:
         # source that says KC_REJECT is rejected (an error, as nvcc's).
         wait = ('[ -e %s ] && mkdir %s.claim 2>/dev/null && '
                 'while [ -e %s ]; do sleep 0.05; done\n' % (self.gate, self.gate, self.gate))
-        # The dependency pass (-M -MF FILE) lists a header of each -I directory, and waits
-        # while dep_gate exists.
+        # The dependency pass (the compile again, into pass.cubin, under the daemon's
+        # tracer) reads the header of each -I directory, so that the trace lists it, and
+        # waits while dep_gate exists. What it appends to the logs is written, not read:
+        # the trace leaves it out.
         return write_script(
             self.tmp / "nvcc-fake",
             'src="$1"; out="$4"\n'
             'case "$*" in *-cubin*) ;; *) exec %s "$@";; esac\n'
-            'deps=""; incs=""; prev=""\n'
+            'incs=""\n'
             'for a in "$@"; do\n'
-            '  case "$prev" in -MF) deps="$a";; esac\n'
             '  case "$a" in -I*) incs="$incs ${a#-I}/%s";; esac\n'
-            '  prev="$a"\n'
             'done\n'
-            'writedeps() {\n'
+            'case "$out" in */pass.cubin)\n'
+            '  sha256sum "$src" | cut -c1-64 >> %s\n'
             '  while [ -e %s ]; do sleep 0.05; done\n'
             '  if grep -q KC_NODEPS "$src"; then echo "$src: error: no deps" >&2; exit 1; fi\n'
-            '  printf "kernel.o : %%s%%s\\n" "$src" "$incs" > "$deps"\n'
-            '}\n'
-            'case " $* " in *" -M "*)\n'
-            '  sha256sum "$src" | cut -c1-64 >> %s; writedeps; exit 0;;\n'
+            '  for h in $incs; do cat "$h" > /dev/null; done\n'
+            '  cat %s > "$out"; exit 0;;\n'
             'esac\n'
             'h=$(sha256sum "$src" | cut -c1-64); echo "$h" >> %s\n'
             '%s'
             'if grep -q KC_REJECT "$src"; then echo "$src: error: rejected" >&2; exit 1; fi\n'
             'cat %s > "$out"; printf "KCFAKE%%s-%%s" "$h" "$$$(od -An -N8 -tx8 /dev/urandom)" >> "$out"\n'
-            '[ -z "$deps" ] || writedeps\n'
-            % (NVCC, INC_HEADER, self.dep_gate, self.dep_log, self.log, wait, template))
+            % (NVCC, INC_HEADER, self.dep_log, self.dep_gate, template, self.log, wait, template))
 
     def node(self, name, extra=()):
         opts = ["remote=%s" % self.url, "nvcc=%s" % self.fake,

@@ -136,8 +136,9 @@ def mounts_at(path):
 class Mount:
     """One kcachefs daemon in the foreground (-f) serving backing on mnt."""
 
-    def __init__(self, root, options=(), bin=None):
+    def __init__(self, root, options=(), bin=None, env=None):
         self.root = root
+        self.env = env  # the daemon's environment (None: the test's)
         self.backing = root / "backing"
         self.mnt = root / "mnt"
         self.options = list(options)
@@ -153,7 +154,7 @@ class Mount:
             cmd += ["-o", ",".join(self.options)]
         cmd += [str(self.backing), str(self.mnt)]
         self.log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=self.env)
         deadline = time.monotonic() + timeout
         while not os.path.ismount(self.mnt):
             if self.proc.poll() is not None:

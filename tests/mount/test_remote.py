@@ -3,8 +3,8 @@ own backing directory and mountpoint (simulated nodes), share one store director
 
 Compiles are a fast fake compiler (a real cubin, marked with the source's SHA-256 and a
 random nonce, so that identical bytes on two nodes prove they were shared, not compiled
-twice); its dependency pass (-M -MF, run after the publish of a compile to be shared)
-lists a header of each -I directory. Every compile is logged in one file for the whole cluster.
+twice); its dependency pass (the compile again into pass.cubin, traced, run after the
+publish of a compile to be shared) reads a header of each -I directory. Every compile is logged in one file for the whole cluster.
 """
 import hashlib
 import os
@@ -227,8 +227,9 @@ def test_waiter_hedges_after_remote_wait(cluster):
 
 
 def test_real_nvcc_shares_with_its_header_manifest(mount_factory, tmp_path, counting_nvcc):
-    """Real nvcc in the compile sandbox: its dependency file gives the -I header (and no
-    toolkit header), and the second node fetches instead of compiling."""
+    """Real nvcc in the compile sandbox: its traced dependency pass gives the -I header,
+    the toolkit's files and the lookups that found nothing, and the second node fetches
+    instead of compiling."""
     make, calls = counting_nvcc
     (tmp_path / "store").mkdir()
     opts = ["remote=dir:%s" % (tmp_path / "store"), "nvcc=%s" % make()]
@@ -246,7 +247,12 @@ def test_real_nvcc_shares_with_its_header_manifest(mount_factory, tmp_path, coun
     assert len(index) == 2 and sum(b" @headers\n" in i for i in index) == 1
     index = [i for i in index if b" @headers\n" not in i]
     assert b"/kc_test/scale.cuh\n" in index[0]
-    assert b"cuda_runtime" not in index[0], "a toolkit header in the manifest"
+    # what the toolchain looked up: the toolkit's headers and programs, and the lookups that
+    # found nothing (the -I directory is searched first for every system header)
+    for name in (b"/cuda_runtime.h\n", b"/cicc\n", b"/ptxas\n", b"/nvcc.profile\n"):
+        assert name in index[0], name
+    absent = b"3e144f3ec7178ebad4c924e5d523e6f4bb43b02860e4bb9ef1ac958f6e2b0075 "
+    assert absent + (b"%s/stdlib.h\n" % str(SAMPLES / "include").encode()) in index[0]
 
 
 def test_real_nvcc_manifest_has_nested_headers(mount_factory, tmp_path, counting_nvcc):
