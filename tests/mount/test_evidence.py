@@ -1,0 +1,337 @@
+"""The evidence a node checks before it takes another node's cubin, with the compiler as
+the oracle (doc/cluster.md, "What a key and its evidence cover").
+
+Node A compiles a kernel with real nvcc and shares it through a dir: store. Then, for each
+mutation of the tree (the -I directories, the toolkit, the host compiler, the daemon's
+environment), at the same paths, a fresh node B (remote_mode=ro, so that it stores
+nothing) opens the same kernel, and a node C with no store compiles it: C's bytes are what
+B's own compiler makes. B must take A's cubin only where C's bytes are A's (else a false
+hit: a wrong cubin), and should where they are (else a false miss: a compile too many).
+The nodes are one machine at three moments; the toolkit is a copy of the real one
+(hard links: every mutation replaces a file, never writes into one).
+"""
+import mmap
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from kcmount import NVCC, Mount, read_result, wait_until
+
+SOURCE = b"""#include <kc_a.h>
+#if __has_include(<kc_opt.h>)
+#include <kc_opt.h>
+#endif
+#ifndef KC_OPT
+#define KC_OPT 1
+#endif
+#if __has_include(<kc_gone.h>)
+#include <kc_gone.h>
+#endif
+#ifndef KC_GONE
+#define KC_GONE 1
+#endif
+#include <kc_next.h>
+#include <kc_link.h>
+#ifndef KC_PROF
+#define KC_PROF 0
+#endif
+#ifndef KC_TKHDR
+#define KC_TKHDR 0
+#endif
+#ifndef KC_HOST
+#define KC_HOST 0
+#endif
+#ifndef KC_ENV
+#define KC_ENV 0
+#endif
+extern "C" __global__ void k(int *x)
+{
+    x[0] = KC_A; x[1] = KC_OPT; x[2] = KC_GONE; x[3] = KC_NEXT; x[4] = KC_LINK;
+    x[5] = KC_PROF; x[6] = KC_TKHDR; x[7] = KC_HOST; x[8] = KC_ENV;
+}
+"""
+
+TOOLKIT = Path(NVCC).resolve().parent.parent
+
+
+def replace(path, data, mode=0o644):
+    """Put data at path by a rename (never into the file: the toolkit's are hard links)."""
+    tmp = path.with_name(path.name + ".kc-new")
+    tmp.write_bytes(data)
+    os.chmod(tmp, mode)
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    os.rename(tmp, path)
+
+
+def copy_toolkit(dst):
+    """A copy of the toolkit nvcc needs (bin, nvvm, the headers), hard-linked where the
+    filesystem allows."""
+    dst.mkdir()
+    for part in ("bin", "nvvm", "include", "targets"):
+        if not (TOOLKIT / part).exists():
+            continue
+        r = subprocess.run(["cp", "-a", "--link", str(TOOLKIT / part), str(dst / part)],
+                           capture_output=True)
+        if r.returncode != 0:  # another filesystem: a real copy
+            shutil.rmtree(dst / part, ignore_errors=True)
+            subprocess.run(["cp", "-a", str(TOOLKIT / part), str(dst / part)], check=True)
+
+
+class Tree:
+    """The tree a compile sees, rebuilt at the same paths before each case."""
+
+    def __init__(self, root):
+        self.root = root
+        self.tk = root / "tk"
+        self.inc = [root / "inc1", root / "inc2", root / "inc3"]
+        copy_toolkit(self.tk)
+        self.nvcc = self.tk / "bin" / "nvcc"
+        self.flags = ("-O3\n-std=c++17\n" + "".join("-I%s\n" % d for d in self.inc)).encode()
+
+    def build(self):
+        for d in self.inc:
+            shutil.rmtree(d, ignore_errors=True)
+            d.mkdir()
+        i1, i2, i3 = self.inc
+        (i1 / "kc_next.h").write_text("#include_next <kc_next.h>\n")
+        (i2 / "kc_a.h").write_text("#define KC_A 1\n")
+        (i2 / "kc_gone.h").write_text("#define KC_GONE 2\n")
+        (i3 / "kc_next.h").write_text("#define KC_NEXT 3\n")
+        replace(self.tk / "include" / "kc_linked.h", b"#define KC_LINK 4\n")
+        (i2 / "kc_link.h").symlink_to(self.tk / "include" / "kc_linked.h")
+        # the toolkit as copied: what earlier cases replaced goes back to the original
+        for rel in ("bin/nvcc.profile", "include/cuda_runtime.h", "bin/ptxas"):
+            orig = TOOLKIT / rel
+            replace(self.tk / rel, orig.read_bytes(), os.stat(orig).st_mode & 0o7777)
+        gcc = self.tk / "bin" / "gcc"
+        if gcc.exists():
+            gcc.unlink()
+
+
+def shadow(t):
+    (t.inc[0] / "kc_a.h").write_text("#define KC_A 7\n")
+
+
+def has_include(t):
+    (t.inc[1] / "kc_opt.h").write_text("#define KC_OPT 7\n")
+
+
+def include_next(t):
+    (t.inc[1] / "kc_next.h").write_text("#define KC_NEXT 7\n")
+
+
+def symlink_to_file(t):
+    replace(t.inc[1] / "kc_link.h", b"#define KC_LINK 7\n")
+
+
+def nvcc_profile(t):
+    p = t.tk / "bin" / "nvcc.profile"
+    replace(p, p.read_bytes() + b'\nINCLUDES += "-DKC_PROF=7" $(_SPACE_)\n')
+
+
+def toolkit_header(t):
+    p = t.tk / "include" / "cuda_runtime.h"
+    replace(p, p.read_bytes() + b"\n#define KC_TKHDR 7\n")
+
+
+def ptxas_swapped(t):
+    replace(t.tk / "bin" / "ptxas",
+            b'#!/bin/sh\nexec %s "$@" -O0\n' % str(TOOLKIT / "bin" / "ptxas").encode(), 0o755)
+
+
+def host_compiler(t):
+    # nvcc finds the host compiler through PATH, its own directory first
+    replace(t.tk / "bin" / "gcc", b'#!/bin/sh\nexec /usr/bin/gcc -DKC_HOST=7 "$@"\n', 0o755)
+
+
+def header_removed(t):
+    (t.inc[1] / "kc_gone.h").unlink()
+
+
+def header_to_directory(t):
+    (t.inc[1] / "kc_gone.h").unlink()
+    (t.inc[1] / "kc_gone.h").mkdir()
+
+
+def unrelated_file(t):
+    (t.inc[0] / "kc_unrelated.h").write_text("#define KC_UNRELATED 1\n")
+
+
+def bytes_changed_stamps_kept(t):
+    p = t.inc[1] / "kc_a.h"
+    st = os.stat(p)
+    with open(p, "r+b") as f:
+        f.write(b"#define KC_A 8\n")  # the same size
+    os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+ENV = {"NVCC_APPEND_FLAGS": "-DKC_ENV=7", "NVCC_PREPEND_FLAGS": "-DKC_ENV=7",
+       "CPATH": "/nonexistent-kc", "CPLUS_INCLUDE_PATH": "/nonexistent-kc"}
+
+CASES = [
+    ("nothing changed", None, None),
+    ("a header of the same name in an earlier -I directory", shadow, None),
+    ("__has_include finds a header A's compile did not", has_include, None),
+    ("#include_next finds a header between A's two", include_next, None),
+    ("a symlink into the toolkit on A, a file of other bytes on B", symlink_to_file, None),
+    ("nvcc.profile gains a -D", nvcc_profile, None),
+    ("a toolkit header at another version", toolkit_header, None),
+    ("ptxas swapped for another build", ptxas_swapped, None),
+    ("another host compiler first in nvcc's PATH", host_compiler, None),
+    ("a header removed", header_removed, None),
+    ("a header replaced by a directory", header_to_directory, None),
+    ("a new file in a search directory that no compile names", unrelated_file, None),
+    ("a header's bytes changed, size and mtime restored", bytes_changed_stamps_kept, None),
+    ("variables nvcc and gcc read, in the daemon's environment", None, ENV),
+]
+
+
+def node(root, name, tree, store=None, env=None):
+    opts = ["nvcc=%s" % tree.nvcc, "arch=sm_90a"]
+    if store:
+        opts += ["remote=dir:%s" % store, "remote_mode=ro"]
+    d = root / name
+    shutil.rmtree(d, ignore_errors=True)
+    d.mkdir()
+    full_env = None
+    if env:
+        full_env = dict(os.environ)
+        full_env.update(env)
+    return Mount(d, opts, env=full_env).start()
+
+
+def cubin(m, tree):
+    r = m.stage("k", SOURCE, tree.flags) / "kernel.cubin"
+    got = read_result(r)
+    return got, r
+
+
+def outcome(m):
+    s = m.stats()
+    return "fetched" if s["remote_hits_total"] == 1 and s["compiles_total"] == 0 else \
+        "compiled" if s["compiles_total"] == 1 else "neither: %s" % s
+
+
+def report(rows):
+    """The table the test prints (pytest -s shows it; a failure shows it too)."""
+    out = ["%-62s %-9s %-10s %s" % ("mutation of B's tree", "B", "B's own", "verdict")]
+    for name, b, same, verdict in rows:
+        out.append("%-62s %-9s %-10s %s" % (name, b, "same" if same else "other", verdict))
+    hits = sum(r[3] == "FALSE HIT" for r in rows)
+    misses = sum(r[3] == "false miss" for r in rows)
+    out.append("false hits: %d, false misses: %d, of %d cases" % (hits, misses, len(rows)))
+    return "\n".join(out)
+
+
+def judge(b, same):
+    if b == "fetched":
+        return "right" if same else "FALSE HIT"
+    if b == "compiled":
+        return "false miss" if same else "right"
+    return "ERROR"
+
+
+@pytest.fixture
+def setup(tmp_path):
+    os.chmod(tmp_path, 0o755)
+    tree = Tree(tmp_path)
+    store = tmp_path / "store"
+    store.mkdir()
+    mounts = []
+
+    def start(*args, **kw):
+        m = node(tmp_path, *args, **kw)
+        mounts.append(m)
+        return m
+
+    try:
+        yield tmp_path, tree, store, start
+    finally:
+        for m in mounts:
+            m.stop()
+        for m in mounts:
+            assert not os.path.ismount(m.mnt), "mount left behind"
+
+
+def compile_on_a(tree, store, start):
+    tree.build()
+    a = start("a", tree, store=None)
+    a.stop()
+    # A shares: a node of its own with the store, read-write
+    a = Mount(a.root, ["nvcc=%s" % tree.nvcc, "arch=sm_90a", "remote=dir:%s" % store]).start()
+    try:
+        got_a, _ = cubin(a, tree)
+        assert got_a[0] == "ok", a.daemon_log()
+        wait_until(lambda: " stored (" in a.daemon_log(), a.daemon_log, 180)
+    finally:
+        a.stop()
+    return got_a
+
+
+def test_fetch_only_where_the_compiler_agrees(setup):
+    """Every mutation: B takes A's cubin only where its own compile gives A's bytes."""
+    tmp, tree, store, start = setup
+    got_a = compile_on_a(tree, store, start)
+    rows = []
+    for i, (name, mutate, env) in enumerate(CASES):
+        tree.build()
+        if mutate:
+            mutate(tree)
+        b = start("b%d" % i, tree, store=store, env=env)
+        got_b, _ = cubin(b, tree)
+        b_did = outcome(b)
+        b.stop()
+        c = start("c%d" % i, tree, env=env)
+        got_c, _ = cubin(c, tree)
+        c.stop()
+        same = got_c[0] == "ok" and got_c[1] == got_a[1]
+        if b_did == "fetched":
+            assert got_b == got_a
+        elif got_c[0] == "ok":
+            assert got_b == got_c, "B's compile is not the oracle's: %s" % name
+        rows.append((name, b_did, same, judge(b_did, same)))
+    table = report(rows)
+    print("\n" + table)
+    verdicts = dict((r[0], r[3]) for r in rows)
+    assert "FALSE HIT" not in verdicts.values(), table
+    assert "ERROR" not in verdicts.values(), table
+    # the evidence is not so broad that nothing is shared
+    for name in ("nothing changed", "a new file in a search directory that no compile names",
+                 "variables nvcc and gcc read, in the daemon's environment"):
+        assert verdicts[name] == "right", table
+
+
+def test_write_through_a_mapping_is_seen(setup):
+    """A header written through a shared mapping whose page was dirty already (no stamp
+    moves) after B hashed it: B's next fetch sees the new bytes."""
+    tmp, tree, store, start = setup
+    got_a = compile_on_a(tree, store, start)
+    tree.build()
+    header = tree.inc[1] / "kc_a.h"
+    fd = os.open(header, os.O_RDWR)
+    try:
+        m = mmap.mmap(fd, 0, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        m[0:1] = m[0:1]  # the page dirty, its stamps moved once
+        b = start("b", tree, store=store)
+        # the start check hashed the list (the headers as they are now: A's bytes)
+        wait_until(lambda: "is this node's headers" in b.daemon_log(), b.daemon_log, 60)
+        before = os.stat(header)
+        m[14:15] = b"9"  # "#define KC_A 9": through the dirty page, no stamp moves
+        after = os.stat(header)
+        assert (before.st_mtime_ns, before.st_ctime_ns) == (after.st_mtime_ns, after.st_ctime_ns)
+        got_b, _ = cubin(b, tree)
+        b_did = outcome(b)
+        b.stop()
+        m.flush()
+        c = start("c", tree)
+        got_c, _ = cubin(c, tree)
+        c.stop()
+        m.close()
+    finally:
+        os.close(fd)
+    assert got_c[0] == "ok" and got_c[1] != got_a[1]
+    assert b_did == "compiled" and got_b == got_c, (b_did, b.daemon_log())
