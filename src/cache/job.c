@@ -140,16 +140,25 @@ static int publish(struct compile_job *j, int fd, const char *tmp_name, const ch
 static int publish_fetched(struct compile_job *j, struct kc_remote_job *rj, int out_fd,
 			   const char *out_name, const char *label)
 {
-	char head[1024];
+	char head[2048];
 	uint64_t bytes = 0;
 	int result = kc_write_all(out_fd, rj->obj.cubin, rj->obj.cubin_len) == 0
 			     ? publish(j, out_fd, out_name, label, &bytes, rj->obj.cubin,
 				       rj->obj.cubin_len)
 			     : -EIO;
+	char named[512] = "";
+	/* A path of the compiling node's in the bytes (__FILE__ in device code, DeepGEMM's
+	 * DG_DEVICE_ASSERT): accepted, as ccache's base_dir accepts it, and said; -o key_paths
+	 * keeps the include roots' paths in the key instead. A few stats, after the publish. */
+	if (result == 0 && kc_cubin_foreign_path(rj->obj.cubin, rj->obj.cubin_len, named,
+						 sizeof(named)) == 1)
+		atomic_fetch_add(&j->c->stats.remote_foreign_paths, 1);
 	snprintf(head, sizeof(head), "kcachefs: compile %s: %s from the cluster store (%s), "
-		 "%zu bytes, not compiled here\n", label,
+		 "%zu bytes, not compiled here%s%.300s%s\n", label,
 		 result == 0 ? "fetched" : "fetched but not published", rj->where,
-		 rj->obj.cubin_len);
+		 rj->obj.cubin_len, named[0] ? "; it names " : "", named,
+		 named[0] ? ", a path of the node that compiled it, not of this one (accepted: "
+			    "-o key_paths keeps include paths in the key)" : "");
 	if (result != -EAGAIN)
 		kc_cache_write_log(j->c, j->entry_fd, head, NULL, 0);
 	kc_log(result == 0 ? KC_LOG_INFO : KC_LOG_WARN, "%.*s", (int)strlen(head) - 11, head + 10);

@@ -5,6 +5,7 @@
 #include <elf.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -940,6 +941,42 @@ int kc_compile_run(const struct kc_compile_spec *spec, struct kc_compile_outcome
 	}
 	out->status = KC_COMPILE_OK;
 	snprintf(out->why, sizeof(out->why), "ok");
+	return 0;
+}
+
+int kc_cubin_foreign_path(const void *cubin, size_t len, char *path, size_t pathlen)
+{
+	const char *p = cubin, *end = p + len;
+	int looked = 0;
+	for (const char *s = memchr(p, '/', len); s && looked < 64;
+	     s = s + 1 < end ? memchr(s + 1, '/', (size_t)(end - s - 1)) : NULL) {
+		if (s > p && s[-1] != '\0')
+			continue; /* not the start of a string */
+		const char *nul = memchr(s, '\0', (size_t)(end - s));
+		size_t n = nul ? (size_t)(nul - s) : 0;
+		if (n < 4 || n >= PATH_MAX)
+			continue;
+		int slashes = 0, printable = 1;
+		const char *last = s;
+		for (const char *c = s; c < nul && printable; c++) {
+			printable = *c > ' ' && *c < 127;
+			if (*c == '/') {
+				slashes++;
+				last = c;
+			}
+		}
+		if (!printable || slashes < 2 || !memchr(last, '.', (size_t)(nul - last)))
+			continue;
+		char name[PATH_MAX];
+		struct stat st;
+		memcpy(name, s, n);
+		name[n] = '\0';
+		looked++;
+		if (stat(name, &st) != 0 && (errno == ENOENT || errno == ENOTDIR)) {
+			snprintf(path, pathlen, "%s", name);
+			return 1;
+		}
+	}
 	return 0;
 }
 

@@ -57,10 +57,10 @@ static const char *root_digest(const char *flags, size_t len, const char *dir, s
 	return NULL;
 }
 
-int kc_key_canonical(const char *flags, size_t len, const char *extra, char **out,
-		     size_t *outlen)
+int kc_key_canonical(const char *flags, size_t len, const char *extra, int key_paths,
+		     char **out, size_t *outlen)
 {
-	int roots = 0, keep_paths = has_path_flag(flags, len) ||
+	int roots = 0, keep_paths = key_paths || has_path_flag(flags, len) ||
 				    (extra && has_path_flag(extra, strlen(extra)));
 	const char *d, *dir;
 	size_t dl;
@@ -109,7 +109,7 @@ int kc_key_compute(const void *source, size_t source_len, const void *flags, siz
 	struct kc_sha256 h;
 	char *canon = NULL;
 	size_t canon_len = 0;
-	int v2 = kc_key_canonical(flags, flags_len, NULL, &canon, &canon_len);
+	int v2 = kc_key_canonical(flags, flags_len, NULL, 0, &canon, &canon_len);
 	int err = v2 < 0 ? v2 : kc_sha256_init(&h);
 
 	if (err) {

@@ -31,11 +31,14 @@
 #define KC_IOC_GET_KEY _IOR('k', 1, char[KC_SHA256_HEXLEN])
 
 /* The canonical form of a kernel.flags text (flags, len bytes) as above, with extra (the
- * mount's -o flags=, may be NULL) also searched for flags that put paths into the output.
+ * mount's -o flags=, may be NULL) also searched for flags that put paths into the output;
+ * with key_paths (the mount's -o key_paths) the paths stay whatever the flags: a cubin whose
+ * device code expands __FILE__ (DeepGEMM's DG_DEVICE_ASSERT) names its include root's path,
+ * which the default accepts, as ccache's base_dir does (doc/cluster.md).
  * Returns 1 with *out (malloc'd, the caller frees it) / *outlen when the text names include
  * roots (a v2 key); 0 when it names none (keyed as it is, *out untouched); -ENOMEM. */
-int kc_key_canonical(const char *flags, size_t len, const char *extra, char **out,
-		     size_t *outlen);
+int kc_key_canonical(const char *flags, size_t len, const char *extra, int key_paths,
+		     char **out, size_t *outlen);
 
 /* Compute the key of (source, flags), canonical when flags names include roots.
  * Returns 0 or -ENOMEM. */

@@ -99,7 +99,8 @@ int kc_recipe_load(int entry_fd, const struct kc_config *cfg, struct kc_recipe *
 	/* flags naming include roots by content are hashed in their canonical form (key.h) */
 	char *canon = NULL;
 	size_t canon_len = 0;
-	int v2 = kc_key_canonical(r->flags, r->flags_len, cfg->flags, &canon, &canon_len);
+	int v2 = kc_key_canonical(r->flags, r->flags_len, cfg->flags, cfg->key_paths, &canon,
+				  &canon_len);
 	if (v2 < 0) {
 		kc_sha256_final(&h, r->hash);
 		kc_recipe_free(r);

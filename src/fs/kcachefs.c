@@ -42,7 +42,7 @@ struct kc_opts {
 	char *max_size, *max_entries, *compile_uids;
 	char *remote, *remote_auth, *remote_key, *remote_mode; /* the cluster store */
 	char *remote_lease, *remote_wait, *remote_timeout;
-	int autocompile, verify_keys, holder;
+	int autocompile, verify_keys, key_paths, holder;
 };
 
 #define OPT(t, p) {t, offsetof(struct kc_opts, p), 1}
@@ -61,6 +61,7 @@ static const struct fuse_opt kc_opt_spec[] = {
 	OPT("log_level=%s", log_level),
 	OPT("autocompile", autocompile),
 	OPT("verify_keys", verify_keys),
+	OPT("key_paths", key_paths),
 	OPT("holder", holder),
 	OPT("compile_uids=%s", compile_uids),
 	OPT("remote=%s", remote),
@@ -140,6 +141,9 @@ static void usage(const char *prog)
 	       "                           daemon holds); compile_uids=daemon: as the daemon\n"
 	       "    -o verify_keys         an entry's <hash> must be the key of its kernel.cu and\n"
 	       "                           kernel.flags (src/entry/key.h), or they are refused\n"
+	       "    -o key_paths           keep include roots' paths in the cluster's keys: a\n"
+	       "                           cubin naming them (__FILE__) is shared only between\n"
+	       "                           nodes with the same paths\n"
 	       "    -o holder              keep the mount's descriptor in a process of its own,\n"
 	       "                           which starts the daemon again when it dies: a\n"
 	       "                           crash costs the requests in flight, not the mount\n"
@@ -532,6 +536,7 @@ static int configure(struct start *s, struct kc_fs *fs)
 	fs->cfg.nvrtc_cold = nvrtc_idle == 0;
 	fs->cfg.autocompile = o->autocompile;
 	fs->cfg.verify_keys = o->verify_keys;
+	fs->cfg.key_paths = o->key_paths;
 	fs->cfg.compile_uids_opt = o->compile_uids;
 	fs->cfg.max_source_size = max_source;
 	o->compile_uids = o->nvcc = o->arch = o->flags = NULL; /* fs->cfg's now */

@@ -35,6 +35,9 @@ struct kc_config {
 				   * capped to stay under request_timeout */
 	int autocompile;       /* compile entries that have kernel.cu but no kernel.flags */
 	int verify_keys;       /* an entry's <hash> must be its recipe's key (key.h) */
+	int key_paths;         /* -o key_paths: include roots' paths stay in the recipe hash
+				* (key.h), so a cubin that names them (__FILE__) is shared
+				* only between nodes with the same paths */
 	char *compile_uids_opt; /* -o compile_uids= as given; NULL: the default */
 	unsigned compile_uids; /* first uid of the compiles' range (compile.h: uid and gid
 				* compile_uids + n for the n-th running compile, n < KC_COMPILE_SLOTS); 0:

@@ -69,6 +69,7 @@ size_t kc_stats_render(const struct kc_stats *s, const struct kc_stats_gauges *g
 		{"kcachefs_remote_put_errors_total", "counter", "Cluster store faults of puts.", "remote put errors", s->remote_put_errors},
 		{"kcachefs_remote_lease_errors_total", "counter", "Cluster store faults of lease operations.", "remote lease errors", s->remote_lease_errors},
 		{"kcachefs_remote_rejected_total", "counter", "Objects of the cluster store refused by verification (never served).", "remote rejected", s->remote_rejected},
+		{"kcachefs_remote_foreign_paths_total", "counter", "Fetched cubins that name a file path not on this node: the compiling node's (__FILE__ in device code), accepted unless -o key_paths.", "remote foreign paths", s->remote_foreign_paths},
 		{"kcachefs_remote_lease_waits_total", "counter", "Compiles that waited for another node's lease.", "remote lease waits", s->remote_lease_waits},
 		{"kcachefs_remote_takeovers_total", "counter", "Leases taken after another holder's expired or was released without an object.", "remote takeovers", s->remote_takeovers},
 		{"kcachefs_remote_hedged_total", "counter", "Waits given up after remote_wait: compiled here.", "remote hedged", s->remote_hedged},
@@ -172,7 +173,8 @@ void kc_stats_reset(struct kc_stats *s)
 		&s->compile_usec, &s->stages, &s->stage_refusals, &s->compile_timeouts,
 		&s->compile_runs, &s->evictions, &s->evicted_bytes, &s->remote_hits,
 		&s->remote_misses, &s->remote_puts, &s->remote_get_errors, &s->remote_put_errors,
-		&s->remote_lease_errors, &s->remote_rejected, &s->remote_lease_waits,
+		&s->remote_lease_errors, &s->remote_rejected, &s->remote_foreign_paths,
+		&s->remote_lease_waits,
 		&s->remote_takeovers, &s->remote_hedged, &s->remote_bytes_in, &s->remote_bytes_out,
 		&s->remote_fetch_usec, &s->remote_fetches, &s->remote_lookups,
 	};

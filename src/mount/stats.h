@@ -48,6 +48,8 @@ struct kc_stats {
 	atomic_uint_fast64_t remote_put_errors;   /* of puts */
 	atomic_uint_fast64_t remote_lease_errors; /* of lease operations */
 	atomic_uint_fast64_t remote_rejected;  /* objects refused by verification */
+	atomic_uint_fast64_t remote_foreign_paths; /* fetched cubins naming a path not on this
+						    * node (the compiling node's: __FILE__) */
 	atomic_uint_fast64_t remote_lease_waits; /* compiles that waited for another holder */
 	atomic_uint_fast64_t remote_takeovers; /* leases taken after another holder's */
 	atomic_uint_fast64_t remote_hedged;    /* waits given up at remote_wait: compiled here */

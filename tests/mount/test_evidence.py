@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from kcmount import NVCC, Mount, read_result, wait_until
+from kcmount import NVCC, SHIM, Mount, read_result, wait_until
 
 SOURCE = b"""#include <kc_a.h>
 #if __has_include(<kc_opt.h>)
@@ -335,3 +335,93 @@ def test_write_through_a_mapping_is_seen(setup):
         os.close(fd)
     assert got_c[0] == "ok" and got_c[1] != got_a[1]
     assert b_did == "compiled" and got_b == got_c, (b_did, b.daemon_log())
+
+
+ASSERT_HEADER = b"""#pragma once
+#include <cstdio>
+/* as DeepGEMM's DG_DEVICE_ASSERT: __FILE__ in device code */
+#define KC_DEVICE_ASSERT(c) \\
+    do { if (!(c)) printf("assertion failed: %s:%d\\n", __FILE__, __LINE__); } while (0)
+__device__ inline void kc_check(int v) { KC_DEVICE_ASSERT(v > 0); }
+"""
+
+SHIM_SOURCE = """#include <kc_dg/assert.cuh>
+#include <kc_dg/value.cuh>
+extern "C" __global__ void k(int *x)
+{
+    kc_check(x[0]);
+    x[1] = KC_VALUE;
+}
+"""
+
+
+def site(base, value=1, shadow=False):
+    """A DeepGEMM-style install under base: two include roots (the library's headers and
+    a second tree searched after it); returns the two include directories."""
+    lib, extra = base / "deep_gemm" / "include", base / "third-party" / "include"
+    (lib / "kc_dg").mkdir(parents=True)
+    (extra / "kc_dg").mkdir(parents=True)
+    (lib / "kc_dg" / "assert.cuh").write_bytes(ASSERT_HEADER)
+    (extra / "kc_dg" / "value.cuh").write_text("#define KC_VALUE %d\n" % value)
+    if shadow:  # a header of the same name in the root searched first
+        (lib / "kc_dg" / "value.cuh").write_text("#define KC_VALUE 7\n")
+    return lib, extra
+
+
+def shim_compile(m, tmp, roots, name):
+    d = tmp / ("src-" + name)
+    d.mkdir()
+    (d / "kernel.cu").write_text(SHIM_SOURCE)
+    out = m.mnt / ("%s.cubin" % name)
+    args = [str(SHIM), str(d / "kernel.cu"), "-cubin", "-o", str(out), "-arch=sm_90a",
+            "-std=c++17"]
+    for r in roots:
+        args += ["-I", str(r)]
+    r = subprocess.run(args, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr + m.daemon_log()
+    return out.read_bytes()
+
+
+@pytest.mark.parametrize("key_paths", [False, True])
+def test_paths_in_the_cubin_through_the_shim(tmp_path, key_paths):
+    """DeepGEMM through the nvcc shim, its headers at another path on node B: a cubin whose
+    device code prints __FILE__ names the include root's path. By default B takes A's
+    cubin (the difference is that path alone, accepted on purpose), says so in the entry's
+    log and its daemon log, and counts it; with -o key_paths B compiles its own, which
+    names B's path. A shadowing header in B's first root is never taken from A."""
+    os.chmod(tmp_path, 0o755)
+    store = tmp_path / "store"
+    store.mkdir()
+    opts = ["remote=dir:%s" % store, "arch=sm_90a"] + (["key_paths"] if key_paths else [])
+    roots_a = site(tmp_path / "venv-a" / "site-packages")
+    roots_b = site(tmp_path / "other" / "lib" / "python3" / "site-packages")
+    roots_c = site(tmp_path / "venv-c", shadow=True)
+    mounts = []
+    try:
+        for n in ("a", "b", "c"):
+            (tmp_path / n).mkdir()
+            mounts.append(Mount(tmp_path / n, opts).start())
+        a, b, c = mounts
+        ca = shim_compile(a, tmp_path, roots_a, "a")
+        assert str(roots_a[0]).encode() in ca, "the cubin names A's include root"
+        wait_until(lambda: " stored (" in a.daemon_log(), a.daemon_log, 120)
+        shutil.rmtree(tmp_path / "venv-a")  # A's paths are A's: not on node B
+        cb = shim_compile(b, tmp_path, roots_b, "b")
+        sb = b.stats()
+        if key_paths:
+            assert sb["compiles_total"] == 1 and sb["remote_hits_total"] == 0, sb
+            assert str(roots_b[0]).encode() in cb and str(roots_a[0]).encode() not in cb
+        else:
+            assert cb == ca and sb["remote_hits_total"] == 1 and sb["compiles_total"] == 0
+            assert sb["remote_foreign_paths_total"] == 1, sb
+            assert "it names %s/kc_dg/assert.cuh, a path of the node that compiled it" % \
+                roots_a[0] in b.daemon_log()
+        cc = shim_compile(c, tmp_path, roots_c, "c")
+        sc = c.stats()
+        assert sc["compiles_total"] == 1 and sc["remote_hits_total"] == 0, sc
+        assert cc != ca
+    finally:
+        for m in mounts:
+            m.stop()
+    for m in mounts:
+        assert not os.path.ismount(m.mnt)

@@ -421,12 +421,12 @@ static void test_fingerprint_and_flags_file(void)
 	size_t canon_len = 0;
 	char cwant[512];
 	snprintf(cwant, sizeof(cwant), "# c\n# include-root %s\n-O3\n-I%s\n", a, a);
-	CHECK(kc_key_canonical(fb, strlen(fb), NULL, &canon, &canon_len) == 1 &&
+	CHECK(kc_key_canonical(fb, strlen(fb), NULL, 0, &canon, &canon_len) == 1 &&
 		      canon_len == strlen(cwant) && memcmp(canon, cwant, canon_len) == 0,
 	      "key: the canonical flags name the root by its digest, no path left");
 	free(canon);
 	canon = NULL;
-	CHECK(kc_key_canonical("-O3\n-I/a/inc\n", 13, NULL, &canon, &canon_len) == 0 && !canon,
+	CHECK(kc_key_canonical("-O3\n-I/a/inc\n", 13, NULL, 0, &canon, &canon_len) == 0 && !canon,
 	      "key: flags without include roots are keyed as they are (v1)");
 	snprintf(fm, sizeof(fm), "# c\n# include-root %.63s0 /a/inc\n-O3\n-I/a/inc\n", a);
 	if (a[63] == '0')
@@ -439,11 +439,11 @@ static void test_fingerprint_and_flags_file(void)
 		      kc_key_compute("src", 3, fm, strlen(fm), k2) == 0 && strcmp(k1, k2) != 0,
 	      "key: with -lineinfo (paths in the cubin) the paths stay in the key");
 	snprintf(fm, sizeof(fm), "# c\n# include-root %s /b/inc\n-Xptxas=-v,-lineinfo\n-I/b/inc\n", a);
-	CHECK(kc_key_canonical(fm, strlen(fm), NULL, &canon, &canon_len) == 1 &&
+	CHECK(kc_key_canonical(fm, strlen(fm), NULL, 0, &canon, &canon_len) == 1 &&
 		      memmem(canon, canon_len, "/b/inc", 6) != NULL,
 	      "key: -lineinfo handed to ptxas keeps the paths too");
 	free(canon);
-	CHECK(kc_key_canonical(fa, strlen(fa), "-O3 -G", &canon, &canon_len) == 1 &&
+	CHECK(kc_key_canonical(fa, strlen(fa), "-O3 -G", 0, &canon, &canon_len) == 1 &&
 		      memmem(canon, canon_len, "/a/inc", 6) != NULL,
 	      "key: -G among the mount's flags keeps the paths in the recipe");
 	free(canon);
