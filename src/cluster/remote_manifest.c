@@ -168,10 +168,11 @@ static int admit(const struct stat *st)
 	return 0;
 }
 
-/* Whether path is under a pseudo filesystem no header is hashed from. */
+/* Whether path is under a pseudo filesystem (procfs, sysfs) that a list from the store
+ * may not make this daemon look at. Device nodes are no regular files (admit). */
 static int pseudo(const char *path)
 {
-	return under(path, "/proc") || under(path, "/sys") || under(path, "/dev");
+	return under(path, "/proc") || under(path, "/sys");
 }
 
 /* Hash the header path, open as fd (st: its fstat, admitted), into hex, and memoize it
@@ -221,6 +222,40 @@ static int listing_digest(const char *dir, char hex[KC_SHA256_HEXLEN + 1])
 	return err;
 }
 
+/* The outcome of a readlink of path (a trace's "l" line, listed as ">path") into hex: the
+ * SHA-256 of "link:" and the link's target, KC_MANIFEST_NOT_LINK, or KC_MANIFEST_ABSENT.
+ * Returns 0 or -errno with why filled. */
+static int link_outcome(const char *path, char hex[KC_SHA256_HEXLEN + 1], char *why,
+			size_t whylen)
+{
+	char target[PATH_MAX + 5] = "link:";
+	struct stat st;
+	if (path[0] != '/' || pseudo(path)) {
+		snprintf(why, whylen, "link %.200s: not a path to look up", path);
+		return -EACCES;
+	}
+	if (lstat(path, &st) != 0) {
+		if (errno != ENOENT && errno != ENOTDIR) {
+			int err = -errno;
+			snprintf(why, whylen, "link %.200s: %s", path, strerror(errno));
+			return err;
+		}
+		memcpy(hex, KC_MANIFEST_ABSENT, KC_SHA256_HEXLEN + 1);
+		return 0;
+	}
+	if (!S_ISLNK(st.st_mode)) {
+		memcpy(hex, KC_MANIFEST_NOT_LINK, KC_SHA256_HEXLEN + 1);
+		return 0;
+	}
+	ssize_t n = readlink(path, target + 5, PATH_MAX - 1);
+	if (n < 0) {
+		int err = -errno;
+		snprintf(why, whylen, "link %.200s: %s", path, strerror(errno));
+		return err;
+	}
+	return kc_sha256_buf(target, (size_t)n + 5, hex) ? -ENOMEM : 0;
+}
+
 /* Hash one header as remote_manifest.h says, adding its size to *total (__atomic: the
  * threads of a spread rehash share one) before it is read: its stat's size, then its
  * size on the descriptor, so that the reads stay within KC_MANIFEST_MAX_TOTAL (but for a
@@ -232,6 +267,8 @@ static int hash_header(const char *path, char hex[KC_SHA256_HEXLEN + 1], uint64_
 	struct stat st;
 	int fd = -1;
 	size_t pl = strlen(path);
+	if (path[0] == '>')
+		return link_outcome(path + 1, hex, why, whylen);
 	if (!pseudo(path) && pl > 1 && path[pl - 1] == '/') {
 		int err = listing_digest(path, hex);
 		if (err)
@@ -477,6 +514,48 @@ static int in_root(const char *path, const char *root)
 	return realpath(root, rroot) && under(rdir, rroot);
 }
 
+/* How a traced path under /proc, /sys or /dev counts: 0 an ordinary path (listed with its
+ * outcome: /dev/shm's files), 1 left out (the state of the kernel or of the process, a
+ * device that gives no file's bytes, the scratch as /proc/self/cwd names it, a link's name
+ * in /proc), -1 a way to any file that the list cannot show (/proc/PID/root, a
+ * descriptor's file: /proc/PID/fd, /dev/fd, /dev/stdin). */
+static int special(char kind, const char *path)
+{
+	static const char *const quiet[] = {"/dev/null", "/dev/zero", "/dev/full", "/dev/random",
+					    "/dev/urandom", "/dev/tty", NULL};
+	for (int i = 0; quiet[i]; i++)
+		if (strcmp(path, quiet[i]) == 0)
+			return 1;
+	if (under(path, "/dev/fd") || under(path, "/dev/stdin") || under(path, "/dev/stdout") ||
+	    under(path, "/dev/stderr"))
+		return kind == 'o' || kind == 'x' ? -1 : 1;
+	if (under(path, "/sys"))
+		return 1;
+	if (!under(path, "/proc"))
+		return 0;
+	if (kind == 'l' || kind == 's')
+		return 1;
+	/* /proc/<pid|self|thread-self>[/task/<tid>]/<what>...: root, fd and map_files reach
+	 * any file; cwd is the scratch the tools run in, exe a tool listed by its exec, the
+	 * rest the process's state, as /proc/<anything else> is the kernel's */
+	char comp[4][16] = {"", "", "", ""};
+	const char *c = path + 5;
+	for (int i = 0; i < 4 && *c == '/'; i++) {
+		size_t n = strcspn(c + 1, "/");
+		snprintf(comp[i], sizeof(comp[i]), "%.*s", (int)(n < 15 ? n : 15), c + 1);
+		c += 1 + n;
+	}
+	int process = strspn(comp[0], "0123456789") == strlen(comp[0]) && comp[0][0];
+	if (!process && strcmp(comp[0], "self") != 0 && strcmp(comp[0], "thread-self") != 0)
+		return 1;
+	const char *what = strcmp(comp[1], "task") == 0 ? comp[3] : comp[1];
+	if (strcmp(what, "cwd") == 0 && has_dotdot(path))
+		return -1; /* out of the scratch */
+	if (strcmp(what, "root") == 0 || strcmp(what, "fd") == 0 || strcmp(what, "map_files") == 0)
+		return -1;
+	return 1;
+}
+
 /* Add one path of the trace to p unless it is left out. */
 static int add_traced(struct kc_argv *p, char kind, const char *path, size_t pl,
 		      const char *skip_dir, const struct kc_argv *roots, char *why,
@@ -486,11 +565,24 @@ static int add_traced(struct kc_argv *p, char kind, const char *path, size_t pl,
 		snprintf(why, whylen, "traced path %.200s is relative", path);
 		return -EINVAL;
 	}
-	if (pseudo(path) || (skip_dir && under(path, skip_dir)))
+	int sp = special(kind, path);
+	if (sp < 0) {
+		snprintf(why, whylen, "the compile read %.200s, a way to a file whose bytes the "
+			 "list cannot show", path);
+		return -EACCES;
+	}
+	if (sp || (skip_dir && under(path, skip_dir) && !has_dotdot(path)))
 		return 0;
 	for (size_t i = 0; i < roots->n; i++)
 		if (in_root(path, roots->v[i]))
 			return 0; /* its bytes are in the recipe's key (key.h) */
+	if (kind == 'l') { /* ">path": the link's target is the outcome */
+		char listed[PATH_MAX + 2];
+		if (pl + 2 > sizeof(listed))
+			return 0;
+		snprintf(listed, sizeof(listed), ">%s", path);
+		return paths_add(p, listed, pl + 1);
+	}
 	if (kind != 'd')
 		return paths_add(p, path, pl);
 	char listed[PATH_MAX + 1]; /* a directory read whole: "dir/" stands for its names */
@@ -500,9 +592,39 @@ static int add_traced(struct kc_argv *p, char kind, const char *path, size_t pl,
 	return paths_add(p, listed, pl + 1);
 }
 
+/* Whether a listed path (manifest line ml bytes: "<outcome> <path>") changed at or after
+ * since: a file found (its ctime, through symlinks) or a link read (its own). A path that
+ * found nothing or a directory is not looked at (a file made since is found, so listed as
+ * a file). Returns 0 or -ESTALE with why filled. */
+static int changed_since(const char *ml, size_t len, const struct timespec *since, char *why,
+			 size_t whylen)
+{
+	char path[PATH_MAX];
+	struct stat st;
+	if (len <= KC_SHA256_HEXLEN + 1 || len - KC_SHA256_HEXLEN - 1 >= sizeof(path) ||
+	    memcmp(ml, KC_MANIFEST_ABSENT, KC_SHA256_HEXLEN) == 0 ||
+	    memcmp(ml, KC_MANIFEST_DIRECTORY, KC_SHA256_HEXLEN) == 0)
+		return 0;
+	memcpy(path, ml + KC_SHA256_HEXLEN + 1, len - KC_SHA256_HEXLEN - 1);
+	path[len - KC_SHA256_HEXLEN - 1] = '\0';
+	size_t pl = strlen(path);
+	if (pl && path[pl - 1] == '/')
+		return 0; /* a directory's names */
+	int link = path[0] == '>';
+	if ((link ? lstat(path + 1, &st) : stat(path, &st)) != 0)
+		return 0; /* gone: its outcome now differs from the list's, a miss everywhere */
+	if (st.st_ctim.tv_sec > since->tv_sec ||
+	    (st.st_ctim.tv_sec == since->tv_sec && st.st_ctim.tv_nsec >= since->tv_nsec)) {
+		snprintf(why, whylen, "%.200s changed while the compile ran: the pass may have read "
+			 "other bytes than the compile", path + link);
+		return -ESTALE;
+	}
+	return 0;
+}
+
 int kc_manifest_from_trace(const char *trace, size_t len, const char *skip_dir,
-			   const char *flags, size_t flags_len, char **manifest, size_t *mlen,
-			   char *why, size_t whylen)
+			   const char *flags, size_t flags_len, const struct timespec *since,
+			   char **manifest, size_t *mlen, char *why, size_t whylen)
 {
 	struct kc_argv p = {0}, roots = {0};
 	char path[PATH_MAX];
@@ -511,7 +633,7 @@ int kc_manifest_from_trace(const char *trace, size_t len, const char *skip_dir,
 		const char *line = trace + off, *nl = memchr(line, '\n', len - off);
 		size_t ll = nl ? (size_t)(nl - line) : len - off;
 		off += ll + 1;
-		if (ll < 3 || line[1] != ' ' || !strchr("osxd", line[0]) || ll - 2 >= sizeof(path)) {
+		if (ll < 3 || line[1] != ' ' || !strchr("osxdl", line[0]) || ll - 2 >= sizeof(path)) {
 			snprintf(why, whylen, "malformed trace line %zu bytes into the trace",
 				 off - ll - 1);
 			err = -EINVAL;
@@ -522,7 +644,20 @@ int kc_manifest_from_trace(const char *trace, size_t len, const char *skip_dir,
 		err = add_traced(&p, line[0], path, ll - 2, skip_dir, &roots, why, whylen);
 	}
 	kc_argv_free(&roots);
-	return build(err, &p, 0, manifest, mlen, why, whylen);
+	if ((err = build(err, &p, 0, manifest, mlen, why, whylen)) != 0)
+		return err;
+	for (size_t off = 0; !err && since && off < *mlen;) {
+		const char *line = *manifest + off, *nl = memchr(line, '\n', *mlen - off);
+		size_t ll = nl ? (size_t)(nl - line) : *mlen - off;
+		off += ll + 1;
+		err = changed_since(line, ll, since, why, whylen);
+	}
+	if (err) {
+		free(*manifest);
+		*manifest = NULL;
+		*mlen = 0;
+	}
+	return err;
 }
 
 /* The paths of the header list index/len into p. Returns 0; -EINVAL with why filled (a

@@ -42,6 +42,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "hash.h"
 
@@ -54,6 +55,9 @@
  * "kcachefs: a directory\n": no file's bytes are those). */
 #define KC_MANIFEST_ABSENT "3e144f3ec7178ebad4c924e5d523e6f4bb43b02860e4bb9ef1ac958f6e2b0075"
 #define KC_MANIFEST_DIRECTORY "12a476a2c53aa668e257ea001a336e1d142050e88dca0eb9732e07fc390e4d3d"
+/* The outcome of a readlink of a path that is no symbolic link (SHA-256 of "kcachefs: not a
+ * symbolic link\n"); a link's is the SHA-256 of "link:" and its target. */
+#define KC_MANIFEST_NOT_LINK "1aceca70a30e06f9e6869f00ed7819b014f6eaf0eacf9e4883b00c87e4459b3b"
 
 /* Build the manifest of a compile from its trace (trace/len, kcachefs-trace's "<kind>
  * <path>" lines, kind o, s, x or d). Paths under skip_dir, under /proc, /sys and /dev,
@@ -63,10 +67,13 @@
  * path is listed) / *mlen; -EINVAL with why filled when a line cannot be parsed or names
  * a relative path; -EACCES / -EFBIG / -errno with why filled when a file cannot be hashed
  * (not readable by all, too big) or a lookup failed otherwise than finding nothing: a
- * compile whose evidence cannot be shown is not shared; -ENOMEM. */
+ * compile whose evidence cannot be shown is not shared; -ESTALE with why filled when since
+ * (the real clock before the compile began; NULL: not checked) is given and a listed file
+ * or link changed at or after it (its ctime): the pass may have read bytes the compile did
+ * not; -ENOMEM. */
 int kc_manifest_from_trace(const char *trace, size_t len, const char *skip_dir,
-			   const char *flags, size_t flags_len, char **manifest, size_t *mlen,
-			   char *why, size_t whylen);
+			   const char *flags, size_t flags_len, const struct timespec *since,
+			   char **manifest, size_t *mlen, char *why, size_t whylen);
 
 /* The compact manifest that the cubin object carries (remote_object.h): one line
  * "<SHA-256 of the full list> @headers\n" (the SHA-256 of "" for a compile that read no

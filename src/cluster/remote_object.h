@@ -37,7 +37,8 @@
 #include "remote.h"
 
 #define KC_OBJECT_MAGIC "kcachefs-object-v1\n"
-#define KC_OBJECT_MAX_MANIFEST (1u << 20)  /* bytes of a manifest accepted */
+#define KC_OBJECT_MAX_MANIFEST (8u << 20)  /* bytes of a manifest accepted (a DeepGEMM kernel's
+					    * traced list: about 0.8 MB) */
 #define KC_OBJECT_MAX_CUBIN (256u << 20)   /* bytes of a cubin accepted */
 #define KC_OBJECT_MIN_SECRET 16            /* bytes of a -o remote_key= secret, at least */
 
@@ -79,7 +80,7 @@ int kc_object_lists_key(char key[KC_SHA256_HEXLEN + 1]);
 int kc_object_cubin_key(const char *manifest_key, const char *manifest, size_t manifest_len,
 			char key[KC_SHA256_HEXLEN + 1]);
 
-/* Check the syntax of a manifest: lines "<64 lowercase hex> /<path>\n", paths without NUL,
+/* Check the syntax of a manifest: lines "<64 lowercase hex> /<path>\n" (or ">/<path>": a readlink, remote_manifest.h), paths without NUL,
  * strictly sorted by path, or the one line "<64 lowercase hex> @headers\n" (compact), at most KC_OBJECT_MAX_MANIFEST bytes (empty is valid). Returns 0
  * or -EBADMSG with why filled. */
 int kc_object_manifest_check(const char *manifest, size_t len, char *why, size_t whylen);

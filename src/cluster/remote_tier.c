@@ -1029,7 +1029,8 @@ static void share(struct kc_remote_tier *t, struct kc_remote_job *rj, int fd, co
 		return;
 	}
 	if (kc_manifest_from_trace(deps, deps_len, KC_COMPILE_CWD, rj->flags, rj->flags_len,
-				   &manifest, &mlen, why, sizeof(why)) != 0) {
+				   rj->since.tv_sec ? &rj->since : NULL, &manifest, &mlen, why,
+				   sizeof(why)) != 0) {
 		kc_log(KC_LOG_INFO, "cluster store: %.16s not shared: %s", rj->mkey, why);
 		return;
 	}

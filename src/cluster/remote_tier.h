@@ -90,6 +90,8 @@ struct kc_remote_job {
 	const char *flags; /* the recipe's kernel.flags (borrowed; may be NULL): the include
 			    * roots it names are left out of the header list */
 	size_t flags_len;
+	struct timespec since; /* the coarse real clock before the compile began (0: unknown):
+				* a listed file changed since is not evidence of that compile */
 };
 
 /* Open the cluster store for -o remote=, counting into stats (borrowed, outlives the store). Returns 0 and *out, or

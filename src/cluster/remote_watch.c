@@ -347,6 +347,14 @@ unsigned long kc_watch_arm(struct kc_watch *w, const char *list, size_t len,
 		path[ll - KC_SHA256_HEXLEN - 1] = '\0';
 		off += ll + 1;
 		a.listed = path;
+		if (path[0] == '>') { /* a readlink: a link re-pointed is an event in its directory */
+			char *slash = strrchr(path, '/');
+			if (slash == path + 1)
+				slash++; /* a link in "/" */
+			if (slash)
+				*slash = '\0';
+			memmove(path, path + 1, strlen(path));
+		}
 		err = watch_header(&a, path);
 	}
 	/* Word is given only when nothing but this arm's own opens came meanwhile: a change to

@@ -15,7 +15,8 @@
  *   renamed in it; itself renamed or removed). A listed path whose lookup finds nothing
  *   (ENOENT, or ENOTDIR at a component that is a file) is covered by the watch of the last
  *   directory its walk reached, where a name made later raises an event; a listed
- *   directory is watched as a walk's directories are.
+ *   directory is watched as a walk's directories are, and a listed readlink (">path") by
+ *   the watch of the link's directory, where re-pointing it raises an event.
  * - A header that some process has open for writing when its watch is added (a mapping made
  *   before the watch writes with no event) is not proven: F_SETLEASE, as root or owner.
  * - Any event on any watch, an overflow of the event queue, or a change of this process's

@@ -512,7 +512,13 @@ static void take_deps(const struct kc_compile_spec *spec, uid_t uid,
 		size_t ll = nl ? (size_t)(nl - line) + 1 : len - off;
 		off += ll;
 		int scratch = ll > 2 + sl && strncmp(line + 2, spec->scratch, sl) == 0 &&
-			      (line[2 + sl] == '/' || line[2 + sl] == '\n');
+			      (line[2 + sl] == '/' || line[2 + sl] == '\n') &&
+			      !memmem(line, ll, "/..", 3); /* not one that climbs out of it */
+		/* nor a directory above it: realpath(3) of the source (/proc/self/cwd/...)
+		 * reads each, and where a node keeps its scratch is no input of the compile */
+		size_t pl = ll - 2 - (line[ll - 1] == '\n');
+		scratch = scratch || (pl < sl && strncmp(line + 2, spec->scratch, pl) == 0 &&
+				      (spec->scratch[pl] == '/' || pl == 1));
 		if (!scratch) {
 			memmove(trace + kept, line, ll);
 			kept += ll;
@@ -944,10 +950,36 @@ int kc_compile_run(const struct kc_compile_spec *spec, struct kc_compile_outcome
 	return 0;
 }
 
-int kc_cubin_foreign_path(const void *cubin, size_t len, char *path, size_t pathlen)
+/* Whether the string s (n bytes) names a file of a root by another path. */
+static int names_root_file(const char *s, size_t n, const char *const *roots)
+{
+	for (int r = 0; roots[r]; r++) {
+		size_t rl = strlen(roots[r]);
+		if (rl < n && strncmp(s, roots[r], rl) == 0 && s[rl] == '/')
+			return 0; /* this node's own path */
+	}
+	for (size_t i = 1; i < n; i++) {
+		if (s[i] != '/')
+			continue;
+		for (int r = 0; roots[r]; r++) {
+			char here[PATH_MAX];
+			struct stat st;
+			if ((size_t)snprintf(here, sizeof(here), "%s%.*s", roots[r], (int)(n - i),
+					     s + i) < sizeof(here) &&
+			    stat(here, &st) == 0 && S_ISREG(st.st_mode))
+				return 1;
+		}
+	}
+	return 0;
+}
+
+int kc_cubin_foreign_path(const void *cubin, size_t len, const char *const *roots, char *path,
+			  size_t pathlen)
 {
 	const char *p = cubin, *end = p + len;
 	int looked = 0;
+	if (!roots || !roots[0])
+		return 0;
 	for (const char *s = memchr(p, '/', len); s && looked < 64;
 	     s = s + 1 < end ? memchr(s + 1, '/', (size_t)(end - s - 1)) : NULL) {
 		if (s > p && s[-1] != '\0')
@@ -967,13 +999,9 @@ int kc_cubin_foreign_path(const void *cubin, size_t len, char *path, size_t path
 		}
 		if (!printable || slashes < 2 || !memchr(last, '.', (size_t)(nul - last)))
 			continue;
-		char name[PATH_MAX];
-		struct stat st;
-		memcpy(name, s, n);
-		name[n] = '\0';
 		looked++;
-		if (stat(name, &st) != 0 && (errno == ENOENT || errno == ENOTDIR)) {
-			snprintf(path, pathlen, "%s", name);
+		if (names_root_file(s, n, roots)) {
+			snprintf(path, pathlen, "%.*s", (int)n, s);
 			return 1;
 		}
 	}

@@ -11,13 +11,16 @@
  *              absence it found (a header search is a row of failed opens)
  *   s <path>   a stat or an access test (stat, lstat, newfstatat, statx, access,
  *              faccessat, faccessat2: an include directory tested, a program searched)
- *   x <path>   an exec (execve, execveat: a program of the toolchain)
+ *   x <path>   an exec (execve, execveat: a program of the toolchain), and the interpreter
+ *              the kernel opens for it, which no system call of the tracee names: a
+ *              script's "#!" program, an ELF program's PT_INTERP (its dynamic loader)
+ *   l <path>   a readlink (readlink, readlinkat): cc1plus canonicalizes the names of system
+ *              headers with realpath(3) and opens the canonical name, so a symbolic link on
+ *              the way is seen only here (17,000 calls on CUB's block_sum)
  *   d <path>   a directory read (getdents64: the directory's descriptor, as /proc names it)
  *
  * Relative paths are made absolute against the process's working directory or the
- * directory descriptor it named, as /proc/PID shows them at the call. readlink is not
- * traced: the tools canonicalize names with it (cc1plus calls it 17,000 times on CUB's
- * block_sum), and what a canonical name leads to is opened, and so traced, anyway.
+ * directory descriptor it named, as /proc/PID shows them at the call.
  *
  * Only those system calls stop the tracee: a seccomp filter (SECCOMP_RET_TRACE, installed
  * in the child before it runs PROGRAM, inherited by every process it starts) passes every
@@ -31,6 +34,7 @@
  * (PTRACE_O_EXITKILL).
  */
 #define _GNU_SOURCE
+#include <elf.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -39,6 +43,7 @@
 #include <linux/seccomp.h>
 #include <signal.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -89,6 +94,10 @@ static const struct traced calls[] = {
 #ifdef __NR_access
 	{__NR_access, 0, -1, -1, 's'},
 #endif
+#ifdef __NR_readlink
+	{__NR_readlink, 0, -1, -1, 'l'},
+#endif
+	{__NR_readlinkat, 1, 0, -1, 'l'},
 	{__NR_openat, 1, 0, 2, 'o'},
 	{__NR_openat2, 1, 0, -1, 'o'},
 	{__NR_newfstatat, 1, 0, -1, 's'},
@@ -168,6 +177,50 @@ static ssize_t base_dir(pid_t pid, long dirfd, char *dir, size_t cap)
 	return n > 0 ? n : -1;
 }
 
+/* Write the interpreter the kernel opens to run the program at path (an exec's "x" line)
+ * to out, and its own, at most 4 deep: a script's "#!" path, or an ELF file's PT_INTERP.
+ * Read as the tracer, which is the tracee's uid. */
+static void record_interp(FILE *out, const char *path, int depth)
+{
+	unsigned char head[4096];
+	char interp[PATH_MAX];
+	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+	if (fd < 0 || depth > 4) {
+		if (fd >= 0)
+			close(fd);
+		return;
+	}
+	ssize_t n = pread(fd, head, sizeof(head) - 1, 0);
+	interp[0] = '\0';
+	if (n > 2 && head[0] == '#' && head[1] == '!') {
+		head[n] = '\0';
+		const char *p = (const char *)head + 2;
+		p += strspn(p, " \t");
+		size_t len = strcspn(p, " \t\n");
+		if (len && len < sizeof(interp)) {
+			memcpy(interp, p, len);
+			interp[len] = '\0';
+		}
+	} else if (n >= (ssize_t)sizeof(Elf64_Ehdr) && memcmp(head, ELFMAG, SELFMAG) == 0 &&
+		   head[EI_CLASS] == ELFCLASS64) {
+		const Elf64_Ehdr *eh = (const Elf64_Ehdr *)head;
+		for (unsigned i = 0; i < eh->e_phnum && !interp[0]; i++) {
+			Elf64_Phdr ph;
+			if (pread(fd, &ph, sizeof(ph), (off_t)(eh->e_phoff + (uint64_t)i * eh->e_phentsize)) !=
+			    (ssize_t)sizeof(ph))
+				break;
+			if (ph.p_type == PT_INTERP && ph.p_filesz > 1 && ph.p_filesz < sizeof(interp) &&
+			    pread(fd, interp, ph.p_filesz, (off_t)ph.p_offset) == (ssize_t)ph.p_filesz)
+				interp[ph.p_filesz - 1] = '\0';
+		}
+	}
+	close(fd);
+	if (interp[0] == '/') {
+		fprintf(out, "x %s\n", interp);
+		record_interp(out, interp, depth + 1);
+	}
+}
+
 /* Write the lookup of pid's stopped call (info) to out. A path that cannot be read (a bad
  * pointer: the call fails with EFAULT) is not written; an empty one with AT_EMPTY_PATH is
  * a call on a descriptor, not a lookup. */
@@ -187,13 +240,19 @@ static void record(FILE *out, pid_t pid, const struct __ptrace_syscall_info *inf
 	ssize_t n = read_string(pid, info->seccomp.args[t->path_arg], path, sizeof(path));
 	if (n <= 0)
 		return;
+	char full[2 * PATH_MAX];
 	if (path[0] == '/') {
-		fprintf(out, "%c %s\n", t->kind, path);
-		return;
+		snprintf(full, sizeof(full), "%s", path);
+	} else {
+		long dirfd = t->dirfd_arg >= 0 ? (long)(int)info->seccomp.args[t->dirfd_arg]
+					       : AT_FDCWD;
+		if (base_dir(pid, dirfd, dir, sizeof(dir)) <= 0)
+			return;
+		snprintf(full, sizeof(full), "%s%s%s", dir, dir[1] ? "/" : "", path);
 	}
-	long dirfd = t->dirfd_arg >= 0 ? (long)(int)info->seccomp.args[t->dirfd_arg] : AT_FDCWD;
-	if (base_dir(pid, dirfd, dir, sizeof(dir)) > 0)
-		fprintf(out, "%c %s%s%s\n", t->kind, dir, dir[1] ? "/" : "", path);
+	fprintf(out, "%c %s\n", t->kind, full);
+	if (t->kind == 'x')
+		record_interp(out, full, 0);
 }
 
 /* Run the child's side: be traced, filter, exec. Never returns. */

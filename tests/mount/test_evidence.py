@@ -425,3 +425,133 @@ def test_paths_in_the_cubin_through_the_shim(tmp_path, key_paths):
             m.stop()
     for m in mounts:
         assert not os.path.ismount(m.mnt)
+
+
+def one_case(tmp, tree, name, src, mutate, after_a=None):
+    """Node A compiles src and shares it (after_a runs as soon as A's reader has its
+    cubin), mutate() changes the tree, a read-only node B opens the same recipe and a node
+    C with no store compiles it. Returns (what B did, whether C's bytes are A's, A's log)."""
+    store = tmp / ("store-" + name)
+    store.mkdir()
+    nodes = []
+
+    def start(n, with_store, ro=True):
+        opts = ["nvcc=%s" % tree.nvcc, "arch=sm_90a"]
+        if with_store:
+            opts += ["remote=dir:%s" % store] + (["remote_mode=ro"] if ro else [])
+        d = tmp / ("%s-%s" % (n, name))
+        d.mkdir()
+        m = Mount(d, opts).start()
+        nodes.append(m)
+        return m
+
+    try:
+        a = start("a", True, ro=False)
+        got_a = read_result(a.stage("k", src, tree.flags) / "kernel.cubin")
+        if after_a:
+            after_a()
+        assert got_a[0] == "ok", a.daemon_log()
+        wait_until(lambda: " stored (" in a.daemon_log() or "not shared" in a.daemon_log(),
+                   a.daemon_log, 180)
+        a_log = a.daemon_log()
+        a.stop()
+        mutate()
+        b = start("b", True)
+        got_b = read_result(b.stage("k", src, tree.flags) / "kernel.cubin")
+        b_did = outcome(b)
+        b.stop()
+        c = start("c", False)
+        got_c = read_result(c.stage("k", src, tree.flags) / "kernel.cubin")
+        c.stop()
+    finally:
+        for m in nodes:
+            m.stop()
+    for m in nodes:
+        assert not os.path.ismount(m.mnt), "mount left behind"
+    same = got_c[0] == "ok" and got_c[1] == got_a[1]
+    if b_did == "fetched":
+        assert got_b == got_a
+    return b_did, same, a_log
+
+
+BODY = b'\nextern "C" __global__ void k(int *x) { x[0] = KC_V; }\n'
+
+
+@pytest.fixture
+def tree(tmp_path):
+    os.chmod(tmp_path, 0o755)
+    t = Tree(tmp_path)
+    t.build()
+    return t
+
+
+def test_a_link_on_a_system_headers_path(tmp_path, tree):
+    """cc1plus opens a system header by its canonical name (realpath(3), through readlink):
+    a link on the way, re-pointed on B, is in the evidence as the link it read."""
+    inc = tree.tk / "include"
+    for v in (1, 2):
+        (inc / ("kc_v%d" % v)).mkdir()
+        (inc / ("kc_v%d" % v) / "kc_sys.h").write_text("#define KC_V %d\n" % v)
+    link = inc / "cccl" / "kcsel"
+    link.symlink_to("../kc_v1")
+
+    def repoint():
+        link.unlink()
+        link.symlink_to("../kc_v2")
+    b_did, same, _ = one_case(tmp_path, tree, "syslink", b"#include <kcsel/kc_sys.h>" + BODY,
+                              repoint)
+    assert not same and b_did == "compiled"
+
+
+def test_a_header_under_dev_shm_is_evidence_and_proc_root_is_refused(tmp_path, tree):
+    """/dev/shm holds files like any directory: listed and checked. A header read through
+    /proc/self/root (a way to any file) cannot be shown: the compile is not shared."""
+    shm = Path("/dev/shm") / ("kc-evidence-%d" % os.getpid())
+    shm.mkdir()
+    flags = tree.flags
+    try:
+        os.chmod(shm, 0o755)
+        (shm / "kc_s.h").write_text("#define KC_V 1\n")
+        tree.flags += b"-I%s\n" % str(shm).encode()
+        b_did, same, _ = one_case(tmp_path, tree, "shm", b"#include <kc_s.h>" + BODY,
+                                  lambda: (shm / "kc_s.h").write_text("#define KC_V 2\n"))
+        assert not same and b_did == "compiled"
+    finally:
+        shutil.rmtree(shm)
+        tree.flags = flags
+    px = tmp_path / "px"
+    px.mkdir()
+    (px / "kc_p.h").write_text("#define KC_V 1\n")
+    src = b'#include "/proc/self/root%s"' % str(px / "kc_p.h").encode() + BODY
+    b_did, same, a_log = one_case(tmp_path, tree, "procroot", src,
+                                  lambda: (px / "kc_p.h").write_text("#define KC_V 2\n"))
+    assert not same and b_did == "compiled"
+    assert "not shared: the compile read /proc/self/root" in a_log, a_log
+
+
+def test_a_header_changed_before_the_pass_is_not_shared(tmp_path, tree):
+    """A header replaced after A's compile read it, before its dependency pass ran: the
+    pass would list bytes the compile did not read. Not shared."""
+    h = tree.inc[1] / "kc_r.h"
+    h.write_text("#define KC_V 1\n")
+    b_did, same, a_log = one_case(tmp_path, tree, "race", b"#include <kc_r.h>" + BODY,
+                                  lambda: None,
+                                  after_a=lambda: replace(h, b"#define KC_V 2\n"))
+    assert not same and b_did == "compiled"
+    assert "kc_r.h changed while the compile ran" in a_log, a_log
+
+
+def test_the_interpreter_of_a_toolchain_script(tmp_path, tree):
+    """A host compiler wrapper script's "#!" interpreter is opened by the kernel, not by
+    any call of the compile: the tracer lists it, so another interpreter on B is seen."""
+    interp = tmp_path / "shell"
+    shutil.copy("/bin/dash", interp)
+    replace(tree.tk / "bin" / "gcc",
+            b'#!%s\nif [ -n "$BASH_VERSION" ]; then X=2; else X=1; fi\n'
+            b'exec /usr/bin/gcc -DKC_V=$X "$@"\n' % str(interp).encode(), 0o755)
+
+    def other_shell():
+        interp.unlink()
+        shutil.copy("/bin/bash", interp)
+    b_did, same, _ = one_case(tmp_path, tree, "shebang", BODY, other_shell)
+    assert not same and b_did == "compiled"

@@ -275,7 +275,7 @@ static void test_nvcc(const char *cubin_copy)
 		      faccessat(r.scratch_fd, "kernel.cubin", F_OK, 0) != 0,
 	      "the dependency pass publishes no cubin");
 	CHECK(r.out.deps &&
-		      kc_manifest_from_trace(r.out.deps, r.out.deps_len, KC_COMPILE_CWD, NULL, 0, &m,
+		      kc_manifest_from_trace(r.out.deps, r.out.deps_len, KC_COMPILE_CWD, NULL, 0, NULL, &m,
 					     &ml, why, sizeof(why)) == 0 &&
 		      memmem(m, ml, "/kc_test/scale.cuh\n", 19) &&
 		      memmem(m, ml, KC_MANIFEST_ABSENT, 64) && memmem(m, ml, "cuda_fp16.h\n", 12) &&
@@ -620,6 +620,30 @@ static void test_classify(void)
 	      "classify: exit 0 is no verdict yet (the output is checked next)");
 }
 
+/* A fetched cubin's strings that name this node's include root's files by another path
+ * (__FILE__ of the compiling node's headers), and those that do not. */
+static void test_foreign_paths(void)
+{
+	char root[4300], path[512];
+	snprintf(root, sizeof(root), "%s/include", kernels);
+	const char *roots[] = {root, NULL};
+	static const char own_source[] = "\0assertion failed: %s:%d\n\0/proc/self/cwd/kernel.cu\0";
+	char buf[8192];
+	size_t n = sizeof(own_source);
+	memcpy(buf, own_source, n);
+	CHECK(kc_cubin_foreign_path(buf, n, roots, path, sizeof(path)) == 0,
+	      "foreign paths: kernel.cu's own __FILE__ is no other node's path");
+	n += (size_t)snprintf(buf + n, sizeof(buf) - n, "%s/kc_test/scale.cuh", root) + 1;
+	CHECK(kc_cubin_foreign_path(buf, n, roots, path, sizeof(path)) == 0,
+	      "foreign paths: a header at this node's own root is this node's path");
+	n += (size_t)snprintf(buf + n, sizeof(buf) - n, "/venv-a/site/include/kc_test/scale.cuh") + 1;
+	CHECK(kc_cubin_foreign_path(buf, n, roots, path, sizeof(path)) == 1 &&
+		      strcmp(path, "/venv-a/site/include/kc_test/scale.cuh") == 0,
+	      "foreign paths: the same header at another root is named");
+	CHECK(kc_cubin_foreign_path(buf, n, (const char *const[]){NULL}, path, sizeof(path)) == 0,
+	      "foreign paths: a recipe with no include root looks at nothing");
+}
+
 int main(void)
 {
 	const char *k = getenv("KC_TEST_KERNELS"), *f = getenv("KC_TEST_FAKES");
@@ -645,6 +669,7 @@ int main(void)
 		CHECK(1, "compiles with the real nvcc # SKIP " NVCC " not found");
 	}
 	int have_cubin = have_nvcc && access(cubin_copy, R_OK) == 0;
+	test_foreign_paths();
 	test_fakes(have_cubin ? cubin_copy : NULL);
 	test_cubin_check(have_cubin ? cubin_copy : NULL);
 	test_shutdown(); /* last: the driver refuses to run compilers after it */

@@ -97,7 +97,7 @@ static void memo_ways(void)
 	}
 	snprintf(p, sizeof(p), "%s/ways/h%d.h", root, pick[3]);
 	behind_clock(p);
-	CHECK(kc_manifest_from_trace(deps, strlen(deps), "/proc/self/cwd", NULL, 0, &m, &ml,
+	CHECK(kc_manifest_from_trace(deps, strlen(deps), "/proc/self/cwd", NULL, 0, NULL, &m, &ml,
 				     why, sizeof(why)) == 0 && ml > 0, "their manifest");
 	CHECK(kc_manifest_rehash(m, ml, &m2, &ml2, why, sizeof(why)) == 0, "rehash to memoize");
 	free(m2);
@@ -375,7 +375,7 @@ int main(void)
 		 "o %s/inc/none.h\ns %s/inc/a.h/x.h\ns %s/inc/sub\no /dev/zero\n"
 		 "o /proc/self/cmdline\n",
 		 root, root, root, root, root, root, root, root);
-	int err = kc_manifest_from_trace(deps, strlen(deps), "/proc/self/cwd", NULL, 0, &m, &ml,
+	int err = kc_manifest_from_trace(deps, strlen(deps), "/proc/self/cwd", NULL, 0, NULL, &m, &ml,
 					 why, sizeof(why));
 	char ht[65];
 	kc_sha256_buf("#define T 3\n", 12, ht);
@@ -398,7 +398,7 @@ int main(void)
 	snprintf(rflags, sizeof(rflags), "# include-root %064d %s/inc/\n-I%s/inc/\n", 0, root, root);
 	snprintf(want, sizeof(want), "%s %s/tk/bin/../t.h\n", ht, root);
 	CHECK(kc_manifest_from_trace(deps, strlen(deps), "/proc/self/cwd", rflags,
-				     strlen(rflags), &m2, &ml2, why, sizeof(why)) == 0 &&
+				     strlen(rflags), NULL, &m2, &ml2, why, sizeof(why)) == 0 &&
 		      ml2 == strlen(want) && memcmp(m2, want, ml2) == 0,
 	      "manifest: lookups under an include root named by content are left out");
 	free(m2);
@@ -409,7 +409,7 @@ int main(void)
 	snprintf(deps, sizeof(deps), "o %s/inc/tklink/bin/../t.h\no %s/inc/sub/../a.h\n", root,
 		 root);
 	snprintf(want, sizeof(want), "%s %s/inc/tklink/bin/../t.h\n", ht, root);
-	CHECK(kc_manifest_from_trace(deps, strlen(deps), NULL, rflags, strlen(rflags), &m2, &ml2,
+	CHECK(kc_manifest_from_trace(deps, strlen(deps), NULL, rflags, strlen(rflags), NULL, &m2, &ml2,
 				     why, sizeof(why)) == 0 &&
 		      ml2 == strlen(want) && memcmp(m2, want, ml2) == 0,
 	      "manifest: a \"..\" that climbs out of the root through a symlink is listed, one "
@@ -514,7 +514,7 @@ int main(void)
 
 	/* a directory read whole: the digest of its names */
 	snprintf(deps, sizeof(deps), "d %s/inc\n", root);
-	CHECK(kc_manifest_from_trace(deps, strlen(deps), NULL, NULL, 0, &m, &ml, why,
+	CHECK(kc_manifest_from_trace(deps, strlen(deps), NULL, NULL, 0, NULL, &m, &ml, why,
 				     sizeof(why)) == 0 && ml > 0 && m[ml - 2] == '/',
 	      "a directory read: listed as \"dir/\"");
 	put("inc/new.h", "", 0644);
@@ -523,13 +523,71 @@ int main(void)
 	free(m2);
 	free(m);
 
-	CHECK(kc_manifest_from_trace("", 0, "/proc/self/cwd", NULL, 0, &m, &ml, why,
+	/* a readlink: the link's target is the outcome, so a re-pointed link is another list */
+	char link[300];
+	snprintf(link, sizeof(link), "%s/inc/sel", root);
+	CHECK(symlink("sub", link) == 0, "a symlink to a directory");
+	snprintf(deps, sizeof(deps), "l %s\nl %s/inc/a.h\nl %s/inc/nolink\n", link, root, root);
+	CHECK(kc_manifest_from_trace(deps, strlen(deps), NULL, NULL, 0, NULL, &m, &ml, why,
+				     sizeof(why)) == 0 && m && m[65] == '>' &&
+		      memmem(m, ml, KC_MANIFEST_NOT_LINK, 64) && memmem(m, ml, KC_MANIFEST_ABSENT, 64),
+	      "readlinks listed as \">path\": a link's target, not a link, nothing there");
+	unlink(link);
+	CHECK(symlink("tk", link) == 0 &&
+		      kc_manifest_rehash(m, ml, &m2, &ml2, why, sizeof(why)) == 0 &&
+		      (ml2 != ml || memcmp(m, m2, ml) != 0), "the link re-pointed: another list");
+	free(m2);
+	free(m);
+	unlink(link);
+
+	/* what /proc, /sys and /dev hold: left out, listed, or refused */
+	snprintf(deps, sizeof(deps),
+		 "o /dev/null\no /dev/urandom\no /proc/sys/vm/overcommit_memory\no /proc/self/maps\n"
+		 "l /proc/self/exe\no /proc/self/cwd/kernel.cu\ns /sys/devices/system/cpu/online\n"
+		 "o /dev/shm/kc-no-such-header.h\n");
+	snprintf(want, sizeof(want), "%s /dev/shm/kc-no-such-header.h\n", KC_MANIFEST_ABSENT);
+	CHECK(kc_manifest_from_trace(deps, strlen(deps), NULL, NULL, 0, NULL, &m, &ml, why,
+				     sizeof(why)) == 0 && ml == strlen(want) && memcmp(m, want, ml) == 0,
+	      "devices, the kernel's and the process's state left out; /dev/shm listed");
+	free(m);
+	const char *opaque[] = {"o /proc/self/root/etc/hostname\n", "o /proc/1/task/1/root/x.h\n",
+				"o /proc/self/fd/3\n", "o /dev/fd/3\n", "o /dev/stdin\n",
+				"o /proc/self/cwd/../../x.h\n"};
+	for (size_t i = 0; i < sizeof(opaque) / sizeof(*opaque); i++) {
+		char what[160];
+		snprintf(what, sizeof(what), "a way to any file refused: %.*s", (int)strlen(opaque[i]) - 1,
+			 opaque[i]);
+		CHECK(kc_manifest_from_trace(opaque[i], strlen(opaque[i]), NULL, NULL, 0, NULL, &m, &ml,
+					     why, sizeof(why)) == -EACCES, what);
+	}
+	snprintf(deps, sizeof(deps), "o /tmp/scratch-kc/../x.h\n");
+	CHECK(kc_manifest_from_trace(deps, strlen(deps), "/tmp/scratch-kc", NULL, 0, NULL, &m, &ml,
+				     why, sizeof(why)) == 0 && ml > 0,
+	      "a path that climbs out of the scratch is listed");
+	free(m);
+
+	/* a file changed while the compile ran (the clock before it began is later than the
+	 * file's ctime): not shared */
+	struct timespec since;
+	put("inc/late.h", "#define L 1\n", 0644);
+	snprintf(deps, sizeof(deps), "o %s/inc/late.h\n", root);
+	since = (struct timespec){.tv_sec = 1};
+	CHECK(kc_manifest_from_trace(deps, strlen(deps), NULL, NULL, 0, &since, &m, &ml, why,
+				     sizeof(why)) == -ESTALE && strstr(why, "late.h") && !m,
+	      "a file changed since the compile began: -ESTALE, named");
+	clock_gettime(CLOCK_REALTIME, &since);
+	since.tv_sec += 5;
+	CHECK(kc_manifest_from_trace(deps, strlen(deps), NULL, NULL, 0, &since, &m, &ml, why,
+				     sizeof(why)) == 0 && ml > 0, "one unchanged since: listed");
+	free(m);
+
+	CHECK(kc_manifest_from_trace("", 0, "/proc/self/cwd", NULL, 0, NULL, &m, &ml, why,
 				     sizeof(why)) == 0 && ml == 0, "nothing looked up: an empty manifest");
 	free(m);
 	const char *rel = "o inc/x.h\n";
-	CHECK(kc_manifest_from_trace(rel, strlen(rel), NULL, NULL, 0, &m, &ml, why, sizeof(why)) ==
+	CHECK(kc_manifest_from_trace(rel, strlen(rel), NULL, NULL, 0, NULL, &m, &ml, why, sizeof(why)) ==
 		      -EINVAL, "a relative path refused");
-	CHECK(kc_manifest_from_trace("garbage", 7, NULL, NULL, 0, &m, &ml, why, sizeof(why)) ==
+	CHECK(kc_manifest_from_trace("garbage", 7, NULL, NULL, 0, NULL, &m, &ml, why, sizeof(why)) ==
 		      -EINVAL, "a malformed trace refused");
 	snprintf(deps, sizeof(deps), "%s /dev/zero\n", KC_MANIFEST_ABSENT);
 	CHECK(kc_manifest_rehash(deps, strlen(deps), &m, &ml, why, sizeof(why)) == -EACCES,
