@@ -135,44 +135,6 @@ static int publish(struct compile_job *j, int fd, const char *tmp_name, const ch
 	return 0;
 }
 
-/* The include roots the recipe's kernel.flags names by content (tree.h), as a
- * NULL-terminated array whose strings share one buffer (roots[0]; free it, then the array),
- * or NULL when it names none or out of memory. */
-static const char **recipe_roots(const struct kc_recipe *r)
-{
-	const char *d, *dir;
-	size_t dl, n = 0;
-	char *buf = malloc(r->flags_len + 1);
-	const char **roots = calloc(r->flags_len / 2 + 2, sizeof(*roots));
-	if (!buf || !roots) {
-		free(buf);
-		free(roots);
-		return NULL;
-	}
-	char *at = buf;
-	for (size_t pos = 0; pos < r->flags_len;) {
-		const char *line = r->flags + pos, *nl = memchr(line, '\n', r->flags_len - pos);
-		size_t ll = nl ? (size_t)(nl - line) : r->flags_len - pos;
-		pos += ll + 1;
-		if (ll && line[ll - 1] == '\r')
-			ll--;
-		if (!kc_tree_root_line(line, ll, &d, &dir, &dl))
-			continue;
-		while (dl > 1 && dir[dl - 1] == '/')
-			dl--;
-		memcpy(at, dir, dl);
-		at[dl] = '\0';
-		roots[n++] = at;
-		at += dl + 1;
-	}
-	if (!n) {
-		free(buf);
-		free(roots);
-		return NULL;
-	}
-	return roots;
-}
-
 /* Publish a cubin fetched from the cluster store (rj, verified) through the temporary
  * out_fd/out_name, as a compile's is published. Returns publish's result. */
 static int publish_fetched(struct compile_job *j, struct kc_remote_job *rj, int out_fd,
@@ -189,13 +151,12 @@ static int publish_fetched(struct compile_job *j, struct kc_remote_job *rj, int 
 	 * DG_DEVICE_ASSERT): accepted, as ccache's base_dir accepts it, and said; -o key_paths
 	 * keeps the include roots' paths in the key instead. A few stats of this node's own
 	 * headers, after the publish. */
-	const char **roots = recipe_roots(&j->recipe);
-	if (result == 0 && roots && kc_cubin_foreign_path(rj->obj.cubin, rj->obj.cubin_len, roots,
-							  named, sizeof(named)) == 1)
+	struct kc_argv roots = {0};
+	if (result == 0 && kc_tree_roots(j->recipe.flags, j->recipe.flags_len, &roots) == 0 &&
+	    kc_cubin_foreign_path(rj->obj.cubin, rj->obj.cubin_len, &roots, named,
+				  sizeof(named)) == 1)
 		atomic_fetch_add(&j->c->stats.remote_foreign_paths, 1);
-	if (roots)
-		free((void *)roots[0]);
-	free(roots);
+	kc_argv_free(&roots);
 	snprintf(head, sizeof(head), "kcachefs: compile %s: %s from the cluster store (%s), "
 		 "%zu bytes, not compiled here%s%.300s%s\n", label,
 		 result == 0 ? "fetched" : "fetched but not published", rj->where,

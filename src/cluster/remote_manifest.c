@@ -462,28 +462,6 @@ static int build(int err, struct kc_argv *p, int spread, char **manifest, size_t
 	return 0;
 }
 
-/* The include roots that kernel.flags (flags, len bytes) names by content into roots. */
-static int root_dirs(const char *flags, size_t len, struct kc_argv *roots)
-{
-	for (size_t off = 0; flags && off < len;) {
-		const char *line = flags + off, *nl = memchr(line, '\n', len - off), *d, *dir;
-		size_t dl, ll = nl ? (size_t)(nl - line) : len - off;
-		off += ll + 1;
-		if (ll && line[ll - 1] == '\r')
-			ll--;
-		if (kc_tree_root_line(line, ll, &d, &dir, &dl)) {
-			while (dl > 1 && dir[dl - 1] == '/')
-				dl--;
-			char *copy = strndup(dir, dl);
-			int err = copy ? kc_argv_push(roots, copy) : -ENOMEM;
-			free(copy);
-			if (err)
-				return err;
-		}
-	}
-	return 0;
-}
-
 /* Whether path (absolute) names a component "..". */
 static int has_dotdot(const char *path)
 {
@@ -628,7 +606,7 @@ int kc_manifest_from_trace(const char *trace, size_t len, const char *skip_dir,
 {
 	struct kc_argv p = {0}, roots = {0};
 	char path[PATH_MAX];
-	int err = root_dirs(flags, flags_len, &roots);
+	int err = kc_tree_roots(flags, flags_len, &roots);
 	for (size_t off = 0; off < len && !err;) {
 		const char *line = trace + off, *nl = memchr(line, '\n', len - off);
 		size_t ll = nl ? (size_t)(nl - line) : len - off;

@@ -951,20 +951,20 @@ int kc_compile_run(const struct kc_compile_spec *spec, struct kc_compile_outcome
 }
 
 /* Whether the string s (n bytes) names a file of a root by another path. */
-static int names_root_file(const char *s, size_t n, const char *const *roots)
+static int names_root_file(const char *s, size_t n, const struct kc_argv *roots)
 {
-	for (int r = 0; roots[r]; r++) {
-		size_t rl = strlen(roots[r]);
-		if (rl < n && strncmp(s, roots[r], rl) == 0 && s[rl] == '/')
+	for (size_t r = 0; r < roots->n; r++) {
+		size_t rl = strlen(roots->v[r]);
+		if (rl < n && strncmp(s, roots->v[r], rl) == 0 && s[rl] == '/')
 			return 0; /* this node's own path */
 	}
 	for (size_t i = 1; i < n; i++) {
 		if (s[i] != '/')
 			continue;
-		for (int r = 0; roots[r]; r++) {
+		for (size_t r = 0; r < roots->n; r++) {
 			char here[PATH_MAX];
 			struct stat st;
-			if ((size_t)snprintf(here, sizeof(here), "%s%.*s", roots[r], (int)(n - i),
+			if ((size_t)snprintf(here, sizeof(here), "%s%.*s", roots->v[r], (int)(n - i),
 					     s + i) < sizeof(here) &&
 			    stat(here, &st) == 0 && S_ISREG(st.st_mode))
 				return 1;
@@ -973,12 +973,12 @@ static int names_root_file(const char *s, size_t n, const char *const *roots)
 	return 0;
 }
 
-int kc_cubin_foreign_path(const void *cubin, size_t len, const char *const *roots, char *path,
-			  size_t pathlen)
+int kc_cubin_foreign_path(const void *cubin, size_t len, const struct kc_argv *roots,
+			  char *path, size_t pathlen)
 {
 	const char *p = cubin, *end = p + len;
 	int looked = 0;
-	if (!roots || !roots[0])
+	if (!roots->n)
 		return 0;
 	for (const char *s = memchr(p, '/', len); s && looked < 64;
 	     s = s + 1 < end ? memchr(s + 1, '/', (size_t)(end - s - 1)) : NULL) {

@@ -113,16 +113,16 @@ int kc_cubin_check(int fd, char *why, size_t whylen);
 /* The same check of a cubin held in memory (data/len). */
 int kc_cubin_check_buf(const void *data, size_t len, char *why, size_t whylen);
 
-/* Whether cubin (len bytes) names a file of roots (NULL-terminated include directories of
- * this node's recipe) by another path: a NUL-terminated string of printable bytes after a
+/* Whether cubin (len bytes) names a file of roots (the include directories of this node's
+ * recipe, kc_tree_roots) by another path: a NUL-terminated string of printable bytes after a
  * NUL that starts with '/', has two '/' at least and a '.' in its last name, lies under no
  * root, and whose tail after one of its '/' names a file under a root here. A fetched cubin
  * that does names the compiling node's install of the same headers: __FILE__ expanded in
  * device code (an assert's message). Returns 1 with the first such string in path
  * (pathlen bytes, cut), 0 when none. Looks only under roots (the headers the compile of
  * this recipe reads here, no path of the cubin's), at 64 strings at most. */
-int kc_cubin_foreign_path(const void *cubin, size_t len, const char *const *roots, char *path,
-			  size_t pathlen);
+int kc_cubin_foreign_path(const void *cubin, size_t len, const struct kc_argv *roots,
+			  char *path, size_t pathlen);
 
 /* 1 if thread tid belongs to the process group of a running compile (a compile that asks
  * the daemon's own mount for something, which must not wait on a compile), else 0. Reads

@@ -2,6 +2,8 @@
 #define _GNU_SOURCE
 #include "tree.h"
 
+#include "flags.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -236,6 +238,27 @@ void kc_tree_memo_free(struct kc_tree_memo *m)
 	free(m->path);
 	free(m->slots);
 	free(m);
+}
+
+int kc_tree_roots(const char *flags, size_t len, struct kc_argv *roots)
+{
+	for (size_t off = 0; flags && off < len;) {
+		const char *line = flags + off, *nl = memchr(line, '\n', len - off), *d, *dir;
+		size_t dl, ll = nl ? (size_t)(nl - line) : len - off;
+		off += ll + 1;
+		if (ll && line[ll - 1] == '\r')
+			ll--;
+		if (kc_tree_root_line(line, ll, &d, &dir, &dl)) {
+			while (dl > 1 && dir[dl - 1] == '/')
+				dl--;
+			char *copy = strndup(dir, dl);
+			int err = copy ? kc_argv_push(roots, copy) : -ENOMEM;
+			free(copy);
+			if (err)
+				return err;
+		}
+	}
+	return 0;
 }
 
 int kc_tree_local_type(unsigned long type)

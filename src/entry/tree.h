@@ -34,6 +34,11 @@
 int kc_tree_root_line(const char *line, size_t ll, const char **digest, const char **dir,
 		      size_t *dl);
 
+struct kc_argv;
+/* The dirs of every KC_TREE_ROOT_TAG line of a kernel.flags text (flags, len bytes, may be
+ * NULL), trailing slashes cut, pushed onto roots (flags.h). Returns 0 or -ENOMEM. */
+int kc_tree_roots(const char *flags, size_t len, struct kc_argv *roots);
+
 /* A memo of file digests for kc_tree_digest, so that a tree whose files did not change is
  * stat'ed, not read: the shim keeps one in a file between its calls (kc_tree_memo_load), the
  * daemon one in memory for its checks (kc_tree_memo_new). A file's digest is taken from it

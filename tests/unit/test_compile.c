@@ -626,22 +626,24 @@ static void test_foreign_paths(void)
 {
 	char root[4300], path[512];
 	snprintf(root, sizeof(root), "%s/include", kernels);
-	const char *roots[] = {root, NULL};
+	struct kc_argv roots = {0}, none = {0};
+	kc_argv_push(&roots, root);
 	static const char own_source[] = "\0assertion failed: %s:%d\n\0/proc/self/cwd/kernel.cu\0";
 	char buf[8192];
 	size_t n = sizeof(own_source);
 	memcpy(buf, own_source, n);
-	CHECK(kc_cubin_foreign_path(buf, n, roots, path, sizeof(path)) == 0,
+	CHECK(kc_cubin_foreign_path(buf, n, &roots, path, sizeof(path)) == 0,
 	      "foreign paths: kernel.cu's own __FILE__ is no other node's path");
 	n += (size_t)snprintf(buf + n, sizeof(buf) - n, "%s/kc_test/scale.cuh", root) + 1;
-	CHECK(kc_cubin_foreign_path(buf, n, roots, path, sizeof(path)) == 0,
+	CHECK(kc_cubin_foreign_path(buf, n, &roots, path, sizeof(path)) == 0,
 	      "foreign paths: a header at this node's own root is this node's path");
 	n += (size_t)snprintf(buf + n, sizeof(buf) - n, "/venv-a/site/include/kc_test/scale.cuh") + 1;
-	CHECK(kc_cubin_foreign_path(buf, n, roots, path, sizeof(path)) == 1 &&
+	CHECK(kc_cubin_foreign_path(buf, n, &roots, path, sizeof(path)) == 1 &&
 		      strcmp(path, "/venv-a/site/include/kc_test/scale.cuh") == 0,
 	      "foreign paths: the same header at another root is named");
-	CHECK(kc_cubin_foreign_path(buf, n, (const char *const[]){NULL}, path, sizeof(path)) == 0,
+	CHECK(kc_cubin_foreign_path(buf, n, &none, path, sizeof(path)) == 0,
 	      "foreign paths: a recipe with no include root looks at nothing");
+	kc_argv_free(&roots);
 }
 
 int main(void)
