@@ -69,6 +69,7 @@ struct kc_remote_tier {
 };
 
 static void prewarm_start(struct kc_remote_tier *t);
+static void prewarm_wait(struct kc_remote_tier *t);
 
 /* Open the breaker at now (t->lock held): the store is asked again, with one probe, after
  * KC_REMOTE_BREAKER_FIRST_S seconds. */
@@ -249,13 +250,15 @@ int kc_remote_tier_open(const struct kc_remote_opts *o,
 	return 0;
 }
 
-void kc_remote_tier_probe(struct kc_remote_tier *t)
+void kc_remote_tier_probe(struct kc_remote_tier *t, int wait)
 {
 	kc_manifest_memo_init(); /* after the daemon's fork: its pages are this process's */
 	int err = ask_store(t);
 	if (err == 0) {
 		kc_log(KC_LOG_INFO, "cluster store %s answers", t->b->ops->describe(t->b));
 		prewarm_start(t);
+		if (wait)
+			prewarm_wait(t);
 		return;
 	}
 	atomic_fetch_add(&t->stats->remote_get_errors, 1);
@@ -755,6 +758,31 @@ static void *prewarm(void *arg)
 static void prewarm_start(struct kc_remote_tier *t)
 {
 	t->prewarm_live = pthread_create(&t->prewarm, NULL, prewarm, t) == 0;
+}
+
+/* Wait for prewarm at start, at most KC_REMOTE_PREWARM_WAIT_MS, before the mount serves:
+ * its rehash of a list reads and hashes the toolchain and headers the list names (a real
+ * compile's: cicc, ptxas, cc1plus, nvcc, about 200 MB), which is a node's first fetch's
+ * whole cost when it comes later; the mount comes up that much later instead. Past the
+ * bound (a slow store) it goes on behind the mount, as before. */
+static void prewarm_wait(struct kc_remote_tier *t)
+{
+	struct timespec until;
+	double t0 = kc_mono_s();
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_nsec += (long)(KC_REMOTE_PREWARM_WAIT_MS % 1000) * 1000000;
+	until.tv_sec += KC_REMOTE_PREWARM_WAIT_MS / 1000 + until.tv_nsec / 1000000000;
+	until.tv_nsec %= 1000000000;
+	if (!t->prewarm_live)
+		return;
+	if (pthread_timedjoin_np(t->prewarm, NULL, &until) == 0) {
+		t->prewarm_live = 0;
+		kc_log(KC_LOG_INFO, "cluster store: the cluster's header lists checked in %.0f ms, "
+		       "before the mount serves", (kc_mono_s() - t0) * 1000);
+	} else {
+		kc_log(KC_LOG_INFO, "cluster store: the check of the cluster's header lists goes on "
+		       "behind the mount after %d ms", KC_REMOTE_PREWARM_WAIT_MS);
+	}
 }
 
 /* Try to take the lease. Returns 0 taken, -EBUSY (*state says why), or a fault. A

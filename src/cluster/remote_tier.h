@@ -111,9 +111,12 @@ int kc_remote_tier_open(const struct kc_remote_opts *o,
  * its pages in, and, when the store answers, starts a thread (joined by
  * kc_remote_tier_close, stopped by kc_remote_tier_stop between lists) that checks the
  * lists record against this node's headers: the first list it names that is this node's
- * is then asked for directly, its headers hashed and watched, if that ends before the
- * first fetch; a fetch never waits for it (doc/cluster.md). */
-void kc_remote_tier_probe(struct kc_remote_tier *t);
+ * is then asked for directly, its headers hashed and watched. With wait (a mount coming
+ * up, not one taken over), the call waits for that thread at most
+ * KC_REMOTE_PREWARM_WAIT_MS (the mount serves after it returns), then lets it go on; a
+ * fetch never waits for it (doc/cluster.md). */
+#define KC_REMOTE_PREWARM_WAIT_MS 1500
+void kc_remote_tier_probe(struct kc_remote_tier *t, int wait);
 
 /* Make waiting jobs stop waiting (they compile locally or fail at once); for shutdown. */
 void kc_remote_tier_stop(struct kc_remote_tier *t);

@@ -242,10 +242,8 @@ static int watch_header(struct arm *a, const char *path)
 	while (!err) {
 		char *p = rest + strspn(rest, "/");
 		size_t cl = strcspn(p, "/");
-		if (cl == 0) { /* the walk ended at a directory: not a header */
-			snprintf(a->why, sizeof(a->why), "%.200s: a directory", path);
-			return -EISDIR;
-		}
+		if (cl == 0) /* the walk ended at a directory ("dir/.", "dir/"): cur, watched */
+			break;
 		const char *after = p + cl; /* "" or "/..." */
 		int last = after[strspn(after, "/")] == '\0';
 		if (cl == 1 && p[0] == '.') {
@@ -256,10 +254,8 @@ static int watch_header(struct arm *a, const char *path)
 			char *slash = strrchr(cur, '/');
 			slash[slash == cur] = '\0'; /* "/a/b" -> "/a" -> "/"; "/" stays */
 			memmove(rest, after, strlen(after) + 1);
-			if (last) {
-				snprintf(a->why, sizeof(a->why), "%.200s: a directory", path);
-				return -EISDIR;
-			}
+			if (last)
+				break; /* a directory above, watched on the way down */
 			continue;
 		}
 		if ((size_t)snprintf(next, sizeof(next), "%s%s%.*s", cur, cur[1] ? "/" : "",
@@ -270,10 +266,8 @@ static int watch_header(struct arm *a, const char *path)
 		if (strictly_above(next, a->prev)) { /* a directory this arm watched */
 			snprintf(cur, sizeof(cur), "%s", next);
 			memmove(rest, after, strlen(after) + 1);
-			if (last) {
-				snprintf(a->why, sizeof(a->why), "%.200s: a directory", path);
-				return -EISDIR;
-			}
+			if (last)
+				break; /* a directory looked up: watched */
 			continue;
 		}
 		if (lstat(next, &st) != 0) {

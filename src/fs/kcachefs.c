@@ -743,7 +743,9 @@ static int start_threads(struct start *s, struct kc_fs *fs, struct kc_remote_tie
 	int started = kc_cache_init(&fs->cache, &fs->cfg, &fs->store, remote) == 0;
 	fs->cache.evict = &fs->evict; /* every publish is told to the index */
 	if (started && remote)
-		kc_remote_tier_probe(remote); /* counted: the cache's counters are set up */
+		/* counted: the cache's counters are set up. A daemon that takes a mount over
+		 * (an upgrade, a restart by the holder) serves at once: its clients wait */
+		kc_remote_tier_probe(remote, s->up_sock < 0 && !s->restarted);
 	if (!started || kc_notifier_start(&fs->notifier, fs->se, &fs->inodes, &fs->store) != 0 ||
 	    kc_sweeper_start(fs) != 0 || kc_evict_start(&fs->evict) != 0) {
 		kc_log(KC_LOG_ERR, "cannot start worker threads");

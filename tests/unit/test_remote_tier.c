@@ -62,7 +62,7 @@ int main(void)
 	struct kc_remote_opts o = {.url = url, .timeout_ms = 2000};
 	CHECK(kc_remote_tier_open(&o, &stats, &t, why,
 				  sizeof(why)) == 0, "a dir: store that is not there yet opens");
-	kc_remote_tier_probe(t);
+	kc_remote_tier_probe(t, 1);
 	double opened = now_s();
 	CHECK(!kc_remote_tier_up(t) && atomic_load(&stats.remote_get_errors) == 1,
 	      "the start probe finds it down: the breaker opens");
