@@ -175,7 +175,9 @@ static int pseudo(const char *path)
 	return under(path, "/proc") || under(path, "/sys");
 }
 
-/* Hash the header path, open as fd (st: its fstat, admitted), into hex, and memoize it
+/* The outcome of the file path, open as fd (st: its fstat, admitted), into hex: the
+ * SHA-256 of its bytes, with its mtime where they name __TIMESTAMP__ (kc_tree_file_digest)
+ * and its mode where it is executable or set-id; memoize it
  * when its stamps may stand for its bytes (kc_tree_memoizable; leased: 1 when the caller
  * holds a read lease on fd, -1 to take one here over the read). Returns 0 or -errno of
  * the read. */
@@ -186,7 +188,15 @@ static int hash_open(const char *path, int fd, const struct stat *st,
 	clock_gettime(CLOCK_REALTIME_COARSE, &changed_before);
 	if (leased < 0)
 		leased = kc_tree_lease(fd);
-	int err = kc_sha256_fd_sized(fd, hex, NULL, (int64_t)st->st_size);
+	int err = kc_tree_file_digest(fd, st, hex, NULL); /* __TIMESTAMP__: its mtime too */
+	if (!err && (st->st_mode & 07111)) {
+		/* executable, set-id: a search for a program (PATH, access X_OK) finds it or not
+		 * by its mode, as it finds its bytes */
+		char text[KC_SHA256_HEXLEN + 32];
+		int len = snprintf(text, sizeof(text), "%s mode %04o", hex,
+				   (unsigned)(st->st_mode & 07111));
+		err = kc_sha256_buf(text, (size_t)len, hex) ? -ENOMEM : 0;
+	}
 	if (!err && kc_tree_memoizable(fd, st, &changed_before, leased))
 		memo_put(path, st, hex);
 	return err;
@@ -474,8 +484,8 @@ static int has_dotdot(const char *path)
 /* Whether the lookup of path, under root as the words go, stays in the tree whose bytes
  * the recipe's key holds (tree.h: every file below root, symlinks followed). A path that
  * climbs out with ".." through a symbolic link leaves it: the directory part is then
- * resolved, and must lie below the resolved root. One whose directory part is missing
- * found nothing in the tree, which the tree's digest shows too. */
+ * resolved, and must lie below the resolved root; one whose directory part cannot be
+ * resolved (missing, a dangling link, which the tree's digest does not show) is listed. */
 static int in_root(const char *path, const char *root)
 {
 	if (!under(path, root))
@@ -488,7 +498,7 @@ static int in_root(const char *path, const char *root)
 	if (slash && slash != dir)
 		*slash = '\0';
 	if (!realpath(dir, rdir))
-		return 1;
+		return 0; /* a missing or dangling part: listed, its lookup is evidence */
 	return realpath(root, rroot) && under(rdir, rroot);
 }
 

@@ -294,6 +294,52 @@ static long long stamp_granule_ns(const struct timespec *ts)
 	return g;
 }
 
+int kc_tree_file_digest(int fd, const struct stat *st, char hex[KC_SHA256_HEXLEN + 1],
+			uint64_t *size)
+{
+	static const char token[] = "__TIMESTAMP__";
+	const size_t tl = sizeof(token) - 1;
+	struct kc_sha256 h;
+	char buf[65536 + sizeof(token)];
+	size_t carry = 0; /* the last tl - 1 bytes of the read before, at buf's start */
+	off_t off = 0;
+	int look = 1, found = 0, err = kc_sha256_init(&h);
+	if (err)
+		return err;
+	for (;;) {
+		ssize_t n = pread(fd, buf + carry, 65536, off);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0) {
+			err = -errno;
+			kc_sha256_final(&h, hex);
+			return err;
+		}
+		if (n == 0)
+			break;
+		kc_sha256_update(&h, buf + carry, (size_t)n);
+		if (off == 0 && n >= 4 && memcmp(buf, "\x7f" "ELF", 4) == 0)
+			look = 0; /* a program: no preprocessor reads it */
+		if (look && !found)
+			found = memmem(buf, carry + (size_t)n, token, tl) != NULL;
+		size_t keep = carry + (size_t)n < tl - 1 ? carry + (size_t)n : tl - 1;
+		memmove(buf, buf + carry + (size_t)n - keep, keep);
+		carry = keep;
+		off += n;
+		if (n < 65536 && off == st->st_size)
+			break; /* a short read that ends where the stat said: at the end */
+	}
+	kc_sha256_final(&h, hex);
+	if (size)
+		*size = (uint64_t)off;
+	if (!found)
+		return 0;
+	char text[KC_SHA256_HEXLEN + 80];
+	int len = snprintf(text, sizeof(text), "%s __TIMESTAMP__ %lld.%09ld", hex,
+			   (long long)st->st_mtim.tv_sec, st->st_mtim.tv_nsec);
+	return kc_sha256_buf(text, (size_t)len, hex) ? -ENOMEM : 0;
+}
+
 int kc_tree_lease(int fd)
 {
 	return fcntl(fd, F_SETSIG, SIGURG) == 0 && fcntl(fd, F_SETLEASE, F_RDLCK) == 0;
@@ -382,7 +428,7 @@ static int tree_visit(const char *path, const struct stat *st, int type, struct 
 		}
 		clock_gettime(CLOCK_REALTIME_COARSE, &now);
 		int leased = walk->memo && kc_tree_lease(fd);
-		walk->err = kc_sha256_fd_sized(fd, f->hex, &size, (int64_t)fst.st_size);
+		walk->err = kc_tree_file_digest(fd, &fst, f->hex, &size);
 		if (!walk->err && walk->memo) {
 			pthread_mutex_lock(&walk->memo->lock);
 			walk->memo->misses++;

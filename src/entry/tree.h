@@ -34,6 +34,15 @@
 int kc_tree_root_line(const char *line, size_t ll, const char **digest, const char **dir,
 		      size_t *dl);
 
+/* The digest of what a compile takes from the regular file open as fd (st: its fstat),
+ * reading it once, into hex: the SHA-256 of its bytes, with its mtime where its bytes name
+ * __TIMESTAMP__ (the preprocessor expands it to the file's mtime; ccache's direct mode
+ * hashes the mtime then too). An ELF file (a program) is not looked into. *size gets the
+ * bytes read (may be NULL); a short read that ends at expect (st_size) ends the read.
+ * Returns 0 or -errno of the read. */
+int kc_tree_file_digest(int fd, const struct stat *st, char hex[KC_SHA256_HEXLEN + 1],
+			uint64_t *size);
+
 struct kc_argv;
 /* The dirs of every KC_TREE_ROOT_TAG line of a kernel.flags text (flags, len bytes, may be
  * NULL), trailing slashes cut, pushed onto roots (flags.h). Returns 0 or -ENOMEM. */

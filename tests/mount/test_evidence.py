@@ -555,3 +555,29 @@ def test_the_interpreter_of_a_toolchain_script(tmp_path, tree):
         shutil.copy("/bin/bash", interp)
     b_did, same, _ = one_case(tmp_path, tree, "shebang", BODY, other_shell)
     assert not same and b_did == "compiled"
+
+
+DEFAULT_V = b"#ifndef KC_V\n#define KC_V 1\n#endif\n"
+
+
+def test_the_mode_of_a_program_the_toolchain_searches(tmp_path, tree):
+    """nvcc's search of PATH for the host compiler passes a file that is not executable:
+    a wrapper there made non-executable on B is another lookup's outcome, not the same
+    bytes."""
+    gcc = tree.tk / "bin" / "gcc"
+    replace(gcc, b'#!/bin/sh\nexec /usr/bin/gcc -DKC_V=7 "$@"\n', 0o755)
+    b_did, same, _ = one_case(tmp_path, tree, "xbit", DEFAULT_V + BODY,
+                              lambda: os.chmod(gcc, 0o644))
+    assert not same and b_did == "compiled"
+
+
+def test_a_header_that_expands_timestamp(tmp_path, tree):
+    """__TIMESTAMP__ is the header's mtime: a header whose bytes name it is evidence with
+    its mtime (as in ccache's direct mode); touched on B, another outcome."""
+    h = tree.tk / "include" / "kc_ts.h"
+    h.write_text('static __device__ const char kc_ts[] = __TIMESTAMP__;\n'
+                 '#define KC_V kc_ts[x[1]]\n')
+    os.utime(h, (1e9, 1e9))
+    b_did, same, _ = one_case(tmp_path, tree, "ts", b"#include <kc_ts.h>" + BODY,
+                              lambda: os.utime(h, (1.5e9, 1.5e9)))
+    assert not same and b_did == "compiled"
