@@ -296,6 +296,11 @@ def main():
             stats[node] = m.stats()
             unwatched = [l for l in m.daemon_log().splitlines() if "header lists are not watched" in l]
             print("node %s: header watch %s" % (node, unwatched[0] if unwatched else "on (no 'not watched' line)"))
+            # why a compile was not shared, or what the store said at start: the first few
+            unshared = [l for l in m.daemon_log().splitlines()
+                        if "not shared" in l or "header lists checked" in l or "is this node's" in l]
+            for line in unshared[:4]:
+                print("node %s: %s" % (node, line[:400]))
             done = len(mount_counter.read_text().split())
             stats[node]["compiles_total"] = done - counted  # both daemons of an upgraded node
             counted = done

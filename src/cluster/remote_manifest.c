@@ -214,6 +214,10 @@ static int listing_digest(const char *dir, char hex[KC_SHA256_HEXLEN + 1])
 {
 	struct dirent **names = NULL;
 	int n = scandir(dir, &names, NULL, cmp_dirent);
+	if (n < 0 && (errno == ENOENT || errno == ENOTDIR)) {
+		memcpy(hex, KC_MANIFEST_ABSENT, KC_SHA256_HEXLEN + 1);
+		return 0;
+	}
 	if (n < 0)
 		return -errno;
 	char *text = NULL;
@@ -276,13 +280,12 @@ static int hash_header(const char *path, char hex[KC_SHA256_HEXLEN + 1], uint64_
 {
 	struct stat st;
 	int fd = -1;
-	size_t pl = strlen(path);
 	if (path[0] == '>')
 		return link_outcome(path + 1, hex, why, whylen);
-	if (!pseudo(path) && pl > 1 && path[pl - 1] == '/') {
-		int err = listing_digest(path, hex);
+	if (path[0] == '+' && path[1] == '/' && !pseudo(path + 1)) {
+		int err = listing_digest(path + 1, hex);
 		if (err)
-			snprintf(why, whylen, "directory %s: %s", path, strerror(-err));
+			snprintf(why, whylen, "directory %s: %s", path + 1, strerror(-err));
 		return err;
 	}
 	int err = pseudo(path) ? -EACCES : stat(path, &st) != 0 ? -errno : 0;
@@ -573,10 +576,10 @@ static int add_traced(struct kc_argv *p, char kind, const char *path, size_t pl,
 	}
 	if (kind != 'd')
 		return paths_add(p, path, pl);
-	char listed[PATH_MAX + 1]; /* a directory read whole: "dir/" stands for its names */
+	char listed[PATH_MAX + 2]; /* a directory read whole: "+dir" stands for its names */
 	if (pl + 2 > sizeof(listed))
 		return 0;
-	snprintf(listed, sizeof(listed), "%s/", path);
+	snprintf(listed, sizeof(listed), "+%s", path);
 	return paths_add(p, listed, pl + 1);
 }
 
@@ -595,8 +598,7 @@ static int changed_since(const char *ml, size_t len, const struct timespec *sinc
 		return 0;
 	memcpy(path, ml + KC_SHA256_HEXLEN + 1, len - KC_SHA256_HEXLEN - 1);
 	path[len - KC_SHA256_HEXLEN - 1] = '\0';
-	size_t pl = strlen(path);
-	if (pl && path[pl - 1] == '/')
+	if (path[0] == '+')
 		return 0; /* a directory's names */
 	int link = path[0] == '>';
 	if ((link ? lstat(path + 1, &st) : stat(path, &st)) != 0)

@@ -12,7 +12,7 @@
  * searched through PATH). Each path is listed with its outcome: the SHA-256 of its bytes
  * (a regular file, symlinks followed as the lookup followed them), KC_MANIFEST_ABSENT (the
  * lookup found nothing: ENOENT, ENOTDIR), KC_MANIFEST_DIRECTORY (a directory), and for a
- * directory a tool read whole (listed as "dir/") the digest of its names. Left out: paths
+ * directory a tool read whole (listed as "+dir") the digest of its names. Left out: paths
  * under the compile's scratch, /proc, /sys and /dev, and paths under an include root that
  * the recipe names by content (tree.h: the key holds that whole tree's bytes).
  * A manifest is "<sha256-hex> <path>\n" lines sorted by path (kc_object_manifest_check).

@@ -105,10 +105,11 @@ int kc_object_manifest_check(const char *m, size_t len, char *why, size_t whylen
 		size_t path_len = ll > KC_SHA256_HEXLEN + 1 ? ll - KC_SHA256_HEXLEN - 1 : 0;
 		if (ll < KC_SHA256_HEXLEN + 2 || !kc_hex_lower(m + off, KC_SHA256_HEXLEN) ||
 		    m[off + KC_SHA256_HEXLEN] != ' ' ||
-		    (path[0] != '/' && (path[0] != '>' || path_len < 2 || path[1] != '/')) ||
+		    (path[0] != '/' && ((path[0] != '>' && path[0] != '+') || path_len < 2 ||
+					path[1] != '/')) ||
 		    memchr(path, '\0', path_len)) {
-			snprintf(why, whylen, "manifest line %zu is not \"<sha256> /<path>\" nor "
-				 "\"<sha256> >/<path>\"", line + 1);
+			snprintf(why, whylen, "manifest line %zu is not \"<sha256> /<path>\" (or "
+				 ">/<path>, +/<path>)", line + 1);
 			return -EBADMSG;
 		}
 		if (prev) {

@@ -80,7 +80,7 @@ int kc_object_lists_key(char key[KC_SHA256_HEXLEN + 1]);
 int kc_object_cubin_key(const char *manifest_key, const char *manifest, size_t manifest_len,
 			char key[KC_SHA256_HEXLEN + 1]);
 
-/* Check the syntax of a manifest: lines "<64 lowercase hex> /<path>\n" (or ">/<path>": a readlink, remote_manifest.h), paths without NUL,
+/* Check the syntax of a manifest: lines "<64 lowercase hex> /<path>\n" (or ">/<path>": a readlink, "+/<path>": a directory's names, remote_manifest.h), paths without NUL,
  * strictly sorted by path, or the one line "<64 lowercase hex> @headers\n" (compact), at most KC_OBJECT_MAX_MANIFEST bytes (empty is valid). Returns 0
  * or -EBADMSG with why filled. */
 int kc_object_manifest_check(const char *manifest, size_t len, char *why, size_t whylen);

@@ -341,6 +341,8 @@ unsigned long kc_watch_arm(struct kc_watch *w, const char *list, size_t len,
 		path[ll - KC_SHA256_HEXLEN - 1] = '\0';
 		off += ll + 1;
 		a.listed = path;
+		if (path[0] == '+') /* a directory's names: the directory, watched */
+			memmove(path, path + 1, strlen(path));
 		if (path[0] == '>') { /* a readlink: a link re-pointed is an event in its directory */
 			char *slash = strrchr(path, '/');
 			if (slash == path + 1)
