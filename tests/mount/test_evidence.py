@@ -7,8 +7,10 @@ environment), at the same paths, a fresh node B (remote_mode=ro, so that it stor
 nothing) opens the same kernel, and a node C with no store compiles it: C's bytes are what
 B's own compiler makes. B must take A's cubin only where C's bytes are A's (else a false
 hit: a wrong cubin), and should where they are (else a false miss: a compile too many).
-The nodes are one machine at three moments; the toolkit is a copy of the real one
-(hard links: every mutation replaces a file, never writes into one).
+The nodes are one machine at three moments; the toolkit is a copy of the real one, made
+once for the module (real bytes, not hard links: a link made or removed moves the ctime
+of the real toolkit's files, which a compile running meanwhile takes for a change), and
+every mutation replaces a file there, which the next case's tree puts back.
 """
 import mmap
 import os
@@ -58,7 +60,7 @@ TOOLKIT = Path(NVCC).resolve().parent.parent
 
 
 def replace(path, data, mode=0o644):
-    """Put data at path by a rename (never into the file: the toolkit's are hard links)."""
+    """Put data at path by a rename (a new inode: the next case's tree puts the file back)."""
     tmp = path.with_name(path.name + ".kc-new")
     tmp.write_bytes(data)
     os.chmod(tmp, mode)
@@ -68,27 +70,28 @@ def replace(path, data, mode=0o644):
 
 
 def copy_toolkit(dst):
-    """A copy of the toolkit nvcc needs (bin, nvvm, the headers), hard-linked where the
-    filesystem allows."""
+    """A copy of the toolkit nvcc needs (bin, nvvm, the headers)."""
     dst.mkdir()
     for part in ("bin", "nvvm", "include", "targets"):
-        if not (TOOLKIT / part).exists():
-            continue
-        r = subprocess.run(["cp", "-a", "--link", str(TOOLKIT / part), str(dst / part)],
-                           capture_output=True)
-        if r.returncode != 0:  # another filesystem: a real copy
-            shutil.rmtree(dst / part, ignore_errors=True)
+        if (TOOLKIT / part).exists():
             subprocess.run(["cp", "-a", str(TOOLKIT / part), str(dst / part)], check=True)
+
+
+@pytest.fixture(scope="module")
+def toolkit(tmp_path_factory):
+    d = tmp_path_factory.mktemp("toolkit")
+    os.chmod(d, 0o755)
+    copy_toolkit(d / "tk")
+    return d / "tk"
 
 
 class Tree:
     """The tree a compile sees, rebuilt at the same paths before each case."""
 
-    def __init__(self, root):
+    def __init__(self, root, tk):
         self.root = root
-        self.tk = root / "tk"
+        self.tk = tk
         self.inc = [root / "inc1", root / "inc2", root / "inc3"]
-        copy_toolkit(self.tk)
         self.nvcc = self.tk / "bin" / "nvcc"
         self.flags = ("-O3\n-std=c++17\n" + "".join("-I%s\n" % d for d in self.inc)).encode()
 
@@ -107,9 +110,12 @@ class Tree:
         for rel in ("bin/nvcc.profile", "include/cuda_runtime.h", "bin/ptxas"):
             orig = TOOLKIT / rel
             replace(self.tk / rel, orig.read_bytes(), os.stat(orig).st_mode & 0o7777)
-        gcc = self.tk / "bin" / "gcc"
-        if gcc.exists():
-            gcc.unlink()
+        for extra in ("bin/gcc", "include/kc_ts.h", "include/cccl/kcsel"):
+            p = self.tk / extra
+            if p.is_symlink() or p.exists():
+                p.unlink()
+        for extra in ("include/kc_v1", "include/kc_v2"):
+            shutil.rmtree(self.tk / extra, ignore_errors=True)
 
 
 def shadow(t):
@@ -236,9 +242,9 @@ def judge(b, same):
 
 
 @pytest.fixture
-def setup(tmp_path):
+def setup(tmp_path, toolkit):
     os.chmod(tmp_path, 0o755)
-    tree = Tree(tmp_path)
+    tree = Tree(tmp_path, toolkit)
     store = tmp_path / "store"
     store.mkdir()
     mounts = []
@@ -478,9 +484,9 @@ BODY = b'\nextern "C" __global__ void k(int *x) { x[0] = KC_V; }\n'
 
 
 @pytest.fixture
-def tree(tmp_path):
+def tree(tmp_path, toolkit):
     os.chmod(tmp_path, 0o755)
-    t = Tree(tmp_path)
+    t = Tree(tmp_path, toolkit)
     t.build()
     return t
 
