@@ -524,8 +524,8 @@ static int special(char kind, const char *path)
 		return 1;
 	if (!under(path, "/proc"))
 		return 0;
-	if (kind == 'l' || kind == 's')
-		return 1;
+	if (kind == 'l' || kind == 's' || kind == 'd')
+		return 1; /* names, not bytes: /proc/self/fd listed to close descriptors */
 	/* /proc/<pid|self|thread-self>[/task/<tid>]/<what>...: root, fd and map_files reach
 	 * any file; cwd is the scratch the tools run in, exe a tool listed by its exec, the
 	 * rest the process's state, as /proc/<anything else> is the kernel's */

@@ -544,7 +544,7 @@ int main(void)
 	snprintf(deps, sizeof(deps),
 		 "o /dev/null\no /dev/urandom\no /proc/sys/vm/overcommit_memory\no /proc/self/maps\n"
 		 "l /proc/self/exe\no /proc/self/cwd/kernel.cu\ns /sys/devices/system/cpu/online\n"
-		 "o /dev/shm/kc-no-such-header.h\n");
+		 "d /proc/self/fd\no /dev/shm/kc-no-such-header.h\n");
 	snprintf(want, sizeof(want), "%s /dev/shm/kc-no-such-header.h\n", KC_MANIFEST_ABSENT);
 	CHECK(kc_manifest_from_trace(deps, strlen(deps), NULL, NULL, 0, NULL, &m, &ml, why,
 				     sizeof(why)) == 0 && ml == strlen(want) && memcmp(m, want, ml) == 0,
