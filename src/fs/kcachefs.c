@@ -609,6 +609,10 @@ static int open_remote(struct start *s, struct kc_fs *fs, struct kc_remote_tier 
 		.timeout_ms = (unsigned)s->remote_timeout,
 	};
 	int err = kc_remote_tier_open(&ro, &fs->cache.stats, remote, why, whylen);
+	if (!err && !fs->cfg.tracer && !ro.read_only)
+		kc_log(KC_LOG_WARN, "remote=%s: kcachefs-trace is not next to kcachefs: this node "
+		       "fetches, but shares none of its compiles (their dependency pass runs under "
+		       "it)", s->o.remote);
 	if (!err)
 		return 0;
 	fprintf(stderr, "kcachefs: %s\n", why);

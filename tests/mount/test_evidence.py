@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from kcmount import NVCC, SHIM, Mount, read_result, wait_until
+from kcmount import KCACHEFS, NVCC, SHIM, Mount, read_result, wait_until
 
 SOURCE = b"""#include <kc_a.h>
 #if __has_include(<kc_opt.h>)
@@ -587,3 +587,28 @@ def test_a_header_that_expands_timestamp(tmp_path, tree):
     b_did, same, _ = one_case(tmp_path, tree, "ts", b"#include <kc_ts.h>" + BODY,
                               lambda: os.utime(h, (1.5e9, 1.5e9)))
     assert not same and b_did == "compiled"
+
+
+def test_a_daemon_without_its_tracer_says_so_and_shares_nothing(tmp_path):
+    """kcachefs-trace is found beside the daemon: a daemon installed without it says so at
+    start, still compiles, and says why each compile is not shared."""
+    os.chmod(tmp_path, 0o755)
+    alone = tmp_path / "bin"
+    alone.mkdir()
+    shutil.copy(KCACHEFS, alone / "kcachefs")
+    store = tmp_path / "store"
+    store.mkdir()
+    (tmp_path / "n").mkdir()
+    m = Mount(tmp_path / "n", ["remote=dir:%s" % store, "arch=sm_90a"],
+              bin=alone / "kcachefs").start()
+    try:
+        assert "kcachefs-trace is not next to kcachefs: this node fetches, but shares none" \
+            in m.daemon_log()
+        got = read_result(m.stage("k", b'extern "C" __global__ void k(int *x) { x[0] = 1; }\n')
+                          / "kernel.cubin")
+        assert got[0] == "ok", m.daemon_log()
+        wait_until(lambda: "not shared: its dependency pass has no tracer" in m.daemon_log(),
+                   m.daemon_log, 60)
+    finally:
+        m.stop()
+    assert not os.path.ismount(m.mnt)
