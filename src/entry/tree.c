@@ -294,48 +294,52 @@ static long long stamp_granule_ns(const struct timespec *ts)
 	return g;
 }
 
+#define TIMESTAMP_TOKEN "__TIMESTAMP__"
+
+/* What kc_tree_file_digest has seen of a file's bytes so far. */
+struct stamp_look {
+	char tail[sizeof(TIMESTAMP_TOKEN)]; /* the last bytes of the chunk before */
+	size_t tail_len;
+	off_t seen;  /* bytes seen */
+	int program; /* an ELF file: not looked into */
+	int found;
+};
+
+/* kc_sha256_fd_seen's observer: look for TIMESTAMP_TOKEN, across chunks too. */
+static void look_for_stamp(const char *data, size_t len, void *arg)
+{
+	struct stamp_look *l = arg;
+	const size_t tl = sizeof(TIMESTAMP_TOKEN) - 1;
+	if (l->seen == 0 && len >= 4 && memcmp(data, "\x7f" "ELF", 4) == 0)
+		l->program = 1; /* a program: no preprocessor reads it */
+	l->seen += (off_t)len;
+	if (l->program || l->found)
+		return;
+	char edge[2 * sizeof(TIMESTAMP_TOKEN)]; /* the chunk before's tail, this one's head */
+	size_t head = len < tl - 1 ? len : tl - 1;
+	memcpy(edge, l->tail, l->tail_len);
+	memcpy(edge + l->tail_len, data, head);
+	l->found = memmem(edge, l->tail_len + head, TIMESTAMP_TOKEN, tl) ||
+		   memmem(data, len, TIMESTAMP_TOKEN, tl);
+	if (len >= tl - 1) {
+		l->tail_len = tl - 1;
+		memcpy(l->tail, data + len - l->tail_len, l->tail_len);
+	} else { /* a short chunk: the last bytes of the tail before and of it */
+		size_t all = l->tail_len + head, keep = all < tl - 1 ? all : tl - 1;
+		memcpy(l->tail, edge + all - keep, keep);
+		l->tail_len = keep;
+	}
+}
+
 int kc_tree_file_digest(int fd, const struct stat *st, char hex[KC_SHA256_HEXLEN + 1],
 			uint64_t *size)
 {
-	static const char token[] = "__TIMESTAMP__";
-	const size_t tl = sizeof(token) - 1;
-	struct kc_sha256 h;
-	char buf[65536 + sizeof(token)];
-	size_t carry = 0; /* the last tl - 1 bytes of the read before, at buf's start */
-	off_t off = 0;
-	int look = 1, found = 0, err = kc_sha256_init(&h);
-	if (err)
+	struct stamp_look look = {.tail_len = 0};
+	int err = kc_sha256_fd_seen(fd, hex, size, (int64_t)st->st_size, look_for_stamp, &look);
+	if (err || !look.found)
 		return err;
-	for (;;) {
-		ssize_t n = pread(fd, buf + carry, 65536, off);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0) {
-			err = -errno;
-			kc_sha256_final(&h, hex);
-			return err;
-		}
-		if (n == 0)
-			break;
-		kc_sha256_update(&h, buf + carry, (size_t)n);
-		if (off == 0 && n >= 4 && memcmp(buf, "\x7f" "ELF", 4) == 0)
-			look = 0; /* a program: no preprocessor reads it */
-		if (look && !found)
-			found = memmem(buf, carry + (size_t)n, token, tl) != NULL;
-		size_t keep = carry + (size_t)n < tl - 1 ? carry + (size_t)n : tl - 1;
-		memmove(buf, buf + carry + (size_t)n - keep, keep);
-		carry = keep;
-		off += n;
-		if (n < 65536 && off == st->st_size)
-			break; /* a short read that ends where the stat said: at the end */
-	}
-	kc_sha256_final(&h, hex);
-	if (size)
-		*size = (uint64_t)off;
-	if (!found)
-		return 0;
 	char text[KC_SHA256_HEXLEN + 80];
-	int len = snprintf(text, sizeof(text), "%s __TIMESTAMP__ %lld.%09ld", hex,
+	int len = snprintf(text, sizeof(text), "%s " TIMESTAMP_TOKEN " %lld.%09ld", hex,
 			   (long long)st->st_mtim.tv_sec, st->st_mtim.tv_nsec);
 	return kc_sha256_buf(text, (size_t)len, hex) ? -ENOMEM : 0;
 }

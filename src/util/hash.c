@@ -67,6 +67,12 @@ int kc_sha256_fd(int fd, char hex[KC_SHA256_HEXLEN + 1], uint64_t *size)
 
 int kc_sha256_fd_sized(int fd, char hex[KC_SHA256_HEXLEN + 1], uint64_t *size, int64_t expect)
 {
+	return kc_sha256_fd_seen(fd, hex, size, expect, NULL, NULL);
+}
+
+int kc_sha256_fd_seen(int fd, char hex[KC_SHA256_HEXLEN + 1], uint64_t *size, int64_t expect,
+		      void (*seen)(const char *data, size_t len, void *arg), void *arg)
+{
 	struct kc_sha256 h;
 	char buf[65536];
 	off_t off = 0;
@@ -86,6 +92,8 @@ int kc_sha256_fd_sized(int fd, char hex[KC_SHA256_HEXLEN + 1], uint64_t *size, i
 		if (n == 0)
 			break;
 		kc_sha256_update(&h, buf, (size_t)n);
+		if (seen)
+			seen(buf, (size_t)n, arg);
 		off += n;
 		if ((size_t)n < sizeof(buf) && off == expect)
 			break; /* a short read that ends where the stat said: at the end */

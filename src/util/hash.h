@@ -35,5 +35,9 @@ int kc_sha256_fd(int fd, char hex[KC_SHA256_HEXLEN + 1], uint64_t *size);
  * less than asked and ends at expect is taken as the end, without the read that would
  * return 0. A file that is longer, or shorter, is read to its end as kc_sha256_fd does. */
 int kc_sha256_fd_sized(int fd, char hex[KC_SHA256_HEXLEN + 1], uint64_t *size, int64_t expect);
+/* kc_sha256_fd_sized that also hands each chunk it read, in order, to seen(data, len, arg)
+ * (may be NULL): a caller that needs to look at the bytes reads them once. */
+int kc_sha256_fd_seen(int fd, char hex[KC_SHA256_HEXLEN + 1], uint64_t *size, int64_t expect,
+		      void (*seen)(const char *data, size_t len, void *arg), void *arg);
 
 #endif

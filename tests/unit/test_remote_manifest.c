@@ -347,6 +347,34 @@ static void mapped_writer(void)
 	free(m3);
 }
 
+/* A header whose bytes name __TIMESTAMP__ (here across the 64 KiB read boundary) is
+ * evidence with its mtime; one that does not, with its bytes alone. */
+static void timestamp_header(void)
+{
+	static char text[70000];
+	char path[256], list[512], *m1 = NULL, *m2 = NULL, why[300];
+	size_t l1 = 0, l2 = 0;
+	for (int named = 1; named >= 0; named--) {
+		memset(text, ' ', sizeof(text) - 1);
+		text[sizeof(text) - 1] = '\0';
+		if (named)
+			memcpy(text + 65530, "__TIMESTAMP__", 13);
+		put("stamped.h", text, 0644);
+		snprintf(path, sizeof(path), "%s/stamped.h", root);
+		snprintf(list, sizeof(list), "%064d %s\n", 0, path);
+		utimensat(AT_FDCWD, path, (struct timespec[]){{1000000000, 0}, {1000000000, 0}}, 0);
+		CHECK(kc_manifest_rehash(list, strlen(list), &m1, &l1, why, sizeof(why)) == 0, "rehash");
+		utimensat(AT_FDCWD, path, (struct timespec[]){{1500000000, 0}, {1500000000, 0}}, 0);
+		CHECK(kc_manifest_rehash(list, strlen(list), &m2, &l2, why, sizeof(why)) == 0 &&
+			      (l1 == l2 && memcmp(m1, m2, l1) == 0) == !named,
+		      named ? "__TIMESTAMP__ across the read boundary: the mtime is evidence"
+			    : "no __TIMESTAMP__: touched, the same evidence");
+		free(m1);
+		free(m2);
+		m1 = m2 = NULL;
+	}
+}
+
 int main(void)
 {
 	char deps[2048], why[300], want[1024], ha[65], hb[65], tk[128], *m = NULL, *m2 = NULL;
@@ -598,6 +626,7 @@ int main(void)
 
 	memo_ways();
 	mapped_writer();
+	timestamp_header();
 	spread();
 	CHECK(tmptree_remove(root) == 0, "clean up");
 	return tap_done();
