@@ -1,7 +1,7 @@
 /* cache.h - the kernel cache: lookup of an entry's cubin with verification, the
  * single-flight compile of a staged recipe, publishing, and staging of client files.
  *
- * This is the whole behaviour of a kernel entry without FUSE: src/fs/ translates requests
+ * This is the whole behaviour of a kernel entry without FUSE: fs/ translates requests
  * into these calls. Entry directories are passed as fds on the backing store (O_PATH
  * allowed). Implemented by cache.c (init, lookup), verify.c (published cubins checked
  * before they are served), job.c (the compile job and publish) and staging.c (staged files

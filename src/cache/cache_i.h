@@ -1,5 +1,6 @@
 /* cache_i.h - what the files of the hub share, and nothing else includes: cache.c (init,
- * lookup, the shared helpers), verify.c (published cubins checked before they are served),
+ * lookup), entry.c (an entry's name, label and kernel.log), verify.c (published cubins
+ * checked before they are served, the compiler's identity before a compile),
  * job.c (the compile job: fetch or compile, publish, share) and staging.c (staged files
  * checked and committed). The shape is libfuse's fuse_i.h: one private header beside the
  * public one (cache.h). */
@@ -43,27 +44,13 @@ static inline struct kc_slots *kc_cache_job_slots(struct kc_cache *c)
 	return c->remote ? &c->slots : NULL;
 }
 
-/* cache.c */
+/* verify.c */
 
 /* Before a compile, and before its result is published or remembered: is the compiler on
  * disk still the one whose identity recipes are hashed with? A changed one is taken again
  * (identity.h), and every cubin is verified again at its next open, where one compiled
  * under another identity is stale (check_published). Returns kc_compiler_refresh's. */
 int kc_cache_compiler_check(struct kc_cache *c);
-
-/* The name of the entry directory behind entry_fd, whole (a label is cut for logs).
- * Returns 0, or -ENAMETOOLONG when the kernel cannot give its path. */
-int kc_cache_entry_name(struct kc_cache *c, int entry_fd, char name[256]);
-
-/* Write kernel.log of the entry: head, then body_len bytes of body (may be NULL with 0),
- * atomically (a failure is logged, not returned): a reader sees the old log or the new one
- * whole, and a first log of at most KC_LOG_IN_PLACE bytes, created in place with one
- * write, empty or whole. */
-#define KC_LOG_IN_PLACE 4096
-void kc_cache_write_log(struct kc_cache *c, int entry_fd, const char *head, const char *body,
-			size_t body_len);
-
-/* verify.c */
 
 /* Check the published cubin of an entry. Returns 0 (serve it), -ENOENT (none, or a bad or
  * stale one was removed so that the recipe is compiled again), -EIO (bad, cannot rebuild). */
@@ -85,6 +72,20 @@ unsigned long kc_cache_verified_epoch(struct kc_cache *c);
  * entry like that holding a client's cubin is the older DeepGEMM sequence: the client's
  * cubin, compiled with the client's own flags, is the one to serve.) */
 int kc_cache_staged_recipe(int entry_fd);
+
+/* entry.c */
+
+/* The name of the entry directory behind entry_fd, whole (a label is cut for logs).
+ * Returns 0, or -ENAMETOOLONG when the kernel cannot give its path. */
+int kc_cache_entry_name(struct kc_cache *c, int entry_fd, char name[256]);
+
+/* Write kernel.log of the entry: head, then body_len bytes of body (may be NULL with 0),
+ * atomically (a failure is logged, not returned): a reader sees the old log or the new one
+ * whole, and a first log of at most KC_LOG_IN_PLACE bytes, created in place with one
+ * write, empty or whole. */
+#define KC_LOG_IN_PLACE 4096
+void kc_cache_write_log(struct kc_cache *c, int entry_fd, const char *head, const char *body,
+			size_t body_len);
 
 /* job.c */
 

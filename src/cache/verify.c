@@ -1,4 +1,5 @@
-/* verify.c - published cubins checked before they are served (cache.h: kc_cache_verify_open, kc_cache_verify_name; cache_i.h) */
+/* verify.c - published cubins checked before they are served (cache.h: kc_cache_verify_open,
+ * kc_cache_verify_name; cache_i.h), and the compiler's identity checked before a compile. */
 #define _GNU_SOURCE
 #include "cache_i.h"
 
@@ -26,6 +27,22 @@ static int verified_cmp(const void *a, const void *b)
 {
 	const struct verified *x = a, *y = b;
 	return kc_file_id_cmp(x->dev, x->ino, y->dev, y->ino);
+}
+
+/* cache_i.h. A changed compiler drops every checked cubin: each is checked again at its
+ * next open (check_published). */
+int kc_cache_compiler_check(struct kc_cache *c)
+{
+	int r = kc_compiler_refresh(c->cfg->compiler);
+	if (r == 1) {
+		atomic_store(&c->compiler_changed, 1);
+		pthread_mutex_lock(&c->verified_lock);
+		tdestroy(c->verified, free);
+		c->verified = NULL;
+		c->verified_epoch++;
+		pthread_mutex_unlock(&c->verified_lock);
+	}
+	return r;
 }
 
 static int is_verified(struct kc_cache *c, const struct stat *st)

@@ -1,4 +1,4 @@
-"""Live upgrade (kcachefs --upgrade MOUNTPOINT, src/fs/upgrade.h): a new daemon takes the mount
+"""Live upgrade (kcachefs --upgrade MOUNTPOINT, fs/life/upgrade.h): a new daemon takes the mount
 from the running one without unmounting, while clients open kernels whose compiles are in
 flight; with a cluster store, the old daemon's shares end before it hands over; and an upgrade
 to a build whose handover state has another format is refused while the running daemon

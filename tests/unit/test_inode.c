@@ -1,4 +1,4 @@
-/* test_inode.c - the node ids of the inode table (src/fs/inode.h): fixed ids for the root and
+/* test_inode.c - the node ids of the inode table (fs/inode.h): fixed ids for the root and
  * the virtual inodes, generation-tagged slots for the rest, stale ids known as such after
  * a forget, and lookup counts kept. On a temporary backing directory, without a mount. */
 #define _GNU_SOURCE
@@ -39,7 +39,7 @@ static int has_dac_read_search(void)
 	return (int)(eff >> 2 & 1);
 }
 
-/* The inode ledger (src/fs/ledger.h): a table that records into a memfd, then a table of
+/* The inode ledger (fs/life/ledger.h): a table that records into a memfd, then a table of
  * a later epoch that restores from it, as a daemon started again after a crash does. */
 static void ledger_checks(int root)
 {
@@ -153,14 +153,14 @@ static void ledger_checks(int root)
 	CHECK(kc_ledger_restore(&l3, &x) == 0 && !kc_inode_get(&x, yid), "nothing restored from it");
 	kc_ledger_close(&l3);
 	kc_inode_table_destroy(&x);
-	y.ledger = NULL;
+	y.journal = NULL;
 	kc_ledger_close(&l4);
 	kc_inode_table_destroy(&y);
 
-	w.ledger = NULL;
+	w.journal = NULL;
 	kc_ledger_close(&l2);
 	kc_inode_table_destroy(&w);
-	v.ledger = NULL;
+	v.journal = NULL;
 	kc_ledger_close(&l1);
 	kc_inode_table_destroy(&v);
 	close(mfd);

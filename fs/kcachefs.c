@@ -27,12 +27,11 @@
 #include "compile.h"
 #include "stage.h"
 #include "fs.h"
-#include "holder.h"
 #include "kc_build.h"
+#include "life.h"
 #include "log.h"
 #include "remote_tier.h"
 #include "reqtimeout.h"
-#include "upgrade.h"
 
 struct kc_opts {
 	char *backing;
@@ -453,6 +452,7 @@ struct start {
 	char mnt[PATH_MAX];          /* the mountpoint, resolved without looking inside it */
 	int restarted;               /* started again by the holder after a daemon died (hr) */
 	struct kc_holder_restart hr;
+	struct kc_ledger ledger;     /* the inodes the kernel holds, kept for a restart (ledger.h) */
 	int up_sock;                 /* a live upgrade: the socket to the running daemon, else -1 */
 	struct kc_handover_offer offer;
 	char **up_argv;              /* a live upgrade: the command line built from the offer */
@@ -768,10 +768,10 @@ static int start_threads(struct start *s, struct kc_fs *fs, struct kc_remote_tie
 	__atomic_store_n(&fs->stale_ids, epoch != 0, __ATOMIC_SEQ_CST);
 	/* The dead daemon's node ids, from the ledger the holder kept (before any request). */
 	long restored = -1;
-	if (state_fd >= 0 && kc_ledger_open(&fs->ledger, state_fd, fs->inodes.root.fd) == 0) {
+	if (state_fd >= 0 && kc_ledger_open(&s->ledger, state_fd, fs->inodes.root.fd) == 0) {
 		if (s->restarted)
-			restored = kc_ledger_restore(&fs->ledger, &fs->inodes);
-		kc_ledger_attach(&fs->ledger, &fs->inodes);
+			restored = kc_ledger_restore(&s->ledger, &fs->inodes);
+		kc_ledger_attach(&s->ledger, &fs->inodes);
 	}
 	/* Without it, the kernel's dentries of the root's names go, so that it looks them up
 	 * again (the lookup of a mkdir's name is not retried on ESTALE). */
@@ -824,7 +824,8 @@ static void start_free(struct start *s)
 
 int main(int argc, char *argv[])
 {
-	struct start s = {.level = KC_LOG_INFO, .up_sock = -1, .up_fuse_fd = -1};
+	struct start s = {.level = KC_LOG_INFO, .up_sock = -1, .up_fuse_fd = -1,
+			  .ledger = {.fd = -1, .root_fd = -1}};
 	if (!getcwd(s.cwd, sizeof(s.cwd)))
 		snprintf(s.cwd, sizeof(s.cwd), "/");
 	/* Started again by the holder after a daemon died (holder.h)? */
@@ -866,7 +867,6 @@ int main(int argc, char *argv[])
 	if (!fs)
 		goto out_args;
 	clock_gettime(CLOCK_REALTIME, &fs->started);
-	fs->ledger.fd = fs->ledger.root_fd = -1;
 	kc_idtable_init(&fs->handles);
 	if (configure(&s, fs) != 0) {
 		ret = 2;
@@ -951,8 +951,8 @@ out_signals:
 	fuse_remove_signal_handlers(fs->se);
 out_session:
 	kc_evict_destroy(&fs->evict);
-	fs->inodes.ledger = NULL; /* its records stay the holder's: a stop leaves them as they are */
-	kc_ledger_close(&fs->ledger);
+	fs->inodes.journal = NULL; /* its records stay the holder's: a stop leaves them as they are */
+	kc_ledger_close(&s.ledger);
 	kc_inode_table_destroy(&fs->inodes);
 out_store:
 	kc_remote_tier_close(remote);

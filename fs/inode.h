@@ -25,7 +25,18 @@
 
 #include "name.h"
 
-struct kc_ledger;
+struct kc_inode;
+struct kc_inode_table;
+
+/* What keeps a record of the table outside it (the inode ledger, fs/life/ledger.h), told of
+ * each change with the table's lock held: sync (in changed what it is), count (its lookup
+ * count changed), clear (slot is free or taken by a new inode). The table does not know what
+ * the record is; arg is the journal's. */
+struct kc_inode_journal {
+	void (*sync)(void *arg, struct kc_inode_table *t, const struct kc_inode *in);
+	void (*count)(void *arg, struct kc_inode_table *t, const struct kc_inode *in);
+	void (*clear)(void *arg, uint32_t slot);
+};
 
 enum kc_virtual { KC_VIRT_NONE = 0, KC_VIRT_CTL_DIR, KC_VIRT_STATS, KC_VIRT_METRICS };
 
@@ -86,7 +97,8 @@ struct kc_inode_table {
 			      * recently used (notify.c); 0: no bound */
 	uint64_t clock;      /* ticks once per lookup (atomic) */
 	void *unhashed;      /* tsearch tree (by address) of the inodes let go of, not forgotten */
-	struct kc_ledger *ledger; /* kept current under the lock (ledger.h), or NULL */
+	const struct kc_inode_journal *journal; /* told of changes under the lock, or NULL */
+	void *journal_arg;
 	int placeholder_fd;  /* O_PATH on the store's lock file: what an unhashed inode's fd
 			      * becomes (-1: none could be opened, and no inode is let go of) */
 	struct kc_inode root, ctl_dir, stats, metrics;

@@ -28,7 +28,6 @@
 #include "stale.h"
 
 enum { MSG_HELLO = 1, MSG_OFFER, MSG_REFUSE, MSG_GO, MSG_ABORT, MSG_STATE, MSG_FAIL, MSG_ACK };
-#define FDS_PER_MSG 250
 #define MAX_MSG (256u << 20)
 
 /* The session's I/O (one per process). */
@@ -233,9 +232,11 @@ int kc_upgrade_io(struct fuse_session *se, int fd)
 	return fuse_session_custom_io(se, &ops, fd);
 }
 
-/* Stop reading requests: returns once no thread can take one. */
-static void gate_close(void)
+/* Stop reading requests: returns once no thread can take one. fs->draining says so to the
+ * requests in hand (fs.h). */
+static void gate_close(struct kc_fs *fs)
 {
+	__atomic_store_n(&fs->draining, 1, __ATOMIC_SEQ_CST);
 	pthread_mutex_lock(&io.lock);
 	io.closed = 1;
 	uint64_t one = 1;
@@ -246,13 +247,9 @@ static void gate_close(void)
 	pthread_mutex_unlock(&io.lock);
 }
 
-int kc_upgrade_draining(void)
+static void gate_open(struct kc_fs *fs)
 {
-	return __atomic_load_n(&io.closed, __ATOMIC_SEQ_CST);
-}
-
-static void gate_open(void)
-{
+	__atomic_store_n(&fs->draining, 0, __ATOMIC_SEQ_CST);
 	uint64_t v;
 	pthread_mutex_lock(&io.lock);
 	if (read(io.wake_fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
@@ -384,33 +381,20 @@ static int recv_msg(int s, uint32_t *type, unsigned char **p, size_t *len, int t
 	return 0;
 }
 
+/* Send n descriptors on s, KC_FDS_PER_MSG a message of one byte. Returns 0 or -errno. */
 static int send_fds(int s, const int *fds, size_t n)
 {
-	for (size_t i = 0; i < n; i += FDS_PER_MSG) {
-		size_t k = n - i < FDS_PER_MSG ? n - i : FDS_PER_MSG;
-		char byte = 'F';
-		struct iovec iov = {&byte, 1};
-		union {
-			char buf[CMSG_SPACE(FDS_PER_MSG * sizeof(int))];
-			struct cmsghdr align;
-		} u;
-		struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
-				   .msg_controllen = CMSG_SPACE(k * sizeof(int))};
-		struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
-		cm->cmsg_level = SOL_SOCKET;
-		cm->cmsg_type = SCM_RIGHTS;
-		cm->cmsg_len = CMSG_LEN(k * sizeof(int));
-		memcpy(CMSG_DATA(cm), fds + i, k * sizeof(int));
-		ssize_t r;
-		do
-			r = sendmsg(s, &m, MSG_NOSIGNAL);
-		while (r < 0 && errno == EINTR);
-		if (r != 1)
-			return r < 0 ? -errno : -EPIPE;
+	for (size_t i = 0; i < n; i += KC_FDS_PER_MSG) {
+		size_t k = n - i < KC_FDS_PER_MSG ? n - i : KC_FDS_PER_MSG;
+		int err = kc_send_fds(s, "F", 1, fds + i, k);
+		if (err)
+			return err;
 	}
 	return 0;
 }
 
+/* Receive n descriptors on s (send_fds's), waiting at most timeout_s for each message.
+ * Returns 0, -ETIMEDOUT, -EPROTO (not such a message), or -errno. */
 static int recv_fds(int s, int *fds, size_t n, int timeout_s)
 {
 	size_t got = 0;
@@ -419,30 +403,16 @@ static int recv_fds(int s, int *fds, size_t n, int timeout_s)
 		if (poll(&pf, 1, timeout_s * 1000) <= 0)
 			return -ETIMEDOUT;
 		char byte;
-		struct iovec iov = {&byte, 1};
-		union {
-			char buf[CMSG_SPACE(FDS_PER_MSG * sizeof(int))];
-			struct cmsghdr align;
-		} u;
-		struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
-				   .msg_controllen = sizeof(u.buf)};
-		ssize_t r = recvmsg(s, &m, MSG_CMSG_CLOEXEC);
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r != 1 || (m.msg_flags & MSG_CTRUNC))
-			return r < 0 ? -errno : -EPROTO;
-		for (struct cmsghdr *cm = CMSG_FIRSTHDR(&m); cm; cm = CMSG_NXTHDR(&m, cm)) {
-			if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
-				continue;
-			size_t k = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-			int *v = (int *)CMSG_DATA(cm);
-			for (size_t i = 0; i < k; i++) {
-				if (got < n)
-					fds[got++] = v[i];
-				else
-					close(v[i]);
-			}
+		size_t k;
+		ssize_t r = kc_recv_fds(s, &byte, 1, fds + got, n - got, &k);
+		if (r < 0)
+			return (int)r;
+		if (r != 1) { /* not send_fds's message: its descriptors are not the ones asked for */
+			while (k)
+				close(fds[got + --k]);
+			return -EPROTO;
 		}
+		got += k;
 	}
 	return 0;
 }
@@ -452,28 +422,6 @@ void kc_upgrade_socket_path(const char *real_mnt, char *path, size_t len)
 	char hex[KC_SHA256_HEXLEN + 1];
 	kc_sha256_buf(real_mnt, strlen(real_mnt), hex);
 	snprintf(path, len, "kcachefs-upgrade-%u-%.32s", (unsigned)geteuid(), hex);
-}
-
-socklen_t kc_abstract_addr(const char *name, struct sockaddr_un *a)
-{
-	size_t n = strlen(name);
-	memset(a, 0, sizeof(*a));
-	a->sun_family = AF_UNIX;
-	if (n > sizeof(a->sun_path) - 1)
-		n = sizeof(a->sun_path) - 1;
-	memcpy(a->sun_path + 1, name, n);
-	return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n);
-}
-
-int kc_abstract_answers(const char *name, int type)
-{
-	struct sockaddr_un a;
-	socklen_t al = kc_abstract_addr(name, &a);
-	int s = socket(AF_UNIX, type | SOCK_CLOEXEC, 0);
-	int ok = s >= 0 && connect(s, (struct sockaddr *)&a, al) == 0;
-	if (s >= 0)
-		close(s);
-	return ok;
 }
 
 /* The old side. */
@@ -579,7 +527,7 @@ static void serve(int c)
 	long held = -1, left = 0;
 	int err = 0;
 	for (;;) {
-		gate_close();
+		gate_close(fs);
 		if (held < 0) {
 			held = __atomic_load_n(&io.outstanding, __ATOMIC_SEQ_CST);
 			kc_log(KC_LOG_INFO, "upgrade: handing the mount to pid %d: no new request is "
@@ -601,7 +549,7 @@ static void serve(int c)
 		 * close is a request, so the gate opens until it is done. */
 		if (!kc_handover_busy(fs, why, sizeof(why)))
 			break;
-		gate_open();
+		gate_open(fs);
 		if ((err = wait_unstaged(fs, c, begun + bound, why, sizeof(why))))
 			break;
 	}
@@ -647,7 +595,7 @@ static void serve(int c)
 	if (err) {
 		kc_log(KC_LOG_WARN, "upgrade abandoned: %s%s", why,
 		       stopping() ? "" : "; serving on");
-		gate_open();
+		gate_open(fs);
 		return;
 	}
 	kc_log(KC_LOG_INFO, "upgrade: the mount is pid %d's now (%ld requests answered during "

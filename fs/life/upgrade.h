@@ -32,6 +32,7 @@
 
 #include "fs.h"
 #include "handover.h"
+#include "unixsock.h"
 
 /* Seconds an upgrade request waits for the clients staging through open descriptors to
  * close them before it is refused. */
@@ -41,20 +42,9 @@
  * real_mnt (a resolved path), into path (len bytes). */
 void kc_upgrade_socket_path(const char *real_mnt, char *path, size_t len);
 
-/* The abstract Unix address (no file: it goes with the process, even a killed one) of
- * name, into a; returns its length. */
-socklen_t kc_abstract_addr(const char *name, struct sockaddr_un *a);
-/* Nonzero when a process listens on the abstract name (socket type type, e.g.
- * SOCK_STREAM): a connection is made and closed at once. */
-int kc_abstract_answers(const char *name, int type);
-
 /* Put the session's I/O on fd (its /dev/fuse descriptor, made non-blocking). Returns 0 or
  * -errno. */
 int kc_upgrade_io(struct fuse_session *se, int fd);
-
-/* Nonzero while a handover drains this daemon: no new request is read, and the compiles
- * that the requests in hand wait for are finished here. */
-int kc_upgrade_draining(void);
 
 /* Old side: serve upgrade requests for real_mnt from a thread, offering argv[1..argc-1]
  * run in cwd. Returns 0 or -errno (no upgrade possible; the mount serves on). */

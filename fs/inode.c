@@ -1,7 +1,6 @@
 /* inode.c - see inode.h */
 #define _GNU_SOURCE
 #include "inode.h"
-#include "ledger.h"
 #include "idtable.h"
 #include "store.h"
 #include "util.h"
@@ -22,6 +21,25 @@ static int inode_cmp(const void *a, const void *b)
 	if (x->pending != y->pending)
 		return x->pending - y->pending;
 	return x->recipe_id < y->recipe_id ? -1 : x->recipe_id > y->recipe_id;
+}
+
+/* The journal's hooks (lock held; none without a journal). */
+static void journal_sync(struct kc_inode_table *t, const struct kc_inode *in)
+{
+	if (t->journal)
+		t->journal->sync(t->journal_arg, t, in);
+}
+
+static void journal_count(struct kc_inode_table *t, const struct kc_inode *in)
+{
+	if (t->journal)
+		t->journal->count(t->journal_arg, t, in);
+}
+
+static void journal_clear(struct kc_inode_table *t, uint32_t slot)
+{
+	if (t->journal)
+		t->journal->clear(t->journal_arg, slot);
 }
 
 static int by_address(const void *a, const void *b)
@@ -64,7 +82,7 @@ static int slot_take(struct kc_inode_table *t, struct kc_inode *in)
 		return -ENOMEM;
 	}
 	in->slot = slot;
-	kc_ledger_clear(t->ledger, slot); /* the slot's last occupant's record */
+	journal_clear(t, slot); /* the slot's last occupant's record */
 	in->gen = kc_gen_next(cell->gen, t->epoch); /* never 0: that is the fixed ids' */
 	__atomic_store_n(&cell->gen, in->gen, __ATOMIC_RELAXED);
 	__atomic_store_n(&cell->in, in, __ATOMIC_RELEASE);
@@ -77,7 +95,7 @@ static void slot_put(struct kc_inode_table *t, struct kc_inode *in)
 	struct kc_inode_slot *cell = slot_cell(t, in->slot, 0);
 	if (!cell || cell->in != in)
 		return;
-	kc_ledger_clear(t->ledger, in->slot);
+	journal_clear(t, in->slot);
 	__atomic_store_n(&cell->in, NULL, __ATOMIC_RELEASE);
 	if (t->n_free == t->cap_free) {
 		size_t cap = t->cap_free ? t->cap_free * 2 : 1024;
@@ -198,7 +216,7 @@ static struct kc_inode *ref_key(struct kc_inode_table *t, const struct kc_inode 
 	if (found) {
 		struct kc_inode *in = *found;
 		in->nlookup++;
-		kc_ledger_count(t->ledger, t, in);
+		journal_count(t, in);
 		pthread_mutex_unlock(&t->lock);
 		kc_inode_touch(t, in);
 		close(fd);
@@ -282,7 +300,7 @@ struct kc_inode *kc_inode_find_held(struct kc_inode_table *t, dev_t dev, ino_t i
 	struct kc_inode *in = found ? *found : NULL;
 	if (in) {
 		in->nlookup++;
-		kc_ledger_count(t->ledger, t, in);
+		journal_count(t, in);
 	}
 	pthread_mutex_unlock(&t->lock);
 	return in;
@@ -318,7 +336,7 @@ static void gather_one(const void *node, VISIT which, void *closure)
 		return;
 	}
 	in->nlookup++;
-	kc_ledger_count(g->t->ledger, g->t, in);
+	journal_count(g->t, in);
 	g->v[g->n++] = in;
 }
 
@@ -374,7 +392,7 @@ void kc_inode_place(struct kc_inode_table *t, struct kc_inode *in, const struct 
 	in->entry_ino = parent->entry ? parent->ino : 0;
 	in->parent_fd = parent_fd;
 	in->staging = staging;
-	kc_ledger_sync(t->ledger, t, in);
+	journal_sync(t, in);
 	pthread_mutex_unlock(&t->lock);
 	if (old >= 0)
 		close(old);
@@ -386,7 +404,7 @@ void kc_inode_hold(struct kc_inode_table *t, struct kc_inode *in)
 		return;
 	pthread_mutex_lock(&t->lock);
 	in->nlookup++;
-	kc_ledger_count(t->ledger, t, in);
+	journal_count(t, in);
 	pthread_mutex_unlock(&t->lock);
 }
 
@@ -396,7 +414,7 @@ void kc_inode_forget(struct kc_inode_table *t, struct kc_inode *in, uint64_t n)
 		return;
 	pthread_mutex_lock(&t->lock);
 	in->nlookup = in->nlookup > n ? in->nlookup - n : 0;
-	kc_ledger_count(t->ledger, t, in);
+	journal_count(t, in);
 	int gone = in->nlookup == 0 && in != &t->root;
 	if (gone && in->unhashed) /* out of the tree already; its key may be another's now */
 		gone = tdelete(in, &t->unhashed, by_address) != NULL;
@@ -455,7 +473,7 @@ void kc_inode_unlinked(struct kc_inode_table *t, struct kc_inode *in)
 			tdelete(in, &t->tree, inode_cmp);
 			t->count--;
 			in->unhashed = 1;
-			kc_ledger_sync(t->ledger, t, in); /* no record: its object goes */
+			journal_sync(t, in); /* no record: its object goes */
 			/* The last reference to the object goes; the number stays in->fd's. */
 			dup3(t->placeholder_fd, in->fd, O_CLOEXEC);
 		}

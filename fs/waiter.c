@@ -32,7 +32,6 @@
 #include "fs.h"
 #include "log.h"
 #include "reqtimeout.h"
-#include "upgrade.h"
 
 #define SWEEP_INTERVAL_MS 100
 #define LOOKUP_PARK_MS 200 /* a parked lookup's longest wait, plus up to a sweep interval */
@@ -52,6 +51,7 @@ struct req_waiter {
 	struct timespec parked_at; /* CLOCK_MONOTONIC */
 	int expired;         /* set by the sweep: parked for fs->request_budget */
 	int released;        /* set by the sweep: a lookup parked for LOOKUP_PARK_MS */
+	kc_answer_lookup_fn *answer; /* a lookup's answer once it is not a fetched cubin */
 };
 
 /* Nonzero if thread tid is gone, or a signal is pending for it that will kill its process:
@@ -124,14 +124,14 @@ static void wait_or_answer(struct req_waiter *w)
  * left with no request in hand, would be dropped and done again by the next daemon. */
 static void answer_lookup(struct req_waiter *w)
 {
-	if (w->base.fetch_only && kc_upgrade_draining()) {
+	if (w->base.fetch_only && __atomic_load_n(&w->fs->draining, __ATOMIC_SEQ_CST)) {
 		uint64_t recipe_id;
 		w->base.fetch_only = 0;
 		w->released = 0;
 		if (kc_cache_lookup_cubin(&w->fs->cache, w->in->fd, &w->base, &recipe_id) == KC_PENDING)
 			return; /* queued for the compile's end */
 	}
-	kc_reply_cubin_entry(w->req, w->in);
+	w->answer(w->req, w->in);
 	waiter_free(w);
 }
 
@@ -191,10 +191,14 @@ void kc_park(fuse_req_t req, struct kc_inode *pending, struct fuse_file_info *fi
 	wait_or_answer(w);
 }
 
-struct kc_waiter *kc_lookup_waiter(fuse_req_t req, struct kc_inode *entry)
+struct kc_waiter *kc_lookup_waiter(fuse_req_t req, struct kc_inode *entry,
+				   kc_answer_lookup_fn *answer)
 {
 	struct req_waiter *w = waiter_new(req, entry, W_LOOKUP);
-	return w ? &w->base : NULL;
+	if (!w)
+		return NULL;
+	w->answer = answer;
+	return &w->base;
 }
 
 void kc_lookup_waiter_drop(struct kc_waiter *base)

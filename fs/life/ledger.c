@@ -283,16 +283,35 @@ long kc_ledger_restore(struct kc_ledger *l, struct kc_inode_table *t)
 static int record_one(struct kc_inode *in, void *arg)
 {
 	struct kc_inode_table *t = arg;
-	kc_ledger_sync(t->ledger, t, in);
+	kc_ledger_sync(t->journal_arg, t, in);
 	return 0;
 }
+
+/* The table's journal (inode.h): these hooks, on the ledger. */
+static void hook_sync(void *l, struct kc_inode_table *t, const struct kc_inode *in)
+{
+	kc_ledger_sync(l, t, in);
+}
+
+static void hook_count(void *l, struct kc_inode_table *t, const struct kc_inode *in)
+{
+	kc_ledger_count(l, t, in);
+}
+
+static void hook_clear(void *l, uint32_t slot)
+{
+	kc_ledger_clear(l, slot);
+}
+
+static const struct kc_inode_journal ledger_journal = {hook_sync, hook_count, hook_clear};
 
 void kc_ledger_attach(struct kc_ledger *l, struct kc_inode_table *t)
 {
 	if (!l->v)
 		return;
 	pthread_mutex_lock(&t->lock);
-	t->ledger = l;
+	t->journal = &ledger_journal;
+	t->journal_arg = l;
 	/* Records of ids this table does not hold (another daemon's) go. */
 	uint32_t high = head(l)->high < KC_LEDGER_SLOTS ? head(l)->high : KC_LEDGER_SLOTS;
 	for (uint32_t slot = KC_INODE_FIRST_SLOT; slot < high; slot++) {

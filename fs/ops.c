@@ -228,7 +228,9 @@ static void answer_cubin_lookup(fuse_req_t req, struct kc_inode *entry, int r, u
 	reply_lookup(req, entry, KC_CUBIN_NAME);
 }
 
-void kc_reply_cubin_entry(fuse_req_t req, struct kc_inode *entry)
+/* kc_answer_lookup_fn: the cubin, or a pending inode while its compile runs; the cache's
+ * errno otherwise (kc_cache_lookup_cubin). */
+static void reply_cubin_entry(fuse_req_t req, struct kc_inode *entry)
 {
 	uint64_t recipe_id = 0;
 	int r = kc_cache_lookup_cubin(&fs_of(req)->cache, entry->fd, NULL, &recipe_id);
@@ -242,8 +244,8 @@ static void lookup_cubin(fuse_req_t req, struct kc_inode *entry)
 {
 	struct kc_fs *fs = fs_of(req);
 	if (!fs->cache.remote)
-		return kc_reply_cubin_entry(req, entry);
-	struct kc_waiter *w = kc_lookup_waiter(req, entry);
+		return reply_cubin_entry(req, entry);
+	struct kc_waiter *w = kc_lookup_waiter(req, entry, reply_cubin_entry);
 	uint64_t recipe_id = 0;
 	int r = kc_cache_lookup_cubin(&fs->cache, entry->fd, w, &recipe_id);
 	if (r == KC_PENDING && w)

@@ -13,7 +13,6 @@
 #include "config.h"
 #include "idtable.h"
 #include "inode.h"
-#include "ledger.h"
 #include "notify.h"
 #include "store.h"
 #include "util.h"
@@ -28,7 +27,6 @@ struct kc_fs {
 	struct kc_store store;
 	struct kc_cache cache;
 	struct kc_inode_table inodes;
-	struct kc_ledger ledger;   /* the inodes the kernel holds, kept for a restart (ledger.h) */
 	struct kc_notifier notifier;
 	struct kc_evict evict;     /* the bounded cache (-o max_size, -o max_entries) */
 	struct fuse_session *se;
@@ -40,6 +38,9 @@ struct kc_fs {
 	unsigned parked; /* requests parked in waiter.c and not yet answered (atomic) */
 	int stale_ids;   /* the kernel may hold ids of a daemon that died here (stale.h): set
 			  * before the first request is read */
+	int draining;    /* set while a live upgrade drains this daemon (fs/life/upgrade.h): no new
+			  * request is read, and the compiles that the requests in hand wait for
+			  * are finished here (atomic) */
 	unsigned request_budget; /* seconds a parked request may wait before it is answered
 				  * ETIMEDOUT, under the kernel's request timeout (reqtimeout.h);
 				  * 0: no bound */
@@ -53,18 +54,18 @@ extern const struct fuse_lowlevel_ops kc_fs_ops;
 /* Park a getattr (fi NULL) or an open (fi its file info) of a pending cubin inode until
  * the entry's compile ends; answered with kc_reply_published_* or the compile's error. */
 void kc_park(fuse_req_t req, struct kc_inode *pending, struct fuse_file_info *fi);
+/* Answers the lookup of kernel.cubin in entry now, starting its compile if it must be
+ * compiled: the published cubin, or a pending inode while its compile runs (ops.c's). */
+typedef void kc_answer_lookup_fn(fuse_req_t req, struct kc_inode *entry);
 /* A waiter for the lookup of kernel.cubin in entry (the kernel holds entry meanwhile), to
  * pass to kc_cache_lookup_cubin with a cluster store: once queued (KC_PENDING) it answers
- * req with the published cubin when its flight has fetched it, or with
- * kc_reply_cubin_entry's pending inode when the flight compiles, or within
- * LOOKUP_PARK_MS + a sweep interval (waiter.c). Owned by the caller until queued (drop it
- * with kc_lookup_waiter_drop when it was not); NULL on ENOMEM. */
-struct kc_waiter *kc_lookup_waiter(fuse_req_t req, struct kc_inode *entry);
+ * req with the published cubin when its flight has fetched it, or through answer when the
+ * flight compiles, or within LOOKUP_PARK_MS + a sweep interval (waiter.c). Owned by the
+ * caller until queued (drop it with kc_lookup_waiter_drop when it was not); NULL on
+ * ENOMEM. */
+struct kc_waiter *kc_lookup_waiter(fuse_req_t req, struct kc_inode *entry,
+				   kc_answer_lookup_fn *answer);
 void kc_lookup_waiter_drop(struct kc_waiter *w);
-/* Answer the lookup of kernel.cubin in entry now, starting its compile if it must be
- * compiled (ops.c): the published cubin, or a pending inode while its compile runs; the
- * cache's errno otherwise (kc_cache_lookup_cubin). */
-void kc_reply_cubin_entry(fuse_req_t req, struct kc_inode *entry);
 /* Start/stop the thread that lets go of parked waiters whose process is killed after an
  * interrupt it survived (EINTR), and answers ETIMEDOUT, with a log line naming the sysctls,
  * those parked for fs->request_budget seconds, before the kernel's request timeout would

@@ -29,7 +29,7 @@
 #include "hash.h"
 #include "idtable.h"
 #include "log.h"
-#include "upgrade.h"
+#include "unixsock.h"
 
 #define MAX_CONNS 16
 #define MAX_MSG 65536
@@ -173,45 +173,21 @@ void kc_holder_taking(const char *mnt)
 /* Send the message what on s, with fd (SCM_RIGHTS) when fd >= 0. */
 static void send_with_fd(int s, const char *what, int fd)
 {
-	struct iovec iov = {(void *)what, strlen(what)};
-	union {
-		char buf[CMSG_SPACE(sizeof(int))];
-		struct cmsghdr align;
-	} u;
-	struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
-	if (fd >= 0) {
-		m.msg_control = u.buf;
-		m.msg_controllen = sizeof(u.buf);
-		struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
-		cm->cmsg_level = SOL_SOCKET;
-		cm->cmsg_type = SCM_RIGHTS;
-		cm->cmsg_len = CMSG_LEN(sizeof(int));
-		memcpy(CMSG_DATA(cm), &fd, sizeof(int));
-	}
-	if (sendmsg(s, &m, MSG_NOSIGNAL) < 0)
-		kc_log(KC_LOG_DEBUG, "holder: reply %s: %s", what, strerror(errno));
+	int err = kc_send_fds(s, what, strlen(what), &fd, fd >= 0);
+	if (err)
+		kc_log(KC_LOG_DEBUG, "holder: reply %s: %s", what, strerror(-err));
 }
 
 /* Receive a message of at most len - 1 bytes on s (NUL-terminated) and the descriptor it
  * carries, if any, into *fd (-1 when none). Returns its length, or -1. */
 static ssize_t recv_with_fd(int s, char *buf, size_t len, int *fd)
 {
-	struct iovec iov = {buf, len - 1};
-	union {
-		char buf[CMSG_SPACE(sizeof(int))];
-		struct cmsghdr align;
-	} u;
-	struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
-			   .msg_controllen = sizeof(u.buf)};
+	size_t n;
 	*fd = -1;
-	ssize_t r = recvmsg(s, &m, MSG_CMSG_CLOEXEC);
+	ssize_t r = kc_recv_fds(s, buf, len - 1, fd, 1, &n);
 	if (r < 0)
 		return -1;
 	buf[r] = '\0';
-	for (struct cmsghdr *cm = CMSG_FIRSTHDR(&m); cm; cm = CMSG_NXTHDR(&m, cm))
-		if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS &&
-		    cm->cmsg_len == CMSG_LEN(sizeof(int)) && *fd < 0)
-			memcpy(fd, CMSG_DATA(cm), sizeof(int));
 	return r;
 }
 
