@@ -221,5 +221,6 @@ void kc_cache_gauges(struct kc_cache *c, struct kc_stats_gauges *g)
 		g->queued += waiting;
 	}
 	g->flights = kc_flight_count(&c->flights);
+	g->remote_set = c->remote != NULL;
 	g->remote_up = c->remote ? (unsigned)kc_remote_tier_up(c->remote) : 0;
 }

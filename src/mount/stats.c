@@ -5,7 +5,15 @@
 #include <stdio.h>
 #include <string.h>
 
+/* The groups of the text for people, in order, as ccache -s groups its figures. */
+enum group { G_LOCAL, G_COMPILES, G_REMOTE, G_EVICTION, G_INODES, G_COUNT };
+
+static const char *const group_title[G_COUNT] = {
+	"local cache", "compiles", "cluster store", "eviction", "inodes",
+};
+
 struct metric {
+	enum group group;
 	const char *name, *type, *help; /* Prometheus */
 	const char *label;              /* for people */
 	unsigned long long value;
@@ -48,48 +56,48 @@ size_t kc_stats_render(const struct kc_stats *s, const struct kc_stats_gauges *g
 		       size_t len)
 {
 	const struct metric m[] = {
-		{"kcachefs_hits_total", "counter", "Cubin lookups served from a published cubin.", "hits", s->hits},
-		{"kcachefs_misses_total", "counter", "Cubin lookups that started a compile.", "misses", s->misses},
-		{"kcachefs_waits_total", "counter", "Requests (lookup, getattr, open) of a compiling cubin that joined its compile.", "waiters", s->waits},
-		{"kcachefs_cubin_opens_total", "counter", "Opens of published cubins.", "cubin opens", s->cubin_opens},
-		{"kcachefs_compiles_total", "counter", "Compiler runs that published a cubin.", "compiles ok", s->compiles},
-		{"kcachefs_compile_failures_total", "counter", "Compiler runs that failed (timeouts included).", "compiles failed", s->compile_failures},
-		{"kcachefs_compile_timeouts_total", "counter", "Compiler runs killed at compile_timeout.", "compiles timed out", s->compile_timeouts},
-		{"kcachefs_rejected_lookups_total", "counter", "Lookups answered EIO without a compile: a remembered rejection, a retry hold-off, or a key the entry's name does not give (verify_keys).", "rejected lookups", s->rejected_lookups},
-		{"kcachefs_corrupt_cubins_total", "counter", "Published cubins whose SHA-256 did not match.", "corrupt cubins", s->corrupt},
-		{"kcachefs_published_bytes_total", "counter", "Bytes of cubins published by compiles.", "bytes published", s->published_bytes},
-		{"kcachefs_stages_total", "counter", "Staged files committed (kernel.cu, kernel.flags, kernel.cubin).", "stages", s->stages},
-		{"kcachefs_stage_refusals_total", "counter", "Staged files refused.", "stages refused", s->stage_refusals},
-		{"kcachefs_evictions_total", "counter", "Entries evicted to stay under max_size and max_entries.", "evictions", s->evictions},
-		{"kcachefs_evicted_bytes_total", "counter", "Bytes of the entries evicted.", "bytes evicted", s->evicted_bytes},
-		{"kcachefs_remote_hits_total", "counter", "Compiles answered by a verified object of the cluster store.", "remote hits", s->remote_hits},
-		{"kcachefs_remote_misses_total", "counter", "Compiles that found no object in the cluster store and compiled here.", "remote misses", s->remote_misses},
-		{"kcachefs_remote_puts_total", "counter", "Objects (cubins and header indexes) stored in the cluster store.", "remote puts", s->remote_puts},
-		{"kcachefs_remote_get_errors_total", "counter", "Cluster store faults of gets (each a miss).", "remote get errors", s->remote_get_errors},
-		{"kcachefs_remote_put_errors_total", "counter", "Cluster store faults of puts.", "remote put errors", s->remote_put_errors},
-		{"kcachefs_remote_lease_errors_total", "counter", "Cluster store faults of lease operations.", "remote lease errors", s->remote_lease_errors},
-		{"kcachefs_remote_rejected_total", "counter", "Objects of the cluster store refused by verification (never served).", "remote rejected", s->remote_rejected},
-		{"kcachefs_remote_foreign_paths_total", "counter", "Fetched cubins that name a file path not on this node: the compiling node's (__FILE__ in device code), accepted unless -o key_paths.", "remote foreign paths", s->remote_foreign_paths},
-		{"kcachefs_remote_lease_waits_total", "counter", "Compiles that waited for another node's lease.", "remote lease waits", s->remote_lease_waits},
-		{"kcachefs_remote_takeovers_total", "counter", "Leases taken after another holder's expired or was released without an object.", "remote takeovers", s->remote_takeovers},
-		{"kcachefs_remote_hedged_total", "counter", "Waits given up after remote_wait: compiled here.", "remote hedged", s->remote_hedged},
-		{"kcachefs_remote_bytes_in_total", "counter", "Bytes of objects fetched from the cluster store.", "remote bytes in", s->remote_bytes_in},
-		{"kcachefs_remote_bytes_out_total", "counter", "Bytes of objects stored in the cluster store.", "remote bytes out", s->remote_bytes_out},
-		{"kcachefs_remote_fetch_microseconds_total", "counter", "Time of the fetches that hit, summed (divide by kcachefs_remote_fetches_total).", "remote fetch usec", s->remote_fetch_usec},
-		{"kcachefs_remote_fetches_total", "counter", "Fetches that hit.", "remote fetches", s->remote_fetches},
-		{"kcachefs_remote_lookups_total", "counter", "Lookups of a kernel.cubin that waited for its fetch and were answered with the fetched cubin.", "remote lookups", s->remote_lookups},
-		{"kcachefs_remote_up", "gauge", "1 when a cluster store is set (-o remote=) and answers, else 0.", "remote up", g->remote_up},
-		{"kcachefs_inode_reliefs_total", "counter", "Times the kernel was asked to forget inodes to stay under kcachefs_inodes_max.", "inode reliefs", g->reliefs},
-		{"kcachefs_entries", "gauge", "Published entries in the store.", "entries", g->entries},
-		{"kcachefs_stored_bytes", "gauge", "Bytes of the published entries (their regular files).", "bytes stored", g->stored_bytes},
-		{"kcachefs_max_size_bytes", "gauge", "The bound on kcachefs_stored_bytes (-o max_size; 0: none).", "max size", g->max_bytes},
-		{"kcachefs_max_entries", "gauge", "The bound on kcachefs_entries (-o max_entries; 0: none).", "max entries", g->max_entries},
-		{"kcachefs_compiles_in_flight", "gauge", "Compiler runs in progress.", "compiles in flight", g->inflight},
-		{"kcachefs_compiles_queued", "gauge", "Compiles waiting for a job slot.", "compiles queued", g->queued},
-		{"kcachefs_flights", "gauge", "Entries with a compile in flight or queued.", "flights", g->flights},
-		{"kcachefs_parked_requests", "gauge", "Requests waiting for a compile, not yet answered.", "parked requests", g->parked},
-		{"kcachefs_inodes", "gauge", "Inodes the kernel holds (each keeps a descriptor open).", "inodes", g->inodes},
-		{"kcachefs_inodes_max", "gauge", "Inodes kept before the kernel is asked to forget the least recently used (-o max_inodes).", "inodes max", g->inodes_max},
+		{G_LOCAL, "kcachefs_hits_total", "counter", "Cubin lookups served from a published cubin.", "hits", s->hits},
+		{G_LOCAL, "kcachefs_misses_total", "counter", "Cubin lookups that started a compile.", "misses", s->misses},
+		{G_LOCAL, "kcachefs_waits_total", "counter", "Requests (lookup, getattr, open) of a compiling cubin that joined its compile.", "waiters", s->waits},
+		{G_LOCAL, "kcachefs_cubin_opens_total", "counter", "Opens of published cubins.", "cubin opens", s->cubin_opens},
+		{G_LOCAL, "kcachefs_rejected_lookups_total", "counter", "Lookups answered EIO without a compile: a remembered rejection, a retry hold-off, or a key the entry's name does not give (verify_keys).", "rejected lookups", s->rejected_lookups},
+		{G_LOCAL, "kcachefs_corrupt_cubins_total", "counter", "Published cubins whose SHA-256 did not match.", "corrupt cubins", s->corrupt},
+		{G_LOCAL, "kcachefs_stages_total", "counter", "Staged files committed (kernel.cu, kernel.flags, kernel.cubin).", "stages", s->stages},
+		{G_LOCAL, "kcachefs_stage_refusals_total", "counter", "Staged files refused.", "stages refused", s->stage_refusals},
+		{G_LOCAL, "kcachefs_entries", "gauge", "Published entries in the store.", "entries", g->entries},
+		{G_LOCAL, "kcachefs_stored_bytes", "gauge", "Bytes of the published entries (their regular files).", "bytes stored", g->stored_bytes},
+		{G_COMPILES, "kcachefs_compiles_total", "counter", "Compiler runs that published a cubin.", "ok", s->compiles},
+		{G_COMPILES, "kcachefs_compile_failures_total", "counter", "Compiler runs that failed (timeouts included).", "failed", s->compile_failures},
+		{G_COMPILES, "kcachefs_compile_timeouts_total", "counter", "Compiler runs killed at compile_timeout.", "timed out", s->compile_timeouts},
+		{G_COMPILES, "kcachefs_published_bytes_total", "counter", "Bytes of cubins published by compiles.", "bytes published", s->published_bytes},
+		{G_COMPILES, "kcachefs_compiles_in_flight", "gauge", "Compiler runs in progress.", "in flight", g->inflight},
+		{G_COMPILES, "kcachefs_compiles_queued", "gauge", "Compiles waiting for a job slot.", "queued", g->queued},
+		{G_COMPILES, "kcachefs_flights", "gauge", "Entries with a compile in flight or queued.", "flights", g->flights},
+		{G_COMPILES, "kcachefs_parked_requests", "gauge", "Requests waiting for a compile, not yet answered.", "parked requests", g->parked},
+		{G_REMOTE, "kcachefs_remote_up", "gauge", "1 when a cluster store is set (-o remote=) and answers, else 0.", "up", g->remote_up},
+		{G_REMOTE, "kcachefs_remote_hits_total", "counter", "Compiles answered by a verified object of the cluster store.", "hits", s->remote_hits},
+		{G_REMOTE, "kcachefs_remote_misses_total", "counter", "Compiles that found no object in the cluster store and compiled here.", "misses", s->remote_misses},
+		{G_REMOTE, "kcachefs_remote_puts_total", "counter", "Objects (cubins and header indexes) stored in the cluster store.", "puts", s->remote_puts},
+		{G_REMOTE, "kcachefs_remote_get_errors_total", "counter", "Cluster store faults of gets (each a miss).", "get errors", s->remote_get_errors},
+		{G_REMOTE, "kcachefs_remote_put_errors_total", "counter", "Cluster store faults of puts.", "put errors", s->remote_put_errors},
+		{G_REMOTE, "kcachefs_remote_lease_errors_total", "counter", "Cluster store faults of lease operations.", "lease errors", s->remote_lease_errors},
+		{G_REMOTE, "kcachefs_remote_rejected_total", "counter", "Objects of the cluster store refused by verification (never served).", "rejected", s->remote_rejected},
+		{G_REMOTE, "kcachefs_remote_foreign_paths_total", "counter", "Fetched cubins that name a file path not on this node: the compiling node's (__FILE__ in device code), accepted unless -o key_paths.", "foreign paths", s->remote_foreign_paths},
+		{G_REMOTE, "kcachefs_remote_lease_waits_total", "counter", "Compiles that waited for another node's lease.", "lease waits", s->remote_lease_waits},
+		{G_REMOTE, "kcachefs_remote_takeovers_total", "counter", "Leases taken after another holder's expired or was released without an object.", "takeovers", s->remote_takeovers},
+		{G_REMOTE, "kcachefs_remote_hedged_total", "counter", "Waits given up after remote_wait: compiled here.", "hedged", s->remote_hedged},
+		{G_REMOTE, "kcachefs_remote_bytes_in_total", "counter", "Bytes of objects fetched from the cluster store.", "bytes in", s->remote_bytes_in},
+		{G_REMOTE, "kcachefs_remote_bytes_out_total", "counter", "Bytes of objects stored in the cluster store.", "bytes out", s->remote_bytes_out},
+		{G_REMOTE, "kcachefs_remote_fetch_microseconds_total", "counter", "Time of the fetches that hit, summed (divide by kcachefs_remote_fetches_total).", "fetch usec", s->remote_fetch_usec},
+		{G_REMOTE, "kcachefs_remote_fetches_total", "counter", "Fetches that hit.", "fetches", s->remote_fetches},
+		{G_REMOTE, "kcachefs_remote_lookups_total", "counter", "Lookups of a kernel.cubin that waited for its fetch and were answered with the fetched cubin.", "lookups", s->remote_lookups},
+		{G_EVICTION, "kcachefs_evictions_total", "counter", "Entries evicted to stay under max_size and max_entries.", "evictions", s->evictions},
+		{G_EVICTION, "kcachefs_evicted_bytes_total", "counter", "Bytes of the entries evicted.", "bytes evicted", s->evicted_bytes},
+		{G_EVICTION, "kcachefs_max_size_bytes", "gauge", "The bound on kcachefs_stored_bytes (-o max_size; 0: none).", "max size", g->max_bytes},
+		{G_EVICTION, "kcachefs_max_entries", "gauge", "The bound on kcachefs_entries (-o max_entries; 0: none).", "max entries", g->max_entries},
+		{G_INODES, "kcachefs_inodes", "gauge", "Inodes the kernel holds (each keeps a descriptor open).", "held", g->inodes},
+		{G_INODES, "kcachefs_inodes_max", "gauge", "Inodes kept before the kernel is asked to forget the least recently used (-o max_inodes).", "max", g->inodes_max},
+		{G_INODES, "kcachefs_inode_reliefs_total", "counter", "Times the kernel was asked to forget inodes to stay under kcachefs_inodes_max.", "reliefs", g->reliefs},
 	};
 	const int prom = format == KC_STATS_PROMETHEUS;
 	size_t used = 0;
@@ -102,40 +110,47 @@ size_t kc_stats_render(const struct kc_stats *s, const struct kc_stats_gauges *g
 		buckets[b] = s->compile_buckets[b];
 	pthread_mutex_unlock((pthread_mutex_t *)&s->hist_lock);
 
-	if (!prom)
-		putf(buf, len, &used, "kcachefs %s, arch %s, compiler %s%s%s\n", info->version,
-		     info->arch, info->compiler, info->flags[0] ? ", flags " : "", info->flags);
-	for (size_t i = 0; i < sizeof(m) / sizeof(m[0]); i++) {
-		if (prom)
-			putf(buf, len, &used, "# HELP %s %s\n# TYPE %s %s\n%s %llu\n", m[i].name,
-			     m[i].help, m[i].name, m[i].type, m[i].name, m[i].value);
-		else
-			putf(buf, len, &used, "%-20s %llu\n", m[i].label, m[i].value);
-	}
-	/* The compile duration histogram (cumulative buckets, as Prometheus wants). */
 	const char *h = "kcachefs_compile_duration_seconds";
 	double sum = (double)usec / 1e6;
-	if (prom)
+	if (prom) {
+		for (size_t i = 0; i < sizeof(m) / sizeof(m[0]); i++)
+			putf(buf, len, &used, "# HELP %s %s\n# TYPE %s %s\n%s %llu\n", m[i].name,
+			     m[i].help, m[i].name, m[i].type, m[i].name, m[i].value);
+		/* The compile duration histogram (cumulative buckets, as Prometheus wants). */
 		putf(buf, len, &used, "# HELP %s Wall time of compiler runs.\n# TYPE %s histogram\n",
 		     h, h);
-	else
-		putf(buf, len, &used, "%-20s %.3f s in %llu runs; runs of at most", "compile time", sum,
-		     runs);
-	for (int b = 0; b <= KC_STATS_NBUCKETS; b++) {
-		unsigned long long n = b < KC_STATS_NBUCKETS ? buckets[b] : runs;
-		char le[16];
-		if (b < KC_STATS_NBUCKETS)
-			snprintf(le, sizeof(le), "%g", bucket_bounds[b]);
-		if (prom)
-			putf(buf, len, &used, "%s_bucket{le=\"%s\"} %llu\n", h,
-			     b < KC_STATS_NBUCKETS ? le : "+Inf", n);
-		else if (b < KC_STATS_NBUCKETS)
-			putf(buf, len, &used, "%s %s s: %llu", b ? "," : "", le, n);
-	}
-	if (prom)
+		for (int b = 0; b <= KC_STATS_NBUCKETS; b++) {
+			char le[16] = "+Inf";
+			if (b < KC_STATS_NBUCKETS)
+				snprintf(le, sizeof(le), "%g", bucket_bounds[b]);
+			putf(buf, len, &used, "%s_bucket{le=\"%s\"} %llu\n", h, le,
+			     b < KC_STATS_NBUCKETS ? buckets[b] : runs);
+		}
 		putf(buf, len, &used, "%s_sum %.6f\n%s_count %llu\n", h, sum, h, runs);
-	else
-		put(buf, len, &used, "\n");
+	} else {
+		putf(buf, len, &used, "kcachefs %s, arch %s, compiler %s%s%s\n", info->version,
+		     info->arch, info->compiler, info->flags[0] ? ", flags " : "", info->flags);
+		/* A group of a feature that is off is left out: the cluster store without
+		 * -o remote=, eviction without a bound (unless it evicted before one went). */
+		int shown[G_COUNT] = {1, 1, g->remote_set, g->max_bytes || g->max_entries ||
+				      s->evictions, 1};
+		for (int grp = 0; grp < G_COUNT; grp++) {
+			if (!shown[grp])
+				continue;
+			putf(buf, len, &used, "%s:\n", group_title[grp]);
+			for (size_t i = 0; i < sizeof(m) / sizeof(m[0]); i++)
+				if (m[i].group == (enum group)grp)
+					putf(buf, len, &used, "  %-18s %llu\n", m[i].label, m[i].value);
+			if (grp != G_COMPILES)
+				continue;
+			putf(buf, len, &used, "  %-18s %.3f s in %llu runs; runs of at most", "time",
+			     sum, runs);
+			for (int b = 0; b < KC_STATS_NBUCKETS; b++)
+				putf(buf, len, &used, "%s %g s: %llu", b ? "," : "", bucket_bounds[b],
+				     buckets[b]);
+			put(buf, len, &used, "\n");
+		}
+	}
 	if (prom) {
 		static const char *const labels[] = {",version=\"", "\",compiler=\"", "\",arch=\"",
 						     "\",flags=\""};

@@ -2,8 +2,10 @@
  *
  * .kcachefs/metrics.prom is the Prometheus text exposition format (version 0.0.4):
  * "# HELP"/"# TYPE" lines and "name value" lines, which a node exporter's textfile
- * collector or a scrape job reads as is. .kcachefs/stats is the same numbers for people:
- * one "what: value" line each. Both come from one table of metrics (stats.c).
+ * collector or a scrape job reads as is, every metric always. .kcachefs/stats is the same
+ * numbers for people, grouped as ccache -s groups its figures (local cache, compiles,
+ * cluster store, eviction, inodes; a group of a feature that is off left out), one
+ * "  what  value" line each. Both come from one table of metrics (stats.c).
  *
  * Lookups are counted as the daemon sees them: the kernel merges concurrent lookups of one
  * name into one request (the others wait in the kernel) and caches published cubins, so
@@ -75,7 +77,8 @@ struct kc_stats_gauges {
 	unsigned long entries; /* published entries in the store (evict.c's index) */
 	unsigned long long stored_bytes; /* their bytes */
 	unsigned long long max_bytes, max_entries; /* -o max_size, -o max_entries (0: none) */
-	unsigned remote_up; /* 1: a cluster store is set and answers; 0: down or none */
+	unsigned remote_set; /* 1: a cluster store is set (-o remote=) */
+	unsigned remote_up;  /* 1: a cluster store is set and answers; 0: down or none */
 };
 
 /* Facts about the mount, rendered as the info metric kcachefs_info (value 1) with label

@@ -536,6 +536,11 @@ def compiles_each_kernel_once(cluster):
     assert total(nodes, "remote_rejected_total") == 0
     assert total(nodes, "remote_get_errors_total") == 0
     assert all(m.stats()["remote_up"] == 1 for m in nodes)
+    # the stats for people show the store's group, with this node's hits under it
+    text = (nodes[1].mnt / ".kcachefs" / "stats").read_text()
+    group = text[text.index("\ncluster store:\n"):]
+    assert "\n  up                 1\n" in group, text
+    assert "\n  hits               %d\n" % nodes[1].stats()["remote_hits_total"] in group, text
     assert len(cluster.objects(b"cubin")) == KERNELS
     assert len(cluster.objects(b"index")) == KERNELS + 1
     assert cluster.record() is not None and b" @headers\n" in cluster.record()

@@ -73,6 +73,11 @@ def test_other_names(mount_factory):
         assert e.value.errno in (errno.EPERM, errno.EBUSY, errno.EACCES)
     assert sorted(os.listdir(m.mnt / ".kcachefs")) == ["metrics.prom", "stats"]
     assert "kcachefs_compiles_total 0" in (m.mnt / ".kcachefs" / "metrics.prom").read_text()
+    # no store, no bound: the stats leave those groups out, the metrics keep every one
+    text = (m.mnt / ".kcachefs" / "stats").read_text()
+    assert "\nlocal cache:\n" in text and "\ncompiles:\n" in text and "\ninodes:\n" in text
+    assert "cluster store:" not in text and "eviction:" not in text, text
+    assert "kcachefs_remote_hits_total 0" in (m.mnt / ".kcachefs" / "metrics.prom").read_text()
     # The backing store's own state directory is never visible.
     assert (m.backing / ".kcachefs" / "tmp").is_dir()
     assert "tmp" not in os.listdir(m.mnt / ".kcachefs")

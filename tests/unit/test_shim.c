@@ -563,6 +563,42 @@ static void test_info_compiler(void)
 	      "info: a cut-off label");
 }
 
+/* .kcachefs/stats groups its lines and leaves out the groups of features that are off;
+ * metrics.prom has every metric either way. */
+static void test_stats_groups(void)
+{
+	struct kc_stats st = {0};
+	struct kc_stats_gauges g = {0};
+	struct kc_stats_info info = {"0.1.0", "nvcc", "sm_90a", ""};
+	char text[8192], prom[16384];
+	st.hits = 7;
+	st.remote_hits = 5;
+	kc_stats_render(&st, &g, &info, KC_STATS_TEXT, text, sizeof(text));
+	kc_stats_render(&st, &g, &info, KC_STATS_PROMETHEUS, prom, sizeof(prom));
+	CHECK(strstr(text, "\nlocal cache:\n  hits               7\n") &&
+		      strstr(text, "\ncompiles:\n  ok ") && strstr(text, "\ninodes:\n  held "),
+	      "stats: the groups of a plain mount, each line under its heading");
+	CHECK(!strstr(text, "cluster store:") && !strstr(text, "eviction:"),
+	      "stats: no cluster store and no eviction group when they are off");
+	CHECK(strstr(prom, "\nkcachefs_remote_hits_total 5\n") &&
+		      strstr(prom, "\nkcachefs_evictions_total 0\n") &&
+		      strstr(prom, "\nkcachefs_max_size_bytes 0\n"),
+	      "metrics: every metric, the cluster store's and eviction's too");
+	g.remote_set = 1;
+	g.max_entries = 200;
+	kc_stats_render(&st, &g, &info, KC_STATS_TEXT, text, sizeof(text));
+	const char *c = strstr(text, "\ncluster store:\n  up                 0\n  hits               5\n");
+	const char *e = strstr(text, "\neviction:\n");
+	CHECK(c && e && c < e && strstr(e, "  max entries        200\n"),
+	      "stats: a store and a bound show their groups, in order");
+	st.evictions = 3;
+	g.remote_set = 0;
+	g.max_entries = 0;
+	kc_stats_render(&st, &g, &info, KC_STATS_TEXT, text, sizeof(text));
+	CHECK(strstr(text, "\neviction:\n") && strstr(text, "  evictions          3\n"),
+	      "stats: evictions made before the bound was lifted still show");
+}
+
 static void test_log_rewrite(void)
 {
 	static const struct {
@@ -656,6 +692,7 @@ int main(void)
 	test_daemon_memo();
 	test_local_includes();
 	test_info_compiler();
+	test_stats_groups();
 	test_log_rewrite();
 	test_find_mount();
 	tmptree_remove(tmpdir);
