@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(gcc libc6-dev pkg-config meson ninja-build libfuse3-dev fuse3 libssl-dev libhiredis-dev python3 python3-pytest
+packages=(gcc libc6-dev pkg-config meson ninja-build libfuse3-dev fuse3 libssl-dev libhiredis-dev python3 python3-pytest python3-pytest-xdist
 	procps e2fsprogs mount groff-base libsystemd-dev clang libclang-rt-14-dev redis-server openssh-server sshfs iproute2)
 missing=()
 for p in "${packages[@]}"; do

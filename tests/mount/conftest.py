@@ -22,9 +22,9 @@ deepgemm.INCLUDE = str(KERNELS / "include")  # where compiles can read it (kcmou
 
 def pytest_configure(config):
     config.addinivalue_line(
-        "markers", "heavy: a long run of real clients or real nvcc whose daemon code paths "
-        "lighter tests also take; scripts/test.sh leaves these out of the sanitizer build's "
-        "run (-m 'not heavy') to keep the suite's time down")
+        "markers", "serial: changes a machine-wide setting that other tests' mounts would "
+        "take up (a sysctl); scripts/test.sh runs these alone, after the others, which run "
+        "in parallel (pytest-xdist)")
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -19,7 +19,6 @@ def logging_nvcc(tmp_path, delay):
     return nvcc, log
 
 
-@pytest.mark.heavy
 def test_jobs_bounds_concurrent_compiles(mount_factory, tmp_path):
     nvcc, log = logging_nvcc(tmp_path, 0.5)
     m = mount_factory(["nvcc=%s" % nvcc, "jobs=2"])

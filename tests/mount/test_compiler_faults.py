@@ -40,13 +40,7 @@ def children(pid):
     return out.splitlines()
 
 
-# The sanitized run keeps two of the faults (a hang, garbage): the others take the same
-# daemon paths with other outcomes, which the compile unit test classifies under ASan.
-SANITIZED_FAULTS = ("hang", "exit-0-garbage")
-
-
-@pytest.mark.parametrize("fault", [f if f in SANITIZED_FAULTS else pytest.param(f, marks=pytest.mark.heavy)
-                                   for f in sorted(FAULTS)])
+@pytest.mark.parametrize("fault", sorted(FAULTS))
 def test_compiler_fault(mount_factory, tmp_path, fault):
     first, kind, why = FAULTS[fault]
     tag = "%d%d" % (os.getpid(), time.monotonic_ns() % 1000000)  # tells its sleep from others'

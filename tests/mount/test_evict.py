@@ -47,7 +47,6 @@ def wait_evictions(m, n, timeout=60):
     return m.stats()
 
 
-@pytest.mark.heavy
 def test_max_entries_evicts_the_least_recently_used(mount_factory):
     m = mount_factory(["max_entries=6"])
     entries = [compile_variant(m, i) for i in range(6)]
@@ -146,7 +145,6 @@ def test_entries_being_staged_or_compiled_are_not_evicted(mount_factory, tmp_pat
     assert st["entries"] <= 4
 
 
-@pytest.mark.heavy
 def test_the_index_and_last_use_survive_a_remount(mount_factory):
     m = mount_factory(["max_entries=100"], name="first")
     entries = [compile_variant(m, i) for i in range(3)]

@@ -65,7 +65,6 @@ def check_leftovers(client, root):
                 ".ninja_log", "build.ninja", k + ".cubin"]
 
 
-@pytest.mark.heavy
 @pytest.mark.parametrize("client", sorted(CLIENTS))
 def test_eight_processes_cold_then_warm(mount_factory, counting_nvcc, client):
     make_nvcc, calls = counting_nvcc

@@ -30,7 +30,6 @@ def test_open_compiles_a_valid_cuda_elf(mount_factory):
     assert s["published_bytes_total"] == len(data)
 
 
-@pytest.mark.heavy
 def test_header_heavy_kernel_compiles(mount_factory):
     m = mount_factory()
     src, flags = sample("block_sum")
@@ -85,7 +84,6 @@ def test_failing_source_gives_eio_to_all_and_keeps_log(mount_factory, counting_n
     assert calls() == 2
 
 
-@pytest.mark.heavy
 def test_timeout_is_a_passing_failure(mount_factory, tmp_path):
     """A compile killed by compile_timeout gives EIO to every waiter from one compiler run
     (openers queued behind it are held off briefly); a later open compiles again."""

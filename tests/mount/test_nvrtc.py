@@ -14,7 +14,6 @@ NVRTC = KCACHEFS.parent / "kcachefs-nvrtc"
 pytestmark = pytest.mark.skipif(not NVRTC.exists(), reason="built without libnvrtc")
 
 
-@pytest.mark.heavy
 @pytest.mark.parametrize("kernel", ["vector_add", "block_sum"])
 def test_a_mount_of_nvrtc_compiles_valid_cubins(mount_factory, kernel):
     m = mount_factory(["compiler=nvrtc"])

@@ -105,7 +105,6 @@ def fifo_header(tmp_path):
     release()
 
 
-@pytest.mark.heavy
 def test_a_warm_workers_cubins_are_a_fresh_processs_bytes(mount_factory):
     flags = sample("block_sum")[1]
     warm = mount_factory(["compiler=nvrtc"], name="warm")

@@ -414,7 +414,6 @@ def test_dead_holder_taken_over_within_seconds(cluster):
     dead_holder_is_taken_over_within_seconds(cluster)
 
 
-@pytest.mark.heavy
 def test_live_holder_of_a_long_compile_keeps_its_lease(cluster):
     live_holder_keeps_its_lease(cluster)
 

@@ -54,7 +54,6 @@ def cold_run(cluster, nodes, per_node=8, kernels=range(KERNELS), shared=True):
     return results[0]
 
 
-@pytest.mark.heavy
 def test_redis_cluster_compiles_each_kernel_once(redis_cluster):
     """4 nodes x 8 processes x 8 kernels, cold: 8 compiles in the cluster (the dir: test,
     run on Redis), no lease left behind."""
@@ -66,7 +65,6 @@ def test_redis_cluster_compiles_each_kernel_once(redis_cluster):
         assert server.cli("PTTL", k) == b"-1", "objects carry no expiry (the server's LRU evicts)"
 
 
-@pytest.mark.heavy
 def test_redis_auth_user(redis_cluster, tmp_path):
     """An ACL user from remote_auth=: the store is used, the password is not logged; a wrong
     password is a store fault (logged, counted), never a client's error."""
@@ -118,7 +116,6 @@ def test_redis_not_answering_at_start(tmp_path, template):
         cluster.stop()
 
 
-@pytest.mark.heavy
 def test_redis_two_shards_one_stopped(tmp_path, template, redis_factory):
     """Objects spread over two shards; one is SIGKILLed half-way: every read still gets
     its cubin (from the other shard, or compiled here), and the fault is logged."""
@@ -146,7 +143,6 @@ def test_redis_two_shards_one_stopped(tmp_path, template, redis_factory):
         cluster.stop()
 
 
-@pytest.mark.heavy
 def test_redis_killed_mid_cold_run(redis_cluster):
     """4 nodes x 8 processes x 8 kernels, cold, with one compile held at the gate while the
     other nodes wait on its lease; the Redis server is SIGKILLed then: every process still
@@ -177,7 +173,6 @@ def test_redis_killed_mid_cold_run(redis_cluster):
     assert errors > 0
 
 
-@pytest.mark.heavy
 def test_redis_restarted_empty(redis_cluster):
     """A restart loses every object: the next node misses cleanly (no error counted) and
     publishes again; the one after it hits."""
@@ -200,7 +195,6 @@ def test_redis_restarted_empty(redis_cluster):
     assert c.stats()["remote_hits_total"] == KERNELS
 
 
-@pytest.mark.heavy
 @pytest.mark.parametrize("how", ["client-pause", "debug-sleep"])
 def test_redis_paused_longer_than_timeout(redis_cluster, how):
     """A server that stops answering for far longer than remote_timeout: the node compiles
@@ -273,7 +267,6 @@ def test_redis_back_at_once_is_used_again_within_seconds(redis_cluster):
     assert "answers again" in b.daemon_log()
 
 
-@pytest.mark.heavy
 def test_redis_flushall(redis_cluster):
     a = redis_cluster.node("a")
     cold_run(redis_cluster, [a], per_node=2)
@@ -287,7 +280,6 @@ def test_redis_flushall(redis_cluster):
     assert len(redis_cluster.compiles()) == 2 * KERNELS
 
 
-@pytest.mark.heavy
 def test_redis_tiny_maxmemory(redis_cluster):
     """A full server that refuses writes (noeviction): puts and leases fail with OOM, every
     node compiles for itself, nothing is refused to a client."""
@@ -377,7 +369,6 @@ def test_redis_lease_records_and_holders(redis_cluster, tmp_path, case):
         planted_record_is_ignored(redis_cluster, tmp_path, case[len("planted-"):])
 
 
-@pytest.mark.heavy
 def test_redis_live_holder_of_a_long_compile_keeps_its_lease(redis_cluster):
     live_holder_keeps_its_lease(redis_cluster)
 

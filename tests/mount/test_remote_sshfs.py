@@ -20,7 +20,7 @@ from kccluster import (KERNELS, Cluster, compiles_each_kernel_once,
                        planted_record_is_ignored, source, stage_all, total)
 
 MISSING = missing_prerequisite()
-pytestmark = [pytest.mark.skipif(MISSING is not None, reason=str(MISSING)), pytest.mark.heavy]
+pytestmark = pytest.mark.skipif(MISSING is not None, reason=str(MISSING))
 
 
 @pytest.fixture

@@ -6,8 +6,9 @@ opener parked on one gets ETIMEDOUT or EIO of its own before it.
 The sysctls are machine-wide: the test sets them only for the moment a mount is made (the
 kernel fixes a connection's timeout when the daemon answers FUSE_INIT, so the mount keeps
 it after they are restored), restores them on every path, and holds a lock on the sysctl
-file meanwhile so that two such tests never overlap. Other mount tests run one after the
-other in one pytest process and so never mount inside the window.
+file meanwhile so that two such tests never overlap. The module is marked serial:
+scripts/test.sh runs it alone, after the other mount tests (which run in parallel), so no
+other test mounts inside the window.
 """
 import errno
 import fcntl
@@ -28,9 +29,9 @@ DEFAULT = SYSCTL / "default_request_timeout"
 MAXIMUM = SYSCTL / "max_request_timeout"
 CHECK_PERIOD = 15  # s: FUSE_TIMEOUT_TIMER_FREQ, how often the kernel looks for old requests
 
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.serial, pytest.mark.skipif(
     not DEFAULT.exists() or os.geteuid() != 0,
-    reason="needs root and a kernel with fs.fuse.*_request_timeout (Linux 6.14+)")
+    reason="needs root and a kernel with fs.fuse.*_request_timeout (Linux 6.14+)")]
 
 
 @contextmanager

@@ -33,7 +33,6 @@ def leak_attempt(m, name, path):
     return (e / "kernel.log").read_text(errors="replace")
 
 
-@pytest.mark.heavy
 def test_root_only_files_stay_out_of_kernel_log(mount_factory, tmp_path):
     """By default #include of a root-only file fails on permissions and kernel.log holds no
     line of it; with compile_uids=daemon (the control) the same source puts the line there.
@@ -115,7 +114,6 @@ exec %(nvcc)s "$@"
     assert "sleep 1000.%s" % tag not in ps, "a process of a compile outlived it"
 
 
-@pytest.mark.heavy
 def test_include_directories_are_checked_as_the_compiles_uid(mount_factory, tmp_path):
     """-I of a directory under a root-only one: existing or not, the compile's uid cannot
     tell, so kernel.log says the same; a missing one says it is missing."""
@@ -257,7 +255,6 @@ def test_a_compile_that_reaches_for_its_own_cubin_fails_at_once(mount_factory, u
     assert (good / "kernel.cubin").read_bytes()[:4] == b"\x7fELF"
 
 
-@pytest.mark.heavy
 def test_a_group_given_a_compile_gid_after_the_mount_stops_its_compiles(mount_factory):
     """The range is checked at the mount and again before every compile: a group created
     since with a gid of the range would share the compile's files."""

@@ -114,7 +114,6 @@ def deepgemm_run(m, tmp_path, kernels, compiler, counted_nvcc=None):
     return results
 
 
-@pytest.mark.heavy
 def test_deepgemm_through_the_shim_compiles_each_kernel_once(mount_factory, counting_nvcc,
                                                              tmp_path):
     """The acceptance run: 8 ranks x K kernels, exactly K compiler runs on the node with the
@@ -591,7 +590,6 @@ def test_a_compile_that_times_out_says_why(mount_factory, tmp_path):
     assert "vector_add" in elf_symbols(out.read_bytes())
 
 
-@pytest.mark.heavy
 def test_environment_nvcc_reads_and_odd_inputs_are_nvccs(mount_factory, tmp_path):
     """NVCC_APPEND_FLAGS and the like change what nvcc compiles in ways the mount cannot see;
     an empty source, an include directory on the mount itself: nvcc's business too."""
@@ -647,7 +645,6 @@ def test_links_and_foreign_directories_are_not_followed(mount_factory, tmp_path)
     assert os.listdir(m2.mnt / "kcachefs-nvcc") == []
 
 
-@pytest.mark.heavy
 def test_more_calls_only_nvcc_can_reproduce(mount_factory, tmp_path):
     """Headers next to the source however they are included, nvcc.profile's variables,
     an include tree that reaches into the mount, an output that is a file of an entry."""

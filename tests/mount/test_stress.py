@@ -8,9 +8,9 @@ from conftest import KCACHEFS, REPO
 
 
 @pytest.mark.parametrize("compiler, shape", [
-    pytest.param("fake", ["-P", "8", "-K", "16", "-I", "10"], marks=pytest.mark.heavy),  # faulty: the same and more
+    ("fake", ["-P", "8", "-K", "16", "-I", "10"]),
     ("faulty", ["-P", "8", "-K", "16", "-I", "5", "-j", "1"]),
-    pytest.param("nvcc", ["-P", "4", "-K", "3", "-I", "2"], marks=pytest.mark.heavy),
+    ("nvcc", ["-P", "4", "-K", "3", "-I", "2"]),
 ])
 def test_stress_short(compiler, shape):
     r = subprocess.run([sys.executable, str(REPO / "scripts" / "stress.py"), "-c", compiler,
