@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""kcachefs benchmarks (issue 5): every figure side by side with its baseline, measured in
+"""kcachefs benchmarks: every figure side by side with its baseline, measured in
 the same run, reported as medians, spreads and ratios. No figure is a pass/fail test; the
 targets are printed beside them for a reader to judge.
 
@@ -38,7 +38,7 @@ Figures (NAME):
   cluster   4 simulated nodes x 8 processes x K real kernels sharing a cluster store
             (--stores dir,redis): compiles, first node against one node alone, a joining
             node against the first and against its warm restart (scripts/bench_cluster.py)
-  keys      issue 22: 5 joining nodes in turn (a round; --reps 7 per round, so --reps 21
+  keys      5 joining nodes in turn (a round; --reps 7 per round, so --reps 21
             runs 3 rounds, medians over 15), each with a 500-header include tree at
             another prefix, 32 and 128 kernels staged as the nvcc shim stages them: their
             cold starts against their warm restarts (medians), bytes fetched per kernel

@@ -1,4 +1,4 @@
-"""The cluster store's benchmarks (issue 14), run by scripts/bench.py (--only cluster,cluster64):
+"""The cluster store's benchmarks, run by scripts/bench.py (--only cluster,cluster64):
 simulated nodes (daemons with backing directories and mountpoints of their own) sharing one
 store, a dir: store in the run's temp directory or a redis-server the run starts on a Unix
 socket there. The nodes, the counting compilers and the Redis server are the mount tests' library's
@@ -9,7 +9,7 @@ cluster    4 nodes x 8 processes x 32 real nvcc kernels (the sample kernels, one
            each), cold together: compiles in the cluster, the first node's cold time against
            one node alone with no store, then a node joining: its cold start against the
            first node's and against its own warm restart.
-keys       issue 22: K real nvcc kernels (32 and 128) staged as the nvcc shim stages them,
+keys       K real nvcc kernels (32 and 128) staged as the nvcc shim stages them,
            each including an include tree of 500 headers: one node compiles them; 5
            joining nodes in turn, each with the same tree at another prefix (other mtimes),
            start cold with 8 processes: their times against their own warm restarts

@@ -1,4 +1,4 @@
-"""The triton figure of scripts/bench.py (issue 21): P=8 processes released together make the
+"""The triton figure of scripts/bench.py: P=8 processes released together make the
 calls of Triton's compile() (tests/mount/triton_harness.py, the stand-in of
 triton.runtime.cache: no Triton on the build machine) on 4 kernels in one order, as
 scripts/triton_gpu.py's processes do (add, softmax, two matmul configs). Each round is

@@ -25,7 +25,7 @@
 # (tests/mount/deepgemm.py) and tests/kernels/include are copied into the shared temp dir,
 # mode 755, and run from there: wherever the tree is (/work/main, /root/...), the sandbox
 # reaches the headers. Node B runs its own copy at another path, installed later (other
-# mtimes, as a second machine's pip install): keys are made of bytes (issue 22), so B still
+# mtimes, as a second machine's pip install): keys are made of bytes, so B still
 # compiles nothing.
 #
 # Environment (the rest, ARCH, JOBS, NVCC, KCACHEFS, SHIM, GPU_SMOKE, SMOKE_PROCS, is passed to

@@ -7,7 +7,7 @@
 # own manager on the mount and on the local disk (Triton without kcachefs), then one more
 # cold pair, local and managed. Every result is checked against PyTorch; compiles are
 # counted per kernel and key (scripts/triton_gpu.py says how). Prints a summary table, the
-# line "ratio managed cold / local cold (median per process)" (issue 21's target: <= 1.0x),
+# line "ratio managed cold / local cold (median per process)" (the target: <= 1.0x),
 # and PASS only if every managed cold round compiled each key once and the warm rounds
 # compiled nothing. The mount is always unmounted and its temp dir removed. Takes about 2-4
 # minutes.

@@ -11,7 +11,7 @@ each has imported torch and triton and made its CUDA context:
   plain cold     TRITON_CACHE_DIR=<mnt>/plain, Triton's own manager
   plain warm     the same again
   local cold     TRITON_CACHE_DIR=<temp dir on the local disk>/local, Triton's own manager:
-                 Triton as it runs without kcachefs, the baseline of issue 21's target
+                 Triton as it runs without kcachefs, the target's baseline
   local warm     the same again
   then --pairs - 1 more cold pairs in fresh directories, local first (default: one more),
   so that the ratio does not rest on one round each

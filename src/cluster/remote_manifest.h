@@ -109,7 +109,7 @@ int kc_manifest_rehash(const char *index, size_t len, char **manifest, size_t *m
  * hashed where the memo above lacks them, on helper threads (one per 16 headers, at most 7
  * and the CPUs this process may run on less one) beside this one: for a list's first
  * rehash on a node, the memo empty, where a joining node's first fetch hashed 133 host
- * headers one after the other while every other fetch waited (doc/performance.md). With
+ * headers one after the other while every other fetch waited. With
  * no helper to be had (a small list, one CPU) it is kc_manifest_rehash. Where several
  * headers fail, the error is the first's in the list's order, as there, and the threads
  * stop taking headers once one fails; but where the bytes in all pass

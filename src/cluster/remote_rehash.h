@@ -23,7 +23,7 @@
  * The watch is armed behind the fetches, not in their way. Arming it walks, watches, leases
  * and reads every header (3 ms for 133 host headers inside a join on an H200 node), and
  * every reader of a joining node waited for it before its first cubin: the largest part of
- * a 32-kernel join there (doc/performance.md). So a rehash of a list that the watch does
+ * a 32-kernel join there. So a rehash of a list that the watch does
  * not cover is a plain one (stats, and reads of what the memo lacks, spread over helper
  * threads at a list's first rehash: kc_manifest_rehash_spread), and its end starts one
  * thread, the armer, that arms the watch for the list and then runs one rehash under it.

@@ -4,7 +4,7 @@
  * A joining node's fetch compares a header list with this node's headers as they are when
  * it asks (remote_rehash.h): a stat of each of the list's 133 host headers per kernel, which
  * was the largest single part of a joining node's time per kernel on the 2-core build
- * machine (doc/performance.md). The watch lets a fetch take the list's last rehash instead, when
+ * machine. The watch lets a fetch take the list's last rehash instead, when
  * nothing that rehash looked at can have changed since it began:
  *
  * - Before a rehash looks at any header, kc_watch_arm puts an inotify watch on every listed

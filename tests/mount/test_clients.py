@@ -91,7 +91,7 @@ def test_a_write_cut_by_the_file_size_limit_stages_nothing(mount_factory):
 
 
 def test_every_stage_is_committed_when_its_close_returns(mount_factory, tmp_path):
-    """Point 4 of issue 13: an empty or never-written kernel.flags or kernel.cu, made by
+    """An empty or never-written kernel.flags or kernel.cu, made by
     open(O_CREAT|O_TRUNC), open(O_CREAT), mknod or a shell's "> file", is staged by the
     time close() (or mknod) returns: the next open of kernel.cubin sees the recipe. The
     compiler here rejects every compile, so that open answers EIO (recipe seen) at once
@@ -145,7 +145,7 @@ def sh(entry, script):
 
 
 def test_a_refusal_a_shell_ignored_is_told_by_the_entry(mount_factory):
-    """Point 5 of issue 13: a staged file refused at close by a writer that ignores close's
+    """A staged file refused at close by a writer that ignores close's
     status leaves kernel.log saying what was refused and why, and kernel.cubin answers EIO
     (not ENOENT) while that refusal is the entry's latest event; a valid stage clears it."""
     m = mount_factory()

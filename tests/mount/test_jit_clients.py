@@ -1,4 +1,4 @@
-"""Real JIT clients' cache protocols on the mount, unchanged (issue 4): DeepGEMM current and
+"""Real JIT clients' cache protocols on the mount, unchanged: DeepGEMM current and
 older, Triton's file cache and FlashInfer's lock file. Each runs as 8 processes at once on a
 cold mount, then again warm. Every process must load a valid cubin of each kernel, all the
 same bytes, with no error, and leave no temp file behind. The emulators are

@@ -1,4 +1,4 @@
-"""The NVRTC compile backend (issue 5): -o compiler=nvrtc for a whole mount, or
+"""The NVRTC compile backend: -o compiler=nvrtc for a whole mount, or
 --kcachefs-compiler=nvrtc in an entry's kernel.flags; part of the entry's identity. The
 backend, kcachefs-nvrtc, is run by the daemon as nvcc is (own process, timeout, log)."""
 import errno

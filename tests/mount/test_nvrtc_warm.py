@@ -1,4 +1,4 @@
-"""Warm NVRTC workers (issue 21): NVRTC compiles run in kcachefs-nvrtc --serve processes
+"""Warm NVRTC workers: NVRTC compiles run in kcachefs-nvrtc --serve processes
 that keep their automatic PCH from one compile to the next, one per compile uid, compiler,
 architecture, options and include set, in the compile's sandbox, bounded in idle time, and
 replaced after a crash or a timeout. Real NVRTC, real mounts."""

@@ -55,7 +55,7 @@ def refused(call, *args):
 
 
 def test_no_rename_exchange_or_link_changes_what_a_staged_name_holds(mount_factory, cubins):
-    """Point 1 of issue 13: every call that would change which bytes kernel.cu,
+    """Every call that would change which bytes kernel.cu,
     kernel.flags or kernel.cubin name, from either side, is refused with EPERM and a log
     line; the published bytes stay, across a remount too."""
     m = mount_factory()
@@ -132,7 +132,7 @@ def reader(path, want, renaming, stop, bad, errors):
 
 
 def test_discarded_rename_is_never_read_after_it_returns(mount_factory, cubins):
-    """Point 2 of issue 13: a valid cubin renamed over a published one is discarded; once
+    """A valid cubin renamed over a published one is discarded; once
     rename() returned, processes that open kernel.cubin read the published bytes, by read
     and by mmap."""
     m = mount_factory()
@@ -166,7 +166,7 @@ def test_discarded_rename_is_never_read_after_it_returns(mount_factory, cubins):
 
 
 def test_a_descriptor_that_no_longer_names_a_stage_cannot_write(mount_factory, cubins):
-    """Point 3 of issue 13: a file written, renamed onto kernel.cubin (published) and written
+    """A file written, renamed onto kernel.cubin (published) and written
     again through the same descriptor: the write fails and changes no cache; new opens,
     held descriptors and maps read the published bytes. A stage descriptor written again
     after its commit starts a new version that never reaches the published inode's pages."""

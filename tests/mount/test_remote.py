@@ -423,7 +423,7 @@ def test_waiter_is_told_not_polled(cluster):
 
 
 def test_header_changed_between_fetches_is_seen(cluster):
-    """Issue 22: a node that has fetched kernels of a header list, and may now take its
+    """A node that has fetched kernels of a header list, and may now take its
     manifest of that list on the watch's word (src/cluster/remote_watch.h), fetches no more
     of them once one of its listed headers has other bytes (the same size, the mtime kept):
     its next kernel is compiled, as the index's headers are not this node's."""
@@ -470,7 +470,7 @@ def checked_at_start(node):
 
 
 def test_a_node_started_later_needs_no_index(cluster):
-    """Issue 22: a node that starts after the cluster stored kernels checks, at start, the
+    """A node that starts after the cluster stored kernels checks, at start, the
     header lists that the cluster's lists record names against its own headers. Its first
     fetches then ask for their objects directly: with every kernel's index gone from the
     store, it still fetches them all (without the check its first look reads the index,
@@ -556,7 +556,7 @@ def test_a_refused_lists_record_costs_only_the_check(cluster, tmp_path, how):
 
 
 def test_nodes_of_two_images_alternating_each_compile_once(cluster):
-    """Issue 22: an index lists several manifests (one per image whose nodes compiled the
+    """An index lists several manifests (one per image whose nodes compiled the
     kernel), so nodes of two images that take turns each fetch their own image's cubins:
     each image compiles each kernel once. Past KC_MANIFEST_PER_KEY (4) images the oldest
     is dropped first."""

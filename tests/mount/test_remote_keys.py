@@ -1,4 +1,4 @@
-"""Issue 22 on the cluster: a key is made of bytes. Simulated nodes (daemons with their own
+"""On the cluster, a key is made of bytes. Simulated nodes (daemons with their own
 backing directory and mountpoint sharing one dir: store) run the real nvcc through the
 kcachefs-nvcc shim, with DeepGEMM-like kernels that include a header tree through -I.
 The same headers at another prefix, with other mtimes, or reinstalled, are one compile in

@@ -43,7 +43,7 @@ def test_cluster_on_sshfs(sshfs_cluster, export):
           % (KERNELS, len(sshfs_cluster.compiles()),
              total(sshfs_cluster.nodes, "remote_hits_total")))
     # the objects are on the server's disk, not only in sshfs's cache: a cubin and an index
-    # each, the one header list every kernel's compile read (key v2, issue 22), and the
+    # each, the one header list every kernel's compile read (key v2), and the
     # record that names that list
     stored = [p for p in (export.export / "objects").glob("*/*") if not p.name.startswith(".")]
     assert len(stored) == 2 * KERNELS + 2, stored

@@ -1,4 +1,4 @@
-"""The nvcc shim, kcachefs-nvcc (issue 4): unmodified DeepGEMM with
+"""The nvcc shim, kcachefs-nvcc: unmodified DeepGEMM with
 DG_JIT_NVCC_COMPILER=kcachefs-nvcc compiles each kernel once per node through the mount;
 calls it does not take over, and calls whose output is not on a kcachefs mount, behave
 exactly like nvcc."""
@@ -255,7 +255,7 @@ def kernel_source(tmp_path, i=0):
 
 
 def test_same_headers_at_two_prefixes_one_compile(mount_factory, counting_nvcc, tmp_path):
-    """Issue 22: a key is made of bytes. Two users' copies of one header tree (other paths,
+    """A key is made of bytes. Two users' copies of one header tree (other paths,
     other mtimes): one compile, one entry, byte-identical cubins. The tree touched, and
     reinstalled with the same bytes: no compile."""
     make_nvcc, calls = counting_nvcc
@@ -393,7 +393,7 @@ def test_lineinfo_keeps_paths_in_the_key(mount_factory, counting_nvcc, tmp_path)
     ["-arch=sm_120f"],
 ])
 def test_blackwell_targets_go_through_the_mount(mount_factory, counting_nvcc, tmp_path, target):
-    """Issue 22: one -gencode pair and the family or architecture-specific targets are the
+    """One -gencode pair and the family or architecture-specific targets are the
     mount's, keyed by the exact target; the cubin is nvcc's own."""
     make_nvcc, calls = counting_nvcc
     m = mount_factory(["nvcc=%s" % make_nvcc()])
@@ -676,7 +676,7 @@ def test_more_calls_only_nvcc_can_reproduce(mount_factory, tmp_path):
 
 
 def old_shim_flags(compiler, inc):
-    """kernel.flags as the shim before issue 22 staged it: the include tree fingerprinted by
+    """kernel.flags as the shim staged it before keys were made of bytes: the include tree fingerprinted by
     path, size and mtime, the key v1 over these exact bytes."""
     lines = []
     for f in sorted(p for p in inc.rglob("*") if p.is_file()):
@@ -697,7 +697,7 @@ def key_v1(source, flags):
 
 def test_upgrade_from_path_keys_no_client_sees_an_error(mount_factory, counting_nvcc,
                                                         tmp_path):
-    """Issue 22's upgrade: an entry the old shim staged (key v1 over path and mtime
+    """The upgrade of keys: an entry the old shim staged (key v1 over path and mtime
     fingerprints) stays valid under its old name across a restart, compiles nothing, and is
     never served under a new key: the new shim's call compiles under its own name (not
     migrated), and every call and open succeeds."""

@@ -1,4 +1,4 @@
-"""The Triton cache manager (python/kcachefs_triton, issue 15) on a real mount, driven through
+"""The Triton cache manager (python/kcachefs_triton) on a real mount, driven through
 the calls of Triton's compile() by tests/mount/triton_harness.py (a stand-in of
 triton.runtime.cache; no Triton here): each kernel compiled once per node by processes
 released together, waiters that load only whole groups, holders that die, raise or stall,

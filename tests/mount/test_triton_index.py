@@ -5,7 +5,7 @@ get_group returns the whole group as put_group published it, or a miss with a wa
 says why; it never raises, never blocks, and never opens a file outside the key directory.
 
 Most tests need no mount: the manager is told it is on one (its coordination is the same
-code); the regressions of issue 20 run through the calls of Triton's compile() on a real one.
+code); its regressions run through the calls of Triton's compile() on a real one.
 The fuzz is seeded, so a failure is repeated by running it again."""
 import copy
 import fcntl
@@ -141,7 +141,7 @@ def test_the_published_group_is_believed(cache, warnings):
     assert set(cache.record[RECORD]) == set(cache.good)
 
 
-# ---------------------------------------------------------------- issue 20's regressions
+# ---------------------------------------------------------------- regressions
 
 def with_entry(cache, child, entry):
     data = copy.deepcopy(cache.record)
@@ -175,7 +175,7 @@ def test_an_index_of_tritons_own_manager_is_a_miss(cache, warnings):
 
 
 def test_the_regressions_through_compile_on_the_mount(mount_factory, tmp_path):
-    """Issue 20 as the client saw it: each lie costs one compile, never the compile's life
+    """As the client saw it: each lie costs one compile, never the compile's life
     or a truncated cubin loaded."""
     m = mount_factory()
     root, counter = m.mnt / "triton", str(tmp_path / "compiles")
