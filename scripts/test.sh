@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # test.sh - set up, build and run every test, as CI does (.ci/run):
-#   1. the core's unit tests (meson, TAP) on the normal build (build/), and the mount tests
-#      of the basic contract (tests/mount/test_kernel_entry.py) on its daemon: the binary
-#      that ships serves a mount;
+#   1. the core's unit tests (meson, TAP) on the normal build (build/), and on its daemon the
+#      mount tests of the basic contract (test_kernel_entry.py: the binary that ships serves
+#      a mount) and of the cluster store over sshfs (test_remote_sshfs.py, see below);
 #   2. under AddressSanitizer and UBSan (build-asan/; any report fails the test that
 #      triggered it): the unit tests, then every mount test (pytest, real FUSE mounts, real
-#      nvcc), in parallel with pytest-xdist (-n 2, whole modules to a worker), less those
-#      marked serial (a machine-wide sysctl, conftest.py), which run alone after them;
+#      nvcc) but those of step 1, in parallel with pytest-xdist (-n 2, whole modules to a
+#      worker), less those marked serial (a machine-wide sysctl, conftest.py), which run
+#      alone after them;
 #   3. each libFuzzer target for FUZZ_SECONDS (default 20) from its seed corpus
 #      (build-fuzz/, clang), two at a time.
 # The mount tests run once, under the sanitizers: most of their time is nvcc and waiting,
@@ -114,6 +115,10 @@ run_mount() { # run_mount NAME BUILD_DIR [pytest args...]: mount tests on BUILD_
 	count_pytest "$name mount tests" "$base/$name.log" "${PIPESTATUS[0]}" "$([[ $name == *-serial ]] && echo 1)"
 }
 
+# On the normal build only: the basic contract, on the daemon that ships; and the cluster store
+# over sshfs, whose frozen-server case held readers for minutes under ASan (265 s, once more
+# than 600 s; 10 s on the normal build), not yet understood (doc/testing.md).
+normal_only=(tests/mount/test_kernel_entry.py tests/mount/test_remote_sshfs.py)
 jobs=${TEST_JOBS:-2}
 parallel=()
 [ "$jobs" -gt 0 ] 2>/dev/null && parallel=(-n "$jobs" --dist loadfile)
@@ -125,7 +130,7 @@ if [ "${KCACHEFS_TEST_QUICK:-0}" = 1 ]; then
 	run_mount normal-serial build -m serial tests/mount "$@"
 	step_done "unit and mount tests, normal build"
 else
-	run_mount normal build tests/mount/test_kernel_entry.py "$@"
+	run_mount normal build "${parallel[@]}" "${normal_only[@]}" "$@"
 	step_done "unit tests and the basic mount tests, normal build"
 	# A sanitizer report aborts the process (no recovery), so the test that triggered it fails.
 	export ASAN_OPTIONS=abort_on_error=0:detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1
@@ -134,7 +139,8 @@ else
 	if ninja -C build-asan >/dev/null; then
 		step_done "the sanitizer build (build-asan)"
 		run_unit sanitized build-asan
-		run_mount sanitized build-asan "${parallel[@]}" -m "not serial" tests/mount "$@"
+		run_mount sanitized build-asan "${parallel[@]}" -m "not serial" \
+			"${normal_only[@]/#/--ignore=}" tests/mount "$@"
 		run_mount sanitized-serial build-asan -m serial tests/mount "$@"
 		step_done "unit and mount tests, sanitizer build"
 	else
