@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # test.sh - set up, build and run every test, as CI does (.ci/run):
-#   1. the core's unit tests (meson, TAP) on the normal build (build/), and on its daemon the
-#      mount tests of the basic contract (test_kernel_entry.py: the binary that ships serves
-#      a mount) and of the cluster store over sshfs (test_remote_sshfs.py, see below);
+#   1. the core's unit tests (meson, TAP) on the normal build (build/), and on its daemon, in
+#      one process, the mount tests of the basic contract (test_kernel_entry.py: the binary
+#      that ships serves a mount) and of the cluster store over sshfs (test_remote_sshfs.py,
+#      see below);
 #   2. under AddressSanitizer and UBSan (build-asan/; any report fails the test that
 #      triggered it): the unit tests, then every mount test (pytest, real FUSE mounts, real
 #      nvcc) but those of step 1, in parallel with pytest-xdist (-n 2, whole modules to a
@@ -115,9 +116,10 @@ run_mount() { # run_mount NAME BUILD_DIR [pytest args...]: mount tests on BUILD_
 	count_pytest "$name mount tests" "$base/$name.log" "${PIPESTATUS[0]}" "$([[ $name == *-serial ]] && echo 1)"
 }
 
-# On the normal build only: the basic contract, on the daemon that ships; and the cluster store
-# over sshfs, whose frozen-server case held readers for minutes under ASan (265 s, once more
-# than 600 s; 10 s on the normal build), not yet understood (doc/testing.md).
+# On the normal build only, in one process: the basic contract, on the daemon that ships; and
+# the cluster store over sshfs, whose frozen-server case held its readers for minutes beside
+# another test (under ASan 265 s, then more than 600 s; once on the normal build too), against
+# about 10 s alone: a known fault, not yet fixed (doc/testing.md).
 normal_only=(tests/mount/test_kernel_entry.py tests/mount/test_remote_sshfs.py)
 jobs=${TEST_JOBS:-2}
 parallel=()
@@ -130,7 +132,7 @@ if [ "${KCACHEFS_TEST_QUICK:-0}" = 1 ]; then
 	run_mount normal-serial build -m serial tests/mount "$@"
 	step_done "unit and mount tests, normal build"
 else
-	run_mount normal build "${parallel[@]}" "${normal_only[@]}" "$@"
+	run_mount normal build "${normal_only[@]}" "$@"
 	step_done "unit tests and the basic mount tests, normal build"
 	# A sanitizer report aborts the process (no recovery), so the test that triggered it fails.
 	export ASAN_OPTIONS=abort_on_error=0:detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1
