@@ -1,4 +1,5 @@
-/* fs.h - the FUSE adapter's shared state and entry points.
+/* fs.h - the FUSE filesystem's shared state and entry points (fs/; the daemon's life in
+ * fs/life/ reads it: life.h).
  *
  * Owns: the mount's config, backing store, cache, inode table and notifier (one struct
  * kc_fs per mount, created in kcachefs.c and handed to libfuse as userdata).

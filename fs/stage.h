@@ -1,4 +1,4 @@
-/* stage.h - open file handles of the FUSE adapter, and the stage: the private temporary that
+/* stage.h - open file handles of the FUSE filesystem, and the stage: the private temporary that
  * a staged file (kernel.cu, kernel.flags, kernel.cubin in an entry) is written to until
  * the writer's close commits it into the entry through kc_cache_stage.
  *
