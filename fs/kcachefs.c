@@ -29,6 +29,7 @@
 #include "fs.h"
 #include "kc_build.h"
 #include "life.h"
+#include "unixsock.h"
 #include "log.h"
 #include "remote_tier.h"
 #include "reqtimeout.h"

@@ -62,8 +62,8 @@ void kc_ledger_close(struct kc_ledger *l);
  * CAP_DAC_READ_SEARCH: -EPERM; said in the log). Call before kc_ledger_attach. */
 long kc_ledger_restore(struct kc_ledger *l, struct kc_inode_table *t);
 
-/* Keep l current with t from here on (l becomes t's journal, inode.h), first recording every inode t holds
- * now (restored by a live upgrade or from the ledger). */
+/* Keep l current with t from here on (l becomes t's journal, inode.h), first recording
+ * every inode t holds now (restored by a live upgrade or from the ledger). */
 void kc_ledger_attach(struct kc_ledger *l, struct kc_inode_table *t);
 
 /* The journal's hooks (inode.h), called with the table's lock held; no effect without a

@@ -26,6 +26,7 @@
 #include "holder.h"
 #include "log.h"
 #include "stale.h"
+#include "unixsock.h"
 
 enum { MSG_HELLO = 1, MSG_OFFER, MSG_REFUSE, MSG_GO, MSG_ABORT, MSG_STATE, MSG_FAIL, MSG_ACK };
 #define MAX_MSG (256u << 20)
@@ -404,10 +405,11 @@ static int recv_fds(int s, int *fds, size_t n, int timeout_s)
 			return -ETIMEDOUT;
 		char byte;
 		size_t k;
-		ssize_t r = kc_recv_fds(s, &byte, 1, fds + got, n - got, &k);
+		int cut;
+		ssize_t r = kc_recv_fds(s, &byte, 1, fds + got, n - got, &k, &cut);
 		if (r < 0)
 			return (int)r;
-		if (r != 1) { /* not send_fds's message: its descriptors are not the ones asked for */
+		if (r != 1 || cut) { /* cut: the descriptors that came are closed, k is 0 */ /* not send_fds's message: its descriptors are not the ones asked for */
 			while (k)
 				close(fds[got + --k]);
 			return -EPROTO;

@@ -26,13 +26,10 @@
 #define KC_UPGRADE_H
 
 #include <stddef.h>
-#include <sys/socket.h>
 #include <sys/types.h>
-#include <sys/un.h>
 
 #include "fs.h"
 #include "handover.h"
-#include "unixsock.h"
 
 /* Seconds an upgrade request waits for the clients staging through open descriptors to
  * close them before it is refused. */

@@ -10,7 +10,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "io.h"
 #include "key.h"
 #include "log.h"
 

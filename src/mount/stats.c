@@ -128,8 +128,12 @@ size_t kc_stats_render(const struct kc_stats *s, const struct kc_stats_gauges *g
 		}
 		putf(buf, len, &used, "%s_sum %.6f\n%s_count %llu\n", h, sum, h, runs);
 	} else {
-		putf(buf, len, &used, "kcachefs %s, arch %s, compiler %s%s%s\n", info->version,
-		     info->arch, info->compiler, info->flags[0] ? ", flags " : "", info->flags);
+		/* put, not putf: a compiler identity may be longer than putf's line */
+		const char *head[] = {"kcachefs ", info->version, ", arch ", info->arch,
+				      ", compiler ", info->compiler, info->flags[0] ? ", flags " : "",
+				      info->flags, "\n"};
+		for (size_t i = 0; i < sizeof(head) / sizeof(head[0]); i++)
+			put(buf, len, &used, head[i]);
 		/* A group of a feature that is off is left out: the cluster store without
 		 * -o remote=, eviction without a bound (unless it evicted before one went). */
 		int shown[G_COUNT] = {1, 1, g->remote_set, g->max_bytes || g->max_entries ||

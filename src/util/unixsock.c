@@ -60,7 +60,7 @@ int kc_send_fds(int s, const void *buf, size_t len, const int *fds, size_t n)
 	return (size_t)r == len ? 0 : -EPIPE;
 }
 
-ssize_t kc_recv_fds(int s, void *buf, size_t len, int *fds, size_t max, size_t *nfds)
+ssize_t kc_recv_fds(int s, void *buf, size_t len, int *fds, size_t max, size_t *nfds, int *cut)
 {
 	struct iovec iov = {buf, len};
 	union fd_control u;
@@ -68,6 +68,8 @@ ssize_t kc_recv_fds(int s, void *buf, size_t len, int *fds, size_t max, size_t *
 			   .msg_controllen = sizeof(u.buf)};
 	ssize_t r;
 	*nfds = 0;
+	if (cut)
+		*cut = 0;
 	do
 		r = recvmsg(s, &m, MSG_CMSG_CLOEXEC);
 	while (r < 0 && errno == EINTR);
@@ -87,9 +89,12 @@ ssize_t kc_recv_fds(int s, void *buf, size_t len, int *fds, size_t max, size_t *
 		}
 	}
 	if (m.msg_flags & MSG_CTRUNC) {
-		while (*nfds)
+		while (*nfds) {
 			close(fds[--*nfds]);
-		return -EPROTO;
+			fds[*nfds] = -1;
+		}
+		if (cut)
+			*cut = 1;
 	}
 	return r;
 }

@@ -29,9 +29,11 @@ int kc_send_fds(int s, const void *buf, size_t len, const int *fds, size_t n);
 
 /* Receive one message of at most len bytes into buf, and the descriptors it carries
  * (close-on-exec) into fds, at most max of them (the rest are closed), their count in
- * *nfds; retries EINTR. Returns the message's length (0: the peer closed), -EPROTO when the
- * kernel cut the descriptors (MSG_CTRUNC: the sender sent more than KC_FDS_PER_MSG; those
- * that came are closed), or recvmsg's -errno. The caller owns the descriptors returned. */
-ssize_t kc_recv_fds(int s, void *buf, size_t len, int *fds, size_t max, size_t *nfds);
+ * *nfds; retries EINTR. Returns the message's length (0: the peer closed) or recvmsg's
+ * -errno. *cut (may be NULL) is set when the kernel cut the descriptors (MSG_CTRUNC: more
+ * than KC_FDS_PER_MSG were sent, or this process could not take them, at its RLIMIT_NOFILE
+ * or refused by a security module); those that came are then closed and *nfds is 0, and
+ * the message's bytes are still returned. The caller owns the descriptors returned. */
+ssize_t kc_recv_fds(int s, void *buf, size_t len, int *fds, size_t max, size_t *nfds, int *cut);
 
 #endif

@@ -1,7 +1,7 @@
-"""The holder (-o holder, fs/holder.h): a daemon killed (SIGKILL, a crash) with compiles in
+"""The holder (-o holder, fs/life/holder.h): a daemon killed (SIGKILL, a crash) with compiles in
 flight costs the requests it had read, not the mount: the holder starts it again on the same
 mount, which keeps working through its bind mount in another mount namespace; the dead
-daemon's node ids and handles are answered ESTALE / EBADF (fs/stale.h), never another
+daemon's node ids and handles are answered ESTALE / EBADF (fs/life/stale.h), never another
 file's bytes. A daemon that dies at once again and again is not restarted forever; a live
 upgrade under a holder makes the new daemon the one it watches.
 """
@@ -20,7 +20,7 @@ from conftest import KCACHEFS, Mount, elf_machine, elf_symbols, run_parallel
 from kcmount import (CAP_DAC_READ_SEARCH, EM_CUDA, NS_HELPER, daemons_of, has_capability,
                      mounts_at, ns_read, open_all, variant, wait_until)
 
-# The inode ledger is read back with open_by_handle_at (fs/ledger.h).
+# The inode ledger is read back with open_by_handle_at (fs/life/ledger.h).
 needs_ledger = pytest.mark.skipif(not has_capability(CAP_DAC_READ_SEARCH),
                                   reason="the inode ledger needs CAP_DAC_READ_SEARCH")
 
@@ -350,7 +350,7 @@ def test_names_made_after_a_crash_in_directories_the_kernel_held(tmp_path):
     """mkdir, create, rename and symlink in a directory whose dentry the kernel keeps from
     the dead daemon: the kernel retries ESTALE for an open, not for the lookup of the
     name a mkdir or a create makes, so the new daemon must answer the dead one's id of the
-    directory (the inode ledger, fs/ledger.h) or have the kernel look it up again (one
+    directory (the inode ledger, fs/life/ledger.h) or have the kernel look it up again (one
     failed mkdir is a DeepGEMM or Triton job dead at start-up)."""
     m, old, e, cubin = holder_mount_with_a_cubin(tmp_path)
     try:

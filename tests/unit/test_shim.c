@@ -597,6 +597,13 @@ static void test_stats_groups(void)
 	kc_stats_render(&st, &g, &info, KC_STATS_TEXT, text, sizeof(text));
 	CHECK(strstr(text, "\neviction:\n") && strstr(text, "  evictions          3\n"),
 	      "stats: evictions made before the bound was lifted still show");
+	char longid[700];
+	memset(longid, 'c', sizeof(longid) - 1);
+	longid[sizeof(longid) - 1] = '\0';
+	info.compiler = longid;
+	kc_stats_render(&st, &g, &info, KC_STATS_TEXT, text, sizeof(text));
+	CHECK(strstr(text, longid) && strstr(text, "c\nlocal cache:\n"),
+	      "stats: a compiler identity past 512 bytes is whole on its own line");
 }
 
 static void test_log_rewrite(void)
