@@ -119,7 +119,7 @@ run_mount() { # run_mount NAME BUILD_DIR [pytest args...]: mount tests on BUILD_
 # On the normal build only, in one process: the basic contract, on the daemon that ships; and
 # the cluster store over sshfs, whose frozen-server case held its readers for minutes beside
 # another test (under ASan 265 s, then more than 600 s; once on the normal build too), against
-# about 10 s alone: a known fault, not yet fixed (doc/testing.md).
+# about 10 s alone: a fault of the daemon, not yet fixed (doc/testing.md).
 normal_only=(tests/mount/test_kernel_entry.py tests/mount/test_remote_sshfs.py)
 jobs=${TEST_JOBS:-2}
 parallel=()
