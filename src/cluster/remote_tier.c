@@ -767,14 +767,10 @@ static void prewarm_start(struct kc_remote_tier *t)
  * bound (a slow store) it goes on behind the mount, as before. */
 static void prewarm_wait(struct kc_remote_tier *t)
 {
-	struct timespec until;
-	double t0 = kc_mono_s();
-	clock_gettime(CLOCK_REALTIME, &until);
-	until.tv_nsec += (long)(KC_REMOTE_PREWARM_WAIT_MS % 1000) * 1000000;
-	until.tv_sec += KC_REMOTE_PREWARM_WAIT_MS / 1000 + until.tv_nsec / 1000000000;
-	until.tv_nsec %= 1000000000;
 	if (!t->prewarm_live)
 		return;
+	double t0 = kc_mono_s();
+	struct timespec until = kc_wall_after_ms(KC_REMOTE_PREWARM_WAIT_MS);
 	if (pthread_timedjoin_np(t->prewarm, NULL, &until) == 0) {
 		t->prewarm_live = 0;
 		kc_log(KC_LOG_INFO, "cluster store: the cluster's header lists checked in %.0f ms, "

@@ -158,13 +158,7 @@ void kc_cond_wait_briefly(pthread_cond_t *cond, pthread_mutex_t *lock)
 {
 	/* the condition's clock is CLOCK_REALTIME: short waits, the callers' deadlines
 	 * monotonic, so a step of the wall clock costs at most one wait */
-	struct timespec until;
-	clock_gettime(CLOCK_REALTIME, &until);
-	until.tv_nsec += 100000000L;
-	if (until.tv_nsec >= 1000000000L) {
-		until.tv_sec++;
-		until.tv_nsec -= 1000000000L;
-	}
+	struct timespec until = kc_wall_after_ms(100);
 	pthread_cond_timedwait(cond, lock, &until);
 }
 

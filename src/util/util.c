@@ -52,9 +52,10 @@ int64_t kc_wall_ms(void)
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-struct timespec kc_mono_after_ms(unsigned ms)
+/* The clock id's now plus ms, normalised. */
+static struct timespec after_ms(clockid_t id, unsigned ms)
 {
-	struct timespec ts = clock_now(CLOCK_MONOTONIC);
+	struct timespec ts = clock_now(id);
 	ts.tv_sec += ms / 1000;
 	ts.tv_nsec += (long)(ms % 1000) * 1000000L;
 	if (ts.tv_nsec >= 1000000000L) {
@@ -62,6 +63,16 @@ struct timespec kc_mono_after_ms(unsigned ms)
 		ts.tv_nsec -= 1000000000L;
 	}
 	return ts;
+}
+
+struct timespec kc_mono_after_ms(unsigned ms)
+{
+	return after_ms(CLOCK_MONOTONIC, ms);
+}
+
+struct timespec kc_wall_after_ms(unsigned ms)
+{
+	return after_ms(CLOCK_REALTIME, ms);
 }
 
 int kc_cond_init_mono(pthread_cond_t *cond)

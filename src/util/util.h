@@ -33,6 +33,11 @@ int64_t kc_mono_ms(void);
  * condition initialised with kc_cond_init_mono. */
 struct timespec kc_mono_after_ms(unsigned ms);
 
+/* CLOCK_REALTIME now plus ms: a deadline only for calls that take no other clock
+ * (pthread_timedjoin_np, a condition on the default clock), kept short, as a step of the
+ * wall clock stretches or cuts it. */
+struct timespec kc_wall_after_ms(unsigned ms);
+
 /* Initialise cond on CLOCK_MONOTONIC (its timed waits then take kc_mono_after_ms times).
  * Returns 0 or the positive error of pthread_cond_init. */
 int kc_cond_init_mono(pthread_cond_t *cond);

@@ -37,6 +37,11 @@ static void test_clocks(void)
 	double d = (t.tv_sec - now.tv_sec) + (t.tv_nsec - now.tv_nsec) / 1e9;
 	CHECK(d > 1.0 && d <= 1.5 && t.tv_nsec < 1000000000L,
 	      "deadline: 1.5 s ahead on the monotonic clock, normalised");
+	t = kc_wall_after_ms(1999);
+	clock_gettime(CLOCK_REALTIME, &now);
+	d = (t.tv_sec - now.tv_sec) + (t.tv_nsec - now.tv_nsec) / 1e9;
+	CHECK(d > 1.5 && d <= 1.999 && t.tv_nsec < 1000000000L,
+	      "deadline: 2 s ahead on the wall clock, normalised");
 	CHECK(kc_wall_ms() / 1000 - time(NULL) <= 1 && time(NULL) - kc_wall_ms() / 1000 <= 1,
 	      "wall clock: milliseconds since the epoch");
 }
