@@ -57,21 +57,22 @@ static const char *root_digest(const char *flags, size_t len, const char *dir, s
 	return NULL;
 }
 
-int kc_key_canonical(const char *flags, size_t len, const char *extra, int key_paths,
-		     char **out, size_t *outlen)
+int kc_key_keeps_paths(const char *flags, size_t len, const char *extra, int key_paths)
 {
-	int roots = 0, keep_paths = key_paths || has_path_flag(flags, len) ||
-				    (extra && has_path_flag(extra, strlen(extra)));
-	const char *d, *dir;
-	size_t dl;
+	return key_paths || has_path_flag(flags, len) ||
+	       (extra && has_path_flag(extra, strlen(extra)));
+}
 
-	for (size_t off = 0; off < len && !roots;) {
-		const char *nl = memchr(flags + off, '\n', len - off);
-		roots = kc_tree_root_line(flags + off, line_len(flags + off, len - off), &d, &dir, &dl);
-		off = nl ? (size_t)(nl - flags) + 1 : len;
-	}
-	if (!roots)
-		return 0;
+static int keep_line(FILE *f, const struct kc_flags_line *l, void *arg)
+{
+	(void)f, (void)l, (void)arg;
+	return 0;
+}
+
+int kc_key_rewrite(const char *flags, size_t len,
+		   int (*fn)(FILE *f, const struct kc_flags_line *l, void *arg), void *arg,
+		   char **out, size_t *outlen)
+{
 	char *buf = NULL;
 	size_t used = 0;
 	FILE *f = open_memstream(&buf, &used);
@@ -85,13 +86,8 @@ int kc_key_canonical(const char *flags, size_t len, const char *extra, int key_p
 		snprintf(copy, sizeof(copy), "%.*s", (int)(ll < 4100 ? ll : 4100), line);
 		/* a line with a NUL or longer than copy is kept as it is (no flag of the mount's) */
 		const char *inc = ll < 4100 && strlen(copy) == ll ? kc_flags_include_dir(copy) : NULL;
-		const char *digest = inc && !keep_paths ? root_digest(flags, len, inc, strlen(inc))
-							: NULL;
-		if (!keep_paths && kc_tree_root_line(line, ll, &d, &dir, &dl))
-			fprintf(f, "%s%.*s\n", KC_TREE_ROOT_TAG, KC_SHA256_HEXLEN, d);
-		else if (digest)
-			fprintf(f, "%.*s%.*s\n", (int)(inc - copy), copy, KC_SHA256_HEXLEN, digest);
-		else
+		struct kc_flags_line l = {line, ll, inc ? copy : NULL, inc};
+		if (!fn(f, &l, arg))
 			fprintf(f, "%.*s\n", (int)ll, line);
 	}
 	if (fclose(f) != 0) {
@@ -100,7 +96,50 @@ int kc_key_canonical(const char *flags, size_t len, const char *extra, int key_p
 	}
 	*out = buf;
 	*outlen = used;
-	return 1;
+	return 0;
+}
+
+/* kc_key_canonical's rewrite of a line: a root line loses its dir, an include argument of
+ * a root's dir names the root's digest (arg: the flags text, whose roots those are). */
+struct canon_arg {
+	const char *flags;
+	size_t len;
+};
+
+static int canon_line(FILE *f, const struct kc_flags_line *l, void *arg)
+{
+	const struct canon_arg *c = arg;
+	const char *d, *dir, *digest;
+	size_t dl;
+	if (kc_tree_root_line(l->line, l->ll, &d, &dir, &dl)) {
+		fprintf(f, "%s%.*s\n", KC_TREE_ROOT_TAG, KC_SHA256_HEXLEN, d);
+		return 1;
+	}
+	if (l->inc && (digest = root_digest(c->flags, c->len, l->inc, strlen(l->inc)))) {
+		fprintf(f, "%.*s%.*s\n", (int)(l->inc - l->copy), l->copy, KC_SHA256_HEXLEN, digest);
+		return 1;
+	}
+	return 0;
+}
+
+int kc_key_canonical(const char *flags, size_t len, const char *extra, int key_paths,
+		     char **out, size_t *outlen)
+{
+	int roots = 0, keep_paths = kc_key_keeps_paths(flags, len, extra, key_paths);
+	const char *d, *dir;
+	size_t dl;
+
+	for (size_t off = 0; off < len && !roots;) {
+		const char *nl = memchr(flags + off, '\n', len - off);
+		roots = kc_tree_root_line(flags + off, line_len(flags + off, len - off), &d, &dir, &dl);
+		off = nl ? (size_t)(nl - flags) + 1 : len;
+	}
+	if (!roots)
+		return 0;
+	if (keep_paths) /* as it is, each line with a newline */
+		return kc_key_rewrite(flags, len, keep_line, NULL, out, outlen) ? -ENOMEM : 1;
+	struct canon_arg c = {flags, len};
+	return kc_key_rewrite(flags, len, canon_line, &c, out, outlen) ? -ENOMEM : 1;
 }
 
 int kc_key_compute(const void *source, size_t source_len, const void *flags, size_t flags_len,

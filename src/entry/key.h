@@ -20,6 +20,7 @@
 #define KC_KEY_H
 
 #include <stddef.h>
+#include <stdio.h>
 #include <sys/ioctl.h>
 
 #include "hash.h"
@@ -39,6 +40,27 @@
  * roots (a v2 key); 0 when it names none (keyed as it is, *out untouched); -ENOMEM. */
 int kc_key_canonical(const char *flags, size_t len, const char *extra, int key_paths,
 		     char **out, size_t *outlen);
+
+/* A line of a kernel.flags text as kc_key_rewrite hands it over: the line (ll bytes, no
+ * newline) and, when it is an include argument (-I<dir>, --include-path=<dir>), a copy of
+ * it (copy, NUL-terminated) and its dir within that copy (inc); else both NULL. */
+struct kc_flags_line {
+	const char *line;
+	size_t ll;
+	const char *copy, *inc;
+};
+
+/* Rewrite a kernel.flags text (flags, len bytes) line by line into *out (malloc'd) /
+ * *outlen: fn(f, l, arg) writes a line's replacement, with its newline, to f and returns
+ * 1, or returns 0 to keep the line as it is. A line with a NUL or of 4100 bytes or more is
+ * never an include argument. Returns 0 or -ENOMEM. */
+int kc_key_rewrite(const char *flags, size_t len,
+		   int (*fn)(FILE *f, const struct kc_flags_line *l, void *arg), void *arg,
+		   char **out, size_t *outlen);
+
+/* Whether the canonical form of flags (len bytes; extra and key_paths as above) keeps the
+ * include roots' paths: key_paths, or a flag that puts paths into the output. */
+int kc_key_keeps_paths(const char *flags, size_t len, const char *extra, int key_paths);
 
 /* Compute the key of (source, flags), canonical when flags names include roots.
  * Returns 0 or -ENOMEM. */
