@@ -3,11 +3,13 @@
 #include "compile.h"
 
 #include <elf.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -16,8 +18,8 @@
 #include <sys/mman.h>
 #include <sys/pidfd.h>
 #include <sys/stat.h>
-#include <sys/statvfs.h>
 #include <sys/resource.h>
+#include <sys/statvfs.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -369,6 +371,7 @@ static pid_t spawn_compiler(const struct kc_compile_spec *spec, char *const argv
 		.started = slot >= 0 ? track_started : NULL, .arg = &running[slot >= 0 ? slot : 0],
 	};
 	compiler_limits(&sp, spec->timeout_s, extra_cpu_s);
+	sp.idle = spec->idle && !(spec->promote && atomic_load(spec->promote));
 	pid_t pid = kc_sandbox_spawn(&sp, bad_dir, why, whylen);
 	free(dirs);
 	return pid;
@@ -905,6 +908,11 @@ int kc_compile_run(const struct kc_compile_spec *spec, struct kc_compile_outcome
 			 bad_dir >= 0 ? "include directory " : "compiler ", why, as);
 		return 0;
 	}
+	if (spec->idle && spec->group) { /* a client that began to wait meanwhile promotes it */
+		atomic_store(spec->group, (int)pid);
+		if (spec->promote && atomic_load(spec->promote))
+			kc_compile_promote(pid);
+	}
 	/* Recorded so that a daemon restarted after a crash can kill this group (store.c). */
 	int fd = openat(spec->scratch_fd, "pgid", O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW |
 			O_CLOEXEC, 0600);
@@ -917,6 +925,8 @@ int kc_compile_run(const struct kc_compile_spec *spec, struct kc_compile_outcome
 		snprintf(out->why, sizeof(out->why), "daemon is shutting down");
 	pthread_mutex_unlock(&running_lock);
 	int w = wait_compiler(pid, spec->timeout_s, &status);
+	if (spec->idle && spec->group)
+		atomic_store(spec->group, 0);
 	pthread_mutex_lock(&running_lock);
 	running[slot] = -1; /* reaped: its pid may be another process's soon */
 	pthread_mutex_unlock(&running_lock);
@@ -1049,4 +1059,35 @@ void kc_compile_outcome_free(struct kc_compile_outcome *out)
 	free(out->deps);
 	out->deps = NULL;
 	out->deps_len = 0;
+}
+
+void kc_compile_promote(pid_t group)
+{
+	if (group <= 0)
+		return;
+	DIR *d = opendir("/proc");
+	struct dirent *e;
+	while (d && (e = readdir(d))) {
+		char path[64], buf[512];
+		pid_t pid = (pid_t)atoi(e->d_name);
+		if (pid <= 0)
+			continue;
+		snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+		int fd = open(path, O_RDONLY | O_CLOEXEC);
+		ssize_t n = fd >= 0 ? read(fd, buf, sizeof(buf) - 1) : -1;
+		if (fd >= 0)
+			close(fd);
+		if (n <= 0)
+			continue;
+		buf[n] = '\0';
+		const char *rp = strrchr(buf, ')'); /* after the command, which may hold anything */
+		int pgrp = 0;
+		if (!rp || sscanf(rp + 1, " %*c %*d %d", &pgrp) != 1 || pgrp != group)
+			continue;
+		struct sched_param none_prio = {0};
+		sched_setscheduler(pid, SCHED_OTHER, &none_prio);
+		setpriority(PRIO_PROCESS, (id_t)pid, KC_COMPILE_NICE);
+	}
+	if (d)
+		closedir(d);
 }

@@ -9,6 +9,7 @@
 #ifndef KC_COMPILE_H
 #define KC_COMPILE_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <sys/types.h>
 
@@ -61,6 +62,14 @@ struct kc_compile_spec {
 				    * and flags (a process per compile when none can start) */
 	unsigned long compiler_gen; /* the compiler identity's generation (identity.h): part of
 				    * a worker's key, so a replaced compiler gets new workers */
+	int idle;                  /* a process per compile (not warm) in the idle scheduling
+				    * class (SCHED_IDLE, sched(7)): a compile ahead, which only
+				    * takes CPU time nothing else wants */
+	atomic_int *group;         /* with idle, or NULL: the compiler's process group while it
+				    * runs, else 0 (kc_compile_promote) */
+	atomic_int *promote;       /* with idle, or NULL: set (by kc_compile_promote's caller) when
+				    * a client waits for this compile: it then runs at
+				    * KC_COMPILE_NICE in the normal class, from its start on */
 };
 
 struct kc_compile_outcome {
@@ -141,5 +150,10 @@ void kc_compile_shutdown(void);
  * after daemonizing and before any compile. Returns 0, or -errno (not started: compiles
  * left by a daemon that dies are then killed only at the next start). */
 int kc_compile_watch(unsigned first_uid, int lock_fd);
+
+/* Move the process group group (a compile's, kc_compile_spec.group) from the idle class to
+ * the normal one at KC_COMPILE_NICE, every member process (found in /proc); 0: nothing.
+ * Processes it starts later inherit it. */
+void kc_compile_promote(pid_t group);
 
 #endif

@@ -79,6 +79,10 @@ static void child(const struct kc_spawn *sp, int pipe_fd, int devnull, pid_t par
 	    setrlimit(RLIMIT_CORE, &core) != 0)
 		fail_child(pipe_fd, errno, STAGE_SETUP);
 	setpriority(PRIO_PROCESS, 0, sp->nice);
+	if (sp->idle) { /* lowering a policy needs no privilege; refused, it runs at nice */
+		struct sched_param none_prio = {0};
+		sched_setscheduler(0, SCHED_IDLE, &none_prio);
+	}
 	umask(077); /* the daemon runs with 0 (fs/kcachefs.c); a compiler's files are its own */
 	/* Raw system calls: glibc's setuid() would try to reach threads the child lacks. */
 	if (sp->uid != KC_SANDBOX_AS_DAEMON &&

@@ -32,6 +32,7 @@ struct kc_spawn {
 	gid_t gid;
 	int ns_flags;        /* CLONE_NEW* to start it in (kc_sandbox_namespaces gives them) */
 	int nice;            /* nice value */
+	int idle;            /* run in the idle scheduling class (SCHED_IDLE) */
 	struct rlimit as, fsize, cpu, nofile; /* RLIMIT_AS, _FSIZE, _CPU, _NOFILE; no cores */
 	const char *const *dirs; /* NULL-terminated (or NULL): paths that must be directories
 				  * the program can reach and search, checked as uid before it
