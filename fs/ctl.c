@@ -31,7 +31,7 @@ char *kc_ctl_stats_text(struct kc_fs *fs, const struct kc_inode *in, size_t *len
 {
 	enum kc_stats_format format = in->virt == KC_VIRT_METRICS ? KC_STATS_PROMETHEUS
 								   : KC_STATS_TEXT;
-	struct kc_stats_gauges g;
+	struct kc_stats_gauges g = {0};
 	struct kc_evict_stats es;
 	kc_cache_gauges(&fs->cache, &g);
 	g.parked = __atomic_load_n(&fs->parked, __ATOMIC_RELAXED);

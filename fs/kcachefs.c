@@ -27,6 +27,7 @@
 #include "compile.h"
 #include "stage.h"
 #include "fs.h"
+#include "history.h"
 #include "kc_build.h"
 #include "life.h"
 #include "unixsock.h"
@@ -38,7 +39,7 @@ struct kc_opts {
 	char *backing;
 	char *nvcc, *arch, *flags, *log_level, *compiler;
 	char *jobs, *compile_timeout, *max_source_size, *max_inodes; /* numbers, checked in main */
-	char *nvrtc_idle;
+	char *nvrtc_idle, *ahead;
 	char *max_size, *max_entries, *compile_uids;
 	char *remote, *remote_auth, *remote_key, *remote_mode; /* the cluster store */
 	char *remote_lease, *remote_wait, *remote_timeout;
@@ -52,6 +53,7 @@ static const struct fuse_opt kc_opt_spec[] = {
 	OPT("arch=%s", arch),
 	OPT("flags=%s", flags),
 	OPT("jobs=%s", jobs),
+	OPT("ahead=%s", ahead),
 	OPT("compile_timeout=%s", compile_timeout),
 	OPT("nvrtc_idle=%s", nvrtc_idle),
 	OPT("max_source_size=%s", max_source_size),
@@ -131,6 +133,9 @@ static void usage(const char *prog)
 	       "    -o flags='A B'         arguments added to every compile (blank separated;\n"
 	       "                           escape commas as \\,)\n"
 	       "    -o jobs=N              concurrent compiles, at most 256 (default: online CPUs)\n"
+	       "    -o ahead=N             when a kernel another image asked is asked under new\n"
+	       "                           headers, compile up to N of that image's others ahead,\n"
+	       "                           in idle job slots (default %d, at most %d); 0: off\n"
 	       "    -o compile_timeout=S   kill a compile after S seconds (default %d)\n"
 	       "    -o nvrtc_idle=S        stop a warm NVRTC worker idle for S seconds\n"
 	       "                           (default %d); 0: a process per NVRTC compile\n"
@@ -170,7 +175,8 @@ static void usage(const char *prog)
 	       "                           compile here (default %d)\n"
 	       "    -o remote_timeout=MS   bound of each store operation (default %d)\n"
 	       "    -o log_level=LEVEL     error, warning, info (default) or debug\n\n",
-	       prog, prog, KC_DEFAULT_ARCH, KC_DEFAULT_COMPILE_TIMEOUT, KC_NVRTC_IDLE_DEFAULT,
+	       prog, prog, KC_DEFAULT_ARCH, KC_DEFAULT_AHEAD, KC_HISTORY_MAX_RECIPES,
+	       KC_DEFAULT_COMPILE_TIMEOUT, KC_NVRTC_IDLE_DEFAULT,
 	       KC_DEFAULT_COMPILE_UIDS,
 	       KC_DEFAULT_MAX_SOURCE, KC_REMOTE_DEFAULT_LEASE, KC_REMOTE_DEFAULT_WAIT,
 	       KC_REMOTE_DEFAULT_TIMEOUT);
@@ -497,8 +503,9 @@ static int configure(struct start *s, struct kc_fs *fs)
 {
 	struct kc_opts *o = &s->o;
 	unsigned long jobs = 0, timeout = 0, max_source = 0;
-	unsigned long nvrtc_idle = KC_NVRTC_IDLE_DEFAULT;
+	unsigned long nvrtc_idle = KC_NVRTC_IDLE_DEFAULT, ahead = KC_DEFAULT_AHEAD;
 	if (parse_number("jobs", o->jobs, 1, KC_COMPILE_SLOTS, &jobs) ||
+	    parse_number("ahead", o->ahead, 0, KC_HISTORY_MAX_RECIPES, &ahead) ||
 	    parse_number("compile_timeout", o->compile_timeout, 1, 7 * 86400, &timeout) ||
 	    parse_number("nvrtc_idle", o->nvrtc_idle, 0, 86400, &nvrtc_idle) ||
 	    parse_number("max_source_size", o->max_source_size, 1, 1ul << 30, &max_source) ||
@@ -532,6 +539,7 @@ static int configure(struct start *s, struct kc_fs *fs)
 	fs->cfg.arch = o->arch;
 	fs->cfg.flags = o->flags;
 	fs->cfg.jobs = (unsigned)jobs;
+	fs->cfg.ahead = (unsigned)ahead;
 	fs->cfg.compile_timeout = (unsigned)timeout;
 	fs->cfg.nvrtc_idle = (unsigned)nvrtc_idle;
 	fs->cfg.nvrtc_cold = nvrtc_idle == 0;
@@ -806,7 +814,7 @@ static void start_free(struct start *s)
 	char **strings[] = {
 		&s->cmd.mountpoint, &s->o.backing, &s->o.nvcc, &s->o.arch, &s->o.flags,
 		&s->o.log_level, &s->o.jobs, &s->o.compiler, &s->o.compile_timeout,
-		&s->o.nvrtc_idle, &s->o.max_source_size, &s->o.max_inodes, &s->o.max_size,
+		&s->o.nvrtc_idle, &s->o.ahead, &s->o.max_source_size, &s->o.max_inodes, &s->o.max_size,
 		&s->o.max_entries, &s->o.compile_uids, &s->o.remote, &s->o.remote_auth,
 		&s->o.remote_key, &s->o.remote_mode, &s->o.remote_lease, &s->o.remote_wait,
 		&s->o.remote_timeout,

@@ -31,6 +31,7 @@ int kc_cache_init(struct kc_cache *c, const struct kc_config *cfg, struct kc_sto
 		return -errno;
 	if (remote && !(c->shares = kc_pool_create(cfg->jobs)))
 		return -errno;
+	kc_cache_ahead_open(c); /* a failure is said; the mount goes on without it */
 	/* at most one warm NVRTC worker per job slot: each serves one compile at a time */
 	if (cfg->nvrtc && !cfg->nvrtc_cold &&
 	    !(c->nvrtc = kc_nvrtc_pool_create(store, cfg->jobs ? cfg->jobs : 1,
@@ -47,12 +48,14 @@ unsigned kc_cache_settle(struct kc_cache *c, double timeout_s)
 
 void kc_cache_shutdown(struct kc_cache *c)
 {
+	kc_cache_ahead_stop(c); /* no compile ahead starts from here on */
 	kc_compile_shutdown();
 	if (c->remote)
 		kc_remote_tier_stop(c->remote); /* compiles waiting on other nodes go on here */
 	if (c->pool)
 		kc_pool_destroy(c->pool);
 	c->pool = NULL;
+	kc_cache_ahead_close(c); /* its workers, which may queue shares too */
 	if (c->shares)
 		kc_pool_destroy(c->shares); /* after the compiles, which queue shares */
 	c->shares = NULL;
@@ -198,6 +201,7 @@ int kc_cache_lookup_cubin(struct kc_cache *c, int entry_fd, struct kc_waiter *w,
 		}
 		j->c = c;
 		j->key = key;
+		j->slots = kc_cache_job_slots(c);
 		j->entry_fd = fcntl(entry_fd, F_DUPFD_CLOEXEC, 0);
 		if (j->entry_fd < 0 || kc_pool_submit(c->pool, kc_cache_compile_job, j) != 0) {
 			if (j->entry_fd >= 0)
@@ -222,4 +226,5 @@ void kc_cache_gauges(struct kc_cache *c, struct kc_stats_gauges *g)
 	g->flights = kc_flight_count(&c->flights);
 	g->remote_set = c->remote != NULL;
 	g->remote_up = c->remote ? (unsigned)kc_remote_tier_up(c->remote) : 0;
+	kc_cache_ahead_gauges(c, g);
 }

@@ -48,6 +48,7 @@ struct kc_cache {
 	struct kc_remote_tier *remote; /* borrowed, may be NULL: the cluster store */
 	struct kc_nvrtc_pool *nvrtc;  /* warm NVRTC workers, or NULL (no NVRTC backend, or
 				       * -o nvrtc_idle=0) */
+	struct kc_ahead *ahead;       /* compile ahead (ahead.c), or NULL: -o ahead=0 */
 	struct kc_tree_memo *tree_memo; /* file digests of the include roots checked before a
 					 * compile (tree.h), or NULL (out of memory: read all) */
 };

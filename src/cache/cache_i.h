@@ -8,16 +8,25 @@
 #define KC_CACHE_I_H
 
 #include "cache.h"
+#include "code.h"
 #include "flags.h"
 #include "recipe.h"
 #include "remote_tier.h"
 
-/* One compile of an entry's recipe, queued by kc_cache_lookup_cubin for its leader. */
+struct ahead_item;
+
+/* One compile of an entry's recipe, queued by kc_cache_lookup_cubin for its leader, or a
+ * compile ahead (ahead.c) of an entry of .kcachefs/ahead/entries/. */
 struct compile_job {
 	struct kc_cache *c;
 	struct kc_flight_key key;
 	int entry_fd;
 	struct kc_recipe recipe;
+	struct ahead_item *ahead; /* a compile ahead's item, or NULL: a client's compile */
+	struct kc_slots *slots;   /* with a cluster store, the slots that bound this job's
+				   * compiles (the clients' or the compiles ahead's), else NULL */
+	atomic_int *group, *promote; /* a compile ahead's (compile.h), else NULL */
+	double seconds;           /* the compiler's run, once it ran */
 	int rejection;  /* the entry carried a rejection (another recipe's) when looked up */
 	int transient; /* set by run_compile: the failure had a passing cause */
 	/* Set by run_compile when a published compile is to be shared (share_fd >= 0): the
@@ -96,5 +105,53 @@ int kc_cache_held_off(struct kc_cache *c, const struct kc_flight_key *key, const
 
 /* A worker's compile job (arg: a struct compile_job, owned: freed when done). */
 void kc_cache_compile_job(void *arg);
+
+/* A compile ahead worker's job (arg: its struct ahead_item, owned by ahead.c). */
+void kc_cache_ahead_job(void *arg);
+
+/* ahead.c: compile ahead (code.h, history.h). Every function is a no-op, or says "none",
+ * when c->ahead is NULL (-o ahead=0, or its directory could not be made). */
+
+/* Open .kcachefs/ahead/ (histories and the entries compiled ahead) and start the compile
+ * ahead workers: c->ahead. Returns 0, or -errno (logged; the mount goes on without it). */
+int kc_cache_ahead_open(struct kc_cache *c);
+
+/* Stop: compiles ahead not started are dropped (running ones end with every compile). */
+void kc_cache_ahead_stop(struct kc_cache *c);
+
+/* After the pools stopped: free everything. */
+void kc_cache_ahead_close(struct kc_cache *c);
+
+/* A client asked for the recipe r (keys k, code form blank/blen) and it was not published:
+ * remember it in its context's history (saved in the backing directory, and with a
+ * cluster store put there), and when its shape is in another context's history, plan that
+ * history's other recipes under this context's include roots: each is queued to run(item)
+ * in the compile ahead workers (at most -o ahead= per trigger, each once). */
+void kc_cache_ahead_note(struct kc_cache *c, const struct kc_recipe *r,
+			 const struct kc_code *k, const char *blank, size_t blen, kc_job_fn run);
+
+/* The entry compiled ahead under code, for a client's compile of that code: when a compile
+ * ahead of it is queued, it is dropped (the client's compile runs now, never twice); when
+ * one runs, this waits for it (after promoting it to the compiles' normal class). Returns
+ * an O_PATH fd (the caller closes it) of the entry whose cubin is published and checked, or
+ * -1: none, compile it. */
+int kc_cache_ahead_wait(struct kc_cache *c, const char *code);
+
+/* The compile ahead worker's start of item (a run's argument): waits until a job slot is
+ * idle (no client's compile queued, fewer than -o jobs running in all), makes the entry,
+ * and becomes its flight's leader. Returns the job to run (run_compile), or NULL when the
+ * item was dropped (a client's compile took it, the mount stops, it failed: logged). */
+struct compile_job *kc_cache_ahead_begin(struct ahead_item *it);
+
+/* The end of a compile ahead begun with kc_cache_ahead_begin: result is run_compile's,
+ * seconds the compiler's. Before its flight is finished. */
+void kc_cache_ahead_end(struct kc_cache *c, struct ahead_item *it, int result, double seconds);
+
+/* The compile ahead gauges into g. */
+void kc_cache_ahead_gauges(struct kc_cache *c, struct kc_stats_gauges *g);
+
+/* One use of a compile ahead by a client's compile (kc_cache_ahead_wait's entry published
+ * into the client's): counted. */
+void kc_cache_ahead_used(struct kc_cache *c, const char *code);
 
 #endif

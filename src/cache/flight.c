@@ -112,7 +112,7 @@ static void take(struct kc_waiter **list, int (*pred)(struct kc_waiter *w, void 
 {
 	for (struct kc_waiter **p = list; *p;) {
 		struct kc_waiter *w = *p;
-		if (pred(w, arg)) {
+		if (!w->internal && pred(w, arg)) {
 			*p = w->next;
 			w->next = *out;
 			*out = w;

@@ -22,6 +22,8 @@ struct kc_waiter {
 	kc_waiter_fn done;
 	int fetch_only; /* waits for a fetch only: served with -EINPROGRESS when its flight
 			 * goes on to compile (kc_flight_compiling) */
+	int internal;   /* a thread of the daemon waits (a client's compile for a compile
+			 * ahead), not a request: kc_flight_sweep leaves it */
 };
 
 struct kc_flight_key {
@@ -71,7 +73,7 @@ unsigned kc_flight_finish(struct kc_flight_table *t, const struct kc_flight_key 
  * once (kc_flight_join). Returns the number served. */
 unsigned kc_flight_compiling(struct kc_flight_table *t, const struct kc_flight_key *key);
 
-/* Remove every queued waiter for which pred(w, arg) is nonzero (called under the table
+/* Remove every queued waiter but internal ones for which pred(w, arg) is nonzero (called under the table
  * lock, so w is not served meanwhile) and return them as a list linked by next; their done
  * is not called, the caller owns them. */
 struct kc_waiter *kc_flight_sweep(struct kc_flight_table *t,

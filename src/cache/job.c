@@ -15,6 +15,8 @@
 #include "reqtimeout.h"
 #include "util.h"
 
+#define KC_MAX_CUBIN_READ (256u << 20) /* bytes of a cubin compiled ahead read back */
+
 /* Passing failures are held off briefly: the kernel queues concurrent lookups of one name
  * and sends them one after another, and each would otherwise start its own compile. */
 int kc_cache_held_off(struct kc_cache *c, const struct kc_flight_key *key, const char *recipe)
@@ -170,6 +172,35 @@ static int publish_fetched(struct compile_job *j, struct kc_remote_job *rj, int 
 	return result;
 }
 
+/* Publish the cubin compiled ahead in the entry ahead_fd (published and checked there,
+ * kc_cache_ahead_wait) into j's entry, through the temporary out_fd/out_name, as a fetch is
+ * published. Returns publish's result, or -EIO when it cannot be read. */
+static int publish_ahead(struct compile_job *j, int ahead_fd, const char *code, int out_fd,
+			 const char *out_name, const char *label)
+{
+	char head[1024], *buf = NULL;
+	size_t len = 0;
+	uint64_t bytes = 0;
+	int fd = openat(ahead_fd, KC_CUBIN_NAME, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	int result = fd < 0 ? -EIO : kc_read_all(fd, KC_MAX_CUBIN_READ, &buf, &len) ? -EIO : 0;
+	if (fd >= 0)
+		close(fd);
+	if (!result)
+		result = kc_write_all(out_fd, buf, len) == 0
+				 ? publish(j, out_fd, out_name, label, &bytes, buf, len)
+				 : -EIO;
+	free(buf);
+	snprintf(head, sizeof(head), "kcachefs: compile %s: %s from its compile ahead (code %.16s), "
+		 "%zu bytes, not compiled again\n", label,
+		 result == 0 ? "published" : "not published", code, len);
+	if (result != -EAGAIN)
+		kc_cache_write_log(j->c, j->entry_fd, head, NULL, 0);
+	kc_log(result == 0 ? KC_LOG_INFO : KC_LOG_WARN, "%.*s", (int)strlen(head) - 11, head + 10);
+	if (result == 0)
+		kc_cache_ahead_used(j->c, code);
+	return result;
+}
+
 /* A recipe the mount will not compile (its flags, or a backend it lacks): kernel.log says why
  * (head, one line), the recipe is marked rejected, and the failure counted and logged. */
 static int refuse_recipe(struct compile_job *j, const char *label, const char *head)
@@ -303,6 +334,7 @@ static int run_compile(struct compile_job *j)
 	const char *compiler = nvrtc ? cfg->nvrtc : cfg->nvcc;
 
 	char out_name[64];
+	int scratch_fd = -1;
 	int out_fd = kc_store_tmpfile(c->store, 0600, out_name);
 	if (out_fd < 0) {
 		kc_log(KC_LOG_ERR, "compile %s: cannot create the cubin's temporary: %s", label,
@@ -311,9 +343,30 @@ static int run_compile(struct compile_job *j)
 		atomic_fetch_add(&c->stats.compile_failures, 1);
 		return -EIO;
 	}
+	/* The code key (code.h) names what the compiler sees: the cluster store's key and the
+	 * compiles ahead's, so that sources that differ only in comments are one compile. */
+	struct kc_code code;
+	char *blank = NULL, compiler_id[KC_COMPILER_ID_MAX];
+	size_t blen = 0;
+	kc_config_compiler_id(cfg, compiler_id);
+	int coded = kc_code_keys(j->recipe.source, j->recipe.source_len, j->recipe.flags,
+				 j->recipe.flags_len, cfg, compiler_id, &code, &blank, &blen) == 1;
+	if (coded && !j->ahead && c->ahead) {
+		kc_cache_ahead_note(c, &j->recipe, &code, blank, blen, kc_cache_ahead_job);
+		int afd = kc_cache_ahead_wait(c, code.code);
+		result = afd < 0 ? -ENOENT : publish_ahead(j, afd, code.code, out_fd, out_name, label);
+		if (afd >= 0)
+			close(afd);
+		if (result == 0 || result == -EAGAIN) {
+			free(blank);
+			kc_argv_free(&args);
+			goto done;
+		}
+	}
+	free(blank);
 	struct kc_remote_job rj;
-	int scratch_fd = -1;
-	if (kc_remote_tier_fetch(c->remote, j->recipe.hash, !nvrtc, kc_cache_job_slots(c), &rj) == 1) {
+	if (kc_remote_tier_fetch(c->remote, coded ? code.code : j->recipe.hash, !nvrtc, j->slots,
+				 &rj) == 1) {
 		kc_argv_free(&args);
 		result = publish_fetched(j, &rj, out_fd, out_name, label);
 		kc_remote_job_free(&rj);
@@ -332,8 +385,8 @@ static int run_compile(struct compile_job *j)
 		kc_log(KC_LOG_ERR, "compile %s: cannot create scratch directory: %s", label,
 		       strerror(-scratch_fd));
 		kc_remote_tier_finish(c->remote, &rj, 0, 0, out_fd, NULL, 0);
-		if (kc_cache_job_slots(c))
-			kc_slots_release(kc_cache_job_slots(c));
+		if (j->slots)
+			kc_slots_release(j->slots);
 		kc_argv_free(&args);
 		close(out_fd);
 		unlinkat(c->store->tmp_fd, out_name, 0);
@@ -344,10 +397,12 @@ static int run_compile(struct compile_job *j)
 		.nvcc = compiler, .args = &args, .source = j->recipe.source,
 		.source_len = j->recipe.source_len, .scratch = scratch, .scratch_fd = scratch_fd,
 		.timeout_s = cfg->compile_timeout, .first_uid = cfg->compile_uids,
-		.ns_flags = cfg->ns_flags, .out_fd = out_fd, .pool = c->nvrtc, .warm = nvrtc,
-		.compiler_gen = j->recipe.compiler_gen,
+		.ns_flags = cfg->ns_flags, .out_fd = out_fd, .pool = c->nvrtc,
+		.warm = nvrtc && !j->ahead, .compiler_gen = j->recipe.compiler_gen,
+		.idle = j->ahead != NULL, .group = j->group, .promote = j->promote,
 	};
 	compile_checked(j, label, &spec, &out);
+	j->seconds = out.seconds;
 
 	result = -EIO;
 	if (out.status == KC_COMPILE_REJECTED &&
@@ -378,8 +433,8 @@ static int run_compile(struct compile_job *j)
 				      out_fd, NULL, 0);
 	}
 	kc_argv_free(&args);
-	if (kc_cache_job_slots(c))
-		kc_slots_release(kc_cache_job_slots(c));
+	if (j->slots)
+		kc_slots_release(j->slots);
 	if (result != 0 && result != -EAGAIN)
 		atomic_fetch_add(&c->stats.compile_failures, 1);
 	report_compile(j, label, &out, result, compiler, arch);
@@ -393,7 +448,7 @@ done:
 		close(scratch_fd);
 		kc_store_remove_tree(scratch);
 	}
-	if (result == 0 && c->evict)
+	if (result == 0 && c->evict && !j->ahead) /* entries compiled ahead are ahead.c's */
 		kc_evict_note_fd(c->evict, j->entry_fd);
 	return result;
 }
@@ -451,14 +506,12 @@ static void share_job(void *arg)
 	job_free(arg);
 }
 
-void kc_cache_compile_job(void *arg)
+/* The end of a job that ran (result: run_compile's): its share queued, its flight's
+ * waiters answered, the job freed. */
+static void end_job(struct compile_job *j, int result)
 {
-	struct compile_job *j = arg;
 	struct kc_cache *c = j->c;
 	struct kc_flight_key key = j->key;
-	int result = run_compile(j);
-	if (j->transient)
-		hold_off(c, &key, j->recipe.hash);
 	/* The share runs in a pool of its own, queued before the openers are answered: once
 	 * they are, kc_cache_settle sees it (a live upgrade waits for it). Run here when that
 	 * pool is stopping. */
@@ -470,4 +523,24 @@ void kc_cache_compile_job(void *arg)
 	if (j->share_fd >= 0)
 		share_published(j);
 	job_free(j);
+}
+
+void kc_cache_compile_job(void *arg)
+{
+	struct compile_job *j = arg;
+	int result = run_compile(j);
+	if (j->transient)
+		hold_off(j->c, &j->key, j->recipe.hash);
+	end_job(j, result);
+}
+
+void kc_cache_ahead_job(void *arg)
+{
+	struct ahead_item *it = arg;
+	struct compile_job *j = kc_cache_ahead_begin(it);
+	if (!j)
+		return;
+	int result = run_compile(j);
+	kc_cache_ahead_end(j->c, it, result, j->seconds);
+	end_job(j, result);
 }

@@ -18,6 +18,8 @@
  *                  and so its own object key: a node whose headers differ asks for another
  *                  key (a miss).
  *   cubin object   stored under the object key: the same compact manifest and the cubin.
+ *   history        compile ahead's record of what an image asked (history.h), under the
+ *                  key of its context, and the list of the contexts stored last.
  *
  * Serialized object (every length checked on parse, nothing trusted):
  *   "kcachefs-object-v1\n"
@@ -45,6 +47,9 @@
 enum kc_object_kind {
 	KC_OBJECT_INDEX, /* the header list under a manifest key; no cubin */
 	KC_OBJECT_CUBIN, /* a compiled cubin under its object key */
+	KC_OBJECT_HISTORY, /* compile ahead's records (history.h), in the manifest; no cubin:
+			    * a history under kc_object_history_key, or the contexts of the
+			    * histories stored last under kc_object_histories_key */
 };
 
 /* The HMAC secret (-o remote_key=); len 0: objects are neither signed nor required to be. */
@@ -75,6 +80,16 @@ int kc_object_list_key(const char *list_hash, char key[KC_SHA256_HEXLEN + 1]);
  * image (remote_tier.h). A joining node reads it at start to check those lists against its
  * own headers before its first fetch asks. Returns 0 or -ENOMEM. */
 int kc_object_lists_key(char key[KC_SHA256_HEXLEN + 1]);
+
+/* The key of the history of context (64 hex, code.h): a history-kind object whose
+ * manifest is the history's record (history.h). Returns 0 or -ENOMEM. */
+int kc_object_history_key(const char *context, char key[KC_SHA256_HEXLEN + 1]);
+
+/* The key of the cluster's record of the contexts whose histories were stored last: a
+ * history-kind object whose manifest is up to KC_HISTORIES_PER_KEY lines "<context>\n",
+ * newest first. Returns 0 or -ENOMEM. */
+int kc_object_histories_key(char key[KC_SHA256_HEXLEN + 1]);
+#define KC_HISTORIES_PER_KEY 8
 
 /* The object key of (manifest key, manifest). Returns 0 or -ENOMEM. */
 int kc_object_cubin_key(const char *manifest_key, const char *manifest, size_t manifest_len,

@@ -945,7 +945,8 @@ static int store_object(struct kc_remote_tier *t, enum kc_object_kind kind, cons
 		return -EIO;
 	int err = replace ? t->b->ops->replace(t->b, key, obj, len)
 			  : t->b->ops->put(t->b, key, obj, len);
-	outcome(t, FAULT_PUT, err, -EEXIST, kind == KC_OBJECT_INDEX ? "of an index" : "of an object");
+	outcome(t, FAULT_PUT, err, -EEXIST, kind == KC_OBJECT_INDEX ? "of an index"
+					     : kind == KC_OBJECT_HISTORY ? "of a history" : "of an object");
 	if (err == 0) {
 		atomic_fetch_add(&t->stats->remote_puts, 1);
 		atomic_fetch_add(&t->stats->remote_bytes_out, len);
@@ -1150,4 +1151,98 @@ void kc_remote_job_free(struct kc_remote_job *rj)
 {
 	free(rj->data);
 	rj->data = NULL;
+}
+
+/* The history-kind record under key (what: its name in the log), verified, into *data /
+ * *len (its manifest bytes). Returns kc_remote_tier_history_get's. */
+static int history_record(struct kc_remote_tier *t, const char *key, const char *what,
+			  char **data, size_t *len)
+{
+	char *raw = NULL, why[400] = "", of[80];
+	size_t rlen = 0;
+	struct kc_object obj;
+	if (!t || !store_usable(t))
+		return -EIO;
+	snprintf(of, sizeof(of), "of the %s", what);
+	int err = t->b->ops->get(t->b, key, &raw, &rlen);
+	outcome(t, FAULT_GET, err, -ENOENT, of);
+	if (err)
+		return err == -ENOENT ? err : err == -ENOMEM ? err : -EIO;
+	atomic_fetch_add(&t->stats->remote_bytes_in, rlen);
+	err = kc_object_parse(raw, rlen, KC_OBJECT_HISTORY, key, &t->secret, &obj, why,
+			      sizeof(why));
+	if (!err && !(*data = malloc(obj.manifest_len + 1)))
+		err = -ENOMEM;
+	if (!err) {
+		memcpy(*data, obj.manifest, obj.manifest_len);
+		(*data)[obj.manifest_len] = '\0';
+		*len = obj.manifest_len;
+	}
+	free(raw);
+	if (err && err != -ENOMEM) {
+		atomic_fetch_add(&t->stats->remote_rejected, 1);
+		kc_log(KC_LOG_WARN, "cluster store: %s %.16s refused: %s", what, key, why);
+		err = -EBADMSG;
+	}
+	return err;
+}
+
+int kc_remote_tier_history_get(struct kc_remote_tier *t, const char *context, char **data,
+			       size_t *len)
+{
+	char key[KC_SHA256_HEXLEN + 1];
+	return kc_object_history_key(context, key) ? -ENOMEM
+	       : history_record(t, key, "history", data, len);
+}
+
+int kc_remote_tier_histories(struct kc_remote_tier *t, char (*contexts)[KC_SHA256_HEXLEN + 1],
+			     size_t max, size_t *n)
+{
+	char key[KC_SHA256_HEXLEN + 1], *data = NULL;
+	size_t len = 0;
+	*n = 0;
+	if (kc_object_histories_key(key))
+		return -ENOMEM;
+	int err = history_record(t, key, "histories' record", &data, &len);
+	if (err == -ENOENT)
+		return 0;
+	if (err)
+		return err;
+	for (size_t off = 0; off + KC_SHA256_HEXLEN < len + 0 && *n < max;
+	     off += KC_SHA256_HEXLEN + 1) {
+		if (data[off + KC_SHA256_HEXLEN] != '\n' || !kc_hex_lower(data + off, KC_SHA256_HEXLEN))
+			break; /* a signed record of another version: what came before stands */
+		memcpy(contexts[*n], data + off, KC_SHA256_HEXLEN);
+		contexts[(*n)++][KC_SHA256_HEXLEN] = '\0';
+	}
+	free(data);
+	return 0;
+}
+
+int kc_remote_tier_history_put(struct kc_remote_tier *t, const char *context, const char *data,
+			       size_t len)
+{
+	char key[KC_SHA256_HEXLEN + 1];
+	char list[KC_HISTORIES_PER_KEY][KC_SHA256_HEXLEN + 1];
+	char next[KC_HISTORIES_PER_KEY * (KC_SHA256_HEXLEN + 1)];
+	size_t n = 0, used = 0;
+	if (!t || t->read_only)
+		return -EROFS;
+	if (kc_object_history_key(context, key))
+		return -ENOMEM;
+	int err = t->b->ops->replace ? store_object(t, KC_OBJECT_HISTORY, key, data, len, NULL, 0, 1)
+				     : -EIO;
+	if (err)
+		return -EIO;
+	/* the contexts' record: this one first, then the others, the oldest dropped */
+	if (kc_remote_tier_histories(t, list, KC_HISTORIES_PER_KEY, &n) == -EIO)
+		return -EIO;
+	if (n > 0 && strcmp(list[0], context) == 0)
+		return 0; /* first already */
+	used = (size_t)snprintf(next, sizeof(next), "%s\n", context);
+	for (size_t i = 0; i < n && used + KC_SHA256_HEXLEN + 1 <= sizeof(next); i++)
+		if (strcmp(list[i], context) != 0)
+			used += (size_t)snprintf(next + used, sizeof(next) - used, "%s\n", list[i]);
+	return kc_object_histories_key(key) ? -ENOMEM
+	       : store_object(t, KC_OBJECT_HISTORY, key, next, used, NULL, 0, 1) ? -EIO : 0;
 }

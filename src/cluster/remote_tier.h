@@ -152,6 +152,28 @@ void kc_remote_job_free(struct kc_remote_job *rj);
  * not be used after. */
 void kc_remote_job_move(struct kc_remote_job *dst, struct kc_remote_job *src);
 
+/* Compile ahead's records in the store (remote_object.h's history kind; their bytes are
+ * history.h's, which the caller parses: nothing here trusts them beyond their signature).
+ * Each call is bounded as any store call (remote_timeout, the breaker) and counted.
+ *
+ * The history of context (64 hex) into *data (malloc'd) / *len. Returns 0; -ENOENT (none);
+ * -EBADMSG (refused: unsigned where a key is set, another key's signature, malformed,
+ * over KC_OBJECT_MAX_MANIFEST; counted in remote_rejected and logged); -EIO (a fault, or
+ * the store is down); -ENOMEM. */
+int kc_remote_tier_history_get(struct kc_remote_tier *t, const char *context, char **data,
+			       size_t *len);
+
+/* Store data/len as the history of context (replacing the one there), then name context
+ * first in the record of the contexts stored last (at most KC_HISTORIES_PER_KEY). Returns 0,
+ * -EROFS (-o remote_mode=ro: nothing stored), or -EIO (a fault). */
+int kc_remote_tier_history_put(struct kc_remote_tier *t, const char *context, const char *data,
+			       size_t len);
+
+/* The contexts whose histories were stored last, newest first, into contexts (at most
+ * max) / *n. Returns 0 (none: *n is 0), -EBADMSG (refused as above), -EIO, -ENOMEM. */
+int kc_remote_tier_histories(struct kc_remote_tier *t, char (*contexts)[KC_SHA256_HEXLEN + 1],
+			     size_t max, size_t *n);
+
 /* 1 while the store answers (the breaker is closed), else 0. */
 int kc_remote_tier_up(struct kc_remote_tier *t);
 

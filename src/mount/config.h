@@ -14,6 +14,7 @@
 
 #define KC_DEFAULT_ARCH "sm_90a"           /* when no GPU is found and no -o arch= */
 #define KC_DEFAULT_COMPILE_TIMEOUT 600     /* seconds */
+#define KC_DEFAULT_AHEAD 256               /* recipes compiled ahead per trigger */
 #define KC_DEFAULT_MAX_SOURCE (16u << 20)  /* bytes */
 /* First uid of the compiles of a daemon run as root: 0x7FFF0000, 256 uids just below 2^31,
  * above what useradd (1000-60000), systemd (DynamicUser= 61184-65519, containers
@@ -28,6 +29,8 @@ struct kc_config {
 	char *flags;           /* -o flags= as given (blank separated); may be NULL */
 	struct kc_argv mount_flags; /* flags, split and allow-list checked */
 	unsigned jobs;         /* concurrent compiles; 0: number of online CPUs */
+	unsigned ahead;        /* -o ahead=N: recipes compiled ahead per trigger (ahead.c); 0:
+				* none, no history kept */
 	unsigned compile_timeout; /* seconds; 0: KC_DEFAULT_COMPILE_TIMEOUT */
 	unsigned request_timeout; /* the kernel's FUSE request timeout of the mount (seconds,
 				   * reqtimeout.h; 0: none), set by kcachefs.c */

@@ -6,10 +6,10 @@
 #include <string.h>
 
 /* The groups of the text for people, in order, as ccache -s groups its figures. */
-enum group { G_LOCAL, G_COMPILES, G_REMOTE, G_EVICTION, G_INODES, G_COUNT };
+enum group { G_LOCAL, G_COMPILES, G_AHEAD, G_REMOTE, G_EVICTION, G_INODES, G_COUNT };
 
 static const char *const group_title[G_COUNT] = {
-	"local cache", "compiles", "cluster store", "eviction", "inodes",
+	"local cache", "compiles", "compile ahead", "cluster store", "eviction", "inodes",
 };
 
 struct metric {
@@ -91,6 +91,14 @@ size_t kc_stats_render(const struct kc_stats *s, const struct kc_stats_gauges *g
 		{G_REMOTE, "kcachefs_remote_fetch_microseconds_total", "counter", "Time of the fetches that hit, summed (divide by kcachefs_remote_fetches_total).", "fetch usec", s->remote_fetch_usec},
 		{G_REMOTE, "kcachefs_remote_fetches_total", "counter", "Fetches that hit.", "fetches", s->remote_fetches},
 		{G_REMOTE, "kcachefs_remote_lookups_total", "counter", "Lookups of a kernel.cubin that waited for its fetch and were answered with the fetched cubin.", "lookups", s->remote_lookups},
+		{G_AHEAD, "kcachefs_ahead_triggers_total", "counter", "Compiles of a kernel that another image's history held: its other kernels were planned ahead.", "triggers", s->ahead_triggers},
+		{G_AHEAD, "kcachefs_ahead_compiles_total", "counter", "Compiles ahead that published a cubin.", "compiled ahead", s->ahead_compiles},
+		{G_AHEAD, "kcachefs_ahead_used_total", "counter", "Compiles a client asked for that a compile ahead answered (published, or joined while it ran).", "used", s->ahead_used},
+		{G_AHEAD, "kcachefs_ahead_failures_total", "counter", "Compiles ahead that failed (the client's own compile is not affected).", "failed", s->ahead_failures},
+		{G_AHEAD, "kcachefs_ahead_queued", "gauge", "Compiles ahead waiting for an idle job slot.", "queued", g->ahead_queued},
+		{G_AHEAD, "kcachefs_ahead_running", "gauge", "Compiles ahead running.", "running", g->ahead_running},
+		{G_AHEAD, "kcachefs_ahead_unused", "gauge", "Compiles ahead of this mount that no client asked for (yet).", "never asked", g->ahead_unused},
+		{G_AHEAD, "kcachefs_ahead_unused_milliseconds", "gauge", "Compiler time of those, milliseconds: the CPU they cost so far.", "never asked ms", (unsigned long long)(g->ahead_unused_seconds * 1000)},
 		{G_EVICTION, "kcachefs_evictions_total", "counter", "Entries evicted to stay under max_size and max_entries.", "evictions", s->evictions},
 		{G_EVICTION, "kcachefs_evicted_bytes_total", "counter", "Bytes of the entries evicted.", "bytes evicted", s->evicted_bytes},
 		{G_EVICTION, "kcachefs_max_size_bytes", "gauge", "The bound on kcachefs_stored_bytes (-o max_size; 0: none).", "max size", g->max_bytes},
@@ -136,8 +144,8 @@ size_t kc_stats_render(const struct kc_stats *s, const struct kc_stats_gauges *g
 			put(buf, len, &used, head[i]);
 		/* A group of a feature that is off is left out: the cluster store without
 		 * -o remote=, eviction without a bound (unless it evicted before one went). */
-		int shown[G_COUNT] = {1, 1, g->remote_set, g->max_bytes || g->max_entries ||
-				      s->evictions, 1};
+		int shown[G_COUNT] = {1, 1, g->ahead_set, g->remote_set,
+				      g->max_bytes || g->max_entries || s->evictions, 1};
 		for (int grp = 0; grp < G_COUNT; grp++) {
 			if (!shown[grp])
 				continue;
@@ -195,7 +203,8 @@ void kc_stats_reset(struct kc_stats *s)
 		&s->remote_lease_errors, &s->remote_rejected, &s->remote_foreign_paths,
 		&s->remote_lease_waits,
 		&s->remote_takeovers, &s->remote_hedged, &s->remote_bytes_in, &s->remote_bytes_out,
-		&s->remote_fetch_usec, &s->remote_fetches, &s->remote_lookups,
+		&s->remote_fetch_usec, &s->remote_fetches, &s->remote_lookups, &s->ahead_triggers,
+		&s->ahead_compiles, &s->ahead_used, &s->ahead_failures,
 	};
 	pthread_mutex_lock(&s->hist_lock);
 	for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)

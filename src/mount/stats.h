@@ -59,6 +59,12 @@ struct kc_stats {
 	atomic_uint_fast64_t remote_bytes_out; /* bytes of objects stored */
 	atomic_uint_fast64_t remote_fetch_usec; /* time of the fetches that hit, microseconds */
 	atomic_uint_fast64_t remote_fetches;   /* their number */
+	/* compile ahead (-o ahead=, ahead.c) */
+	atomic_uint_fast64_t ahead_triggers;   /* client compiles whose kernel another image's
+						* history held: its other kernels planned */
+	atomic_uint_fast64_t ahead_compiles;   /* compiles ahead that published a cubin */
+	atomic_uint_fast64_t ahead_used;       /* client compiles answered by a compile ahead */
+	atomic_uint_fast64_t ahead_failures;   /* compiles ahead that failed */
 	atomic_uint_fast64_t remote_lookups;   /* cubin lookups parked on a flight that fetched:
 						* answered with the fetched cubin (waiter.c) */
 	pthread_mutex_t hist_lock; /* the histogram (compile_usec, _runs, _buckets) moves as one;
@@ -79,6 +85,10 @@ struct kc_stats_gauges {
 	unsigned long long max_bytes, max_entries; /* -o max_size, -o max_entries (0: none) */
 	unsigned remote_set; /* 1: a cluster store is set (-o remote=) */
 	unsigned remote_up;  /* 1: a cluster store is set and answers; 0: down or none */
+	unsigned ahead_set;  /* 1: compile ahead is on */
+	unsigned ahead_queued, ahead_running; /* compiles ahead waiting for an idle slot, running */
+	unsigned ahead_unused; /* compiled ahead in this mount, not asked for (yet) */
+	double ahead_unused_seconds; /* their compiler time: the CPU spent on nothing so far */
 };
 
 /* Facts about the mount, rendered as the info metric kcachefs_info (value 1) with label

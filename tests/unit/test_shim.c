@@ -540,7 +540,7 @@ static void test_info_compiler(void)
 	struct kc_stats_gauges g = {0};
 	struct kc_stats_info info = {"0.1.0", "/odd \"path\"\\nvcc\nBuild x,flags=\"y", "sm_90a",
 				     "-DA=\"b\" -lineinfo"};
-	char buf[8192];
+	char buf[16384];
 	size_t need = kc_stats_render(&st, &g, &info, KC_STATS_PROMETHEUS, buf, sizeof(buf));
 	CHECK(need < sizeof(buf) && strlen(buf) == need, "info: rendered whole");
 	CHECK(kc_shim_info_label(buf, need, "compiler", out, sizeof(out)) == 0 &&
