@@ -364,3 +364,72 @@ def test_a_bad_history_in_the_store_is_refused(tmp_path, template, how):
         assert int(n.stats()["ahead_triggers_total"]) == 0
     finally:
         c.stop()
+
+
+def test_with_the_store_down_compile_ahead_works_on_the_node(mount_factory, tmp_path):
+    """A cluster store that does not answer (its directory is not mounted): the history's
+    puts and gets fail (counted as the store's faults), and the node compiles ahead from its
+    own history as a node without a store does."""
+    m = mount_factory(["remote=dir:%s" % (tmp_path / "not-mounted"), "remote_timeout=500",
+                       "jobs=2"])
+    a = image(tmp_path / "a", "x * static_cast<float>(N)")
+    b = image(tmp_path / "b", "x * static_cast<float>(N) + 1.0f")
+    for i in range(3):
+        ask(m, tmp_path, i, a, True)
+    for i in range(3):
+        assert "scale_%d" % i in elf_symbols(ask(m, tmp_path, i, b, True))
+    c = counted(m)
+    assert c["ahead_triggers_total"] == 1 and c["ahead_used_total"] == 2, c
+    assert m.stats()["remote_up"] == 0
+
+
+def test_a_full_disk_fails_compiles_ahead_not_clients(tmp_path):
+    """The backing directory's disk is full when image B's first kernel comes: that
+    client's compile fails as it would without compile ahead (the shim falls back to nvcc),
+    the compiles ahead fail (logged, counted), the mount serves on; once there is room, B's
+    other kernels compile for their clients."""
+    from kcmount import Mount
+    img, disk = tmp_path / "disk.img", tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["truncate", "-s", "24M", str(img)], check=True)
+    subprocess.run(["mkfs.ext4", "-q", "-F", str(img)], check=True)
+    subprocess.run(["mount", "-o", "loop", str(img), str(disk)], check=True)
+    m = None
+    try:
+        (tmp_path / "m").mkdir()
+        m = Mount(tmp_path / "m", ["jobs=2"])
+        os.rmdir(m.backing)
+        m.backing = disk
+        m.start()
+        a = image(tmp_path / "a", "x * static_cast<float>(N)")
+        b = image(tmp_path / "b", "x * static_cast<float>(N) + 1.0f")
+        for i in range(3):
+            ask(m, tmp_path, i, a)
+        filler = disk / "filler"
+        with open(filler, "wb") as f:
+            try:
+                while True:
+                    f.write(b"\0" * (1 << 20))
+                    f.flush()
+            except OSError:
+                pass
+        os.sync()
+        out = Path(tempfile.mkdtemp(dir=tmp_path)) / "k.cubin"
+        r = subprocess.run([str(SHIM), str(source(tmp_path, 0)), "-cubin", "-o", str(out),
+                            "-arch=sm_90a", "-I", str(b)], capture_output=True, text=True,
+                           env=dict(os.environ, KCACHEFS_MOUNT=str(m.mnt)), timeout=300)
+        assert r.returncode == 0 and "instead" in r.stderr, r.stderr  # nvcc's, as before
+        wait_until(lambda: counted(m)["ahead_failures_total"] == 2, m.daemon_log)
+        log = m.daemon_log()
+        assert "compile ahead: recipe" in log and ("out of disk space" in log or
+                                                   "No space left" in log), log[-2000:]
+        filler.unlink()
+        os.sync()
+        time.sleep(2.2)  # past the retry hold-off of kernel 0
+        for i in (1, 2):
+            assert "scale_%d" % i in elf_symbols(ask(m, tmp_path, i, b))
+        assert counted(m)["ahead_used_total"] == 0
+    finally:
+        if m is not None:
+            m.stop()
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
