@@ -2,7 +2,8 @@
  *
  * Two levels, as ccache's direct mode: the lookup key must be known before compiling, but
  * the headers a compile reads are known only after it.
- *   manifest key = SHA-256("kcachefs-manifest-key-v2", recipe hash). The recipe hash
+ *   manifest key = SHA-256("kcachefs-manifest-key-v3", the recipe's code key (code.h),
+ *                  or its recipe hash where it has none). The recipe hash
  *                  (recipe.h) already covers source, entry and mount flags, compiler
  *                  identity (version and build, not its path), arch and backend, and the
  *                  bytes of the include roots a shim recipe names (key.h).
