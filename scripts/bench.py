@@ -13,6 +13,12 @@ Figures (NAME):
             starts at its own K/P-th of the kernels, and again all in one order), against
             compiling the same K kernels once with the same jobs limit and no FUSE, and
             against every process compiling every kernel itself
+  ahead     P=8 processes ask K=16 real kernels (CUB's headers and an include root of
+            their own, through the nvcc shim) one at a time, each source's first line a
+            comment naming its headers' hash as DeepGEMM's are, after the include root's
+            bytes changed (a new image): a mount whose history holds the old image's
+            kernels (compiled ahead) against a mount with none (-o ahead=0); the compile
+            counts of each
   starve    stat latency (median, p99) of unrelated files while 64 openers wait on one slow
             compile and 8 other compiles run, through the mount and on the backing directory
   scale     a backing store of N published entries (--entries, default 100,000): start-up
@@ -267,6 +273,81 @@ def bench_cold(tmp, reps, kernels, procs=8):
     unco = [uncoordinated()]
     row("uncoordinated %dx%d (P x K compiles)" % (procs, kernels), unco, base, "s",
         "(baseline of the field)")
+
+
+AHEAD_KERNEL = """// Includes' hash value: %s
+#include <cub/block/block_reduce.cuh>
+#include <kc_bench/scale.cuh>
+
+extern "C" __global__ void ahead_%d(const int *in, int *out)
+{
+	using Reduce = cub::BlockReduce<int, 128>;
+	__shared__ typename Reduce::TempStorage tmp;
+	int total = Reduce(tmp).Sum(in[blockIdx.x * 128 + threadIdx.x] * %d);
+	if (threadIdx.x == 0)
+		out[blockIdx.x] = kc_scale(total);
+}
+"""
+
+
+def bench_ahead(tmp, reps, kernels=16, procs=8):
+    jobs = os.cpu_count() or 1
+    print("ahead: P=%d processes x K=%d kernels asked one at a time after a header change, "
+          "jobs=%d" % (procs, kernels, jobs), flush=True)
+    shim = REPO / "build" / "kcachefs-nvcc"
+
+    def image(d, scale):
+        inc = Path(d) / "include"
+        (inc / "kc_bench").mkdir(parents=True)
+        (inc / "kc_bench" / "scale.cuh").write_text(
+            "#pragma once\n__device__ inline int kc_scale(int x) { return %s; }\n" % scale)
+        digest = hashlib.sha256((inc / "kc_bench" / "scale.cuh").read_bytes()).hexdigest()
+        return inc, digest
+
+    def ask_all(m, inc, digest, tag, procs_, spread=False):
+        """procs_ processes ask every kernel in turn; with spread, process i asks kernel i."""
+        def proc(i):
+            for k in [i] if spread else range(kernels):
+                d = Path(tmp) / ("%s-%d-%d" % (tag, i, k))
+                d.mkdir()
+                (d / "k.cu").write_text(AHEAD_KERNEL % (digest, k, k + 2))
+                r = subprocess.run([str(shim), str(d / "k.cu"), "-cubin", "-o", str(d / "k.cubin"),
+                                    "-arch=sm_90a", "-O3", "-I", str(inc)],
+                                   env=dict(os.environ, KCACHEFS_MOUNT=str(m.mnt)),
+                                   capture_output=True, text=True)
+                if r.returncode != 0 or r.stderr or (d / "k.cubin").read_bytes()[:4] != b"\x7fELF":
+                    raise RuntimeError("kernel %d: %s" % (k, r.stderr))
+            return True
+        t0 = time.monotonic()
+        assert run_parallel(procs_, proc, timeout=3600) == [True] * procs_
+        return time.monotonic() - t0
+
+    with_history, without, counts = [], [], []
+    for rep in range(reps):
+        old, old_digest = image(Path(tmp) / ("old%d" % rep), "x")
+        new, new_digest = image(Path(tmp) / ("new%d" % rep), "x + 1")
+        m = fresh_mount(tmp, "ahead%d" % rep, ["jobs=%d" % jobs])
+        try:  # the old image's history: its kernels asked once (not timed)
+            ask_all(m, old, old_digest, "o%d" % rep, kernels, spread=True)
+            before = m.stats()
+            with_history.append(ask_all(m, new, new_digest, "n%d" % rep, procs))
+            after = m.stats()
+            counts.append((after["ahead_compiles_total"] - before["ahead_compiles_total"],
+                           after["ahead_used_total"] - before["ahead_used_total"],
+                           after["compiles_total"] - before["compiles_total"]))
+        finally:
+            m.stop()
+        m = fresh_mount(tmp, "plain%d" % rep, ["jobs=%d" % jobs, "ahead=0"])
+        try:
+            without.append(ask_all(m, new, new_digest, "p%d" % rep, procs))
+            assert m.stats()["compiles_total"] == kernels
+        finally:
+            m.stop()
+    row("new image %dx%d, one at a time" % (procs, kernels), with_history, without, "s",
+        "<= 0.6x (history / none)")
+    for ahead, used, compiles in counts:
+        print("  with the history: %d compiled ahead, %d of them used, %d compiles in all "
+              "(%d kernels)" % (ahead, used, compiles, kernels), flush=True)
 
 
 def bench_starve(tmp, reps):
@@ -570,7 +651,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=7, help="repetitions of each timed loop")
     ap.add_argument("--only",
-                    default="read,ref,meta,cold,starve,scale,backend,store,triton,nvrtcwarm")
+                    default="read,ref,meta,cold,ahead,starve,scale,backend,store,triton,"
+                    "nvrtcwarm")
     ap.add_argument("--entries", type=int, default=100000, help="N of the scale figure")
     ap.add_argument("--kernels", type=int, default=32, help="K of the cold start")
     ap.add_argument("--stores", default="dir,redis", help="stores of cluster and cluster64")
@@ -600,6 +682,8 @@ def main():
             {"read": lambda: bench_read(tmp, args.reps),
              "meta": lambda: bench_meta(tmp, args.reps),
              "cold": lambda: bench_cold(tmp, max(1, args.reps // 2), args.kernels),
+             "ahead": lambda: bench_ahead(tmp, max(1, args.reps // 7),
+                                          8 if args.quick else 16),
              "starve": lambda: bench_starve(tmp, args.reps),
              "scale": lambda: bench_scale(tmp, 3, args.entries),
              "ref": lambda: bench_ref(tmp, args.reps),
