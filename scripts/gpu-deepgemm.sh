@@ -10,7 +10,8 @@
 # and built once into DG_HOME (its setup.py, about 90 s); later runs reuse the build.
 #   DG_TAR=carry/dg/deepgemm-54e2261.tar.gz scripts/gpu-deepgemm.sh [gpu_deepgemm.py args]
 # DG_SO names a tarball of a _C*.so built before (by this script, on a machine like this one):
-# then nothing is built. Environment: DG_HOME (default /opt/kcachefs-dg), PYTHON (default python3), KCACHEFS and
+# then nothing is built. DG_SCRIPT=gpu_ahead.py runs compile ahead's rounds instead
+# (scripts/gpu_ahead.py). Environment: DG_HOME (default /opt/kcachefs-dg), PYTHON (default python3), KCACHEFS and
 # SHIM (default build-static/kcachefs and kcachefs-nvcc; KCACHEFS_NVCC is the shim's own
 # variable, the real nvcc).
 set -euo pipefail
@@ -43,4 +44,4 @@ if ! ls "$pkg"/_C*.so >/dev/null 2>&1; then
 	cp "$(find "$DG_HOME/src/build" -name '_C*.so' | head -1)" "$pkg/"
 fi
 chmod -R a+rX "$DG_HOME"
-exec "$PYTHON" scripts/gpu_deepgemm.py --deepgemm "$pkg" "$@"
+exec "$PYTHON" "scripts/${DG_SCRIPT:-gpu_deepgemm.py}" --deepgemm "$pkg" "$@"
