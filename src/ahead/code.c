@@ -10,103 +10,94 @@
 #include "key.h"
 #include "tree.h"
 
-static int ident_char(char ch)
+/* Whether ch may end a pp-number or an identifier just before a quote: a quote there is a
+ * digit separator (1'000, 1.'0) or a prefixed literal (u'x', u8'x'), not a char literal. */
+static int number_char(unsigned char ch)
 {
 	return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
-	       ch == '_';
+	       ch == '_' || ch == '.' || ch >= 0x80;
 }
 
-/* Whether s[i] is a backslash that ends its line, possibly with blanks before the newline
- * (GCC splices those too): 1 splice right at the newline, 2 with blanks between, 0 none. */
-static int splice_at(const char *s, size_t len, size_t i)
+/* Whether the '<' at s[i] is followed, on its line and before a '>', by a comment opener:
+ * a header name (#include <a//b.h>, __has_include(<...>), after a comment or a digraph) is
+ * not lexed as code, so any such '<' makes the lexer unsure. */
+static int angle_holds_opener(const char *s, size_t len, size_t i)
 {
-	if (s[i] != '\\')
-		return 0;
-	size_t k = i + 1;
-	while (k < len && (s[k] == ' ' || s[k] == '\t' || s[k] == '\r' || s[k] == '\f' ||
-			   s[k] == '\v'))
-		k++;
-	if (k >= len || s[k] != '\n')
-		return 0;
-	return k == i + 1 ? 1 : 2;
-}
-
-/* Whether a line of src that starts at start (len bytes in all) is an #include, #include_next
- * or #import directive whose <header-name> holds a comment opener. */
-static int header_name_holds_opener(const char *s, size_t len, size_t start)
-{
-	size_t i = start, end;
-	const char *nl = memchr(s + start, '\n', len - start);
-	end = nl ? (size_t)(nl - s) : len;
-	while (i < end && (s[i] == ' ' || s[i] == '\t'))
-		i++;
-	if (i >= end || s[i] != '#')
-		return 0;
-	i++;
-	while (i < end && (s[i] == ' ' || s[i] == '\t'))
-		i++;
-	if (!((end - i >= 7 && memcmp(s + i, "include", 7) == 0) ||
-	      (end - i >= 6 && memcmp(s + i, "import", 6) == 0)))
-		return 0;
-	const char *lt = memchr(s + i, '<', end - i);
-	if (!lt)
-		return 0;
-	const char *gt = memchr(lt, '>', (size_t)(s + end - lt));
-	size_t stop = gt ? (size_t)(gt - s) : end;
-	for (size_t k = (size_t)(lt - s); k + 1 < stop; k++)
+	for (size_t k = i + 1; k + 1 < len && s[k] != '\n' && s[k] != '>'; k++)
 		if (s[k] == '/' && (s[k + 1] == '/' || s[k + 1] == '*'))
+			return 1;
+	return 0;
+}
+
+/* Whether the line of s that holds position i has a '#' before i (a directive, perhaps
+ * after a comment). */
+static int hash_before(const char *s, size_t i)
+{
+	while (i > 0 && s[i - 1] != '\n')
+		if (s[--i] == '#')
 			return 1;
 	return 0;
 }
 
 enum lex { CODE, STR, CHR, LINE_COMMENT, BLOCK_COMMENT };
 
+/* What the lexer accepts is a subset of C++ it is sure of: a source with anything else has
+ * no code form. It refuses a backslash outside string and character literals (a line
+ * splice: it may hide or make a comment, a raw string, a directive's end), a carriage
+ * return (GCC ends lines at a lone one), a NUL, "??" (trigraphs, read by -std=c++14 and
+ * older), "%:" (the digraph of '#'), a raw string literal, a quote after a pp-number or
+ * identifier character (a digit separator, 1.'0, u'x'), a '<' followed by a comment opener
+ * before its '>' on its line (a header name is not code), a literal open at a line's end,
+ * and a block comment over several lines that has anything after it on its last line, or
+ * that starts on a line holding a '#' (where the comment's newlines would end a directive
+ * the preprocessor goes on reading). */
 int kc_code_blank(const char *s, size_t len, char **out, size_t *outlen)
 {
-	if (memchr(s, '\0', len) || memmem(s, len, "??", 2))
-		return 0; /* a NUL, or what may be a trigraph (-std=c++14 and older read them) */
+	if (memchr(s, '\0', len) || memchr(s, '\r', len) || memmem(s, len, "??", 2) ||
+	    memmem(s, len, "%:", 2))
+		return 0;
 	char *o = malloc(len + 1);
 	if (!o)
 		return -ENOMEM;
 	enum lex st = CODE;
-	size_t n = 0, line_start = 0;
-	int sure = 1;
+	size_t n = 0;
+	int sure = 1, multi = 0, directive = 0;
 	for (size_t i = 0; i < len && sure; i++) {
 		char ch = s[i], next = i + 1 < len ? s[i + 1] : '\0';
-		int splice = splice_at(s, len, i);
-		if (i == line_start && header_name_holds_opener(s, len, i))
-			sure = 0;
-		if (ch == '\n') {
-			line_start = i + 1;
+		if (ch == '\n')
 			while (n > 0 && (o[n - 1] == ' ' || o[n - 1] == '\t' || o[n - 1] == '\f' ||
 					 o[n - 1] == '\v'))
 				n--; /* trailing blanks: no token follows them */
+		if (ch == '\\' && st != STR && st != CHR) {
+			sure = 0; /* a line splice, or a backslash that may become one */
+			break;
 		}
 		switch (st) {
 		case CODE:
-			if (splice == 2 || (splice && ((i > 0 && s[i - 1] == '/') ||
-						       (i + 2 < len && (s[i + 2] == '/' || s[i + 2] == '*'))))) {
-				sure = 0;
-			} else if (ch == '/' && (next == '/' || next == '*')) {
+			if (ch == '/' && (next == '/' || next == '*')) {
 				st = next == '/' ? LINE_COMMENT : BLOCK_COMMENT;
+				multi = 0;
+				directive = st == BLOCK_COMMENT && hash_before(s, i);
 				o[n++] = ' ';
 				o[n++] = ' ';
 				i++;
 				continue;
-			} else if (ch == '"') {
-				if (i > 0 && s[i - 1] == 'R')
-					sure = 0; /* a raw string literal: its text is not lexed */
-				st = STR;
-			} else if (ch == '\'') {
-				if (i > 0 && ident_char(s[i - 1]))
-					sure = 0; /* a digit separator (1'000) or u'x': not lexed here */
-				st = CHR;
 			}
+			if (ch == '"' && i > 0 && s[i - 1] == 'R')
+				sure = 0; /* a raw string literal: its text is not lexed */
+			else if (ch == '\'' && i > 0 &&
+				 (number_char((unsigned char)s[i - 1]) ||
+				  ((s[i - 1] == '+' || s[i - 1] == '-') && i > 1 &&
+				   strchr("eEpP", s[i - 2]))))
+				sure = 0; /* inside a pp-number, or a prefixed literal */
+			else if (ch == '<' && angle_holds_opener(s, len, i))
+				sure = 0;
+			st = ch == '"' ? STR : ch == '\'' ? CHR : CODE;
 			o[n++] = ch;
 			break;
 		case STR:
 		case CHR:
-			if (ch == '\n' || splice) {
+			if (ch == '\n') {
 				sure = 0; /* an open literal at a line's end */
 			} else if (ch == '\\' && i + 1 < len) {
 				o[n++] = ch;
@@ -120,9 +111,7 @@ int kc_code_blank(const char *s, size_t len, char **out, size_t *outlen)
 			o[n++] = ch;
 			break;
 		case LINE_COMMENT:
-			if (splice) {
-				sure = 0; /* a spliced line comment goes on to the next line */
-			} else if (ch == '\n') {
+			if (ch == '\n') {
 				st = CODE;
 				o[n++] = '\n';
 			} else {
@@ -130,14 +119,20 @@ int kc_code_blank(const char *s, size_t len, char **out, size_t *outlen)
 			}
 			break;
 		case BLOCK_COMMENT:
-			if (splice) {
-				sure = 0;
-			} else if (ch == '*' && next == '/') {
+			if (ch == '*' && next == '/') {
 				st = CODE;
 				o[n++] = ' ';
 				o[n++] = ' ';
 				i++;
+				if (multi) { /* nothing may follow it on its line, nor may it end a directive */
+					size_t k = i + 1;
+					while (k < len && (s[k] == ' ' || s[k] == '\t'))
+						k++;
+					if (directive || (k < len && s[k] != '\n'))
+						sure = 0;
+				}
 			} else {
+				multi |= ch == '\n';
 				o[n++] = ch == '\n' ? '\n' : ' ';
 			}
 			break;

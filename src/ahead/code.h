@@ -8,11 +8,12 @@
  * include tree's hash into the first line of every kernel.cu as a comment, so that line is
  * all that differs between two images' sources of one kernel.
  *
- * The lexer is conservative: where it cannot be sure what is a comment (a raw string
- * literal, a digit separator or a prefixed character literal, a line splice in or next to a
- * comment, a backslash with blanks before its newline, a trigraph, a literal left open at
- * the end of a line, a NUL, a header name holding a comment opener) the source has no code
- * form, and only its exact bytes name it, as before.
+ * The lexer is conservative: it accepts a subset of C++ it is sure of, and a source with
+ * anything else (a backslash outside a literal, which may splice lines; a carriage return;
+ * a trigraph or the digraph "%:"; a raw string literal; a quote inside a pp-number or after
+ * a prefix; a '<' followed by a comment opener on its line, as in a header name; a block
+ * comment over lines with anything after it, or in a directive; a NUL) has no code form,
+ * and only its exact bytes name it, as before (code.c says why each).
  *
  * Keys (lowercase hex SHA-256, each a sequence of hash.h fields after its tag), for a
  * recipe whose kernel.flags names include roots by content (key.h) and keeps no paths:

@@ -24,7 +24,7 @@
 
 #define KC_HISTORY_MAGIC "kcachefs-history-v1\n"
 #define KC_HISTORY_MAX_RECIPES 512      /* recipes one history keeps: later ones are not added */
-#define KC_HISTORY_MAX_BYTES (4u << 20) /* bytes of one serialized history, at most */
+#define KC_HISTORY_MAX_BYTES (1u << 20) /* bytes of one serialized history, at most */
 
 struct kc_history_recipe {
 	char *flags;  /* owned */

@@ -59,6 +59,7 @@ struct context {
 	unsigned long stamp;   /* the order contexts were last added to (newest: highest) */
 	char from[KC_SHA256_HEXLEN + 1]; /* the context it was compiled ahead from, or "" */
 	int put_queued;        /* a put of it to the cluster store is queued */
+	int unshared;          /* it holds recipes the store's copy may lack */
 	int store_asked;       /* the store's histories were read for it (once) */
 };
 
@@ -103,10 +104,18 @@ static int shape_all(struct kc_cache *c, struct kc_history *h)
 	kc_config_compiler_id(c->cfg, compiler);
 	for (size_t i = 0; i < h->n; i++) {
 		struct kc_code k;
+		char *blank = NULL;
+		size_t blen = 0;
 		int r = kc_code_keys(h->r[i].source, h->r[i].source_len, h->r[i].flags,
-				     h->r[i].flags_len, c->cfg, compiler, &k, NULL, NULL);
-		if (r != 1)
-			return r < 0 ? r : -EBADMSG;
+				     h->r[i].flags_len, c->cfg, compiler, &k, &blank, &blen);
+		/* a history holds code forms: a source with a comment was not written by a mount */
+		int same = r == 1 && blen == h->r[i].source_len &&
+			   memcmp(blank, h->r[i].source, blen) == 0;
+		free(blank);
+		if (r < 0)
+			return r;
+		if (!same)
+			return -EBADMSG;
 		memcpy(h->r[i].shape, k.shape, sizeof(k.shape));
 	}
 	return 0;
@@ -193,7 +202,7 @@ static void load_histories(struct kc_cache *c, struct kc_ahead *a)
 		if (!err && (err = kc_history_parse(data, len, found[i].name, &h, why,
 						    sizeof(why))) == 0 &&
 		    (err = shape_all(c, &h)) != 0) {
-			snprintf(why, sizeof(why), "a recipe in it has no code form");
+			snprintf(why, sizeof(why), "a recipe in it is not a code form");
 			kc_history_free(&h);
 		}
 		free(data);
@@ -271,7 +280,7 @@ static int merge_history(struct kc_cache *c, struct kc_ahead *a, const char *con
 	char why[300] = "";
 	int err = kc_history_parse(data, len, context, &h, why, sizeof(why));
 	if (!err && (err = shape_all(c, &h)) != 0) {
-		snprintf(why, sizeof(why), "a recipe in it has no code form");
+		snprintf(why, sizeof(why), "a recipe in it is not a code form");
 		kc_history_free(&h);
 	}
 	if (err) {
@@ -287,6 +296,7 @@ static int merge_history(struct kc_cache *c, struct kc_ahead *a, const char *con
 	for (size_t i = 0; i < h.n; i++)
 		kc_history_add(&x->h, h.r[i].flags, h.r[i].flags_len, h.r[i].source,
 			       h.r[i].source_len, h.r[i].shape);
+	x->store_asked = 1;
 	pthread_mutex_unlock(&a->lock);
 	kc_history_free(&h);
 	return 0;
@@ -299,6 +309,10 @@ static unsigned load_store_histories(struct kc_cache *c, struct kc_ahead *a)
 	char list[KC_HISTORIES_PER_KEY][KC_SHA256_HEXLEN + 1];
 	size_t n = 0;
 	unsigned merged = 0;
+	pthread_mutex_lock(&a->lock); /* what exists now has seen the store's histories */
+	for (size_t i = 0; i < a->nctx; i++)
+		a->ctx[i].store_asked = 1;
+	pthread_mutex_unlock(&a->lock);
 	if (kc_remote_tier_histories(c->remote, list, KC_HISTORIES_PER_KEY, &n) != 0)
 		return 0;
 	while (n-- > 0) {
@@ -331,7 +345,7 @@ static void put_job(void *arg)
 	pthread_mutex_lock(&a->lock);
 	struct context *x = find_context(a, context);
 	if (x)
-		x->put_queued = 0;
+		x->put_queued = x->unshared = 0;
 	pthread_mutex_unlock(&a->lock);
 	if (kc_remote_tier_history_get(c->remote, context, &data, &len) == 0)
 		merge_history(c, a, context, data, len);
@@ -353,7 +367,7 @@ static void put_job(void *arg)
 /* Queue put_job for context unless one is queued. a->lock held. */
 static void queue_put(struct kc_cache *c, struct context *x)
 {
-	if (!c->remote || !c->shares || x->put_queued)
+	if (!c->remote || !c->shares || x->put_queued || !x->unshared)
 		return;
 	char *arg = malloc(KC_SHA256_HEXLEN + 1 + sizeof(c));
 	if (!arg)
@@ -578,6 +592,7 @@ void kc_cache_ahead_note(struct kc_cache *c, const struct kc_recipe *r,
 		x = new_context(a, k->context);
 	x->stamp = ++a->stamp;
 	int added = kc_history_add(&x->h, r->flags, r->flags_len, blank, blen, k->shape);
+	x->unshared |= added == 1;
 	struct context *from = trigger_of(a, x, k->shape);
 	if (!from && !x->from[0] && c->remote && !x->store_asked) {
 		/* A context new here, which no history of this node's knows: the cluster may
@@ -627,13 +642,46 @@ void kc_cache_ahead_note(struct kc_cache *c, const struct kc_recipe *r,
 			pthread_mutex_unlock(&a->lock);
 		}
 	}
-	if (added == 1) {
+	if (added == 1)
 		save_history(c, a, k->context);
-		pthread_mutex_lock(&a->lock);
-		if ((x = find_context(a, k->context)))
-			queue_put(c, x);
-		pthread_mutex_unlock(&a->lock);
-	}
+}
+
+void kc_cache_ahead_share(struct kc_cache *c, const char *context)
+{
+	struct kc_ahead *a = c->ahead;
+	if (!a || !c->remote)
+		return;
+	pthread_mutex_lock(&a->lock);
+	struct context *x = find_context(a, context);
+	if (x)
+		queue_put(c, x);
+	pthread_mutex_unlock(&a->lock);
+}
+
+/* Whether the entry compiled ahead behind fd holds a recipe whose code key is code, its
+ * name: its cubin was checked against that recipe, so a directory renamed over another
+ * code's name (the backing directory is root's, but is written to) is not taken for it.
+ * One that is not is said and removed. */
+static int entry_is_code(struct kc_cache *c, int fd, const char *code)
+{
+	struct kc_recipe r;
+	struct kc_code k;
+	char compiler[KC_COMPILER_ID_MAX];
+	kc_config_compiler_id(c->cfg, compiler);
+	int loaded = kc_recipe_load(fd, c->cfg, &r) == 0;
+	int ok = loaded && kc_code_keys(r.source, r.source_len, r.flags, r.flags_len, c->cfg,
+					compiler, &k, NULL, NULL) == 1 &&
+		 strcmp(k.code, code) == 0;
+	if (loaded)
+		kc_recipe_free(&r);
+	if (ok)
+		return 1;
+	char path[4200];
+	snprintf(path, sizeof(path), "%s/%s/%s", c->store->root_path, AHEAD_DIR "/entries", code);
+	kc_log(KC_LOG_WARN, "compile ahead: %s holds the recipe of another code key: removed, "
+	       "not served", path);
+	kc_store_remove_tree(path);
+	return 0;
 }
 
 /* A client's compile waiting for a compile ahead (kc_cache_ahead_wait). */
@@ -683,7 +731,7 @@ int kc_cache_ahead_wait(struct kc_cache *c, const char *code)
 	pthread_mutex_destroy(&b.lock);
 	pthread_cond_destroy(&b.cond);
 	int fd = openat(a->entries_fd, code, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-	if (fd >= 0 && kc_cache_check_published(c, fd) != 0) {
+	if (fd >= 0 && (kc_cache_check_published(c, fd) != 0 || !entry_is_code(c, fd, code))) {
 		close(fd);
 		fd = -1;
 	}

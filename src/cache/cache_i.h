@@ -123,12 +123,18 @@ void kc_cache_ahead_stop(struct kc_cache *c);
 void kc_cache_ahead_close(struct kc_cache *c);
 
 /* A client asked for the recipe r (keys k, code form blank/blen) and it was not published:
- * remember it in its context's history (saved in the backing directory, and with a
- * cluster store put there), and when its shape is in another context's history, plan that
+ * remember it in its context's history (saved in the backing directory; the store's is
+ * kc_cache_ahead_share's), and when its shape is in another context's history, plan that
  * history's other recipes under this context's include roots: each is queued to run(item)
  * in the compile ahead workers (at most -o ahead= per trigger, each once). */
 void kc_cache_ahead_note(struct kc_cache *c, const struct kc_recipe *r,
 			 const struct kc_code *k, const char *blank, size_t blen, kc_job_fn run);
+
+/* A client's recipe of context was compiled here (the cluster store had none) or taken
+ * from a compile ahead: the context's history is put to the store (merged with the
+ * store's), unless it was put since its last recipe came. A recipe fetched from the store
+ * was put by the node that compiled it. */
+void kc_cache_ahead_share(struct kc_cache *c, const char *context);
 
 /* The entry compiled ahead under code, for a client's compile of that code: when a compile
  * ahead of it is queued, it is dropped (the client's compile runs now, never twice); when

@@ -358,6 +358,8 @@ static int run_compile(struct compile_job *j)
 		if (afd >= 0)
 			close(afd);
 		if (result == 0 || result == -EAGAIN) {
+			if (result == 0)
+				kc_cache_ahead_share(c, code.context);
 			free(blank);
 			kc_argv_free(&args);
 			goto done;
@@ -375,6 +377,8 @@ static int run_compile(struct compile_job *j)
 	/* Nothing to fetch: lookups that waited for a fetch are answered now (their readers
 	 * wait for the compile as pending inodes, holding no directory lock). */
 	kc_flight_compiling(&c->flights, &j->key);
+	if (coded && !j->ahead) /* compiled here: the cluster's history of it is this node's */
+		kc_cache_ahead_share(c, code.context);
 	rj.flags = j->recipe.flags; /* its include roots stay out of the header list */
 	rj.flags_len = j->recipe.flags_len;
 	clock_gettime(CLOCK_REALTIME_COARSE, &rj.since); /* a file changed after this: no evidence */

@@ -56,21 +56,20 @@ int main(void)
 	CHECK(blank_is("// Includes' hash value: abc\nint x;\n", "\nint x;\n"),
 	      "a first-line comment (DeepGEMM's) is blanked, its line kept");
 	CHECK(blank_is("int /* a */ x;", "int         x;"), "a block comment keeps its columns");
-	CHECK(blank_is("a /* one\ntwo */ b\n", "a\n       b\n"),
-	      "a block comment over lines keeps its newlines and the next token's column");
+	CHECK(unsure("a /* one\ntwo */ b\n"),
+	      "a block comment over lines with a token after it: unsure");
 	CHECK(blank_is("int x; // trailing\n", "int x;\n"), "trailing blanks are cut");
 	CHECK(blank_is("s = \"// not a comment /* */\";\n", "s = \"// not a comment /* */\";\n"),
 	      "comment openers in a string literal stay");
 	CHECK(blank_is("c = '\"'; // x\n", "c = '\"';\n"), "a quote in a character literal");
 	CHECK(blank_is("s = \"a\\\"b // c\";\n", "s = \"a\\\"b // c\";\n"),
 	      "an escaped quote does not end the string");
-	CHECK(blank_is("#define F(x) \\\n  (x)\n", "#define F(x) \\\n  (x)\n"),
-	      "a line splice in code stays");
+	CHECK(unsure("#define F(x) \\\n  (x)\n"), "a line splice in code: unsure");
 	CHECK(blank_is("#include <a/b.h> // why\n", "#include <a/b.h>\n"),
 	      "a comment after a header name is blanked");
 	/* idempotent: a code form is its own */
 	{
-		const char *src = "// head\nint a; /* x\n y */ int b; // t\n";
+		const char *src = "// head\nint a; /* x\n y */\nint b; // t\n";
 		char *one = NULL, *two = NULL;
 		size_t l1 = 0, l2 = 0;
 		int ok = kc_code_blank(src, strlen(src), &one, &l1) == 1 &&
@@ -89,6 +88,26 @@ int main(void)
 	CHECK(unsure("s = \"open\nint a;\n"), "a string open at a line's end: unsure");
 	CHECK(unsure("int a; /* open\n"), "a block comment open at the end: unsure");
 	CHECK(unsure("#include <a//b.h>\n"), "a comment opener in a header name: unsure");
+	/* what an adversarial review found: each of these compiles otherwise than its blanked
+	 * form would, so none may have a code form */
+	CHECK(unsure("#define V 1\n#define X \\/**/\n#undef V\n"),
+	      "a backslash before a comment (its blanking makes a splice): unsure");
+	CHECK(unsure("x; //\r p[0]=2;\n"), "a lone carriage return ends a line for GCC: unsure");
+	CHECK(unsure("int a; /* one\ntwo */ #undef V\n"),
+	      "a block comment over lines with a '#' after it: unsure");
+	CHECK(unsure("#define X 1 /* a\n b */\n"), "a block comment over lines in a directive: unsure");
+	CHECK(unsure("/**/#include <h//v1.cuh>\n"), "a header name after a comment: unsure");
+	CHECK(unsure("%:include <h.cuh>\n"), "the digraph of '#': unsure");
+	CHECK(unsure("#if __has_include(<h//v1.cuh>)\n#endif\n"),
+	      "a comment opener in __has_include's header name: unsure");
+	CHECK(unsure("S(1.'0'//')\n"), "a quote inside a pp-number: unsure");
+	CHECK(unsure("R\\\n\"(a\"//)\"\n"), "a raw string behind a splice: unsure");
+	CHECK(unsure("int i = 0; if (i < n) // check\n"),
+	      "a '<' with a comment opener after it on its line: unsure");
+	CHECK(blank_is("a /* one\ntwo */\nb\n", "a\n\nb\n"),
+	      "a block comment over lines, alone on its last line, is blanked");
+	CHECK(blank_is("x = f('a') + g<int>(1); // c\n", "x = f('a') + g<int>(1);\n"),
+	      "a character literal and a closed '<...>' before a comment");
 	{
 		const char with_nul[] = "int a;\0// x\n";
 		char *out = NULL;
