@@ -717,10 +717,12 @@ static void log_serving(const struct start *s, struct kc_fs *fs, const char *rt_
 	char compiler[KC_COMPILER_ID_MAX];
 	kc_config_compiler_id(&fs->cfg, compiler);
 	kc_log(KC_LOG_INFO, "serving %s on %s: compiler %s (%s), arch %s%s, jobs %u, timeout %u s, "
+	       "compile ahead %u a trigger (0: off), "
 	       "max_size %llu, max_entries %llu (0: no bound), compiles run as %s%u%s%s; kernel "
 	       "request timeout %s%s",
 	       fs->store.root_path, s->cmd.mountpoint, fs->cfg.nvcc, compiler, fs->cfg.arch,
 	       fs->cfg.arch_detected ? " (detected)" : "", fs->cfg.jobs, fs->cfg.compile_timeout,
+	       fs->cfg.ahead,
 	       (unsigned long long)s->max_size, (unsigned long long)s->max_entries,
 	       fs->cfg.compile_uids ? "uids " : "the daemon, uid ",
 	       fs->cfg.compile_uids ? fs->cfg.compile_uids : (unsigned)geteuid(),

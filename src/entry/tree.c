@@ -185,10 +185,20 @@ int kc_tree_memo_save(struct kc_tree_memo *m)
 	char dir[PATH_MAX], tmp[PATH_MAX + 16];
 	snprintf(dir, sizeof(dir), "%s", m->path);
 	char *slash = strrchr(dir, '/');
-	if (slash && slash != dir) {
+	if (slash && slash != dir) { /* with its parents: $XDG_CACHE_HOME may not exist yet
+				     * (the XDG spec says to make it, mode 0700) */
 		*slash = '\0';
-		if (mkdir(dir, 0700) != 0 && errno != EEXIST)
-			return -errno;
+		for (char *p = dir + 1;; p++) {
+			if (*p != '/' && *p != '\0')
+				continue;
+			char was = *p;
+			*p = '\0';
+			if (mkdir(dir, 0700) != 0 && errno != EEXIST)
+				return -errno;
+			*p = was;
+			if (!was)
+				break;
+		}
 	}
 	snprintf(tmp, sizeof(tmp), "%s.XXXXXX", m->path);
 	int fd = mkstemp(tmp);

@@ -378,6 +378,18 @@ static void test_fingerprint_and_flags_file(void)
 	      "memo: an edit with size and mtime kept is read again (its ctime moved)");
 	kc_tree_memo_counts(memo, &hits, &misses);
 	CHECK(hits == 2 && misses == 1, "memo: only the edited file read");
+	{ /* a memo under directories that do not exist yet ($XDG_CACHE_HOME never made) */
+		char deep[700];
+		struct stat dst;
+		snprintf(deep, sizeof(deep), "%s/xdg/new/kcachefs-nvcc/tree-memo", tmpdir);
+		struct kc_tree_memo *dm = kc_tree_memo_load(deep);
+		char dd[KC_SHA256_HEXLEN + 1];
+		CHECK(dm && kc_tree_digest(path, (dev_t)-1, dm, dd) == 0 &&
+			      kc_tree_memo_save(dm) == 0 && stat(deep, &dst) == 0 &&
+			      S_ISREG(dst.st_mode),
+		      "memo: saved under parents it made");
+		kc_tree_memo_free(dm);
+	}
 	kc_tree_memo_free(memo);
 	put("inc/sub/b.h", "int c;\n");
 	chmod(memo_path, 0666);
