@@ -439,13 +439,22 @@ static void item_free(struct ahead_item *it)
 	free(it);
 }
 
+void kc_cache_ahead_drain(struct kc_cache *c)
+{
+	struct kc_ahead *a = c->ahead;
+	if (!a || !a->pool)
+		return;
+	kc_cache_ahead_stop(c);
+	kc_pool_destroy(a->pool); /* what is queued returns at once: stopping */
+	a->pool = NULL;
+}
+
 void kc_cache_ahead_close(struct kc_cache *c)
 {
 	struct kc_ahead *a = c->ahead;
 	if (!a)
 		return;
-	kc_cache_ahead_stop(c);
-	kc_pool_destroy(a->pool); /* what is queued returns at once: stopping */
+	kc_cache_ahead_drain(c);
 	while (a->items) {
 		struct ahead_item *it = a->items;
 		a->items = it->next;

@@ -55,10 +55,11 @@ void kc_cache_shutdown(struct kc_cache *c)
 	if (c->pool)
 		kc_pool_destroy(c->pool);
 	c->pool = NULL;
-	kc_cache_ahead_close(c); /* its workers, which may queue shares too */
+	kc_cache_ahead_drain(c); /* its workers, which may queue shares too */
 	if (c->shares)
 		kc_pool_destroy(c->shares); /* after the compiles, which queue shares */
 	c->shares = NULL;
+	kc_cache_ahead_close(c); /* after the shares, whose history puts read it */
 	kc_nvrtc_pool_destroy(c->nvrtc); /* after the compiles: none is busy now */
 	c->nvrtc = NULL;
 	kc_slots_destroy(&c->slots);

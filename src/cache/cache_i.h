@@ -119,7 +119,10 @@ int kc_cache_ahead_open(struct kc_cache *c);
 /* Stop: compiles ahead not started are dropped (running ones end with every compile). */
 void kc_cache_ahead_stop(struct kc_cache *c);
 
-/* After the pools stopped: free everything. */
+/* Stop and join the compile ahead workers (which may queue shares). */
+void kc_cache_ahead_drain(struct kc_cache *c);
+
+/* After every pool stopped, the shares' too (their history puts read it): free it. */
 void kc_cache_ahead_close(struct kc_cache *c);
 
 /* A client asked for the recipe r (keys k, code form blank/blen) and it was not published:
