@@ -28,7 +28,6 @@ between them.
 """
 import argparse
 import os
-import shutil
 import statistics
 import sys
 import tempfile
@@ -40,7 +39,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "mount"))
 sys.path.insert(0, str(REPO / "scripts"))
 
-from gpu_deepgemm import M, install_copy, run_round, shapes, summary  # noqa: E402
+from gpu_deepgemm import M, finish, install_copy, run_round, settle, shapes, summary  # noqa: E402
 
 
 def image(src, dst, tag):
@@ -74,19 +73,6 @@ def say_ahead(name, m):
         if "compile ahead:" in line:
             print("node %s: %s" % (name, line[:300]))
     return c
-
-
-def settle(m, store, timeout=120):
-    """Wait until m's shares are stored (two puts a compile) and no lease is held."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        s = m.stats()
-        leases = [p for p in (store / "leases").rglob("*") if p.is_file() and
-                  not p.name.startswith(".")] if (store / "leases").exists() else []
-        if s.get("remote_puts_total", 0) + s.get("remote_put_errors_total", 0) >= \
-                2 * s.get("compiles_total", 0) and not leases:
-            return
-        time.sleep(0.2)
 
 
 def main():
@@ -211,13 +197,7 @@ def main():
                 print("FAIL %s: %d compiler runs for %d kernels" % (what, n, args.kernels))
                 ok = False
     finally:
-        for m in mounts:
-            m.stop()
-        shutil.rmtree(share, ignore_errors=True)
-    left = [l.split()[1] for l in open("/proc/mounts") if "kcachefs-dg." in l]
-    if left:
-        print("FAIL mounts left: %s" % left)
-        ok = False
+        ok = finish(mounts, share, ok)
     print("PASS: gpu-ahead" if ok else "FAIL: gpu-ahead")
     return 0 if ok else 1
 

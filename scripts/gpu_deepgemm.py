@@ -173,6 +173,33 @@ def report_upgrade(m, up):
     return True
 
 
+def settle(m, store, timeout=120):
+    """Wait until m's shares are stored (an object and an index a compile) and no lease is
+    held, at most timeout seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        s = m.stats()
+        leases = [p for p in (store / "leases").rglob("*") if p.is_file() and
+                  not p.name.startswith(".")] if (store / "leases").exists() else []
+        if s.get("remote_puts_total", 0) + s.get("remote_put_errors_total", 0) >= \
+                2 * s.get("compiles_total", 0) and not leases:
+            return
+        time.sleep(0.2)
+
+
+def finish(mounts, share, ok):
+    """Stop the mounts, remove the share, and check that no mount of a run is left;
+    returns ok, false when one is."""
+    for m in mounts:
+        m.stop()
+    shutil.rmtree(share, ignore_errors=True)
+    left = [l.split()[1] for l in open("/proc/mounts") if "kcachefs-dg." in l]
+    if left:
+        print("FAIL mounts left: %s" % left)
+        return False
+    return ok
+
+
 def install_copy(src, dst, new_mtimes):
     """A copy of the built deep_gemm package at dst/deep_gemm, readable by the compile uids."""
     dst.mkdir(parents=True)
@@ -282,17 +309,8 @@ def main():
                 if upgrade.get("new") is not None:
                     m.proc = upgrade["new"]  # the new daemon serves the mount now; stop() ends it
                 ok &= report_upgrade(m, upgrade)
-            # The share follows the publish: before the next node starts, wait until every
-            # compile's object and index are stored (two puts each) and no lease is held.
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline:
-                s = m.stats()
-                leases = [p for p in (store / "leases").rglob("*") if p.is_file() and not p.name.startswith(".")] \
-                    if (store / "leases").exists() else []
-                if s.get("remote_puts_total", 0) + s.get("remote_put_errors_total", 0) >= 2 * s.get("compiles_total", 0) \
-                        and not leases:
-                    break
-                time.sleep(0.2)
+            # The share follows the publish: before the next node starts, wait for it.
+            settle(m, store)
             stats[node] = m.stats()
             unwatched = [l for l in m.daemon_log().splitlines() if "header lists are not watched" in l]
             print("node %s: header watch %s" % (node, unwatched[0] if unwatched else "on (no 'not watched' line)"))
@@ -328,13 +346,7 @@ def main():
             print("FAIL node B compiled %d times, expected %d" % (stats["B"].get("compiles_total", 0), args.expect_b_compiles))
             ok = False
     finally:
-        for m in mounts:
-            m.stop()
-        shutil.rmtree(share, ignore_errors=True)
-    left = [l.split()[1] for l in open("/proc/mounts") if "kcachefs-dg." in l]
-    if left:
-        print("FAIL mounts left: %s" % left)
-        ok = False
+        ok = finish(mounts, share, ok)
     print("PASS: gpu-deepgemm" if ok else "FAIL: gpu-deepgemm")
     return 0 if ok else 1
 
