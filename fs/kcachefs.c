@@ -460,6 +460,7 @@ struct start {
 	int restarted;               /* started again by the holder after a daemon died (hr) */
 	struct kc_holder_restart hr;
 	struct kc_ledger ledger;     /* the inodes the kernel holds, kept for a restart (ledger.h) */
+	int ready_fd;                /* daemonized: the pipe to the starting command (daemon_start) */
 	int up_sock;                 /* a live upgrade: the socket to the running daemon, else -1 */
 	struct kc_handover_offer offer;
 	char **up_argv;              /* a live upgrade: the command line built from the offer */
@@ -628,8 +629,72 @@ static int open_remote(struct start *s, struct kc_fs *fs, struct kc_remote_tier 
 	return err == -EINVAL ? 2 : 1; /* the option's value: a usage error */
 }
 
+/* Leave the foreground (without -f): fork, and have the parent, the command the user ran,
+ * wait until the child serves (daemon_ready): its exit status 0 then says that the mount
+ * answers and takes upgrades, so that a `kcachefs --upgrade` may follow at once. The
+ * child drops the terminal (setsid) and points stdin, stdout and stderr at /dev/null, as
+ * fuse_daemonize does; libfuse's parent returns once the child forked, before it serves.
+ * Sets *ready_fd to the pipe's end the child writes (-1 with -f). Returns 0, or -1 in the
+ * parent when the child exited before it served (the parent exits 1: the child's log says
+ * why), or when the fork failed (said). */
+static int daemon_start(int foreground, int *ready_fd)
+{
+	*ready_fd = -1;
+	if (chdir("/") != 0)
+		kc_log(KC_LOG_DEBUG, "chdir /: %s", strerror(errno));
+	if (foreground)
+		return 0;
+	int p[2];
+	if (pipe2(p, O_CLOEXEC) != 0) {
+		fprintf(stderr, "kcachefs: cannot daemonize: %s\n", strerror(errno));
+		return -1;
+	}
+	pid_t pid = fork();
+	if (pid < 0) {
+		fprintf(stderr, "kcachefs: cannot daemonize: %s\n", strerror(errno));
+		return -1;
+	}
+	if (pid > 0) {
+		close(p[1]);
+		char c;
+		ssize_t n;
+		while ((n = read(p[0], &c, 1)) < 0 && errno == EINTR)
+			;
+		if (n == 1)
+			_exit(0);
+		fprintf(stderr, "kcachefs: the daemon exited before it served (its log says why)\n");
+		_exit(1);
+	}
+	close(p[0]);
+	if (setsid() < 0)
+		kc_log(KC_LOG_DEBUG, "setsid: %s", strerror(errno));
+	int nullfd = open("/dev/null", O_RDWR | O_CLOEXEC);
+	if (nullfd >= 0) {
+		dup2(nullfd, 0);
+		dup2(nullfd, 1);
+		dup2(nullfd, 2);
+		if (nullfd > 2)
+			close(nullfd);
+	}
+	*ready_fd = p[1];
+	return 0;
+}
+
+/* The daemon serves from here on (its workers and the upgrade listener run): let the
+ * command that started it exit 0. */
+static void daemon_ready(int *ready_fd)
+{
+	if (*ready_fd < 0)
+		return;
+	char c = 1;
+	if (write(*ready_fd, &c, 1) != 1)
+		kc_log(KC_LOG_DEBUG, "the starting command is gone: %s", strerror(errno));
+	close(*ready_fd);
+	*ready_fd = -1;
+}
+
 /* Grow this process's descriptor table now to hold KC_FD_TABLE descriptors (fewer under a
- * lower open file limit); after fuse_daemonize, whose fork gives the child a table sized
+ * lower open file limit); after daemon_start, whose fork gives the child a table sized
  * for the descriptors open, not the parent's. The kernel grows it when a new descriptor
  * does not fit, doubling it; in a process with threads each growth waits for an RCU grace
  * period (expand_fdtable's synchronize_rcu) while every thread that opens a file waits. A joining node's
@@ -744,7 +809,8 @@ static int start_threads(struct start *s, struct kc_fs *fs, struct kc_remote_tie
 			 int argc, char *argv[])
 {
 	if (s->o.holder && s->up_sock < 0 && !s->restarted) {
-		int herr = kc_holder_start(s->mnt, fuse_session_fd(fs->se), !s->cmd.foreground);
+		int herr = kc_holder_start(s->mnt, fuse_session_fd(fs->se), !s->cmd.foreground,
+					   s->ready_fd);
 		if (herr)
 			kc_log(KC_LOG_WARN, "no holder for %s (%s): a crash of the daemon costs the "
 			       "mount", s->mnt, strerror(-herr));
@@ -827,6 +893,8 @@ static void start_free(struct start *s)
 		close(s->up_sock);
 	if (s->up_fuse_fd >= 0)
 		close(s->up_fuse_fd);
+	if (s->ready_fd >= 0)
+		close(s->ready_fd);
 	free(s->up_state);
 	free(s->up_fds);
 	free(s->up_argv);
@@ -835,7 +903,7 @@ static void start_free(struct start *s)
 
 int main(int argc, char *argv[])
 {
-	struct start s = {.level = KC_LOG_INFO, .up_sock = -1, .up_fuse_fd = -1,
+	struct start s = {.level = KC_LOG_INFO, .up_sock = -1, .up_fuse_fd = -1, .ready_fd = -1,
 			  .ledger = {.fd = -1, .root_fd = -1}};
 	if (!getcwd(s.cwd, sizeof(s.cwd)))
 		snprintf(s.cwd, sizeof(s.cwd), "/");
@@ -929,13 +997,14 @@ int main(int argc, char *argv[])
 		goto out_unmount;
 	kc_notifier_note_connection(&fs->notifier, s.mnt);
 	log_serving(&s, fs, rt_desc);
-	if (fuse_daemonize(s.cmd.foreground) != 0)
+	if (daemon_start(s.cmd.foreground, &s.ready_fd) != 0)
 		goto out_unmount;
 	if (!s.cmd.foreground)
 		kc_log_init(1, s.cmd.debug ? KC_LOG_DEBUG : s.level);
 	presize_fd_table();
 	if (start_threads(&s, fs, remote, argc, argv) != 0)
 		goto out_cache;
+	daemon_ready(&s.ready_fd);
 	ret = serve(&s, fs);
 	kc_log(KC_LOG_INFO, "unmounting %s", s.cmd.mountpoint);
 

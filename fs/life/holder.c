@@ -680,7 +680,7 @@ static void holder_setup(const char *real_mnt, int fuse_fd, int ifd, int ls, int
 	h.taking_fd = -1;
 }
 
-int kc_holder_start(const char *real_mnt, int fuse_fd, int use_syslog)
+int kc_holder_start(const char *real_mnt, int fuse_fd, int use_syslog, int daemon_fd)
 {
 	struct sockaddr_un a;
 	socklen_t al = holder_addr(real_mnt, &a);
@@ -721,6 +721,8 @@ int kc_holder_start(const char *real_mnt, int fuse_fd, int use_syslog)
 	}
 	prctl(PR_SET_NAME, "kcachefs-holder", 0, 0, 0); /* in ps, at once */
 	close(clone);
+	if (daemon_fd >= 0)
+		close(daemon_fd);
 	holder_setup(real_mnt, fuse_fd, ifd, ls, use_syslog);
 	h.starting = pid; /* watched until it says it serves */
 	store_fds();

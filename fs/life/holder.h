@@ -45,9 +45,11 @@
  * mounted it; no request read yet). The holder (the parent: it stays the process the
  * service manager started) never returns from here. In the daemon (the child) *fuse_fd's
  * number becomes a clone of the descriptor; returns 0 there. use_syslog: where the
- * holder and the daemons it starts log. Returns -errno (no holder; the daemon serves on
- * the descriptor as before) when it cannot be set up. */
-int kc_holder_start(const char *real_mnt, int fuse_fd, int use_syslog);
+ * holder and the daemons it starts log. daemon_fd: a descriptor of the daemon's alone,
+ * which the holder closes (the pipe that tells the starting command the daemon serves), or
+ * -1. Returns -errno (no holder; the daemon serves on the descriptor as before) when it
+ * cannot be set up. */
+int kc_holder_start(const char *real_mnt, int fuse_fd, int use_syslog, int daemon_fd);
 
 /* Did the service manager hand back a mount's descriptors from its file descriptor store
  * (LISTEN_FDS, LISTEN_FDNAMES: kcachefs-fuse and kcachefs-init, stored by a holder)?

@@ -22,6 +22,18 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="bind mounts in a name
 KERNELS = 8
 PROCS = 8
 
+
+def gone_after_unmount(pids):
+    """Detached daemons (an upgrade without -f) are gone once their mount is unmounted;
+    one that is not is killed, and the test fails."""
+    for pid in pids:
+        try:
+            wait_until(lambda: not os.path.exists("/proc/%d" % pid),
+                       "the detached daemon %d outlived its unmount" % pid, 20)
+        except AssertionError:
+            os.kill(pid, 9)
+            raise
+
 def test_upgrade_with_compiles_in_flight(tmp_path, counting_nvcc):
     make, calls = counting_nvcc
     nvcc = make(delay=1)
@@ -190,13 +202,7 @@ def test_upgrade_to_another_format_is_refused(tmp_path, counting_nvcc):
         assert (e / "kernel.cubin").read_bytes() == first
     finally:
         m.stop()
-        if new_pid:  # detached: gone once unmounted
-            try:
-                wait_until(lambda: not os.path.exists("/proc/%d" % new_pid),
-                           "the detached daemon outlived its unmount", 20)
-            except AssertionError:
-                os.kill(new_pid, 9)
-                raise
+        gone_after_unmount([new_pid] if new_pid else [])
 
 
 def test_upgrade_with_a_cluster_store_hands_over_its_shares(tmp_path, counting_nvcc):
@@ -466,3 +472,28 @@ def test_an_upgrade_whose_new_process_is_killed_while_compiles_run(tmp_path, cou
             new.kill()
             new.wait()
         m.stop()
+
+
+def test_upgrades_follow_each_other(tmp_path, counting_nvcc):
+    """kcachefs --upgrade (detached) exits 0 only once the new daemon serves and takes
+    upgrades: four upgrades run back to back each go through, and the mount serves the same
+    cubin afterwards. Before, the command returned when the new daemon forked, and an upgrade
+    started at once was refused (no daemon listened yet: "Connection refused")."""
+    make, _ = counting_nvcc
+    (tmp_path / "m").mkdir()
+    m = Mount(tmp_path / "m", ["nvcc=%s" % make()]).start()
+    pids = []
+    try:
+        e = m.stage("vadd", *variant(0))
+        first = (e / "kernel.cubin").read_bytes()
+        for i in range(4):  # each at once after the last: nothing in between
+            r = subprocess.run([str(KCACHEFS), "--upgrade", str(m.mnt)], capture_output=True,
+                               text=True, timeout=120)
+            assert r.returncode == 0, (i, r, m.daemon_log())
+        pids = daemons_of(m)
+        assert (e / "kernel.cubin").read_bytes() == first
+        assert m.proc.wait(timeout=60) == 0  # the first daemon handed over and exited
+        assert m.daemon_log().count("upgrade refused") == 0
+    finally:
+        m.stop()
+        gone_after_unmount(pids)
