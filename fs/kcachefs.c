@@ -39,7 +39,7 @@ struct kc_opts {
 	char *backing;
 	char *nvcc, *arch, *flags, *log_level, *compiler;
 	char *jobs, *compile_timeout, *max_source_size, *max_inodes; /* numbers, checked in main */
-	char *nvrtc_idle, *ahead;
+	char *nvrtc_idle, *ahead, *stop_timeout;
 	char *max_size, *max_entries, *compile_uids;
 	char *remote, *remote_auth, *remote_key, *remote_mode; /* the cluster store */
 	char *remote_lease, *remote_wait, *remote_timeout;
@@ -55,6 +55,7 @@ static const struct fuse_opt kc_opt_spec[] = {
 	OPT("jobs=%s", jobs),
 	OPT("ahead=%s", ahead),
 	OPT("compile_timeout=%s", compile_timeout),
+	OPT("stop_timeout=%s", stop_timeout),
 	OPT("nvrtc_idle=%s", nvrtc_idle),
 	OPT("max_source_size=%s", max_source_size),
 	OPT("max_inodes=%s", max_inodes),
@@ -137,6 +138,8 @@ static void usage(const char *prog)
 	       "                           headers, compile up to N of that image's others ahead,\n"
 	       "                           in idle job slots (default %d, at most %d); 0: off\n"
 	       "    -o compile_timeout=S   kill a compile after S seconds (default %d)\n"
+	       "    -o stop_timeout=S      at a stop, wait at most S seconds for the cluster\n"
+	       "                           store's shares in hand (default %d); 0: drop them\n"
 	       "    -o nvrtc_idle=S        stop a warm NVRTC worker idle for S seconds\n"
 	       "                           (default %d); 0: a process per NVRTC compile\n"
 	       "    -o autocompile         compile entries that have kernel.cu but no kernel.flags\n"
@@ -176,7 +179,7 @@ static void usage(const char *prog)
 	       "    -o remote_timeout=MS   bound of each store operation (default %d)\n"
 	       "    -o log_level=LEVEL     error, warning, info (default) or debug\n\n",
 	       prog, prog, KC_DEFAULT_ARCH, KC_DEFAULT_AHEAD, KC_HISTORY_MAX_RECIPES,
-	       KC_DEFAULT_COMPILE_TIMEOUT, KC_NVRTC_IDLE_DEFAULT,
+	       KC_DEFAULT_COMPILE_TIMEOUT, KC_DEFAULT_STOP_TIMEOUT, KC_NVRTC_IDLE_DEFAULT,
 	       KC_DEFAULT_COMPILE_UIDS,
 	       KC_DEFAULT_MAX_SOURCE, KC_REMOTE_DEFAULT_LEASE, KC_REMOTE_DEFAULT_WAIT,
 	       KC_REMOTE_DEFAULT_TIMEOUT);
@@ -505,9 +508,11 @@ static int configure(struct start *s, struct kc_fs *fs)
 	struct kc_opts *o = &s->o;
 	unsigned long jobs = 0, timeout = 0, max_source = 0;
 	unsigned long nvrtc_idle = KC_NVRTC_IDLE_DEFAULT, ahead = KC_DEFAULT_AHEAD;
+	unsigned long stop_timeout = KC_DEFAULT_STOP_TIMEOUT;
 	if (parse_number("jobs", o->jobs, 1, KC_COMPILE_SLOTS, &jobs) ||
 	    parse_number("ahead", o->ahead, 0, KC_HISTORY_MAX_RECIPES, &ahead) ||
 	    parse_number("compile_timeout", o->compile_timeout, 1, 7 * 86400, &timeout) ||
+	    parse_number("stop_timeout", o->stop_timeout, 0, 3600, &stop_timeout) ||
 	    parse_number("nvrtc_idle", o->nvrtc_idle, 0, 86400, &nvrtc_idle) ||
 	    parse_number("max_source_size", o->max_source_size, 1, 1ul << 30, &max_source) ||
 	    parse_number("max_inodes", o->max_inodes, 16, 1ul << 30, &s->max_inodes) ||
@@ -542,6 +547,7 @@ static int configure(struct start *s, struct kc_fs *fs)
 	fs->cfg.jobs = (unsigned)jobs;
 	fs->cfg.ahead = (unsigned)ahead;
 	fs->cfg.compile_timeout = (unsigned)timeout;
+	fs->cfg.stop_timeout = (unsigned)stop_timeout;
 	fs->cfg.nvrtc_idle = (unsigned)nvrtc_idle;
 	fs->cfg.nvrtc_cold = nvrtc_idle == 0;
 	fs->cfg.autocompile = o->autocompile;
@@ -858,6 +864,52 @@ static int start_threads(struct start *s, struct kc_fs *fs, struct kc_remote_tie
 	return 0;
 }
 
+/* SIGUSR1: the holder's stop under a service manager that keeps the mount (holder.h): stop
+ * as at SIGTERM, but leave the mount to the holder. */
+static struct fuse_session *keep_session;
+static volatile sig_atomic_t keep_asked;
+
+static void on_keep_signal(int sig)
+{
+	(void)sig;
+	keep_asked = 1;
+	if (keep_session)
+		fuse_session_exit(keep_session);
+}
+
+static int set_keep_handler(struct fuse_session *se)
+{
+	struct sigaction sa = {.sa_handler = on_keep_signal};
+	sigemptyset(&sa.sa_mask);
+	keep_session = se;
+	return sigaction(SIGUSR1, &sa, NULL);
+}
+
+/* The cluster store's shares in hand (dependency passes, puts, lease releases of the
+ * compiles published last, which run after their openers were answered) end before the
+ * daemon exits, at most stop_timeout seconds: else the cluster would compile those
+ * kernels again. Past the bound each share still in hand is cut and named in the log. */
+static void finish_shares(struct kc_fs *fs)
+{
+	unsigned n = kc_cache_settle(&fs->cache, 0);
+	if (!n)
+		return;
+	unsigned bound = fs->cfg.stop_timeout;
+	kc_log(KC_LOG_INFO, "stop: %u shares to the cluster store in hand: waiting for them, at "
+	       "most %u s (-o stop_timeout)", n, bound);
+	struct timespec t0, t1;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	unsigned left = bound ? kc_cache_settle(&fs->cache, bound) : n;
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	double took = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+	if (left)
+		kc_log(KC_LOG_WARN, "stop: %u of %u shares to the cluster store still in hand after "
+		       "%.1f s are dropped (each is named below): other nodes compile those kernels",
+		       left, n, took);
+	else
+		kc_log(KC_LOG_INFO, "stop: %u shares to the cluster store ended in %.2f s", n, took);
+}
+
 /* Serve until the session ends. Returns the exit status: 0 for a stop by SIGTERM, SIGINT
  * or SIGHUP (systemd, Ctrl-C), which libfuse reports as the signal that ended the loop. */
 static int serve(struct start *s, struct kc_fs *fs)
@@ -882,7 +934,7 @@ static void start_free(struct start *s)
 	char **strings[] = {
 		&s->cmd.mountpoint, &s->o.backing, &s->o.nvcc, &s->o.arch, &s->o.flags,
 		&s->o.log_level, &s->o.jobs, &s->o.compiler, &s->o.compile_timeout,
-		&s->o.nvrtc_idle, &s->o.ahead, &s->o.max_source_size, &s->o.max_inodes, &s->o.max_size,
+		&s->o.nvrtc_idle, &s->o.ahead, &s->o.stop_timeout, &s->o.max_source_size, &s->o.max_inodes, &s->o.max_size,
 		&s->o.max_entries, &s->o.compile_uids, &s->o.remote, &s->o.remote_auth,
 		&s->o.remote_key, &s->o.remote_mode, &s->o.remote_lease, &s->o.remote_wait,
 		&s->o.remote_timeout,
@@ -988,7 +1040,7 @@ int main(int argc, char *argv[])
 		}
 	}
 
-	if (fuse_set_signal_handlers(fs->se) != 0)
+	if (fuse_set_signal_handlers(fs->se) != 0 || set_keep_handler(fs->se) != 0)
 		goto out_session;
 	err = attach_session(&s, fs);
 	if (err == -1)
@@ -1011,17 +1063,34 @@ int main(int argc, char *argv[])
 out_cache:
 	/* In-flight compilers are killed; their waiters are answered EIO. Then the unmount
 	 * aborts what the kernel still queues, which also frees a notification that waits on
-	 * a directory lock held by such a request; only then is the notifier joined. */
+	 * a directory lock held by such a request; only then is the notifier joined. The
+	 * shares in hand end last: no client waits for them. */
 	kc_upgrade_stop();
+	if (keep_asked && kc_holder_connected()) {
+		/* The holder keeps the mount for a service manager's store (holder.h): no
+		 * unmount. The requests the kernel queues stay for the next daemon, so a
+		 * notification waiting on a directory lock that one of them holds may never
+		 * end: the notifier is not joined, the process exits. */
+		kc_log(KC_LOG_INFO, "stopping without unmounting: the holder keeps the mount");
+		kc_sweeper_stop(fs);
+		kc_evict_stop(&fs->evict);
+		kc_cache_stop(&fs->cache);
+		finish_shares(fs);
+		kc_cache_shutdown(&fs->cache);
+		kc_remote_tier_close(remote);
+		_exit(0);
+	}
 	kc_holder_stop(); /* a clean stop: the holder lets the descriptor go */
 	kc_sweeper_stop(fs);
 	kc_evict_stop(&fs->evict);
-	kc_cache_shutdown(&fs->cache);
+	kc_cache_stop(&fs->cache);
 	fuse_session_unmount(fs->se);
 	if (s.up_state || s.restarted)
 		kc_unmount_detached(s.mnt);
 	kc_notifier_stop(&fs->notifier);
 	kc_fh_free_all(fs); /* files still open at the stop: the kernel releases none now */
+	finish_shares(fs);
+	kc_cache_shutdown(&fs->cache);
 	goto out_signals;
 out_unmount:
 	fuse_session_unmount(fs->se);

@@ -233,6 +233,11 @@ void kc_holder_stop(void)
 		kc_log(KC_LOG_WARN, "holder: cannot tell it of the stop: %s", strerror(errno));
 }
 
+int kc_holder_connected(void)
+{
+	return reg_sock >= 0;
+}
+
 void kc_holder_handover(void)
 {
 	if (reg_sock >= 0)
@@ -534,7 +539,7 @@ static void message(int i)
 			 * daemon's now. */
 			kc_log(KC_LOG_INFO, "holder of %s: a stop came during the handover: stopping "
 			       "the new daemon, pid %d", h.mnt, (int)pid);
-			kill(pid, h.stopping == 3 ? SIGKILL : SIGTERM);
+			kill(pid, h.stopping == 3 ? SIGUSR1 : SIGTERM);
 		}
 	}
 }
@@ -562,15 +567,16 @@ static void signalled(void)
 		if (h.stored) {
 			/* Under a service manager that keeps the descriptor: a stop or a restart,
 			 * which it alone can tell apart. The mount is left to its store: the daemon
-			 * goes without unmounting (the requests it had read get ECONNABORTED); a
-			 * restart takes the mount back, a stop unmounts it (the unit's
-			 * ExecStopPost) and closes the store. */
+			 * goes without unmounting (SIGUSR1: its compiles end, the requests it had
+			 * read get an error, its shares to the cluster store end within
+			 * stop_timeout); a restart takes the mount back, a stop unmounts it (the
+			 * unit's ExecStopPost) and closes the store. */
 			h.stopping = 3;
 			if (!d && h.handover_until)
-				continue; /* the new daemon is killed once it says it serves */
+				continue; /* the new daemon is stopped once it says it serves */
 			if (!d)
 				keep_and_exit();
-			kill(d, SIGKILL);
+			kill(d, SIGUSR1);
 			continue;
 		}
 		/* A stop: the daemon stops (and says so); without one, the mount goes now. */

@@ -26,7 +26,10 @@
  * that the holder lets the mount go (as a crash without a holder does) and exits 1. A
  * SIGTERM, SIGINT or SIGHUP to the holder is passed to the daemon (a stop); during a live
  * upgrade, to the new daemon once it serves; with no daemon running, the holder unmounts
- * the mount lazily and exits.
+ * the mount lazily and exits. Under a service manager that keeps the descriptor (its store),
+ * the holder sends the daemon SIGUSR1 instead: the daemon stops without unmounting (the
+ * cluster store's shares in hand end first, within -o stop_timeout), and the holder exits
+ * once it is gone, leaving the mount to the store.
  */
 #ifndef KC_HOLDER_H
 #define KC_HOLDER_H
@@ -107,6 +110,8 @@ void kc_unmount_detached(const char *mnt);
 
 /* Tell the holder this daemon stops cleanly: it lets the descriptor go and exits. */
 void kc_holder_stop(void);
+/* Nonzero when this daemon is registered with a holder (kc_holder_register). */
+int kc_holder_connected(void);
 /* Tell the holder this daemon handed the mount to a new one (upgrade.c). */
 void kc_holder_handover(void);
 

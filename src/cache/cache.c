@@ -46,16 +46,26 @@ unsigned kc_cache_settle(struct kc_cache *c, double timeout_s)
 	return c->shares ? kc_pool_wait_idle(c->shares, timeout_s > 0 ? timeout_s : 0) : 0;
 }
 
-void kc_cache_shutdown(struct kc_cache *c)
+void kc_cache_stop(struct kc_cache *c)
 {
+	if (c->stopped)
+		return;
+	c->stopped = 1;
 	kc_cache_ahead_stop(c); /* no compile ahead starts from here on */
-	kc_compile_shutdown();
+	kc_compile_stop_demand(); /* dependency passes, the shares', run on */
 	if (c->remote)
 		kc_remote_tier_stop(c->remote); /* compiles waiting on other nodes go on here */
 	if (c->pool)
 		kc_pool_destroy(c->pool);
 	c->pool = NULL;
 	kc_cache_ahead_drain(c); /* its workers, which may queue shares too */
+}
+
+void kc_cache_shutdown(struct kc_cache *c)
+{
+	kc_cache_stop(c);
+	atomic_store(&c->shares_cut, 1);
+	kc_compile_shutdown(); /* the dependency passes still running too */
 	if (c->shares)
 		kc_pool_destroy(c->shares); /* after the compiles, which queue shares */
 	c->shares = NULL;

@@ -49,6 +49,8 @@ struct kc_cache {
 	struct kc_nvrtc_pool *nvrtc;  /* warm NVRTC workers, or NULL (no NVRTC backend, or
 				       * -o nvrtc_idle=0) */
 	struct kc_ahead *ahead;       /* compile ahead (ahead.c), or NULL: -o ahead=0 */
+	int stopped;                  /* kc_cache_stop ran */
+	atomic_int shares_cut;        /* a stop's bound passed: shares still in hand end now */
 	struct kc_tree_memo *tree_memo; /* file digests of the include roots checked before a
 					 * compile (tree.h), or NULL (out of memory: read all) */
 };
@@ -69,7 +71,15 @@ int kc_cache_init(struct kc_cache *c, const struct kc_config *cfg, struct kc_sto
  * store). */
 unsigned kc_cache_settle(struct kc_cache *c, double timeout_s);
 
-/* Kill running compilers, fail queued compiles (their waiters get -EIO), stop workers. */
+/* The first half of a stop: no compile starts from here on (compiles ahead included),
+ * running compilers are killed and queued compiles fail (their waiters get -EIO now); the
+ * cluster store's shares in hand (dependency passes, puts, lease releases) go on, so that
+ * the stop can wait for them (kc_cache_settle) before kc_cache_shutdown. */
+void kc_cache_stop(struct kc_cache *c);
+
+/* Kill running compilers, fail queued compiles (their waiters get -EIO), stop workers.
+ * Shares still in hand are cut (each is logged, and its lease released) after
+ * kc_cache_stop if it did not run yet. */
 void kc_cache_shutdown(struct kc_cache *c);
 
 /* Look up kernel.cubin in an entry, starting its compile if it must be compiled.

@@ -482,6 +482,10 @@ static void share_published(struct compile_job *j)
 		snprintf(out.why, sizeof(out.why), "out of memory");
 	if (out.status == KC_COMPILE_OK)
 		kc_log(KC_LOG_DEBUG, "compile %s: dependency pass ran %.2f s", j->label, out.seconds);
+	else if (atomic_load(&c->shares_cut))
+		kc_log(KC_LOG_WARN, "cluster store: %s not shared: the daemon stopped before "
+		       "its dependency pass ended (-o stop_timeout=%u); its lease is released, "
+		       "so another node compiles it", j->label, cfg->stop_timeout);
 	else
 		kc_log(KC_LOG_WARN, "cluster store: %s not shared: its dependency pass %s",
 		       j->label, out.why);

@@ -44,6 +44,16 @@ static pthread_mutex_t running_lock = PTHREAD_MUTEX_INITIALIZER;
 static pid_t running_here[KC_COMPILE_SLOTS];
 static pid_t *running = running_here; /* memory shared with the watcher once it runs */
 static int shutting_down;
+/* A stop that lets the cluster's shares finish (kc_compile_stop_demand): every compile but
+ * a dependency pass is killed and refused. deps_slot[i]: slot i runs a dependency pass. */
+static int demand_stopped;
+static char deps_slot[KC_COMPILE_SLOTS];
+
+/* Whether the compile in slot must end now (running_lock held). */
+static int slot_stopped(int slot)
+{
+	return shutting_down || (demand_stopped && !deps_slot[slot]);
+}
 
 /* What a watcher is started with (kc_compile_watch), to start another like it. */
 static uid_t watch_first;
@@ -106,13 +116,15 @@ int kc_compile_watch(unsigned first_uid, int lock_fd)
 	return 0;
 }
 
-static int reserve_slot(void)
+static int reserve_slot(int deps_only)
 {
 	pthread_mutex_lock(&running_lock);
 	int slot = -1;
-	for (int i = 0; !shutting_down && i < (int)KC_COMPILE_SLOTS; i++) {
+	int refused = shutting_down || (demand_stopped && !deps_only);
+	for (int i = 0; !refused && i < (int)KC_COMPILE_SLOTS; i++) {
 		if (running[i] == 0) {
 			running[i] = -1;
+			deps_slot[i] = (char)deps_only;
 			slot = i;
 			break;
 		}
@@ -127,7 +139,8 @@ static void track_started(pid_t pid, void *arg)
 {
 	pthread_mutex_lock(&running_lock);
 	*(pid_t *)arg = pid;
-	if (shutting_down) { /* the group, once the child made it; the child before that */
+	if (slot_stopped((int)((pid_t *)arg - running))) {
+		/* the group, once the child made it; the child before that */
 		kill(-pid, SIGKILL);
 		kill(pid, SIGKILL);
 	}
@@ -160,16 +173,30 @@ static void release_slot(int slot)
 	pthread_mutex_unlock(&running_lock);
 }
 
-void kc_compile_shutdown(void)
+/* Set how far the stop goes (running_lock not held) and kill what it ends. */
+static void stop_compiles(int all)
 {
 	pthread_mutex_lock(&running_lock);
-	shutting_down = 1;
+	if (all)
+		shutting_down = 1;
+	else
+		demand_stopped = 1;
 	for (int i = 0; i < (int)KC_COMPILE_SLOTS; i++)
-		if (running[i] > 0) {
+		if (running[i] > 0 && slot_stopped(i)) {
 			kill(-running[i], SIGKILL);
 			kill(running[i], SIGKILL);
 		}
 	pthread_mutex_unlock(&running_lock);
+}
+
+void kc_compile_stop_demand(void)
+{
+	stop_compiles(0);
+}
+
+void kc_compile_shutdown(void)
+{
+	stop_compiles(1);
 }
 
 /* Read the compiler's output from fd (the daemon's own descriptor of it: a compiler that
@@ -741,7 +768,7 @@ static int run_warm(const struct kc_compile_spec *spec, struct kc_compile_outcom
 	} else {
 		pthread_mutex_lock(&running_lock); /* a stop kills it as it kills a compiler */
 		running[slot] = w->pid;
-		if (shutting_down)
+		if (slot_stopped(slot))
 			kill(-w->pid, SIGKILL);
 		pthread_mutex_unlock(&running_lock);
 	}
@@ -836,7 +863,7 @@ int kc_compile_run(const struct kc_compile_spec *spec, struct kc_compile_outcome
 
 	memset(out, 0, sizeof(*out));
 	out->status = KC_COMPILE_TRANSIENT;
-	int slot = reserve_slot();
+	int slot = reserve_slot(spec->deps_only);
 	if (slot < 0) {
 		snprintf(out->why, sizeof(out->why), "daemon is shutting down or runs %u compiles",
 			 KC_COMPILE_SLOTS);
@@ -921,7 +948,7 @@ int kc_compile_run(const struct kc_compile_spec *spec, struct kc_compile_outcome
 		close(fd);
 	}
 	pthread_mutex_lock(&running_lock);
-	if (shutting_down)
+	if (slot_stopped(slot))
 		snprintf(out->why, sizeof(out->why), "daemon is shutting down");
 	pthread_mutex_unlock(&running_lock);
 	int w = wait_compiler(pid, spec->timeout_s, &status);

@@ -141,6 +141,10 @@ int kc_compile_owns(pid_t tid);
 /* Kill every running compiler and make later kc_compile_run calls fail (transient) at
  * once: used at shutdown so that waiters get EIO instead of waiting. */
 void kc_compile_shutdown(void);
+/* The first step of a stop that lets the cluster's shares finish: as kc_compile_shutdown
+ * for every compile but dependency passes (kc_compile_spec.deps_only), which run on and
+ * may still start until kc_compile_shutdown. */
+void kc_compile_stop_demand(void);
 
 /* End this daemon's compiles with it, however it dies: its compilers' process groups move
  * to memory shared with a watcher (kc_sandbox_watch) that kills them, and every process of

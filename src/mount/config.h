@@ -14,6 +14,10 @@
 
 #define KC_DEFAULT_ARCH "sm_90a"           /* when no GPU is found and no -o arch= */
 #define KC_DEFAULT_COMPILE_TIMEOUT 600     /* seconds */
+/* Seconds a stop waits for the cluster store's shares in hand (-o stop_timeout): within
+ * the unit's TimeoutStopSec=60 (scripts/kcachefs.service) and Kubernetes' default grace
+ * period of 30 s, with room for the rest of the stop. */
+#define KC_DEFAULT_STOP_TIMEOUT 25
 #define KC_DEFAULT_AHEAD 256               /* recipes compiled ahead per trigger */
 #define KC_DEFAULT_MAX_SOURCE (16u << 20)  /* bytes */
 /* First uid of the compiles of a daemon run as root: 0x7FFF0000, 256 uids just below 2^31,
@@ -32,6 +36,7 @@ struct kc_config {
 	unsigned ahead;        /* -o ahead=N: recipes compiled ahead per trigger (ahead.c); 0:
 				* none, no history kept */
 	unsigned compile_timeout; /* seconds; 0: KC_DEFAULT_COMPILE_TIMEOUT */
+	unsigned stop_timeout; /* seconds a stop waits for the shares in hand (kc_cache_stop) */
 	unsigned request_timeout; /* the kernel's FUSE request timeout of the mount (seconds,
 				   * reqtimeout.h; 0: none), set by kcachefs.c */
 	unsigned compile_timeout_asked; /* nonzero: the compile_timeout asked for, which kcachefs.c

@@ -1,18 +1,16 @@
 """The service files in scripts/: the fstab line mounts through mount.fuse3, and the systemd
 unit's commands start, stop and restart the daemon, both with the same options, here with
 test paths in place of /var/cache/kcachefs and /mnt/kcache."""
-import array
 import os
 import re
 import shlex
-import socket
 import signal
 import subprocess
 
 import pytest
 
 from conftest import KCACHEFS, REPO, sample, entry_name
-from kcmount import wait_until
+from kcmount import FakeManager, wait_until
 
 FSTAB = REPO / "scripts" / "kcachefs.fstab"
 UNIT = REPO / "scripts" / "kcachefs.service"
@@ -144,81 +142,6 @@ def kill_the_rest(path):
     for pid in daemons_of(path):
         os.kill(pid, signal.SIGKILL)
     wait_until(lambda: not daemons_of(path), "a daemon survived SIGKILL")
-
-
-class FakeManager:
-    """The part of systemd the unit's holder relies on, by the documented protocol: a
-    NOTIFY_SOCKET whose FDSTORE=1 messages (sd_notify(3), FDNAME=, descriptors in
-    SCM_RIGHTS) it keeps, FDSTOREREMOVE=1 drops, and a start that hands them back as
-    descriptors 3... with LISTEN_FDS, LISTEN_PID and LISTEN_FDNAMES (sd_listen_fds(3))."""
-
-    def __init__(self, tmp_path):
-        self.path = str(tmp_path / "notify")
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.bind(self.path)
-        self.store = {}
-
-    def receive(self):
-        while True:
-            try:
-                data, anc, _, _ = self.sock.recvmsg(4096, socket.CMSG_SPACE(64 * 4),
-                                                    socket.MSG_DONTWAIT)
-            except BlockingIOError:
-                return
-            fds = array.array("i")
-            for level, kind, payload in anc:
-                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                    fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
-            fields = dict(l.split("=", 1) for l in data.decode().splitlines() if "=" in l)
-            name = fields.get("FDNAME", "stored")
-            if fields.get("FDSTORE") == "1" and fds:
-                self.drop(name)
-                self.store[name] = fds[0]
-                for fd in fds[1:]:
-                    os.close(fd)
-            else:
-                for fd in fds:
-                    os.close(fd)
-            if fields.get("FDSTOREREMOVE") == "1":
-                self.drop(name)
-
-    def drop(self, name):
-        if name in self.store:
-            os.close(self.store.pop(name))
-
-    def run(self, argv, log):
-        self.receive()
-        env = dict(os.environ, NOTIFY_SOCKET=self.path)
-        names = list(self.store)
-        fds = [self.store[n] for n in names]
-        # Descriptors 3... as systemd passes them; LISTEN_PID is the process's own pid.
-
-        def move():
-            high = [os.dup(fd) for fd in fds]
-            for i, fd in enumerate(high):
-                os.dup2(fd, 3 + i)
-                os.close(fd)
-
-        script = ('export LISTEN_FDS=%d LISTEN_PID=$$ LISTEN_FDNAMES=%s; exec "$@"'
-                  % (len(fds), ":".join(names))) if fds else 'exec "$@"'
-        return subprocess.Popen(["/bin/sh", "-c", script, "sh"] + argv, env=env,
-                                preexec_fn=move, pass_fds=range(3, 3 + len(fds)),
-                                stdout=log, stderr=subprocess.STDOUT)
-
-    def wait_stored(self, names, timeout=30):
-        def stored():
-            self.receive()
-            return set(names) <= set(self.store)
-        wait_until(stored, lambda: ("not stored", names, list(self.store)), timeout=timeout)
-
-    def release(self):
-        """A stop: the store is closed."""
-        if self.sock.fileno() < 0:
-            return
-        self.receive()
-        for name in list(self.store):
-            self.drop(name)
-        self.sock.close()
 
 
 def test_the_unit_starts_stops_and_restarts_after_a_crash(tmp_path):
