@@ -19,11 +19,38 @@
 #include "hash.h"
 #include "tree.h"
 
-/* Add path (len bytes) to the list p, at most KC_MANIFEST_MAX_HEADERS. */
+static int cmp_path(const void *a, const void *b);
+
+/* Sort p and drop its repeated paths. */
+static void paths_unique(struct kc_argv *p)
+{
+	if (p->n < 2)
+		return;
+	qsort(p->v, p->n, sizeof(*p->v), cmp_path);
+	size_t kept = 1;
+	for (size_t i = 1; i < p->n; i++) {
+		if (strcmp(p->v[i], p->v[kept - 1]) == 0)
+			free(p->v[i]);
+		else
+			p->v[kept++] = p->v[i];
+	}
+	for (size_t i = kept; i < p->n; i++)
+		p->v[i] = NULL;
+	p->n = kept;
+}
+
+/* Add path (len bytes) to the list p, at most KC_MANIFEST_MAX_HEADERS distinct paths. A
+ * trace lists a path at every lookup (CUB's block_sum under nvcc 13.0: 22,141 lines, 4,326
+ * paths; 17,568 of the lines are cc1plus's readlinks of the same headers): a full list is
+ * made unique, and refused (-EFBIG) only when that frees less than a quarter of it, so that
+ * each path added costs at most a few sorts' share. */
 static int paths_add(struct kc_argv *p, const char *path, size_t len)
 {
-	if (p->n == KC_MANIFEST_MAX_HEADERS)
-		return -EFBIG;
+	if (p->n >= KC_MANIFEST_MAX_HEADERS) {
+		paths_unique(p);
+		if (p->n > KC_MANIFEST_MAX_HEADERS - KC_MANIFEST_MAX_HEADERS / 4)
+			return -EFBIG;
+	}
 	char *copy = strndup(path, len);
 	int err = copy ? kc_argv_push(p, copy) : -ENOMEM;
 	free(copy);
@@ -433,7 +460,8 @@ static int build(int err, struct kc_argv *p, int spread, char **manifest, size_t
 	FILE *f = NULL;
 
 	if (err == -EFBIG)
-		snprintf(why, whylen, "more than %d headers", KC_MANIFEST_MAX_HEADERS);
+		snprintf(why, whylen, "more than %d distinct headers",
+			 KC_MANIFEST_MAX_HEADERS - KC_MANIFEST_MAX_HEADERS / 4);
 	if (err) {
 		kc_argv_free(p);
 		return err;

@@ -47,7 +47,9 @@
 #include "hash.h"
 
 #define KC_MANIFEST_MAX_HEADER (256u << 20) /* bytes of one file hashed, at most (cicc: 73 MiB) */
-#define KC_MANIFEST_MAX_HEADERS 20000      /* paths of one compile, at most (block_sum: 2,760) */
+#define KC_MANIFEST_MAX_HEADERS 20000      /* paths of one compile, at most, with repeats
+					    * (made unique when full: remote_manifest.c;
+					    * block_sum: 4,326 distinct in 22,141 lookups) */
 #define KC_MANIFEST_MAX_TOTAL (1024u << 20) /* bytes of all files of one manifest hashed */
 
 /* The outcome of a lookup that found nothing, and of one that found a directory, where a

@@ -375,6 +375,41 @@ static void timestamp_header(void)
 	}
 }
 
+/* A trace names a path at every lookup: 25,000 lines of 40 headers (cc1plus's readlinks of
+ * CUB under nvcc 13.0: 22,141 lines, 4,326 paths) make a list of 40; 16,000 distinct paths
+ * are kept, 20,001 refused (EFBIG). Each path names nothing, so nothing is hashed. */
+static void repeated_lookups(void)
+{
+	size_t cap = 25000 * 48, len = 0;
+	char *trace = malloc(cap), *m = NULL, why[300];
+	size_t ml = 0;
+	for (int i = 0; trace && i < 25000; i++)
+		len += (size_t)snprintf(trace + len, cap - len, "l %s/none/h%02d.h\n", root, i % 40);
+	CHECK(trace && kc_manifest_from_trace(trace, len, NULL, NULL, 0, NULL, &m, &ml, why,
+					      sizeof(why)) == 0,
+	      "25,000 lookups of 40 paths: a manifest");
+	size_t lines = 0;
+	for (size_t i = 0; m && i < ml; i++)
+		lines += m[i] == '\n';
+	CHECK(lines == 40, "... of 40 lines, one a path");
+	free(m);
+	m = NULL;
+	len = 0;
+	for (int i = 0; trace && i < 16000; i++)
+		len += (size_t)snprintf(trace + len, cap - len, "o %s/none/d%05d.h\n", root, i);
+	CHECK(trace && kc_manifest_from_trace(trace, len, NULL, NULL, 0, NULL, &m, &ml, why,
+					      sizeof(why)) == 0,
+	      "16,000 distinct paths: a manifest");
+	free(m);
+	m = NULL;
+	for (int i = 16000; trace && i < 20001; i++)
+		len += (size_t)snprintf(trace + len, cap - len, "o %s/none/d%05d.h\n", root, i);
+	CHECK(trace && kc_manifest_from_trace(trace, len, NULL, NULL, 0, NULL, &m, &ml, why,
+					      sizeof(why)) == -EFBIG && !m,
+	      "20,001 distinct paths: refused");
+	free(trace);
+}
+
 int main(void)
 {
 	char deps[2048], why[300], want[1024], ha[65], hb[65], tk[128], *m = NULL, *m2 = NULL;
@@ -625,6 +660,7 @@ int main(void)
 	      "a list naming a file of /proc (regular, readable by all): not looked at");
 
 	memo_ways();
+	repeated_lookups();
 	mapped_writer();
 	timestamp_header();
 	spread();
