@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from conftest import KERNELS as SAMPLES, Mount, read_result
+from conftest import KERNELS as SAMPLES, Mount, read_result, sample
 from kcmount import wait_until
 from kccluster import (INC_HEADER, KERNELS, LISTS_KEY, Cluster, compiles_each_kernel_once,
                        dead_holder_is_taken_over_within_seconds, holding_and_waiting,
@@ -253,6 +253,24 @@ def test_real_nvcc_shares_with_its_header_manifest(mount_factory, tmp_path, coun
         assert name in index[0], name
     absent = b"3e144f3ec7178ebad4c924e5d523e6f4bb43b02860e4bb9ef1ac958f6e2b0075 "
     assert absent + (b"%s/stdlib.h\n" % str(SAMPLES / "include").encode()) in index[0]
+
+
+def test_real_nvcc_shares_a_cub_kernel(mount_factory, tmp_path, counting_nvcc):
+    """A CUB kernel (block_sum: its trace lists a path at each of about 22,000 lookups, 4,326
+    paths) is shared: the second node fetches it. Before, its list passed the cap on
+    headers and it was never stored ("not shared: more than 20000 headers")."""
+    make, calls = counting_nvcc
+    (tmp_path / "store").mkdir()
+    opts = ["remote=dir:%s" % (tmp_path / "store"), "nvcc=%s" % make()]
+    a, b = mount_factory(opts, name="a"), mount_factory(opts, name="b")
+    src, flags = sample("block_sum")
+    ra = read_result(a.stage("block_sum", src, flags) / "kernel.cubin")
+    assert ra[0] == "ok", a.daemon_log()
+    wait_until(lambda: " stored (" in a.daemon_log() or "not shared" in a.daemon_log(),
+               a.daemon_log, 120)
+    assert "not shared" not in a.daemon_log(), a.daemon_log()
+    rb = read_result(b.stage("block_sum", src, flags) / "kernel.cubin")
+    assert rb == ra and calls() == 1 and b.stats()["remote_hits_total"] == 1
 
 
 def test_real_nvcc_manifest_has_nested_headers(mount_factory, tmp_path, counting_nvcc):
