@@ -19,7 +19,8 @@ def run(*args):
 def test_help_and_version():
     r = run("--help")
     assert r.returncode == 0
-    for opt in ("nvcc=", "arch=", "flags=", "jobs=", "compile_timeout=", "autocompile"):
+    for opt in ("nvcc=", "arch=", "flags=", "jobs=", "compile_timeout=", "stop_timeout=",
+                "autocompile"):
         assert opt in r.stdout
     r = run("--version")
     assert r.returncode == 0
@@ -36,6 +37,7 @@ def test_usage_errors(tmp_path):
     r = run("-o", "log_level=loud", str(tmp_path), str(tmp_path / "m"))
     assert r.returncode == 2 and "log_level" in r.stderr
     for bad in ("jobs=0", "jobs=x", "jobs=257", "compile_timeout=0", "compile_timeout=-1",
+                "stop_timeout=-1", "stop_timeout=3601", "stop_timeout=1s",
                 "max_source_size=1k", "max_inodes=15", "max_inodes=many",
                 "max_size=0", "max_size=10X", "max_size=-1G", "max_entries=0",
                 "no_such_option", "no_such_option=1"):
