@@ -39,7 +39,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "mount"))
 sys.path.insert(0, str(REPO / "scripts"))
 
-from gpu_deepgemm import M, finish, install_copy, run_round, settle, shapes, summary  # noqa: E402
+from gpu_deepgemm import (M, cluster, finish, install_copy, run_round, settle, shapes,  # noqa: E402
+                          summary)
 
 
 def image(src, dst, tag):
@@ -109,17 +110,7 @@ def main():
         ok &= good
         print("local: %d nvcc runs" % (len(counter.read_text().split()) if counter.exists() else 0))
 
-        store = share / "store"
-        store.mkdir(mode=0o700)
-        key = share / "cluster.key"
-        key.write_bytes(os.urandom(32))
-        key.chmod(0o600)
-        runs = share / "mount-compiles"
-        runs.write_text("")
-        runs.chmod(0o666)
-        mount_nvcc = kcmount.write_script(share / "nvcc-mount", 'case " $* " in *"/pass.cubin "*) ;; '
-                                          '*-cubin*) echo x >>%s;; esac\nexec %s "$@"\n' % (runs, nvcc))
-        opts = ["remote=dir:%s" % store, "remote_key=%s" % key, "nvcc=%s" % mount_nvcc]
+        store, opts, runs = cluster(share, nvcc)
 
         def compiled():
             return len(runs.read_text().split())

@@ -188,16 +188,89 @@ def settle(m, store, timeout=120):
 
 
 def finish(mounts, share, ok):
-    """Stop the mounts, remove the share, and check that no mount of a run is left;
-    returns ok, false when one is."""
+    """Stop the mounts, remove the share, and check that no mount of this run (under its
+    share: another run may go on beside it) is left; returns ok, false when one is."""
     for m in mounts:
         m.stop()
     shutil.rmtree(share, ignore_errors=True)
-    left = [l.split()[1] for l in open("/proc/mounts") if "kcachefs-dg." in l]
+    left = [l.split()[1] for l in open("/proc/mounts") if l.split()[1].startswith(str(share) + "/")]
     if left:
         print("FAIL mounts left: %s" % left)
         return False
     return ok
+
+
+def start_node(share, node, opts, mounts):
+    """Node node: a fresh mount with opts under share, started and added to mounts."""
+    import kcmount
+    root = share / ("node" + node + "-mount")
+    root.mkdir()
+    m = kcmount.Mount(root, opts)
+    mounts.append(m)
+    m.start()
+    print("\n=== node %s: kcachefs on %s, dir: store, DG_JIT_NVCC_COMPILER=kcachefs-nvcc" % (node, m.mnt))
+    return m
+
+
+def shim_env(base, site, m):
+    """base with DeepGEMM at site, its cache on m and the nvcc shim as its compiler."""
+    import kcmount
+    return dict(base, PYTHONPATH=str(site), DG_JIT_CACHE_DIR=str(m.mnt / "dg"),
+                DG_JIT_NVCC_COMPILER=str(kcmount.SHIM))
+
+
+def end_node(m, node, store, counter, counted, mounts):
+    """After node's ranks: wait for its shares, say what its log says of the store, stop its
+    mount and print its figures. Its compiles are the counter's lines past counted (both
+    daemons of an upgraded node). Returns (its stats, the counter's lines now)."""
+    # The share follows the publish: before the next node starts, wait for it.
+    settle(m, store)
+    s = m.stats()
+    unwatched = [l for l in m.daemon_log().splitlines() if "header lists are not watched" in l]
+    print("node %s: header watch %s" % (node, unwatched[0] if unwatched else "on (no 'not watched' line)"))
+    # why a compile was not shared, or what the store said at start: the first few
+    unshared = [l for l in m.daemon_log().splitlines()
+                if "not shared" in l or "header lists checked" in l or "is this node's" in l]
+    for line in unshared[:4]:
+        print("node %s: %s" % (node, line[:400]))
+    done = len(counter.read_text().split())
+    s["compiles_total"] = done - counted
+    m.stop()
+    mounts.remove(m)
+    print("node %s: compiles %d, store hits %d, misses %d, puts %d, rejected %d, fetch %.1f ms avg" % (
+        node, s.get("compiles_total", 0), s.get("remote_hits_total", 0),
+        s.get("remote_misses_total", 0), s.get("remote_puts_total", 0),
+        s.get("remote_rejected_total", 0),
+        s.get("remote_fetch_microseconds_total", 0) / 1000 / max(1, s.get("remote_fetches_total", 0))))
+    return s, done
+
+
+def cluster(share, nvcc):
+    """A dir: store in share with a cluster key, and the mounts' compiler: nvcc behind a
+    wrapper that counts compiles (not --version nor the dependency pass), one file for every
+    node, so that the two daemons of an upgraded node count as one, and all nodes have the
+    same compiler identity. Returns (store, the mounts' -o options, the counter file: one
+    line a compile)."""
+    store = share / "store"
+    store.mkdir(mode=0o700)
+    key = share / "cluster.key"
+    key.write_bytes(os.urandom(32))
+    key.chmod(0o600)
+    mount_nvcc, counter = counting_compiler(share, nvcc)
+    return store, ["remote=dir:%s" % store, "remote_key=%s" % key, "nvcc=%s" % mount_nvcc], counter
+
+
+def counting_compiler(share, nvcc):
+    """A mount's compiler in share: nvcc behind a wrapper that writes a line to a counter
+    file for each compile (not --version nor the dependency pass). Returns (the wrapper,
+    the counter file)."""
+    import kcmount
+    counter = share / "mount-compiles"
+    counter.write_text("")
+    counter.chmod(0o666)  # appended to by the compiles' own uids
+    mount_nvcc = kcmount.write_script(share / "nvcc-mount", 'case " $* " in *"/pass.cubin "*) ;; '
+                                      '*-cubin*) echo x >>%s;; esac\nexec %s "$@"\n' % (counter, nvcc))
+    return mount_nvcc, counter
 
 
 def install_copy(src, dst, new_mtimes):
@@ -272,31 +345,12 @@ def main():
                 shutil.copy(cu, Path(args.save_sources) / (cu.parent.name[:40] + ".cu"))
         print("local: %d nvcc runs" % local_runs)
 
-        store = share / "store"
-        store.mkdir(mode=0o700)
-        key = share / "cluster.key"
-        key.write_bytes(os.urandom(32))
-        key.chmod(0o600)
-        # The mounts' compiler: nvcc behind a wrapper that counts compiles (not --version nor
-        # the dependency pass), one file for both nodes, so that the two daemons of an
-        # upgraded node count as one, and both nodes have the same compiler identity.
-        mount_counter = share / "mount-compiles"
-        mount_counter.write_text("")
-        mount_counter.chmod(0o666)  # appended to by the compiles' own uids
-        mount_nvcc = kcmount.write_script(share / "nvcc-mount", 'case " $* " in *"/pass.cubin "*) ;; '
-                                          '*-cubin*) echo x >>%s;; esac\nexec %s "$@"\n' % (mount_counter, nvcc))
-        opts = ["remote=dir:%s" % store, "remote_key=%s" % key, "nvcc=%s" % mount_nvcc] + \
-            [o for o in args.options.split(",") if o]
+        store, opts, mount_counter = cluster(share, nvcc)
+        opts += [o for o in args.options.split(",") if o]
         meds, stats, counted = {}, {}, 0
         for node, site in (("A", site_a), ("B", site_b)):
-            root = share / ("node" + node + "-mount")
-            root.mkdir()
-            m = kcmount.Mount(root, opts)
-            mounts.append(m)
-            m.start()
-            print("\n=== node %s: kcachefs on %s, dir: store, DG_JIT_NVCC_COMPILER=kcachefs-nvcc" % (node, m.mnt))
-            env = dict(base, PYTHONPATH=str(site), DG_JIT_CACHE_DIR=str(m.mnt / "dg"),
-                       DG_JIT_NVCC_COMPILER=str(kcmount.SHIM))
+            m = start_node(share, node, opts, mounts)
+            env = shim_env(base, site, m)
             upgrade = {}
             th = None
             if node == "A" and args.upgrade_after:
@@ -309,27 +363,7 @@ def main():
                 if upgrade.get("new") is not None:
                     m.proc = upgrade["new"]  # the new daemon serves the mount now; stop() ends it
                 ok &= report_upgrade(m, upgrade)
-            # The share follows the publish: before the next node starts, wait for it.
-            settle(m, store)
-            stats[node] = m.stats()
-            unwatched = [l for l in m.daemon_log().splitlines() if "header lists are not watched" in l]
-            print("node %s: header watch %s" % (node, unwatched[0] if unwatched else "on (no 'not watched' line)"))
-            # why a compile was not shared, or what the store said at start: the first few
-            unshared = [l for l in m.daemon_log().splitlines()
-                        if "not shared" in l or "header lists checked" in l or "is this node's" in l]
-            for line in unshared[:4]:
-                print("node %s: %s" % (node, line[:400]))
-            done = len(mount_counter.read_text().split())
-            stats[node]["compiles_total"] = done - counted  # both daemons of an upgraded node
-            counted = done
-            m.stop()
-            mounts.remove(m)
-            s = stats[node]
-            print("node %s: compiles %d, store hits %d, misses %d, puts %d, rejected %d, fetch %.1f ms avg" % (
-                node, s.get("compiles_total", 0), s.get("remote_hits_total", 0),
-                s.get("remote_misses_total", 0), s.get("remote_puts_total", 0),
-                s.get("remote_rejected_total", 0),
-                s.get("remote_fetch_microseconds_total", 0) / 1000 / max(1, s.get("remote_fetches_total", 0))))
+            stats[node], counted = end_node(m, node, store, mount_counter, counted, mounts)
 
         print("\n=== summary")
         print("%-46s %8s %8s %7s %s" % ("figure", "kcachefs", "baseline", "ratio", "target"))
