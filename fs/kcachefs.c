@@ -559,6 +559,18 @@ static int configure(struct start *s, struct kc_fs *fs)
 	return 0;
 }
 
+/* Block (how: SIG_BLOCK) or let through (SIG_UNBLOCK) the signals that stop a daemon. */
+static void hold_stop_signals(int how)
+{
+	sigset_t stops;
+	sigemptyset(&stops);
+	sigaddset(&stops, SIGTERM);
+	sigaddset(&stops, SIGINT);
+	sigaddset(&stops, SIGHUP);
+	sigaddset(&stops, SIGUSR1);
+	sigprocmask(how, &stops, NULL);
+}
+
 /* Take the mountpoint before anything touches the mount: the running daemon's in a live
  * upgrade (its FUSE_INIT replayed, its state received into s), the holder's after a crash
  * (FUSE_INIT replayed), or a fresh one (a dead kcachefs mount there is unmounted first, a
@@ -569,6 +581,10 @@ static int take_mountpoint(struct start *s, struct kc_fs *fs, char *why, size_t 
 	if (s->restarted || !realpath(s->cmd.mountpoint, s->mnt)) /* ENOTCONN: a dead mount */
 		mountpoint_path(s->cmd.mountpoint, s->mnt, sizeof(s->mnt));
 	if (s->up_sock >= 0) {
+		/* Once the running daemon hands the mount over and exits, this process is the
+		 * mount's only daemon: a stop signal that came before its handlers are set must
+		 * stop it (an unmount), not kill it (a dead mount). Held until then (main). */
+		hold_stop_signals(SIG_BLOCK);
 		/* Taken over: nothing below may touch the mount until the loop serves it. */
 		if (kc_upgrade_replay_init(s->up_sock, fs->se, &s->offer, why, whylen) != 0 ||
 		    kc_upgrade_receive(s->up_sock, s->offer.pid, &s->up_state, &s->up_len,
@@ -640,10 +656,21 @@ static int open_remote(struct start *s, struct kc_fs *fs, struct kc_remote_tier 
  * answers and takes upgrades, so that a `kcachefs --upgrade` may follow at once. The
  * child drops the terminal (setsid) and points stdin, stdout and stderr at /dev/null, as
  * fuse_daemonize does; libfuse's parent returns once the child forked, before it serves.
- * Sets *ready_fd to the pipe's end the child writes (-1 with -f). Returns 0, or -1 in the
- * parent when the child exited before it served (the parent exits 1: the child's log says
- * why), or when the fork failed (said). */
-static int daemon_start(int foreground, int *ready_fd)
+ * Sets *ready_fd to the pipe's end the child writes (-1 with -f). The parent closes its
+ * copy of fuse_fd, passes SIGINT, SIGTERM and SIGHUP on to the child as SIGTERM (a start
+ * stopped by Ctrl-C), and exits 1 when the child exits before it serves, unmounting mnt
+ * if it is left dead. Returns 0, or -1 when the fork failed (said). */
+static pid_t starting_daemon; /* the starting command's child (daemon_start) */
+
+/* The starting command is stopped (Ctrl-C): so is the start. */
+static void forward_stop(int sig)
+{
+	(void)sig;
+	if (starting_daemon > 0)
+		kill(starting_daemon, SIGTERM);
+}
+
+static int daemon_start(int foreground, int *ready_fd, int fuse_fd, const char *mnt)
 {
 	*ready_fd = -1;
 	if (chdir("/") != 0)
@@ -662,13 +689,26 @@ static int daemon_start(int foreground, int *ready_fd)
 	}
 	if (pid > 0) {
 		close(p[1]);
+		close(fuse_fd); /* the daemon's alone: once it is gone, so is the connection */
+		starting_daemon = pid;
+		struct sigaction sa = {.sa_handler = forward_stop};
+		sigemptyset(&sa.sa_mask);
+		sigaction(SIGINT, &sa, NULL);
+		sigaction(SIGTERM, &sa, NULL);
+		sigaction(SIGHUP, &sa, NULL);
 		char c;
 		ssize_t n;
 		while ((n = read(p[0], &c, 1)) < 0 && errno == EINTR)
 			;
 		if (n == 1)
 			_exit(0);
-		fprintf(stderr, "kcachefs: the daemon exited before it served (its log says why)\n");
+		/* Died or stopped before it served. A mount it left dead (no holder starts
+		 * another daemon on it) is unmounted, as a failed start leaves none. */
+		int dead = kcachefs_mount_dead(mnt);
+		if (dead)
+			kc_unmount_detached(mnt);
+		fprintf(stderr, "kcachefs: the daemon exited before it served (its log says "
+			"why)%s\n", dead ? "; its mount is removed" : "");
 		_exit(1);
 	}
 	close(p[0]);
@@ -889,14 +929,20 @@ static int set_keep_handler(struct fuse_session *se)
  * compiles published last, which run after their openers were answered) end before the
  * daemon exits, at most stop_timeout seconds: else the cluster would compile those
  * kernels again. Past the bound each share still in hand is cut and named in the log. */
-static void finish_shares(struct kc_fs *fs)
+static void finish_shares(struct kc_fs *fs, int keep)
 {
 	unsigned n = kc_cache_settle(&fs->cache, 0);
 	if (!n)
 		return;
 	unsigned bound = fs->cfg.stop_timeout;
+	/* Kept for the holder, the mount queues the clients' requests meanwhile: under a
+	 * kernel request timeout they must be answered by the next daemon in time, else the
+	 * kernel aborts the mount (as the live upgrade's bound, upgrade.c). */
+	if (keep && fs->request_budget && bound + 3 > fs->request_budget)
+		bound = fs->request_budget > 4 ? fs->request_budget - 3 : 1;
 	kc_log(KC_LOG_INFO, "stop: %u shares to the cluster store in hand: waiting for them, at "
 	       "most %u s (-o stop_timeout)", n, bound);
+	kc_store_note_stopping(&fs->store, time(NULL) + bound);
 	struct timespec t0, t1;
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	unsigned left = bound ? kc_cache_settle(&fs->cache, bound) : n;
@@ -1042,6 +1088,7 @@ int main(int argc, char *argv[])
 
 	if (fuse_set_signal_handlers(fs->se) != 0 || set_keep_handler(fs->se) != 0)
 		goto out_session;
+	hold_stop_signals(SIG_UNBLOCK); /* held through a live upgrade's takeover */
 	err = attach_session(&s, fs);
 	if (err == -1)
 		goto out_signals;
@@ -1049,7 +1096,7 @@ int main(int argc, char *argv[])
 		goto out_unmount;
 	kc_notifier_note_connection(&fs->notifier, s.mnt);
 	log_serving(&s, fs, rt_desc);
-	if (daemon_start(s.cmd.foreground, &s.ready_fd) != 0)
+	if (daemon_start(s.cmd.foreground, &s.ready_fd, fuse_session_fd(fs->se), s.mnt) != 0)
 		goto out_unmount;
 	if (!s.cmd.foreground)
 		kc_log_init(1, s.cmd.debug ? KC_LOG_DEBUG : s.level);
@@ -1066,7 +1113,10 @@ out_cache:
 	 * a directory lock held by such a request; only then is the notifier joined. The
 	 * shares in hand end last: no client waits for them. */
 	kc_upgrade_stop();
-	if (keep_asked && kc_holder_connected()) {
+	/* Kept only where the holder can start a daemon on it: it has the FUSE_INIT (a stop
+	 * during the first start, before the kernel's FUSE_INIT was answered, unmounts). */
+	if (keep_asked && kc_holder_connected() &&
+	    (s.restarted || s.up_state || kc_holder_init_kept())) {
 		/* The holder keeps the mount for a service manager's store (holder.h): no
 		 * unmount. The requests the kernel queues stay for the next daemon, so a
 		 * notification waiting on a directory lock that one of them holds may never
@@ -1075,7 +1125,7 @@ out_cache:
 		kc_sweeper_stop(fs);
 		kc_evict_stop(&fs->evict);
 		kc_cache_stop(&fs->cache);
-		finish_shares(fs);
+		finish_shares(fs, 1);
 		kc_cache_shutdown(&fs->cache);
 		kc_remote_tier_close(remote);
 		_exit(0);
@@ -1089,7 +1139,7 @@ out_cache:
 		kc_unmount_detached(s.mnt);
 	kc_notifier_stop(&fs->notifier);
 	kc_fh_free_all(fs); /* files still open at the stop: the kernel releases none now */
-	finish_shares(fs);
+	finish_shares(fs, 0);
 	kc_cache_shutdown(&fs->cache);
 	goto out_signals;
 out_unmount:

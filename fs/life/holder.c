@@ -83,6 +83,9 @@ int kc_holder_clone(int fd)
 	return c;
 }
 
+/* The mount's FUSE_INIT reached the holder's memfd (kc_holder_note_init). */
+static int init_kept;
+
 void kc_holder_note_init(const unsigned char *in, size_t in_len, const unsigned char *out,
 			 size_t out_len)
 {
@@ -93,6 +96,8 @@ void kc_holder_note_init(const unsigned char *in, size_t in_len, const unsigned 
 	if (pwritev(init_fd, v, 3, INIT_AT) != (ssize_t)(sizeof(h) + in_len + out_len))
 		kc_log(KC_LOG_WARN, "holder: cannot keep the mount's FUSE_INIT (%s): a crash of the "
 		       "daemon will cost the mount", strerror(errno));
+	else
+		init_kept = 1;
 	close(init_fd);
 	init_fd = -1;
 }
@@ -236,6 +241,11 @@ void kc_holder_stop(void)
 int kc_holder_connected(void)
 {
 	return reg_sock >= 0;
+}
+
+int kc_holder_init_kept(void)
+{
+	return init_kept;
 }
 
 void kc_holder_handover(void)

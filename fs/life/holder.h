@@ -112,6 +112,9 @@ void kc_unmount_detached(const char *mnt);
 void kc_holder_stop(void);
 /* Nonzero when this daemon is registered with a holder (kc_holder_register). */
 int kc_holder_connected(void);
+/* Nonzero once this daemon (the holder's first, which mounted) gave the holder the mount's
+ * FUSE_INIT: before that, a daemon the holder starts again could not serve the mount. */
+int kc_holder_init_kept(void);
 /* Tell the holder this daemon handed the mount to a new one (upgrade.c). */
 void kc_holder_handover(void);
 

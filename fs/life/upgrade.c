@@ -558,9 +558,11 @@ static void serve(int c)
 	/* The cluster store's share of each compile runs after its openers were answered,
 	 * holding the recipe's lease: this daemon's shares end here, not with its exit (which
 	 * would leave their leases to expire and their objects unstored). */
-	double rest = begun + bound - mono_now();
-	unsigned jobs = err ? 0 : kc_cache_settle(&fs->cache, rest);
-	if (jobs)
+	unsigned jobs = 0;
+	while (!err && (jobs = kc_cache_settle(&fs->cache, 0.1)) && mono_now() < begun + bound)
+		if (wait_ends(c, why, sizeof(why))) /* a stop, a new process gone: at once */
+			err = -ESHUTDOWN;
+	if (jobs && !err)
 		kc_log(KC_LOG_WARN, "upgrade: %u shares to the cluster store still running after "
 		       "%u s end with this daemon: their kernels stay published here, unshared; "
 		       "their leases expire and another node compiles them", jobs, bound);
