@@ -50,7 +50,7 @@ void kc_cache_stop(struct kc_cache *c)
 {
 	if (c->stopped)
 		return;
-	c->stopped = 1;
+	__atomic_store_n(&c->stopped, 1, __ATOMIC_SEQ_CST);
 	kc_cache_ahead_stop(c); /* no compile ahead starts from here on */
 	kc_compile_stop_demand(); /* dependency passes, the shares', run on */
 	if (c->remote)

@@ -326,6 +326,12 @@ static int run_compile(struct compile_job *j)
 	int result, nvrtc = 0;
 
 	kc_cache_entry_label(c, j->entry_fd, label, sizeof(label));
+	if (__atomic_load_n(&c->stopped, __ATOMIC_SEQ_CST)) {
+		/* Queued at a stop: its waiters are answered now, without asking a store that
+		 * may not answer for remote_timeout. */
+		j->transient = 1;
+		return -EIO;
+	}
 	if (compile_args(j, label, &args, &nvrtc) != 0) {
 		kc_argv_free(&args);
 		return -EIO;

@@ -1112,6 +1112,18 @@ void kc_remote_tier_finish(struct kc_remote_tier *t, struct kc_remote_job *rj, i
 	if (!t || !rj->active)
 		return;
 	renewer_stop(rj);
+	/* A daemon that stops does not wait remote_timeout per share on a store that does
+	 * not answer (its breaker is open): the lease is left to expire. */
+	pthread_mutex_lock(&t->lock);
+	int skip = t->stopping && t->breaker_until != 0;
+	pthread_mutex_unlock(&t->lock);
+	if (skip) {
+		kc_log(KC_LOG_WARN, "cluster store: %.16s not shared: the store does not answer "
+		       "and the daemon stops; its lease expires", rj->mkey);
+		rj->holder = 0;
+		kc_remote_job_free(rj);
+		return;
+	}
 	int told = rj->holder || (ok && !t->read_only);
 	struct stored st = {0};
 	if (ok && !t->read_only)

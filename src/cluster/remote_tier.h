@@ -135,7 +135,8 @@ int kc_remote_tier_fetch(struct kc_remote_tier *t, const char *recipe_hash, int 
 /* After the compile of rj: when it published (ok) the cubin behind cubin_fd, share it
  * (unless read-only, or deps, nvcc's dependency file of the same source and flags, is NULL or its manifest cannot be
  * built); release the lease, leaving a failure note when the compile was rejected. Frees
- * what rj holds. */
+ * what rj holds. After kc_remote_tier_stop, with the breaker open (the store does not
+ * answer), nothing is asked of the store: the lease expires. */
 void kc_remote_tier_finish(struct kc_remote_tier *t, struct kc_remote_job *rj, int ok,
 			   int rejected, int cubin_fd, const char *deps, size_t deps_len);
 

@@ -169,6 +169,46 @@ static int fail(char *why, size_t whylen, int err, const char *fmt, const char *
 	return err;
 }
 
+#define STOPPING_NOTE "stopping"
+
+void kc_store_note_stopping(struct kc_store *s, time_t deadline)
+{
+	char path[4200], text[64];
+	snprintf(path, sizeof(path), "%s/" KC_STATE_DIR "/" STOPPING_NOTE, s->root_path);
+	int n = snprintf(text, sizeof(text), "%d %lld\n", (int)getpid(), (long long)deadline);
+	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (fd < 0 || kc_write_all(fd, text, (size_t)n) != 0)
+		kc_log(KC_LOG_DEBUG, "cannot write %s: %s", path, strerror(errno));
+	if (fd >= 0)
+		close(fd);
+}
+
+/* The lock of the store at state (a directory descriptor) is held by a daemon that stopped
+ * serving and ends its shares (kc_store_note_stopping): wait for it, until its deadline and
+ * KC_STORE_STOP_GRACE seconds more. Returns 0 once the lock is taken, else -EBUSY. */
+static int wait_for_stopping(int state, int lock_fd, const char *root)
+{
+	char text[64] = "";
+	int fd = openat(state, STOPPING_NOTE, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	ssize_t n = fd >= 0 ? read(fd, text, sizeof(text) - 1) : -1;
+	if (fd >= 0)
+		close(fd);
+	int pid;
+	long long deadline;
+	if (n <= 0 || sscanf(text, "%d %lld", &pid, &deadline) != 2)
+		return -EBUSY;
+	kc_log(KC_LOG_INFO, "the daemon (pid %d) that served %s has stopped and ends its shares "
+	       "to the cluster store: waiting for it, at most %lld s", pid, root,
+	       deadline + KC_STORE_STOP_GRACE - (long long)time(NULL));
+	while ((long long)time(NULL) <= deadline + KC_STORE_STOP_GRACE) {
+		if (flock(lock_fd, LOCK_EX | LOCK_NB) == 0)
+			return 0;
+		struct timespec pause = {0, 50 * 1000 * 1000};
+		nanosleep(&pause, NULL);
+	}
+	return -EBUSY;
+}
+
 int kc_store_open(struct kc_store *s, const char *path, char *why, size_t whylen)
 {
 	char sub[4096];
@@ -198,11 +238,14 @@ int kc_store_open(struct kc_store *s, const char *path, char *why, size_t whylen
 		err = fail(why, whylen, -errno, "cannot open %s/" KC_STATE_DIR "/lock", s->root_path);
 		goto out;
 	}
-	if (flock(s->lock_fd, LOCK_EX | LOCK_NB) != 0) {
-		err = fail(why, whylen, errno == EWOULDBLOCK ? -EBUSY : -errno,
-			   "another kcachefs already serves %s", s->root_path);
+	err = flock(s->lock_fd, LOCK_EX | LOCK_NB) == 0 ? 0 : errno == EWOULDBLOCK ? -EBUSY : -errno;
+	if (err == -EBUSY)
+		err = wait_for_stopping(state, s->lock_fd, s->root_path);
+	if (err) {
+		err = fail(why, whylen, err, "another kcachefs already serves %s", s->root_path);
 		goto out;
 	}
+	unlinkat(state, STOPPING_NOTE, 0); /* a stopping daemon's, which is gone now */
 	snprintf(sub, sizeof(sub), "%s/" KC_STATE_DIR "/tmp", s->root_path);
 	s->tmp_fd = fresh_dir(state, "tmp", sub);
 	snprintf(sub, sizeof(sub), "%s/" KC_STATE_DIR "/scratch", s->root_path);
@@ -248,6 +291,11 @@ void kc_store_close(struct kc_store *s)
 			if (kc_store_remove_tree(sub) != 0 || mkdir(sub, 0700) != 0)
 				kc_log(KC_LOG_WARN, "cannot clean %s: %s", sub, strerror(errno));
 		}
+	}
+	if (s->lock_fd >= 0 && s->root_path) {
+		char note[4200];
+		snprintf(note, sizeof(note), "%s/" KC_STATE_DIR "/" STOPPING_NOTE, s->root_path);
+		unlink(note);
 	}
 	int *fds[] = {&s->root_fd, &s->tmp_fd, &s->scratch_fd, &s->lock_fd};
 	for (unsigned i = 0; i < 4; i++) {

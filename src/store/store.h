@@ -24,6 +24,7 @@
 #include <stdint.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <time.h>
 
 #include "hash.h"
 
@@ -44,6 +45,14 @@ struct kc_store {
 int kc_store_open(struct kc_store *s, const char *path, char *why, size_t whylen);
 /* Empty tmp/ and scratch/ (nothing is in progress once the daemon stops), unlock, close. */
 void kc_store_close(struct kc_store *s);
+
+/* The daemon has stopped serving and holds the store only while the cluster store's shares
+ * in hand end, until deadline (CLOCK_REALTIME seconds) at most: a daemon started on the
+ * store meanwhile waits for the lock instead of failing with -EBUSY (kc_store_open; the
+ * note is the file .kcachefs/stopping, "PID DEADLINE", removed at kc_store_close). */
+void kc_store_note_stopping(struct kc_store *s, time_t deadline);
+/* Seconds past a stopping daemon's deadline that kc_store_open still waits for its lock. */
+#define KC_STORE_STOP_GRACE 10
 
 /* Create a new empty temporary in tmp/ (O_RDWR, mode). name receives its name in tmp/.
  * Returns the fd (owned by the caller) or -errno. */

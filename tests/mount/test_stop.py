@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from kcmount import FakeManager, daemons_of, read_result, wait_until
+from kcmount import KCACHEFS, FakeManager, Mount, daemons_of, read_result, wait_until
 from kccluster import KERNELS, Cluster, stage_all
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounts with allow_other need root")
@@ -30,7 +30,6 @@ def cluster(tmp_path, template):
 
 
 def fd_store_built():
-    from conftest import KCACHEFS
     out = subprocess.run([str(KCACHEFS), "--version"], capture_output=True, text=True).stdout
     return "file descriptor store: yes" in out
 
@@ -159,3 +158,58 @@ def test_the_units_stop_stores_what_was_just_compiled(cluster, tmp_path):
     finally:
         manager.release()
         subprocess.run(["umount", "-l", str(a.mnt)], capture_output=True)
+
+
+def test_a_new_daemon_waits_for_the_one_that_ends_its_shares(cluster):
+    """The stopped daemon holds the backing directory while its shares end: a daemon started
+    on it meanwhile (a pod's replacement, a remount) waits for it rather than failing, and
+    then serves what it published."""
+    a = cluster.node("a")
+    results = open_all_with_shares_held(cluster, a)
+    daemon = stop(a, "sigterm")
+    wait_until(lambda: not os.path.ismount(a.mnt), a.daemon_log, timeout=30)
+    again = Mount(a.root, a.options)
+    again.log_path = a.root / "again.log"
+    try:
+        cmd = [str(KCACHEFS), "-f", "-o", ",".join(a.options), str(a.backing), str(a.mnt)]
+        log = open(again.log_path, "ab")
+        again.log = log
+        again.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        wait_until(lambda: "has stopped and ends its shares" in again.daemon_log(),
+                   again.daemon_log)
+        assert again.proc.poll() is None and not os.path.ismount(a.mnt)
+        assert alive(daemon)
+        cluster.dep_gate.unlink()
+        assert a.proc.wait(timeout=60) == 0
+        wait_until(lambda: os.path.ismount(a.mnt), again.daemon_log)
+        assert [read_result(p) for p in stage_all(cluster, again)] == results
+        assert len(cluster.objects(b"cubin")) == KERNELS
+    finally:
+        again.stop()
+
+
+def test_a_stop_during_an_upgrade_s_wait_for_shares_ends_it_at_once(cluster):
+    """A live upgrade waits for the running daemon's shares before it hands over; a stop
+    then (SIGTERM to the running daemon) ends the upgrade and the daemon stops at once,
+    without waiting for those shares first: the mount goes, the new process exits 1."""
+    a = cluster.node("a")
+    open_all_with_shares_held(cluster, a)
+    new = subprocess.Popen([str(KCACHEFS), "-f", "--upgrade", str(a.mnt)],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_until(lambda: "handing the mount to pid" in a.daemon_log(), a.daemon_log)
+        time.sleep(0.5)  # in the wait for the shares, which the gate holds
+        t0 = time.monotonic()
+        a.proc.send_signal(signal.SIGTERM)
+        wait_until(lambda: not os.path.ismount(a.mnt), a.daemon_log, timeout=30)
+        took = time.monotonic() - t0
+        print("\nunmounted %.2f s after the stop, the shares still held" % took)
+        assert took < 5, a.daemon_log()
+        assert new.wait(timeout=60) == 1
+        assert "upgrade abandoned: the daemon is stopping" in a.daemon_log()
+        cluster.dep_gate.unlink()
+        assert a.proc.wait(timeout=60) == 0
+    finally:
+        if new.poll() is None:
+            new.kill()
+            new.wait()
