@@ -925,15 +925,20 @@ static int set_keep_handler(struct fuse_session *se)
 	return sigaction(SIGUSR1, &sa, NULL);
 }
 
+/* Seconds a stop waits for the shares it cut past its bound (their lease releases). */
+#define KC_STOP_CUT_GRACE 2.0
+
 /* The cluster store's shares in hand (dependency passes, puts, lease releases of the
  * compiles published last, which run after their openers were answered) end before the
  * daemon exits, at most stop_timeout seconds: else the cluster would compile those
- * kernels again. Past the bound each share still in hand is cut and named in the log. */
-static void finish_shares(struct kc_fs *fs, int keep)
+ * kernels again. Past the bound each share still in hand is cut and named in the log.
+ * Returns 0, or -1 when shares still wait on a store that does not answer: the caller
+ * exits at once (_exit), as joining them would wait for that store. */
+static int finish_shares(struct kc_fs *fs, int keep)
 {
 	unsigned n = kc_cache_settle(&fs->cache, 0);
 	if (!n)
-		return;
+		return 0;
 	unsigned bound = fs->cfg.stop_timeout;
 	/* Kept for the holder, the mount queues the clients' requests meanwhile: under a
 	 * kernel request timeout they must be answered by the next daemon in time, else the
@@ -948,12 +953,21 @@ static void finish_shares(struct kc_fs *fs, int keep)
 	unsigned left = bound ? kc_cache_settle(&fs->cache, bound) : n;
 	clock_gettime(CLOCK_MONOTONIC, &t1);
 	double took = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
-	if (left)
-		kc_log(KC_LOG_WARN, "stop: %u of %u shares to the cluster store still in hand after "
-		       "%.1f s are dropped (each is named below): other nodes compile those kernels",
-		       left, n, took);
-	else
+	if (!left) {
 		kc_log(KC_LOG_INFO, "stop: %u shares to the cluster store ended in %.2f s", n, took);
+		return 0;
+	}
+	kc_log(KC_LOG_WARN, "stop: %u of %u shares to the cluster store still in hand after "
+	       "%.1f s are dropped (each is named): other nodes compile those kernels", left, n,
+	       took);
+	/* Cut: a dependency pass is killed and its lease released; a share that waits on a
+	 * store that does not answer (each operation up to remote_timeout) is not waited
+	 * for: the process exits without it, its lease expiring. */
+	if (kc_cache_cut_shares(&fs->cache, KC_STOP_CUT_GRACE) == 0)
+		return 0;
+	kc_log(KC_LOG_WARN, "stop: exiting without the shares that wait on the cluster store; "
+	       "the next start empties the temporaries");
+	return -1;
 }
 
 /* Serve until the session ends. Returns the exit status: 0 for a stop by SIGTERM, SIGINT
@@ -1125,7 +1139,8 @@ out_cache:
 		kc_sweeper_stop(fs);
 		kc_evict_stop(&fs->evict);
 		kc_cache_stop(&fs->cache);
-		finish_shares(fs, 1);
+		if (finish_shares(fs, 1) != 0)
+			_exit(0);
 		kc_cache_shutdown(&fs->cache);
 		kc_remote_tier_close(remote);
 		_exit(0);
@@ -1139,7 +1154,8 @@ out_cache:
 		kc_unmount_detached(s.mnt);
 	kc_notifier_stop(&fs->notifier);
 	kc_fh_free_all(fs); /* files still open at the stop: the kernel releases none now */
-	finish_shares(fs, 0);
+	if (finish_shares(fs, 0) != 0)
+		_exit(0);
 	kc_cache_shutdown(&fs->cache);
 	goto out_signals;
 out_unmount:

@@ -23,6 +23,7 @@ int kc_cache_init(struct kc_cache *c, const struct kc_config *cfg, struct kc_sto
 	pthread_mutex_init(&c->publish_lock, NULL);
 	pthread_mutex_init(&c->verified_lock, NULL);
 	pthread_mutex_init(&c->holdoff_lock, NULL);
+	pthread_mutex_init(&c->shares_lock, NULL);
 	c->remote = remote;
 	kc_slots_init(&c->slots, cfg->jobs);
 	c->tree_memo = kc_tree_memo_new(KC_TREE_MEMO_DAEMON);
@@ -59,6 +60,22 @@ void kc_cache_stop(struct kc_cache *c)
 		kc_pool_destroy(c->pool);
 	c->pool = NULL;
 	kc_cache_ahead_drain(c); /* its workers, which may queue shares too */
+}
+
+unsigned kc_cache_cut_shares(struct kc_cache *c, double grace_s)
+{
+	atomic_store(&c->shares_cut, 1);
+	kc_compile_shutdown(); /* the dependency passes still running */
+	unsigned left = kc_cache_settle(c, grace_s);
+	if (!left)
+		return 0;
+	pthread_mutex_lock(&c->shares_lock);
+	for (struct compile_job *j = c->shares_in_hand; j; j = j->share_next)
+		kc_log(KC_LOG_WARN, "cluster store: %s not shared: the daemon stopped while its "
+		       "share waited on the store (-o stop_timeout=%u); its lease expires",
+		       j->label, c->cfg->stop_timeout);
+	pthread_mutex_unlock(&c->shares_lock);
+	return left;
 }
 
 void kc_cache_shutdown(struct kc_cache *c)

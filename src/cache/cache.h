@@ -26,6 +26,8 @@
 
 #define KC_PENDING 1 /* lookup result: the waiter will be called */
 
+struct compile_job;
+
 struct kc_cache {
 	const struct kc_config *cfg; /* borrowed, outlives the cache */
 	struct kc_store *store;      /* borrowed, outlives the cache */
@@ -51,6 +53,8 @@ struct kc_cache {
 	struct kc_ahead *ahead;       /* compile ahead (ahead.c), or NULL: -o ahead=0 */
 	int stopped;                  /* kc_cache_stop ran */
 	atomic_int shares_cut;        /* a stop's bound passed: shares still in hand end now */
+	pthread_mutex_t shares_lock;
+	struct compile_job *shares_in_hand; /* queued or running shares (job.c), shares_lock */
 	struct kc_tree_memo *tree_memo; /* file digests of the include roots checked before a
 					 * compile (tree.h), or NULL (out of memory: read all) */
 };
@@ -76,6 +80,13 @@ unsigned kc_cache_settle(struct kc_cache *c, double timeout_s);
  * cluster store's shares in hand (dependency passes, puts, lease releases) go on, so that
  * the stop can wait for them (kc_cache_settle) before kc_cache_shutdown. */
 void kc_cache_stop(struct kc_cache *c);
+
+/* Past a stop's bound (after kc_cache_stop): cut the shares still in hand (their
+ * dependency passes are killed, their leases released, or left to expire where the store
+ * does not answer), wait at most grace_s seconds for them to end, and name each one still
+ * in hand in the log. Returns how many are: then kc_cache_shutdown would wait on a store
+ * that does not answer, and the caller exits without it. */
+unsigned kc_cache_cut_shares(struct kc_cache *c, double grace_s);
 
 /* Kill running compilers, fail queued compiles (their waiters get -EIO), stop workers.
  * Shares still in hand are cut (each is logged, and its lease released) after

@@ -36,6 +36,7 @@ struct compile_job {
 	struct kc_argv args;  /* the compile's arguments (owned) */
 	const char *compiler; /* cfg's */
 	int share_fd;         /* the published cubin (owned), or -1 */
+	struct compile_job *share_next, *share_prev; /* in c->shares_in_hand while shared */
 	char label[512];
 };
 

@@ -514,9 +514,32 @@ static void job_free(struct compile_job *j)
 	free(j);
 }
 
+/* j is in hand (in) or no longer (!in): c->shares_in_hand, named at a stop's cut. */
+static void in_hand(struct compile_job *j, int in)
+{
+	struct kc_cache *c = j->c;
+	pthread_mutex_lock(&c->shares_lock);
+	if (in) {
+		j->share_prev = NULL;
+		j->share_next = c->shares_in_hand;
+		if (c->shares_in_hand)
+			c->shares_in_hand->share_prev = j;
+		c->shares_in_hand = j;
+	} else {
+		if (j->share_prev)
+			j->share_prev->share_next = j->share_next;
+		else
+			c->shares_in_hand = j->share_next;
+		if (j->share_next)
+			j->share_next->share_prev = j->share_prev;
+	}
+	pthread_mutex_unlock(&c->shares_lock);
+}
+
 static void share_job(void *arg)
 {
 	share_published(arg);
+	in_hand(arg, 0);
 	job_free(arg);
 }
 
@@ -529,13 +552,18 @@ static void end_job(struct compile_job *j, int result)
 	/* The share runs in a pool of its own, queued before the openers are answered: once
 	 * they are, kc_cache_settle sees it (a live upgrade waits for it). Run here when that
 	 * pool is stopping. */
-	if (j->share_fd >= 0 && kc_pool_submit(c->shares, share_job, j) == 0) {
-		kc_flight_finish(&c->flights, &key, result);
-		return;
+	if (j->share_fd >= 0) {
+		in_hand(j, 1);
+		if (kc_pool_submit(c->shares, share_job, j) == 0) {
+			kc_flight_finish(&c->flights, &key, result);
+			return;
+		}
 	}
 	kc_flight_finish(&c->flights, &key, result);
-	if (j->share_fd >= 0)
+	if (j->share_fd >= 0) {
 		share_published(j);
+		in_hand(j, 0);
+	}
 	job_free(j);
 }
 

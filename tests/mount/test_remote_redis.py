@@ -408,3 +408,37 @@ def test_redis_planted_notice_serves_nothing(redis_cluster):
     s = b.stats()
     assert s["compiles_total"] == 0 and s["remote_hits_total"] == 1, s
     assert len(redis_cluster.compiles()) == 1
+
+
+def test_a_stop_is_bounded_when_the_store_hangs(redis_cluster):
+    """A stop's wait for the shares in hand ends at stop_timeout even when the store stops
+    answering mid-share (SIGSTOP): past the bound, the dependency passes are killed and the
+    shares still waiting on the store (each of its operations up to remote_timeout, 5 s
+    here) are named and not waited for; their leases expire. Before, each share's put,
+    renewal and release waited remote_timeout in turn: 15 s and more for a 2 s bound."""
+    server = redis_cluster.servers[0]
+    a = redis_cluster.node("a", ["stop_timeout=1"])
+    paths = stage_all(redis_cluster, a)
+    redis_cluster.dep_gate.write_text("")
+    assert all(read_result(p)[0] == "ok" for p in paths)
+    wait_until(lambda: redis_cluster.dep_log.read_text(), a.daemon_log)
+    server.proc.send_signal(signal.SIGSTOP)
+    try:
+        redis_cluster.dep_gate.unlink()  # the passes end; their puts wait on the store
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        a.proc.send_signal(signal.SIGTERM)
+        assert a.proc.wait(timeout=120) == 0, a.daemon_log()
+        took = time.monotonic() - t0
+    finally:
+        server.proc.send_signal(signal.SIGCONT)
+    log = a.daemon_log()
+    print("\nstore stopped: the daemon exited %.1f s after the SIGTERM (stop_timeout=1)" % took)
+    assert took < 12, log
+    named = {l.split("kernel.")[1].split(".")[0] for l in log.splitlines()
+             if "not shared: " in l and "kernel." in l}
+    stored = {l.split("kernel.")[1].split(".")[0] for l in log.splitlines()
+              if " stored (" in l and "kernel." in l}
+    assert named == {"k%d" % k for k in range(KERNELS)} and not stored, log
+    assert "are dropped (each is named)" in log, log
+    assert "exiting without the shares that wait on the cluster store" in log, log
