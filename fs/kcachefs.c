@@ -6,6 +6,7 @@
  * 2 on a usage error (a missing argument, an unknown option or a bad value).
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -1013,6 +1014,29 @@ static void start_free(struct start *s)
 	kc_handover_offer_free(&s->offer);
 }
 
+/* A start by hand inherits what its shell holds open: a descriptor of a file in the mount
+ * kept by the daemon makes the mount busy (an unmount fails) for as long as it runs. Close
+ * every descriptor above stderr but one named as the mountpoint (/dev/fd/N: a mount made
+ * by the caller). Not for a daemon the holder or a service manager started, which hand
+ * descriptors over on purpose. */
+static void close_inherited(int argc, char **argv)
+{
+	int keep = -1;
+	for (int i = 1; i < argc; i++)
+		if (strncmp(argv[i], "/dev/fd/", 8) == 0)
+			keep = atoi(argv[i] + 8);
+	DIR *d = opendir("/proc/self/fd");
+	if (!d)
+		return;
+	int self = dirfd(d);
+	for (struct dirent *e; (e = readdir(d));) {
+		int fd = atoi(e->d_name);
+		if (e->d_name[0] != '.' && fd > 2 && fd != self && fd != keep)
+			close(fd);
+	}
+	closedir(d);
+}
+
 int main(int argc, char *argv[])
 {
 	struct start s = {.level = KC_LOG_INFO, .up_sock = -1, .up_fuse_fd = -1, .ready_fd = -1,
@@ -1023,6 +1047,8 @@ int main(int argc, char *argv[])
 	s.restarted = kc_holder_restarted(&s.hr);
 	if (s.restarted < 0)
 		return 1;
+	if (!s.restarted && !getenv("LISTEN_FDS"))
+		close_inherited(argc, argv);
 	if (!s.restarted)
 		s.up_sock = upgrade_args(&argc, &argv, &s.offer);
 	if (s.up_sock == -2 || s.up_sock == -3)

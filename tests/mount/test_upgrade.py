@@ -478,7 +478,8 @@ def test_upgrades_follow_each_other(tmp_path, counting_nvcc):
     """kcachefs --upgrade (detached) exits 0 only once the new daemon serves and takes
     upgrades: four upgrades run back to back each go through, and the mount serves the same
     cubin afterwards. Before, the command returned when the new daemon forked, and an upgrade
-    started at once was refused (no daemon listened yet: "Connection refused")."""
+    started at once was refused (no daemon listened yet: "Connection refused"). The
+    upgrades run with a descriptor of a cubin open, which no new daemon keeps."""
     make, _ = counting_nvcc
     (tmp_path / "m").mkdir()
     m = Mount(tmp_path / "m", ["nvcc=%s" % make()]).start()
@@ -486,12 +487,18 @@ def test_upgrades_follow_each_other(tmp_path, counting_nvcc):
     try:
         e = m.stage("vadd", *variant(0))
         first = (e / "kernel.cubin").read_bytes()
+        # Run from a process that holds a file of the mount open (a shell that has one):
+        # the new daemons must not keep it, or the mount stays busy after it is closed.
+        held = open(e / "kernel.cubin", "rb")
         for i in range(4):  # each at once after the last: nothing in between
             r = subprocess.run([str(KCACHEFS), "--upgrade", str(m.mnt)], capture_output=True,
-                               text=True, timeout=120)
+                               text=True, timeout=120, pass_fds=(held.fileno(),))
             assert r.returncode == 0, (i, r, m.daemon_log())
         pids = daemons_of(m)
         assert (e / "kernel.cubin").read_bytes() == first
+        held.close()
+        r = subprocess.run(["fusermount3", "-u", str(m.mnt)], capture_output=True, text=True)
+        assert r.returncode == 0, r  # not busy: no daemon kept the descriptor
         assert m.proc.wait(timeout=60) == 0  # the first daemon handed over and exited
         assert m.daemon_log().count("upgrade refused") == 0
     finally:
