@@ -90,10 +90,16 @@ static int open_published(struct kc_fs *fs, struct kc_inode *pending)
 		close(fd);
 		return -ESTALE;
 	}
-	if (!__atomic_exchange_n(&pending->stored, 1, __ATOMIC_SEQ_CST)) {
-		char path[32];
-		kc_fd_path(fd, path);
-		pending->cubin_fd = open(path, O_PATH | O_CLOEXEC);
+	char path[32];
+	kc_fd_path(fd, path);
+	int first = !__atomic_exchange_n(&pending->stored, 1, __ATOMIC_SEQ_CST);
+	/* From here a lookup of this cubin answers this inode, and the inode ledger keeps it
+	 * across a crash (kc_inode_published, which takes the first: one that comes second
+	 * closes its descriptor). Every caller that returns a cubin makes sure of it, so that
+	 * a lookup after this (kc_cubin_adopt) finds it set. */
+	if (first || __atomic_load_n(&pending->cubin_fd, __ATOMIC_SEQ_CST) < 0)
+		kc_inode_published(&fs->inodes, pending, open(path, O_PATH | O_CLOEXEC));
+	if (first) {
 		struct stat st;
 		if (fstat(fd, &st) == 0 && st.st_size > 0) {
 			struct fuse_bufvec buf = FUSE_BUFVEC_INIT((size_t)st.st_size);
@@ -108,6 +114,24 @@ static int open_published(struct kc_fs *fs, struct kc_inode *pending)
 		}
 	}
 	return fd;
+}
+
+void kc_cubin_adopt(struct kc_fs *fs, struct kc_inode *entry)
+{
+	struct stat est;
+	int fd = openat(entry->fd, KC_CUBIN_NAME, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0)
+		return;
+	uint64_t recipe_id = kc_cache_cubin_recipe_id(fd); /* 0: a client's cubin */
+	close(fd);
+	if (!recipe_id || fstat(entry->fd, &est) != 0)
+		return;
+	struct kc_inode *pending = kc_inode_find_pending_held(&fs->inodes, est.st_dev, est.st_ino,
+							      recipe_id);
+	if (pending && __atomic_load_n(&pending->cubin_fd, __ATOMIC_SEQ_CST) < 0 &&
+	    (fd = open_published(fs, pending)) >= 0)
+		close(fd);
+	kc_inode_let_go(&fs->inodes, pending);
 }
 
 int kc_reply_published_attr(fuse_req_t req, struct kc_inode *pending)

@@ -85,6 +85,11 @@ void kc_cubin_open(fuse_req_t req, struct kc_inode *in, int fd, struct fuse_file
  * or -ENOENT without answering when no cubin is published (wait again). */
 int kc_reply_published_attr(fuse_req_t req, struct kc_inode *pending);
 int kc_reply_published_open(fuse_req_t req, struct kc_inode *pending, struct fuse_file_info *fi);
+/* A lookup found entry's kernel.cubin published: if the kernel holds the pending inode of
+ * its recipe and no request of that inode has opened the cubin yet (the compile's waiters
+ * are answered just after the publish), that inode takes it now (as the waiters' answers
+ * do), so the lookup answers it (kc_inode_ref): the kernel keeps one inode of the cubin. */
+void kc_cubin_adopt(struct kc_fs *fs, struct kc_inode *entry);
 
 /* A directory handle (dir.c): the snapshot of names its readdir answers from. */
 struct dir_item {

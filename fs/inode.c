@@ -47,6 +47,23 @@ static int by_address(const void *a, const void *b)
 	return a < b ? -1 : a > b;
 }
 
+/* The order of the published tree: by the cubin a pending inode became. */
+static int by_cubin(const void *a, const void *b)
+{
+	const struct kc_inode *x = a, *y = b;
+	return kc_file_id_cmp(x->cubin_dev, x->cubin_ino, y->cubin_dev, y->cubin_ino);
+}
+
+/* Take in out of the published tree, if it is there (lock held). */
+static void unpublish(struct kc_inode_table *t, struct kc_inode *in)
+{
+	if (!in->pending || in->cubin_fd < 0)
+		return;
+	struct kc_inode **found = tfind(in, &t->published, by_cubin);
+	if (found && *found == in)
+		tdelete(in, &t->published, by_cubin);
+}
+
 /* The slot's cell, or NULL when its chunk was never made (alloc 0) or cannot be. Call with
  * the lock held when alloc is set. */
 static struct kc_inode_slot *slot_cell(struct kc_inode_table *t, uint32_t slot, int alloc)
@@ -156,6 +173,11 @@ int kc_inode_table_init(struct kc_inode_table *t, int root_fd)
 	return 0;
 }
 
+static void leave_inode(void *p)
+{
+	(void)p; /* freed through the tree that owns it */
+}
+
 static void free_inode(void *p)
 {
 	struct kc_inode *in = p;
@@ -169,6 +191,8 @@ static void free_inode(void *p)
 
 void kc_inode_table_destroy(struct kc_inode_table *t)
 {
+	tdestroy(t->published, leave_inode);
+	t->published = NULL;
 	tdestroy(t->tree, free_inode);
 	t->tree = NULL;
 	tdestroy(t->unhashed, free_inode);
@@ -213,6 +237,10 @@ static struct kc_inode *ref_key(struct kc_inode_table *t, const struct kc_inode 
 {
 	pthread_mutex_lock(&t->lock);
 	struct kc_inode **found = tfind(key, &t->tree, inode_cmp);
+	if (!found && !key->pending) { /* a published cubin the kernel knows as pending */
+		struct kc_inode cubin = {.cubin_dev = key->dev, .cubin_ino = key->ino};
+		found = tfind(&cubin, &t->published, by_cubin);
+	}
 	if (found) {
 		struct kc_inode *in = *found;
 		in->nlookup++;
@@ -290,13 +318,36 @@ struct kc_inode *kc_inode_ref_pending(struct kc_inode_table *t, int entry_fd,
 	return in;
 }
 
-struct kc_inode *kc_inode_find_held(struct kc_inode_table *t, dev_t dev, ino_t ino)
+int kc_inode_published(struct kc_inode_table *t, struct kc_inode *in, int cubin_fd)
 {
-	struct kc_inode key = {.dev = dev, .ino = ino};
-	if (dev == t->root.dev && ino == t->root.ino)
-		return &t->root; /* never freed */
+	struct stat st;
+	if (cubin_fd < 0)
+		return -EINVAL;
+	if (!in->pending || fstat(cubin_fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+		close(cubin_fd);
+		return -EINVAL;
+	}
 	pthread_mutex_lock(&t->lock);
-	struct kc_inode **found = tfind(&key, &t->tree, inode_cmp);
+	int err = in->cubin_fd >= 0 ? -EEXIST : 0;
+	if (!err) {
+		in->cubin_dev = st.st_dev;
+		in->cubin_ino = st.st_ino;
+		__atomic_store_n(&in->cubin_fd, cubin_fd, __ATOMIC_SEQ_CST);
+		/* Without memory for it, a later lookup gets an inode of its own, as before. */
+		tsearch(in, &t->published, by_cubin);
+		journal_sync(t, in);
+	}
+	pthread_mutex_unlock(&t->lock);
+	if (err)
+		close(cubin_fd);
+	return err;
+}
+
+/* The inode of key in the tree, held (kc_inode_hold), or NULL. */
+static struct kc_inode *find_key_held(struct kc_inode_table *t, const struct kc_inode *key)
+{
+	pthread_mutex_lock(&t->lock);
+	struct kc_inode **found = tfind(key, &t->tree, inode_cmp);
 	struct kc_inode *in = found ? *found : NULL;
 	if (in) {
 		in->nlookup++;
@@ -304,6 +355,21 @@ struct kc_inode *kc_inode_find_held(struct kc_inode_table *t, dev_t dev, ino_t i
 	}
 	pthread_mutex_unlock(&t->lock);
 	return in;
+}
+
+struct kc_inode *kc_inode_find_held(struct kc_inode_table *t, dev_t dev, ino_t ino)
+{
+	struct kc_inode key = {.dev = dev, .ino = ino};
+	if (dev == t->root.dev && ino == t->root.ino)
+		return &t->root; /* never freed */
+	return find_key_held(t, &key);
+}
+
+struct kc_inode *kc_inode_find_pending_held(struct kc_inode_table *t, dev_t dev, ino_t ino,
+					    uint64_t recipe_id)
+{
+	struct kc_inode key = {.dev = dev, .ino = ino, .pending = 1, .recipe_id = recipe_id};
+	return find_key_held(t, &key);
 }
 
 void kc_inode_let_go(struct kc_inode_table *t, struct kc_inode *in)
@@ -328,7 +394,7 @@ static void gather_one(const void *node, VISIT which, void *closure)
 {
 	struct gather *g = closure;
 	struct kc_inode *in = *(struct kc_inode *const *)node;
-	if ((which != postorder && which != leaf) || in->pending ||
+	if ((which != postorder && which != leaf) || (in->pending && in->cubin_fd < 0) ||
 	    (in->type == S_IFDIR && !in->entry))
 		return;
 	if (__atomic_load_n(&in->last_use, __ATOMIC_RELAXED) == in->dropped_use) {
@@ -422,8 +488,10 @@ void kc_inode_forget(struct kc_inode_table *t, struct kc_inode *in, uint64_t n)
 		gone = 0; /* not in the tree: never free what the tree might still reach */
 	else if (gone)
 		t->count--;
-	if (gone)
+	if (gone) {
+		unpublish(t, in);
 		slot_put(t, in);
+	}
 	pthread_mutex_unlock(&t->lock);
 	if (gone)
 		free_inode(in);
@@ -538,12 +606,22 @@ struct kc_inode *kc_inode_restore(struct kc_inode_table *t, const struct kc_inod
 		return NULL;
 	}
 	*in = *rec;
+	struct stat st;
+	int published = in->pending && in->cubin_fd >= 0 && fstat(in->cubin_fd, &st) == 0;
+	if (published) {
+		in->cubin_dev = st.st_dev;
+		in->cubin_ino = st.st_ino;
+	}
 	pthread_mutex_lock(&t->lock);
 	struct kc_inode_slot *cell = rec->slot < t->next_slot ? slot_cell(t, rec->slot, 1) : NULL;
 	*err = !cell ? -EINVAL : cell->in ? -EEXIST : 0;
-	if (!*err && !tsearch(in, in->unhashed ? &t->unhashed : &t->tree,
-			      in->unhashed ? by_address : inode_cmp))
-		*err = -ENOMEM;
+	if (!*err) {
+		struct kc_inode **put = tsearch(in, in->unhashed ? &t->unhashed : &t->tree,
+						in->unhashed ? by_address : inode_cmp);
+		*err = !put ? -ENOMEM : *put != in ? -EEXIST : 0; /* another inode has its key */
+	}
+	if (!*err && published)
+		tsearch(in, &t->published, by_cubin); /* without memory: as in kc_inode_published */
 	if (!*err) {
 		cell->gen = in->gen;
 		__atomic_store_n(&cell->in, in, __ATOMIC_RELEASE);

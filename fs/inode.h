@@ -59,6 +59,8 @@ struct kc_inode {
 	int stored;          /* pending: its cubin's bytes and size were given to the kernel */
 	int cubin_fd;        /* pending: O_PATH fd of the cubin it became (-1 before): its
 			      * attributes stay this inode's after a re-stage removes it */
+	dev_t cubin_dev;     /* pending, once cubin_fd is set: that cubin's object, by */
+	ino_t cubin_ino;     /* which a lookup of it finds this inode (kc_inode_ref) */
 	uint64_t last_use;   /* the table's clock at its last lookup, or a lookup inside it */
 	uint64_t dropped_use; /* last_use when the kernel was last asked to forget it */
 	ino_t entry_ino;     /* a file in an entry: the entry directory's inode number */
@@ -97,6 +99,8 @@ struct kc_inode_table {
 			      * recently used (notify.c); 0: no bound */
 	uint64_t clock;      /* ticks once per lookup (atomic) */
 	void *unhashed;      /* tsearch tree (by address) of the inodes let go of, not forgotten */
+	void *published;     /* tsearch tree of the pending inodes whose cubin is published,
+			      * keyed by (cubin_dev, cubin_ino); each is in tree too */
 	const struct kc_inode_journal *journal; /* told of changes under the lock, or NULL */
 	void *journal_arg;
 	int placeholder_fd;  /* O_PATH on the store's lock file: what an unhashed inode's fd
@@ -127,8 +131,10 @@ void kc_inode_hold(struct kc_inode_table *t, struct kc_inode *in);
 fuse_ino_t kc_inode_ino(struct kc_inode_table *t, const struct kc_inode *in);
 
 /* Find or create the inode of the object behind fd (O_PATH, consumed: kept or closed) with
- * attributes st, and count one kernel reference. Returns the inode, or NULL with -errno in
- * *err. */
+ * attributes st, and count one kernel reference. A published cubin whose pending inode the
+ * kernel still holds (kc_inode_published) is that inode: one kernel inode, and so one set
+ * of flock and fcntl locks, from the first lookup of a kernel.cubin on. Returns the inode,
+ * or NULL with -errno in *err. */
 struct kc_inode *kc_inode_ref(struct kc_inode_table *t, int fd, const struct stat *st,
 			      int *err);
 
@@ -139,14 +145,26 @@ struct kc_inode *kc_inode_ref(struct kc_inode_table *t, int fd, const struct sta
 struct kc_inode *kc_inode_ref_pending(struct kc_inode_table *t, int entry_fd,
 				      const struct stat *entry_st, uint64_t recipe_id, int *err);
 
+/* The pending inode in became the published cubin behind cubin_fd (O_PATH, consumed: kept,
+ * or closed when in has one already, which stays: it is set once): from here on a lookup of
+ * that cubin answers in (kc_inode_ref), and the journal records it. Returns 0, or -EEXIST
+ * (in had its cubin) or -EINVAL (in is not pending, or cubin_fd is not an open file); then
+ * cubin_fd is closed. */
+int kc_inode_published(struct kc_inode_table *t, struct kc_inode *in, int cubin_fd);
+
 /* Find the inode of (dev, ino) if the kernel knows it, and hold it (kc_inode_hold): a
  * FORGET from the kernel cannot free it until kc_inode_let_go. Returns NULL when the
  * kernel does not know (dev, ino). (There is no unheld find: a request on one inode that
  * looked up another, unheld, met that one freed by a concurrent FORGET.) */
 struct kc_inode *kc_inode_find_held(struct kc_inode_table *t, dev_t dev, ino_t ino);
 
-/* Let go of the hold kc_inode_find_held took (in may be NULL or the root, which it does not
- * hold); frees in when the kernel forgot it meanwhile. */
+/* Find the pending inode of the entry (dev, ino) for recipe_id (kc_inode_ref_pending) if
+ * the kernel knows it, and hold it as kc_inode_find_held does. Returns NULL when not. */
+struct kc_inode *kc_inode_find_pending_held(struct kc_inode_table *t, dev_t dev, ino_t ino,
+					    uint64_t recipe_id);
+
+/* Let go of the hold kc_inode_find_held or kc_inode_find_pending_held took (in may be NULL
+ * or the root, which it does not hold); frees in when the kernel forgot it meanwhile. */
 void kc_inode_let_go(struct kc_inode_table *t, struct kc_inode *in);
 
 /* Mark in as used now (a lookup inside a directory uses the directory). */
@@ -156,7 +174,7 @@ void kc_inode_touch(struct kc_inode_table *t, struct kc_inode *in);
  * used first: files, and entry directories (other directories may be working directories
  * or mount points, which an invalidation would unhash). Inodes already asked and not used
  * since count as gone (their forget is on its way) and are left out, as are the root and
- * pending inodes. *need is how many of them must be asked. Each is held (kc_inode_hold;
+ * pending inodes whose cubin is not published yet. *need is how many of them must be asked. Each is held (kc_inode_hold;
  * the caller forgets each once). Returns a malloc'ed array of *got, or NULL on ENOMEM. */
 struct kc_inode **kc_inode_to_forget(struct kc_inode_table *t, uint64_t keep, size_t *got,
 				     size_t *need);
@@ -204,9 +222,10 @@ int kc_inode_foreach(struct kc_inode_table *t, int (*fn)(struct kc_inode *in, vo
  * (gens has used entries). Returns 0 or -ENOMEM. */
 int kc_inode_restore_slots(struct kc_inode_table *t, uint32_t used, const uint32_t *gens);
 /* Put a copy of rec (its fds owned by the table from here; slot, gen, nlookup and every
- * field as given) at its id. Returns the new inode, or NULL with -EEXIST (the slot is
- * taken), -EINVAL (a fixed slot, or one past kc_inode_restore_slots's) or -ENOMEM in *err;
- * then rec's fds are not taken. */
+ * field as given, but a pending inode's cubin_dev and cubin_ino, read from its cubin_fd) at
+ * its id. Returns the new inode, or NULL with -EEXIST (the slot is taken, or another inode
+ * has its key), -EINVAL (a fixed slot, or one past kc_inode_restore_slots's) or -ENOMEM in
+ * *err; then rec's fds are not taken. */
 struct kc_inode *kc_inode_restore(struct kc_inode_table *t, const struct kc_inode *rec, int *err);
 /* After the last kc_inode_restore: the slots left empty become free for new inodes. */
 int kc_inode_restore_done(struct kc_inode_table *t);

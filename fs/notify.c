@@ -139,13 +139,19 @@ int kc_notifier_inval_root(struct kc_notifier *n)
 	return kc_pool_submit(n->pool, inval_root, n) != 0 ? -ENOMEM : 0;
 }
 
-/* Invalidate the kernel's dentry of in, found by its current path under the root.
- * Returns 0 when sent. */
+/* Invalidate the kernel's dentry of in, found by its current path under the root (a
+ * pending inode's, whose fd is its entry: the entry's kernel.cubin). Returns 0 when sent. */
 static int inval_by_path(struct kc_notifier *n, struct kc_inode *in)
 {
 	char rel[PATH_MAX];
 	if (kc_store_rel_path(n->store, in->fd, rel, sizeof(rel)) != 0)
 		return -1; /* unlinked, outside the root, or a path too long */
+	if (in->pending) {
+		size_t len = strlen(rel);
+		int w = snprintf(rel + len, sizeof(rel) - len, "/%s", KC_CUBIN_NAME);
+		if (w < 0 || (size_t)w >= sizeof(rel) - len)
+			return -1;
+	}
 	return kc_notifier_inval_path(n, rel);
 }
 

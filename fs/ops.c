@@ -225,6 +225,7 @@ static void answer_cubin_lookup(fuse_req_t req, struct kc_inode *entry, int r, u
 		return reply_pending_entry(req, entry, recipe_id);
 	if (r < 0)
 		return (void)fuse_reply_err(req, -r);
+	kc_cubin_adopt(fs_of(req), entry); /* the inode it had while it compiled, if any */
 	reply_lookup(req, entry, KC_CUBIN_NAME);
 }
 
@@ -810,8 +811,14 @@ static void kc_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	 * pages and size of the published inode before any commit could refuse it. */
 	if (writing && in->role == KC_ROLE_CUBIN && !in->staging)
 		return (void)fuse_reply_err(req, EPERM);
-	if (in->pending)
+	if (in->pending) {
+		/* Its cubin published (a lookup after the compile answers this inode too:
+		 * kc_inode_ref): open it at once, as the published inode would be opened. */
+		if (__atomic_load_n(&in->cubin_fd, __ATOMIC_SEQ_CST) >= 0 &&
+		    kc_reply_published_open(req, in, fi) == 0)
+			return;
 		return kc_park(req, in, fi); /* opened once the compile is published */
+	}
 	kc_fd_path(in->fd, path);
 	int entry_fd = writing ? kc_inode_entry_fd(&fs->inodes, in, &role) : -1;
 	if (entry_fd >= 0) {

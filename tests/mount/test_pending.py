@@ -1,13 +1,16 @@
 """Readers that open or stat a kernel.cubin while it compiles (the pending inode): every
 way of reading sees the whole compiled file, and a re-staged entry never mixes recipes."""
+import fcntl
 import mmap
 import os
 import resource
 import signal
 import time
 
+import pytest
+
 from conftest import entry_name, run_parallel, sample, start_openers, write_script
-from kcmount import slow_nvcc, wait_for_flight, wait_until
+from kcmount import slow_nvcc, variant, wait_for_flight, wait_until
 
 
 def delayed_nvcc(tmp_path, seconds):
@@ -140,3 +143,33 @@ def test_waiter_killed_by_a_core_dumping_signal_goes_at_once(mount_factory, tmp_
         assert p.wait(timeout=15) == -sig
         assert time.monotonic() - started < 10, "held until the compile ended"
     assert m.stats()["flights"] == 1, "the compile is still running"
+
+
+def test_a_cubin_looked_up_while_it_compiled_is_one_file_to_its_later_openers(mount_factory,
+                                                                            tmp_path):
+    """A kernel.cubin looked up while it compiles gets a pending inode; once the cubin is
+    published, a lookup answers that inode while the kernel holds it, even when no request
+    of it waited for the compile (a lookup only: O_PATH), so the kernel has one inode of the
+    cubin and a flock taken through a later open keeps out an open of the early inode.
+    Before, the later lookup answered an inode of its own, and the two opens' locks were
+    two sets."""
+    release = tmp_path / "release"
+    m = mount_factory(["nvcc=%s" % slow_nvcc(tmp_path, release)])
+    entry = m.stage("vadd_one", *variant(7))
+    early = os.open(entry / "kernel.cubin", os.O_PATH)  # looked up while it compiles
+    try:
+        wait_for_flight(m)
+        release.write_text("")
+        backing = m.backing / entry.relative_to(m.mnt) / "kernel.cubin"
+        wait_until(backing.exists, "the cubin is published", timeout=120)
+        with open(entry / "kernel.cubin", "rb") as later:
+            data = later.read()
+            fcntl.flock(later, fcntl.LOCK_EX)
+            with open("/proc/self/fd/%d" % early, "rb") as again:  # the early inode
+                assert os.fstat(again.fileno()).st_ino == os.fstat(later.fileno()).st_ino
+                with pytest.raises(BlockingIOError):
+                    fcntl.flock(again, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                assert again.read() == data
+            fcntl.flock(later, fcntl.LOCK_UN)
+    finally:
+        os.close(early)
