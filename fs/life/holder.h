@@ -11,9 +11,9 @@
  * again (the binary and command line of the last one that served, in its directory),
  * giving it the descriptor, the FUSE_INIT to replay (upgrade.h's kc_upgrade_replay) and a
  * new epoch (idtable.h): it serves the same mount, bind mounts in other mount namespaces
- * included, restores the dead one's ids of directories and plain files from the inode
- * ledger in the same memfd (ledger.h), and answers its other ids and its handles ESTALE /
- * EBADF (stale.h).
+ * included, restores the dead one's ids (of directories, links and files, an entry's
+ * included: ledger.h says which) from the inode ledger in the same memfd, and answers its
+ * other ids and its handles ESTALE / EBADF (stale.h).
  *
  * Daemons find the holder of their mount on an abstract Unix socket named after the user
  * and the mountpoint (as upgrade.h's): each daemon that serves says so (and learns the

@@ -14,19 +14,27 @@
 #include "log.h"
 
 #define LEDGER_MAGIC 0x474c434bu /* "KCLG" */
-#define LEDGER_VERSION 2u
+/* 3: files of kernel entries (their role, the handle of their entry) and pending cubins
+ * whose cubin is published are recorded; a build of version 2 would restore such a record
+ * as a plain file, and one of 3 cannot read a record of 2 (another size). */
+#define LEDGER_VERSION 3u
 #define RECORDS_AT 4096u /* the records start a page after the header */
 
 struct kc_ledger_rec {
-	uint64_t id;       /* the node id recorded (gen << 32 | slot), 0: none; written last */
-	uint64_t nlookup;  /* its lookup count */
-	uint64_t dev, ino; /* the backing object */
-	uint64_t entry_ino;
-	uint32_t type;     /* S_IFMT bits */
-	uint32_t entry;    /* a directory that is a kernel entry */
+	uint64_t id;        /* the node id recorded (gen << 32 | slot), 0: none; written last */
+	uint64_t nlookup;   /* its lookup count */
+	uint64_t dev, ino;  /* the inode's key: its backing object (a pending cubin's: its entry) */
+	uint64_t entry_ino; /* a file in an entry, and a pending cubin: the entry directory */
+	uint64_t cubin_ino; /* a pending cubin: the published cubin it became */
+	uint64_t recipe_id; /* a pending cubin: the recipe it stands for */
+	uint32_t type;      /* S_IFMT bits */
+	uint32_t entry;     /* a directory that is a kernel entry */
+	uint32_t role;      /* a file in an entry: its role (enum kc_role) */
+	uint32_t pending;   /* a pending cubin (its cubin published) */
 	int32_t handle_type;
 	uint32_t handle_bytes;
-	unsigned char handle[MAX_HANDLE_SZ];
+	unsigned char handle[MAX_HANDLE_SZ]; /* of the backing object, or of the entry for an
+					      * inode that keeps its entry's descriptor */
 };
 
 struct ledger_head {
@@ -122,13 +130,37 @@ void kc_ledger_close(struct kc_ledger *l)
 	l->fd = -1;
 }
 
+/* Does the inode keep a descriptor of its entry (kernel.cu, kernel.flags and kernel.cubin,
+ * published or pending: inode.h's parent_fd)? Its record then holds the entry's handle, and
+ * the file is opened again by its role's name there. */
+static int by_entry(int pending, uint32_t role)
+{
+	return pending || kc_role_is_staged((enum kc_role)role);
+}
+
+/* The descriptor whose handle in's record holds (inode.h: a pending cubin's fd is its
+ * entry's). */
+static int handle_fd(const struct kc_inode *in)
+{
+	return in->pending ? in->fd : by_entry(0, in->role) ? in->parent_fd : in->fd;
+}
+
+static uint64_t entry_ino_of(const struct kc_inode *in)
+{
+	return in->pending ? (uint64_t)in->ino : (uint64_t)in->entry_ino;
+}
+
 static int recorded(struct kc_inode_table *t, const struct kc_inode *in)
 {
-	if (in->fd < 0 || in->virt || in->pending || in->unhashed || in->discarded ||
-	    in->staging || in == &t->root)
+	if (in->fd < 0 || in->virt || in->unhashed || in->discarded || in->staging ||
+	    in == &t->root)
 		return 0;
+	if (in->pending) /* one still compiling: its state (the compile) dies with the daemon */
+		return in->cubin_fd >= 0 && in->role == KC_ROLE_CUBIN;
 	mode_t type = in->type & S_IFMT;
-	return type == S_IFDIR || type == S_IFLNK || (type == S_IFREG && in->role == KC_ROLE_PLAIN);
+	return type == S_IFDIR || type == S_IFLNK ||
+	       (type == S_IFREG && in->role <= KC_ROLE_LOG && handle_fd(in) >= 0 &&
+		(!by_entry(0, in->role) || in->entry_ino));
 }
 
 void kc_ledger_clear(struct kc_ledger *l, uint32_t slot)
@@ -158,9 +190,13 @@ void kc_ledger_sync(struct kc_ledger *l, struct kc_inode_table *t, const struct 
 			__atomic_store_n(&r->id, 0, __ATOMIC_RELEASE);
 		return;
 	}
-	if (same) { /* what a lookup or a rename may change */
+	/* What a lookup or a rename may change, where the handle stays right: a role that
+	 * changed (a directory renamed into an entry name) or an entry of another inode
+	 * number wants another handle. */
+	if (same && r->role == (uint32_t)in->role && r->pending == (uint32_t)in->pending &&
+	    (!by_entry(in->pending, in->role) || r->entry_ino == entry_ino_of(in))) {
 		r->entry = (uint32_t)in->entry;
-		r->entry_ino = in->entry_ino;
+		r->entry_ino = entry_ino_of(in);
 		__atomic_store_n(&r->nlookup, in->nlookup, __ATOMIC_RELAXED);
 		return;
 	}
@@ -171,15 +207,19 @@ void kc_ledger_sync(struct kc_ledger *l, struct kc_inode_table *t, const struct 
 		char buf[sizeof(struct file_handle) + MAX_HANDLE_SZ];
 	} h = {.fh.handle_bytes = MAX_HANDLE_SZ};
 	int mount_id;
-	if (name_to_handle_at(in->fd, "", &h.fh, &mount_id, AT_EMPTY_PATH) != 0 ||
+	if (name_to_handle_at(handle_fd(in), "", &h.fh, &mount_id, AT_EMPTY_PATH) != 0 ||
 	    mount_id != l->mount_id)
 		return; /* not kept: ESTALE after a crash, as without a ledger */
 	r->nlookup = in->nlookup;
 	r->dev = in->dev;
 	r->ino = in->ino;
-	r->entry_ino = in->entry_ino;
+	r->entry_ino = entry_ino_of(in);
+	r->cubin_ino = in->pending ? (uint64_t)in->cubin_ino : 0;
+	r->recipe_id = in->pending ? in->recipe_id : 0;
 	r->type = in->type & S_IFMT;
 	r->entry = (uint32_t)in->entry;
+	r->role = (uint32_t)in->role;
+	r->pending = (uint32_t)in->pending;
 	r->handle_type = h.fh.handle_type;
 	r->handle_bytes = h.fh.handle_bytes;
 	memcpy(r->handle, h.fh.f_handle, h.fh.handle_bytes);
@@ -189,11 +229,24 @@ void kc_ledger_sync(struct kc_ledger *l, struct kc_inode_table *t, const struct 
 	__atomic_store_n(&r->id, id, __ATOMIC_RELEASE);
 }
 
-/* Open the object of record r, or -errno (-ESTALE: gone; -EPERM: no CAP_DAC_READ_SEARCH;
- * -ENOENT: another object now). */
-static int open_record(struct kc_ledger *l, const struct kc_ledger_rec *r)
+/* Is fd's object (dev, ino) of type type, with a name left? */
+static int is_object(int fd, uint64_t dev, uint64_t ino, uint32_t type)
 {
-	if (r->handle_bytes > MAX_HANDLE_SZ)
+	struct stat st;
+	return fstat(fd, &st) == 0 && (uint64_t)st.st_dev == dev && (uint64_t)st.st_ino == ino &&
+	       (uint32_t)(st.st_mode & S_IFMT) == type && st.st_nlink > 0;
+}
+
+/* Open what record r names, O_PATH: in rec->fd its object (a pending cubin's: its entry),
+ * in rec->parent_fd its entry where the inode keeps one (else -1), in rec->cubin_fd a
+ * pending cubin's published cubin (else -1). Returns 0, or -errno with none of them open
+ * (-ESTALE: gone; -EPERM: no CAP_DAC_READ_SEARCH; -ENOENT: another object now, or no name
+ * left). */
+static int open_record(struct kc_ledger *l, const struct kc_ledger_rec *r, struct kc_inode *rec)
+{
+	rec->fd = rec->parent_fd = rec->cubin_fd = -1;
+	if (r->handle_bytes > MAX_HANDLE_SZ || r->role > KC_ROLE_LOG ||
+	    (r->pending && (r->role != KC_ROLE_CUBIN || r->type != S_IFREG)))
 		return -EINVAL;
 	union {
 		struct file_handle fh;
@@ -205,15 +258,55 @@ static int open_record(struct kc_ledger *l, const struct kc_ledger_rec *r)
 	int fd = open_by_handle_at(l->root_fd, &h.fh, O_PATH | O_NOFOLLOW | O_CLOEXEC);
 	if (fd < 0)
 		return -errno;
-	struct stat st;
 	/* An object with no name left (unlinked; a client's file a stage consumed, which the
 	 * kernel may still show under the staged name) is not restored: ESTALE, as before. */
-	if (fstat(fd, &st) != 0 || (uint64_t)st.st_dev != r->dev || (uint64_t)st.st_ino != r->ino ||
-	    (uint32_t)(st.st_mode & S_IFMT) != r->type || st.st_nlink == 0) {
+	if (!by_entry((int)r->pending, r->role)) {
+		if (!is_object(fd, r->dev, r->ino, r->type)) {
+			close(fd);
+			return -ENOENT;
+		}
+		rec->fd = fd;
+		return 0;
+	}
+	/* A file kept with its entry is restored only while its role's name in the entry
+	 * still names it: one that a re-stage or a recompile replaced, or an eviction
+	 * removed, is not (ESTALE: the kernel looks the name up again and finds what it
+	 * names now). */
+	int obj = -1;
+	if (is_object(fd, r->dev, r->entry_ino, S_IFDIR))
+		obj = openat(fd, kc_role_name((enum kc_role)r->role), O_PATH | O_NOFOLLOW | O_CLOEXEC);
+	if (obj < 0 || !is_object(obj, r->dev, r->pending ? r->cubin_ino : r->ino, S_IFREG)) {
+		if (obj >= 0)
+			close(obj);
 		close(fd);
 		return -ENOENT;
 	}
-	return fd;
+	if (!r->pending) {
+		rec->fd = obj;
+		rec->parent_fd = fd;
+		return 0;
+	}
+	int parent = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+	if (parent < 0) {
+		int e = -errno;
+		close(obj);
+		close(fd);
+		return e;
+	}
+	rec->fd = fd; /* as kc_inode_ref_pending makes it */
+	rec->parent_fd = parent;
+	rec->cubin_fd = obj;
+	return 0;
+}
+
+static void close_record(const struct kc_inode *rec)
+{
+	if (rec->fd >= 0)
+		close(rec->fd);
+	if (rec->parent_fd >= 0)
+		close(rec->parent_fd);
+	if (rec->cubin_fd >= 0)
+		close(rec->cubin_fd);
 }
 
 long kc_ledger_restore(struct kc_ledger *l, struct kc_inode_table *t)
@@ -240,26 +333,28 @@ long kc_ledger_restore(struct kc_ledger *l, struct kc_inode_table *t)
 		if (!gens[slot])
 			continue;
 		const struct kc_ledger_rec *r = &l->v[slot];
-		int fd = open_record(l, r);
-		if (fd == -EPERM) {
+		/* As a lookup makes it (ops.c's do_lookup and kc_inode_place, or
+		 * kc_inode_ref_pending and the publish that set its cubin: cubin.c). */
+		struct kc_inode rec = {
+			.dev = (dev_t)r->dev, .ino = (ino_t)r->ino, .type = (mode_t)r->type,
+			.nlookup = r->nlookup ? r->nlookup : 1, .slot = slot, .gen = gens[slot],
+			.entry = (int)r->entry, .entry_ino = r->pending ? 0 : (ino_t)r->entry_ino,
+			.role = (enum kc_role)r->role, .pending = (int)r->pending,
+			.recipe_id = r->pending ? r->recipe_id : 0, .stored = (int)r->pending,
+		};
+		int rerr = open_record(l, r, &rec);
+		if (rerr == -EPERM) {
 			kc_log(KC_LOG_WARN, "the inode ledger cannot be read back without "
 			       "CAP_DAC_READ_SEARCH (open_by_handle_at): the dead daemon's node ids "
 			       "are answered ESTALE");
 			err = -EPERM;
 			break;
 		}
-		struct kc_inode rec = {
-			.fd = fd, .dev = (dev_t)r->dev, .ino = (ino_t)r->ino, .type = (mode_t)r->type,
-			.nlookup = r->nlookup ? r->nlookup : 1, .slot = slot, .gen = gens[slot],
-			.entry = (int)r->entry, .entry_ino = (ino_t)r->entry_ino, .parent_fd = -1,
-			.cubin_fd = -1, .role = KC_ROLE_PLAIN,
-		};
-		int rerr = fd < 0 ? fd : 0;
-		struct kc_inode *in = fd >= 0 ? kc_inode_restore(t, &rec, &rerr) : NULL;
+		struct kc_inode *in = rerr ? NULL : kc_inode_restore(t, &rec, &rerr);
 		if (in)
 			kc_inode_touch(t, in); /* a use of its own: relief may ask the kernel for it */
-		else if (fd >= 0)
-			close(fd);
+		else
+			close_record(&rec); /* none open when open_record failed */
 		if (rerr) {
 			gone++;
 			kc_ledger_clear(l, slot);

@@ -17,12 +17,25 @@
  * its id (kc_inode_restore), as a live upgrade does with the state it is handed, with a
  * use of its own so that the inode bound's relief (notify.h) can ask the kernel to forget
  * it. A ledger made under another backing directory (a restart with another
- * configuration) or by another build is not restored.
+ * configuration) or by another build (another LEDGER_VERSION or record size: ledger.c) is
+ * not restored, and says so in the log.
  *
- * Recorded: directories, plain files and symbolic links. Not recorded (ESTALE after a crash, as before, and
- * the kernel looks their names up again): pending cubins, staged files (kernel.cu,
- * kernel.flags, kernel.cubin, kernel.log) and stage temporaries, whose state lived in the
- * dead daemon, and the virtual inodes, whose ids are fixed.
+ * Recorded: directories, symbolic links and regular files, the files of kernel entries
+ * included: kernel.cu, kernel.flags, kernel.log, a published kernel.cubin (a compile's or
+ * a client's), and a pending cubin once its cubin is published (kc_inode_published; it is
+ * what a lookup of that cubin answers, so a lock on it keeps later openers out): it is
+ * restored as it was, pending with its recipe and its cubin, and answers reads and
+ * attributes from that cubin. An inode that keeps its entry's descriptor (kernel.cu,
+ * kernel.flags, kernel.cubin, published or pending: parent_fd) is recorded by its entry's
+ * handle, opened again by its role's name there, and restored only while that name still
+ * names the recorded object: a cubin compiled again, a source staged again, or an evicted
+ * entry is not. Not recorded (ESTALE after a crash, as before, and
+ * the kernel looks their names up again): pending cubins still compiling (no descriptor
+ * of one can be open, so no lock is held on one; their compile dies with the daemon),
+ * stage temporaries (a kernel.cu, kernel.flags or kernel.cubin written through the mount,
+ * until a lookup finds it staged: their state lived in the dead daemon), files let go of
+ * or consumed by a stage, objects other than directories, regular files and links, and
+ * the virtual inodes, whose ids are fixed.
  *
  * A record is written id last (release) and cleared id first, so a daemon that dies while
  * writing one leaves no record or the old one, never a mix; the lookup count is one 8-byte

@@ -1,8 +1,8 @@
 """The holder (-o holder, fs/life/holder.h): a daemon killed (SIGKILL, a crash) with compiles in
 flight costs the requests it had read, not the mount: the holder starts it again on the same
 mount, which keeps working through its bind mount in another mount namespace; the dead
-daemon's node ids and handles are answered ESTALE / EBADF (fs/life/stale.h), never another
-file's bytes. A daemon that dies at once again and again is not restarted forever; a live
+daemon's node ids are restored from the inode ledger (fs/life/ledger.h) or answered ESTALE,
+its handles EBADF (fs/life/stale.h), never another file's bytes. A daemon that dies at once again and again is not restarted forever; a live
 upgrade under a holder makes the new daemon the one it watches.
 """
 import errno
@@ -18,7 +18,7 @@ import pytest
 
 from conftest import KCACHEFS, Mount, elf_machine, elf_symbols, run_parallel
 from kcmount import (CAP_DAC_READ_SEARCH, EM_CUDA, NS_HELPER, daemons_of, has_capability,
-                     mounts_at, ns_read, open_all, variant, wait_until)
+                     mounts_at, ns_read, open_all, slow_nvcc, variant, wait_until)
 
 # The inode ledger is read back with open_by_handle_at (fs/life/ledger.h).
 needs_ledger = pytest.mark.skipif(not has_capability(CAP_DAC_READ_SEARCH),
@@ -60,6 +60,14 @@ def stop_all(m, new):
         new.wait()
     rc = m.stop()
     assert rc == 0 and not os.path.ismount(m.mnt)
+
+
+def kill_left(*procs):
+    """Kill and reap each of procs (None: skipped) that still runs."""
+    for p in procs:
+        if p and p.poll() is None:
+            p.kill()
+            p.wait()
 
 
 def start_upgrade(m):
@@ -194,7 +202,10 @@ def test_sigkill_with_compiles_in_flight_keeps_the_mount(tmp_path, counting_nvcc
         log = m.daemon_log()
         assert "the daemon (pid %d) died" % dead in log, log
         assert "started again by the holder after the daemon died" in log, log
-        assert "of a daemon that died: Stale file handle" in log, log
+        # The dead daemon's node ids of published cubins are restored from the inode ledger
+        # (fs/life/ledger.h); without it, requests on them are answered ESTALE.
+        assert ("inode ledger: " if has_capability(CAP_DAC_READ_SEARCH) else
+                "of a daemon that died: Stale file handle") in log, log
         parked = [r for r in flat if r[1] == "err"]
         print("\nholder: opens worked again %.2f s after the SIGKILL; %d of %d opens got an "
               "error (errnos %s), the others their cubin; longest open %.2f s; a reader "
@@ -532,10 +543,7 @@ def test_a_bind_mount_of_a_directory_inside_the_mount_and_its_locks_survive_a_cr
         assert try_lock(d / "lock") == "got it"
         assert (e / "kernel.cubin").read_bytes() == cubin
     finally:
-        for p in (helper, holder):
-            if p and p.poll() is None:
-                p.kill()
-                p.wait()
+        kill_left(helper, holder)
         stop_all(m, None)
 
 
@@ -578,4 +586,161 @@ def test_without_the_ledger_a_crash_still_leaves_directories_usable(tmp_path):
         log = m.daemon_log()
         assert "cannot be read back without CAP_DAC_READ_SEARCH" in log, log
     finally:
+        stop_all(m, None)
+
+
+# Holds files of the mount open and locked, as told on stdin: "open NAME PATH" opens PATH
+# read-only, reads it, takes flock(LOCK_EX) and an fcntl read lock (F_SETLK, F_RDLCK: a
+# cubin opens for reading only, and a write lock needs a descriptor open for writing), and
+# prints "locked NAME SHA256"; "read NAME" reads the descriptor again from offset 0 (pread)
+# and prints "read NAME SHA256" or "read NAME err ERRNO"; "unlock NAME" releases both locks
+# and prints "unlocked NAME".
+LOCKER = r"""
+import fcntl, hashlib, os, sys
+files = {}
+for line in sys.stdin:
+    op, name, *rest = line.split()
+    if op == "open":
+        f = files[name] = open(rest[0], "rb")
+        data = f.read()
+        fcntl.flock(f, fcntl.LOCK_EX)
+        fcntl.lockf(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        print("locked", name, hashlib.sha256(data).hexdigest(), flush=True)
+    elif op == "read":
+        try:
+            data = os.pread(files[name].fileno(), 1 << 24, 0)
+            print("read", name, hashlib.sha256(data).hexdigest(), flush=True)
+        except OSError as e:
+            print("read", name, "err", e.errno, flush=True)
+    elif op == "unlock":
+        fcntl.lockf(files[name], fcntl.LOCK_UN)
+        fcntl.flock(files[name], fcntl.LOCK_UN)
+        print("unlocked", name, flush=True)
+"""
+
+# Another process's view of each path on the command line: "flock:held" when
+# flock(LOCK_EX | LOCK_NB) fails with EWOULDBLOCK, "flock:got" when it is granted;
+# "fcntl:held:PID" when F_GETLK says a write lock would conflict with PID's lock,
+# "fcntl:free" when it would not; and the sha256 of what a new open reads.
+PROBE = r"""
+import errno, fcntl, hashlib, os, struct, sys
+FLOCK = "hhxxxxqqixxxx"  # struct flock on x86_64 and aarch64
+for path in sys.argv[1:]:
+    with open(path, "rb") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fl = "flock:got"
+        except OSError as e:
+            fl = "flock:held" if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN) else "flock:err%d" % e.errno
+        got = fcntl.fcntl(f, fcntl.F_GETLK, struct.pack(FLOCK, fcntl.F_WRLCK, 0, 0, 0, 0))
+        kind, _, _, _, pid = struct.unpack(FLOCK, got)
+        fc = "fcntl:free" if kind == fcntl.F_UNLCK else "fcntl:held:%d" % pid
+        print(fl, fc, hashlib.sha256(f.read()).hexdigest(), flush=True)
+"""
+
+
+def probe(paths, pid, sums):
+    """What another process sees of each file of paths (a dict: name to path) that process
+    pid locked: {name: "flock held, fcntl held"} when pid's locks keep it out, "flock got,
+    fcntl free" when they do not; "wrong bytes" added when it reads other bytes than
+    sums[name] (a sha256)."""
+    names = list(paths)
+    r = subprocess.run([sys.executable, "-c", PROBE, *(str(paths[n]) for n in names)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    seen = {}
+    for name, line in zip(names, r.stdout.splitlines()):
+        fl, fc, sha = line.split()
+        fc = "fcntl:held" if fc == "fcntl:held:%d" % pid else fc
+        seen[name] = "%s, %s%s" % (fl.replace(":", " "), fc.replace(":", " "),
+                                   "" if sha == sums[name] else ", wrong bytes")
+    return seen
+
+
+def locker_do(locker, line):
+    locker.stdin.write(line + "\n")
+    locker.stdin.flush()
+    return locker.stdout.readline().split()
+
+
+@needs_ledger
+def test_locks_on_cubins_and_staged_files_survive_a_crash(tmp_path):
+    """flock and fcntl locks on the files of kernel entries, held across a crash of the
+    daemon (SIGKILL; the holder starts it again): a compiled kernel.cubin opened after it was
+    published (by then the kernel's inode of it is the one an earlier opener was given while
+    it compiled), one opened while it compiled (its kernel inode was pending at the lookup
+    and became the published cubin), a client's own kernel.cubin, and an entry's kernel.cu,
+    kernel.flags and kernel.log. Each keeps its kernel inode (the restarted daemon answers
+    the dead one's node id, restored from the inode ledger), so a second process opening
+    the path cannot take a lock the first still holds, and can once it is released. The
+    first process's descriptor of a cubin still reads the cubin's bytes (its pages were
+    cached); a new open reads every file's right bytes. Before, the cubins and staged files
+    got new kernel inodes after a crash, and a second process took their locks; and a cubin
+    opened while it compiled never kept a later opener out, crash or not (the later
+    lookup answered another inode)."""
+    release = tmp_path / "release"
+    nvcc = slow_nvcc(tmp_path, release)
+    (tmp_path / "m").mkdir()
+    m = Mount(tmp_path / "m", ["nvcc=%s" % nvcc, "holder", "log_level=debug"]).start()
+    locker = trigger = None
+    try:
+        old = one_daemon(m)
+        after = m.stage("vadd_after", *variant(1))   # opened once published
+        during = m.stage("vadd_during", *variant(2))  # opened while it compiles
+        locker = subprocess.Popen([sys.executable, "-c", LOCKER], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True)
+        locker.stdin.write("open during %s\n" % (during / "kernel.cubin"))
+        locker.stdin.flush()
+        # The first open of the other kernel: its compile, waited for by another process.
+        trigger = subprocess.Popen([sys.executable, "-c", "open(%r, 'rb').read()"
+                                    % str(after / "kernel.cubin")])
+        wait_until(lambda: m.stats()["parked_requests"] >= 2, m.stats, timeout=120)
+        release.write_text("")
+        assert trigger.wait(timeout=300) == 0
+        got = locker.stdout.readline().split()
+        want = {}
+        want["during"] = (during / "kernel.cubin").read_bytes()
+        assert right_cubin(want["during"]) and got == [
+            "locked", "during", hashlib.sha256(want["during"]).hexdigest()]
+        want["after"] = (after / "kernel.cubin").read_bytes()
+        # A client's own cubin, published by writing it (an entry with no flags).
+        client = m.stage("vadd_client", variant(3)[0], flags=None)
+        (client / "kernel.cubin").write_bytes(want["after"])
+        want["client"] = want["after"]
+        paths = {"during": during / "kernel.cubin", "after": after / "kernel.cubin",
+                 "client": client / "kernel.cubin", "cu": after / "kernel.cu",
+                 "flags": after / "kernel.flags", "log": after / "kernel.log"}
+        (m.mnt / "jit").mkdir()
+        paths["plain"] = m.mnt / "jit" / "lock"
+        paths["plain"].write_bytes(b"")
+        for name in ("cu", "flags", "log", "plain"):
+            want[name] = paths[name].read_bytes()
+        for name in ("after", "client", "cu", "flags", "log", "plain"):
+            assert locker_do(locker, "open %s %s" % (name, paths[name])) == [
+                "locked", name, hashlib.sha256(want[name]).hexdigest()]
+        names = list(paths)
+        sums = {n: hashlib.sha256(want[n]).hexdigest() for n in names}
+        seen = {"before the crash": probe(paths, locker.pid, sums)}
+
+        os.kill(old, signal.SIGKILL)
+        wait_until(lambda: "started the daemon again" in m.daemon_log(),
+                   "a daemon is started again", timeout=120)
+        assert one_daemon(m) != old
+        seen["after the crash"] = probe(paths, locker.pid, sums)
+        # Every file's locks keep the other process out, before and after the crash.
+        held = {n: "flock held, fcntl held" for n in names}
+        assert seen == {"before the crash": held, "after the crash": held}, "\n".join(
+            "%s, %s: %s" % (when, n, v) for when in seen for n, v in seen[when].items())
+        # The locker's own descriptors of the cubins still read their bytes (the kernel's
+        # cached pages; doc/operating.md).
+        for name in ("during", "after", "client"):
+            assert locker_do(locker, "read " + name) == ["read", name, sums[name]]
+        restored = [l for l in m.daemon_log().splitlines() if "inode ledger: " in l]
+        assert restored and int(restored[-1].split("inode ledger: ")[1].split()[0]) >= 9
+
+        for name in names:
+            assert locker_do(locker, "unlock " + name) == ["unlocked", name]
+        assert probe(paths, locker.pid, sums) == {n: "flock got, fcntl free" for n in names}
+    finally:
+        kill_left(locker, trigger)
         stop_all(m, None)

@@ -2,6 +2,7 @@
  * the virtual inodes, generation-tagged slots for the rest, stale ids known as such after
  * a forget, and lookup counts kept. On a temporary backing directory, without a mount. */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -171,6 +172,162 @@ static void ledger_checks(int root)
 	unlinkat(root, "e", AT_REMOVEDIR);
 }
 
+/* An O_PATH fd and stat of entry/name, a new file of bytes (replacing any: a recompile). */
+static int entry_file(int root, const char *entry, const char *name, const char *bytes,
+		      struct stat *st)
+{
+	char path[256], tmp[256];
+	snprintf(path, sizeof(path), "%s/%s", entry, name);
+	snprintf(tmp, sizeof(tmp), "%s/.new", entry);
+	int w = openat(root, tmp, O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0644);
+	if (w >= 0) {
+		if (write(w, bytes, strlen(bytes)) < 0)
+			perror("write");
+		close(w);
+	}
+	renameat(root, tmp, root, path);
+	int fd = openat(root, path, O_PATH | O_CLOEXEC);
+	fstat(fd, st);
+	return fd;
+}
+
+/* A new O_PATH fd of entry/name. */
+static int entry_file_fd(int root, const char *entry, const char *name)
+{
+	char path[256];
+	snprintf(path, sizeof(path), "%s/%s", entry, name);
+	return openat(root, path, O_PATH | O_CLOEXEC);
+}
+
+/* The inode of directory entry in root, looked up and placed. */
+static struct kc_inode *entry_dir(struct kc_inode_table *t, int root, const char *entry,
+				  struct stat *st)
+{
+	int err = 0;
+	mkdirat(root, entry, 0755);
+	int fd = openat(root, entry, O_PATH | O_CLOEXEC);
+	fstat(fd, st);
+	struct kc_inode *in = kc_inode_ref(t, fd, st, &err);
+	if (in)
+		kc_inode_place(t, in, &t->root, entry, 0);
+	return in;
+}
+
+/* Files of kernel entries. A pending cubin that became published is what a later lookup of
+ * that cubin answers (one kernel inode, one set of locks); with a ledger, it and the
+ * published cubins and staged files the kernel holds are restored after a crash, each as a
+ * lookup made it, while its entry's name still names the same object. */
+static void entry_file_checks(int root, int with_ledger)
+{
+	static const char *E1 = "kernel.k.0123456789abcdef", *E2 = "kernel.j.0123456789abcdef",
+			  *E3 = "kernel.i.0123456789abcdef";
+	int mfd = with_ledger ? memfd_create("kc-ledger-cubins", MFD_CLOEXEC) : -1;
+	struct kc_inode_table v;
+	struct kc_ledger l1 = {.fd = -1}, l2 = {.fd = -1};
+	CHECK(kc_inode_table_init(&v, root) == 0, "a table for entry files");
+	v.epoch = 6;
+	if (with_ledger) {
+		CHECK(kc_ledger_open(&l1, dup(mfd), root) == 0, "with a ledger");
+		kc_ledger_attach(&l1, &v);
+	}
+	int err = 0;
+	struct stat s1, s2, s3, sc1, sc2, sc3, ss, sx;
+	struct kc_inode *e1 = entry_dir(&v, root, E1, &s1), *e2 = entry_dir(&v, root, E2, &s2);
+	struct kc_inode *e3 = entry_dir(&v, root, E3, &s3);
+	CHECK(e1 && e1->entry && e2 && e2->entry && e3 && e3->entry, "three entry directories");
+
+	/* E1: looked up while it compiled (pending), then published. */
+	struct kc_inode *p1 = kc_inode_ref_pending(&v, e1->fd, &s1, 42, &err);
+	int c1 = entry_file(root, E1, "kernel.cubin", "cubin one", &sc1);
+	CHECK(p1 && p1->pending && p1->cubin_fd < 0 && kc_inode_published(&v, p1, c1) == 0 &&
+	      p1->cubin_fd == c1 && p1->cubin_ino == sc1.st_ino, "the pending cubin is published");
+	int again = entry_file_fd(root, E1, "kernel.cubin");
+	CHECK(kc_inode_published(&v, p1, again) == -EEXIST && p1->cubin_fd == c1,
+	      "its cubin is set once");
+	struct kc_inode *l = kc_inode_ref(&v, entry_file_fd(root, E1, "kernel.cubin"), &sc1, &err);
+	kc_inode_place(&v, l, e1, "kernel.cubin", 0);
+	CHECK(l == p1 && p1->nlookup == 2 && p1->pending && p1->role == KC_ROLE_CUBIN,
+	      "a lookup of the published cubin answers the pending inode");
+	fuse_ino_t idp = kc_inode_ino(&v, p1);
+	/* E1's kernel.cu, looked up. */
+	struct kc_inode *src = kc_inode_ref(&v, entry_file(root, E1, "kernel.cu", "src", &ss), &ss,
+					    &err);
+	kc_inode_place(&v, src, e1, "kernel.cu", 0);
+	CHECK(src && src->role == KC_ROLE_SOURCE && src->parent_fd >= 0, "kernel.cu, looked up");
+	fuse_ino_t ids = kc_inode_ino(&v, src);
+	/* E2: published before the lookup. */
+	struct kc_inode *y2 = kc_inode_ref(&v, entry_file(root, E2, "kernel.cubin", "cubin two",
+							  &sc2), &sc2, &err);
+	kc_inode_place(&v, y2, e2, "kernel.cubin", 0);
+	CHECK(y2 && !y2->pending && y2->role == KC_ROLE_CUBIN && y2->parent_fd >= 0 &&
+	      y2->entry_ino == s2.st_ino, "a published cubin, looked up");
+	fuse_ino_t idy = kc_inode_ino(&v, y2);
+	/* E3: a published cubin looked up, then compiled again (another object), and a pending
+	 * inode still compiling. */
+	struct kc_inode *y3 = kc_inode_ref(&v, entry_file(root, E3, "kernel.cubin", "old", &sc3),
+					   &sc3, &err);
+	kc_inode_place(&v, y3, e3, "kernel.cubin", 0);
+	struct kc_inode *p3 = kc_inode_ref_pending(&v, e3->fd, &s3, 43, &err);
+	fuse_ino_t idy3 = kc_inode_ino(&v, y3), idp3 = p3 ? kc_inode_ino(&v, p3) : 0;
+	close(entry_file(root, E3, "kernel.cubin", "new", &sx));
+
+	if (with_ledger) {
+		/* The daemon dies; another restores from the ledger. */
+		struct kc_inode_table w;
+		CHECK(kc_inode_table_init(&w, root) == 0 && kc_ledger_open(&l2, dup(mfd), root) == 0,
+		      "a restart");
+		w.epoch = 7;
+		long n = kc_ledger_restore(&l2, &w);
+		struct kc_inode *rp = kc_inode_get(&w, idp), *rs = kc_inode_get(&w, ids);
+		struct kc_inode *ry = kc_inode_get(&w, idy);
+		struct stat st;
+		CHECK(n == 6, "the three entries, the pending cubin made published, kernel.cu and "
+		      "the published cubin are restored");
+		CHECK(rp && rp->pending && rp->recipe_id == 42 && rp->stored &&
+		      rp->role == KC_ROLE_CUBIN && rp->nlookup == 2 && rp->dev == s1.st_dev &&
+		      rp->ino == s1.st_ino && fstat(rp->fd, &st) == 0 && st.st_ino == s1.st_ino &&
+		      rp->parent_fd >= 0 && rp->cubin_fd >= 0 && fstat(rp->cubin_fd, &st) == 0 &&
+		      st.st_ino == sc1.st_ino, "the pending cubin: its id, its entry, its cubin");
+		struct kc_inode *rl = kc_inode_ref(&w, entry_file_fd(root, E1, "kernel.cubin"), &sc1,
+						   &err);
+		CHECK(rl && rl == rp && rp->nlookup == 3, "a lookup of its cubin answers it again");
+		CHECK(ry && !ry->pending && ry->role == KC_ROLE_CUBIN && ry->ino == sc2.st_ino &&
+		      ry->entry_ino == s2.st_ino && ry->parent_fd >= 0 &&
+		      fstat(ry->fd, &st) == 0 && st.st_ino == sc2.st_ino &&
+		      fstat(ry->parent_fd, &st) == 0 && st.st_ino == s2.st_ino,
+		      "the published cubin: its id, its object, its entry");
+		CHECK(rs && rs->role == KC_ROLE_SOURCE && rs->parent_fd >= 0 && rs->ino == ss.st_ino,
+		      "kernel.cu: its id, its role, its entry");
+		CHECK(!kc_inode_get(&w, idy3) && !kc_inode_get(&w, idp3),
+		      "a cubin compiled again since, and a pending one still compiling: stale");
+		kc_inode_forget(&w, rp, 3);
+		struct kc_inode *fresh = kc_inode_ref(&w, entry_file_fd(root, E1, "kernel.cubin"),
+						      &sc1, &err);
+		CHECK(fresh && fresh != rp && !fresh->pending && kc_inode_get(&w, idp) == NULL,
+		      "forgotten, the pending inode answers no lookup of its cubin");
+		if (fresh)
+			kc_inode_forget(&w, fresh, 1);
+		kc_ledger_close(&l2);
+		kc_inode_table_destroy(&w);
+	}
+	v.journal = NULL;
+	if (with_ledger)
+		kc_ledger_close(&l1);
+	kc_inode_table_destroy(&v);
+	if (mfd >= 0)
+		close(mfd);
+	const char *entries[] = {E1, E2, E3};
+	for (int i = 0; i < 3; i++) {
+		char path[256];
+		const char *names[] = {"kernel.cubin", "kernel.cu"};
+		for (int j = 0; j < 2; j++) {
+			snprintf(path, sizeof(path), "%s/%s", entries[i], names[j]);
+			unlinkat(root, path, 0);
+		}
+		unlinkat(root, entries[i], AT_REMOVEDIR);
+	}
+}
+
 /* Lookups of one inode while others come and go. A find must hold what it found before
  * it lets go of the table's lock: kc_inode_find read the tree node after unlocking it, and
  * glibc's tdelete may free the node of a neighbouring key, so a FORGET of another inode at
@@ -309,10 +466,13 @@ int main(void)
 		kc_inode_forget(&u, d, 1);
 	kc_inode_table_destroy(&u);
 
-	if (has_dac_read_search())
+	if (has_dac_read_search()) {
 		ledger_checks(root);
-	else
+		entry_file_checks(root, 1);
+	} else {
 		CHECK(1, "# SKIP the inode ledger: open_by_handle_at needs CAP_DAC_READ_SEARCH");
+		entry_file_checks(root, 0);
+	}
 
 	find_while_others_go(&t, root);
 	kc_inode_forget(&t, b, 1);
