@@ -47,6 +47,16 @@ struct kc_fs {
 				  * 0: no bound */
 };
 
+/* Seconds a daemon may keep the kernel's requests queued unanswered (a live upgrade's
+ * handover, a stop that leaves the mount to the holder) under a kernel request timeout:
+ * a request's budget less 3 s for the next daemon's start (at least 1); 0 without one. */
+static inline unsigned kc_fs_queue_bound(const struct kc_fs *fs)
+{
+	if (!fs->request_budget)
+		return 0;
+	return fs->request_budget > 4 ? fs->request_budget - 3 : 1;
+}
+
 /* The low-level operations (ops.c). */
 extern const struct fuse_lowlevel_ops kc_fs_ops;
 

@@ -944,16 +944,14 @@ static int finish_shares(struct kc_fs *fs, int keep)
 	/* Kept for the holder, the mount queues the clients' requests meanwhile: under a
 	 * kernel request timeout they must be answered by the next daemon in time, else the
 	 * kernel aborts the mount (as the live upgrade's bound, upgrade.c). */
-	if (keep && fs->request_budget && bound + 3 > fs->request_budget)
-		bound = fs->request_budget > 4 ? fs->request_budget - 3 : 1;
+	if (keep && fs->request_budget && bound > kc_fs_queue_bound(fs))
+		bound = kc_fs_queue_bound(fs);
 	kc_log(KC_LOG_INFO, "stop: %u shares to the cluster store in hand: waiting for them, at "
 	       "most %u s (-o stop_timeout)", n, bound);
 	kc_store_note_stopping(&fs->store, time(NULL) + bound);
-	struct timespec t0, t1;
-	clock_gettime(CLOCK_MONOTONIC, &t0);
+	double t0 = kc_mono_s();
 	unsigned left = bound ? kc_cache_settle(&fs->cache, bound) : n;
-	clock_gettime(CLOCK_MONOTONIC, &t1);
-	double took = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+	double took = kc_mono_s() - t0;
 	if (!left) {
 		kc_log(KC_LOG_INFO, "stop: %u shares to the cluster store ended in %.2f s", n, took);
 		return 0;

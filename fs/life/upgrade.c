@@ -523,9 +523,7 @@ static void serve(int c)
 	/* Under a kernel request timeout, the requests queued in the kernel meanwhile age too:
 	 * the handover must end within the budget of one request (reqtimeout.h), less the new
 	 * daemon's start. */
-	unsigned bound = fs->cfg.compile_timeout + 30;
-	if (fs->request_budget)
-		bound = fs->request_budget > 4 ? fs->request_budget - 3 : 1;
+	unsigned bound = fs->request_budget ? kc_fs_queue_bound(fs) : fs->cfg.compile_timeout + 30;
 	long held = -1, left = 0;
 	int err = 0;
 	for (;;) {
